@@ -1,0 +1,49 @@
+# `make lab`: set up everything on a fresh machine, then start JupyterLab on notebooks/.
+# `make test`: the same set-up, then every test (pytest, and nbval over the notebooks).
+# A second run skips what is already installed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+
+.PHONY: lab test setup stockfish data model evaluate
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+stockfish:
+	@if command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ] || [ -n "$$STOCKFISH_PATH" ]; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Stockfish from Debian's stockfish package"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stockfish; \
+	else \
+	  echo "Stockfish is missing. Install it with 'sudo apt-get install stockfish' (Debian/Ubuntu),"; \
+	  echo "'conda install -c conda-forge stockfish', or set STOCKFISH_PATH to the binary."; \
+	  exit 1; \
+	fi
+
+setup: $(STAMP) stockfish
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(LAB_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg)
+
+data: setup
+	$(BIN)/python -m grpo_debug.data build
+
+model: setup
+	$(BIN)/python -m grpo_debug.train_model
+
+evaluate: setup
+	$(BIN)/python -m grpo_debug.evaluate

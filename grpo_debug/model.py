@@ -1,0 +1,92 @@
+"""Load a policy, its frozen reference copy and the tokenizer, from the bundled folder or a hub id."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .train_model import DEFAULT_MODEL_DIR
+
+DEFAULT_MODEL = str(DEFAULT_MODEL_DIR)
+HUB_MODEL = "jrahn/RookWorld-LM-124M"
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    policy: PreTrainedModel
+    reference: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+    def __iter__(self):  # `policy, reference, tokenizer = load_model()`
+        return iter((self.policy, self.reference, self.tokenizer))
+
+
+def _how_to_get(name: str) -> str:
+    return (f"Model {name!r} is neither a local folder nor in the Hugging Face cache, and the hub could not "
+            f"be reached. On a machine with internet run `huggingface-cli download {name}` (or "
+            f"`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('{name}')\"`), "
+            f"then copy the folder it prints (or ~/.cache/huggingface) here and pass that path; or use the bundled "
+            f"model: {DEFAULT_MODEL}")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connection instead of transformers' minute of retries on an offline machine."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(name: str, dtype: torch.dtype, local_files_only: bool):
+    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+    policy = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_files_only)
+    return tokenizer, policy
+
+
+def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Policy (train mode off, as after `from_pretrained`), a frozen deep copy as reference, tokenizer.
+
+    GPT-2 tokenizers have no pad token: the EOS is used as pad, which is exactly the pad == eos
+    situation the completion-mask pitfall is about.
+    """
+    name = str(name_or_path or DEFAULT_MODEL)
+    if Path(name).expanduser().exists():
+        name = str(Path(name).expanduser())
+    elif name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ModelUnavailable(f"no model folder at {name!r}. The bundled model is {DEFAULT_MODEL}; "
+                               f"a hub id looks like {HUB_MODEL!r}.")
+    try:
+        tokenizer, policy = _from_pretrained(name, dtype, local_files_only=True)
+    except OSError as e:
+        if Path(name).exists():
+            raise ModelUnavailable(f"{name} is not a loadable model folder: {str(e).splitlines()[0]}") from None
+        if not hub_reachable():
+            raise ModelUnavailable(_how_to_get(name)) from None
+        try:
+            tokenizer, policy = _from_pretrained(name, dtype, local_files_only=False)
+        except OSError as e:
+            raise ModelUnavailable(_how_to_get(name) + f"\n(underlying error: {str(e).splitlines()[0]})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy.eval()
+    reference = copy.deepcopy(policy).eval()
+    reference.requires_grad_(False)
+    return LoadedModel(policy, reference, tokenizer, name)

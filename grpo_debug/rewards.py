@@ -1,0 +1,190 @@
+"""Chess rewards for RookWorld completions, every component returned, never an exception.
+
+P: (policy) components, each in [-1, 1]:
+  best_move   -1 if B: is missing, unparsable or illegal; else 1 - rank / n_legal, where rank is the
+              number of legal moves Stockfish rates strictly better (its best move scores 1).
+  candidates  (moves of M: in Stockfish's top 5 - illegal moves of M:) / min(5, n_legal); a move
+              listed twice counts once.
+  evals       mean over the min(5, n_legal) slots of 1 - min(|E - Stockfish's eval of that move|, 2)
+              (pawns); an empty slot, an illegal move or a missing eval scores -1.
+  format      1 if M:, E:, B: parse with as many evals as moves and min(5, n_legal) moves, else 0.
+  total       clamp(0.5 best_move + 0.3 candidates + 0.2 evals, -1, 1): the public RookWorld
+              trainer's weights. An unparsable completion scores -1 on every graded component.
+A: (environment) components:
+  fen         1 if the next FEN is the right position (en-passant convention ignored), else
+              min(0.9, 2 * similarity - 1) with the normalized Levenshtein similarity of the strings.
+  reward, terminated, truncated   1 if equal to the truth, else -1.
+  format      1 if the four `+`-separated fields parse, else 0.
+  total       clamp(0.6 fen + 0.2 reward + 0.1 terminated + 0.1 truncated, -1, 1); unparsable: -1.
+The ground-truth completion scores exactly 1.0 on both tasks.
+
+Ground truth comes from the bundled analyses (no engine, deterministic); a position that is not
+bundled is analysed by a live Stockfish (one process per scorer, restarted if it dies). An A:
+prompt is replayed with python-chess; repetition draws need the game's move stack, which a FEN does
+not carry, so they are only known for bundled records.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import chess
+from rapidfuzz.distance import Levenshtein
+
+from .chess_format import (canonical_fen, env_step, parse_env_completion, parse_env_prompt,
+                           parse_policy_completion, task_of)
+from .data import fen_key, load_split
+from .engine import PositionAnalysis, Stockfish
+
+POLICY_WEIGHTS = {"best_move": 0.5, "candidates": 0.3, "evals": 0.2}
+ENV_WEIGHTS = {"fen": 0.6, "reward": 0.2, "terminated": 0.1, "truncated": 0.1}
+EVAL_ERROR_CAP = 2.0  # pawns
+
+
+@dataclass
+class Score:
+    task: str
+    total: float
+    components: dict[str, float]
+    error: str = ""
+
+
+@dataclass
+class EnvTruth:
+    next_fen: str
+    reward: float
+    terminated: bool
+    truncated: bool
+
+
+def _clamp(x: float) -> float:
+    return max(-1.0, min(1.0, x))
+
+
+def _weighted(components: dict[str, float], weights: dict[str, float]) -> float:
+    return _clamp(sum(w * components[k] for k, w in weights.items()))
+
+
+def _legal(board: chess.Board, uci: str) -> bool:
+    try:
+        return board.is_legal(chess.Move.from_uci(uci))
+    except (ValueError, TypeError):
+        return False
+
+
+def score_policy(analysis: PositionAnalysis, completion: str) -> Score:
+    parsed = parse_policy_completion(completion)
+    board = chess.Board(analysis.fen)
+    slots = min(5, len(analysis.evals))
+    if parsed.best is None and not parsed.moves:
+        components = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
+        return Score("P", _weighted(components, POLICY_WEIGHTS), components, parsed.error)
+
+    if parsed.best is not None and _legal(board, parsed.best):
+        best_eval = analysis.evals[parsed.best]
+        rank = sum(1 for e in analysis.evals.values() if e > best_eval)
+        best_move = 1.0 - rank / len(analysis.evals)
+    else:
+        best_move = -1.0
+
+    top5 = set(analysis.top5)
+    listed = list(dict.fromkeys(parsed.moves))  # first occurrence of each move, in order
+    hits = sum(1 for m in listed if m in top5)
+    illegal = sum(1 for m in listed if not _legal(board, m))
+    candidates = _clamp((hits - illegal) / slots)
+
+    slot_scores = []
+    for i in range(slots):
+        move = parsed.moves[i] if i < len(parsed.moves) else None
+        value = parsed.evals[i] if i < len(parsed.evals) else None
+        if move is None or value is None or not _legal(board, move):
+            slot_scores.append(-1.0)
+        else:
+            slot_scores.append(1.0 - min(abs(value - analysis.evals[move]), EVAL_ERROR_CAP))
+    evals = sum(slot_scores) / slots
+
+    well_formed = parsed.ok and len(parsed.moves) == slots
+    components = {"best_move": best_move, "candidates": candidates, "evals": evals, "format": float(well_formed)}
+    error = parsed.error or ("" if well_formed else f"{len(parsed.moves)} moves listed, {slots} expected")
+    return Score("P", _weighted(components, POLICY_WEIGHTS), components, error)
+
+
+def fen_similarity(predicted: str, truth: str) -> float:
+    return Levenshtein.normalized_similarity(predicted, truth)
+
+
+def score_env(truth: EnvTruth, completion: str) -> Score:
+    parsed = parse_env_completion(completion)
+    if parsed.reward is None and parsed.terminated is None and not parsed.next_fen:
+        components = {"fen": -1.0, "reward": -1.0, "terminated": -1.0, "truncated": -1.0, "format": 0.0}
+        return Score("A", -1.0, components, parsed.error)
+    exact = canonical_fen(parsed.next_fen) is not None and canonical_fen(parsed.next_fen) == canonical_fen(truth.next_fen)
+    fen = 1.0 if exact else min(0.9, 2 * fen_similarity(parsed.next_fen, truth.next_fen) - 1)
+    reward_ok = parsed.reward is not None and math.isclose(parsed.reward, truth.reward, abs_tol=1e-9)
+    components = {
+        "fen": fen,
+        "reward": 1.0 if reward_ok else -1.0,
+        "terminated": 1.0 if parsed.terminated == truth.terminated else -1.0,
+        "truncated": 1.0 if parsed.truncated == truth.truncated else -1.0,
+        "format": float(parsed.ok),
+    }
+    return Score("A", _weighted(components, ENV_WEIGHTS), components, parsed.error)
+
+
+@dataclass
+class RewardScorer:
+    """Scores (prompt, completion) pairs of either task against bundled or live ground truth."""
+    analyses: dict[str, PositionAnalysis] = field(default_factory=dict)
+    env_truths: dict[str, EnvTruth] = field(default_factory=dict)
+    engine: Stockfish | None = None
+    engine_depth: int = 10
+
+    @classmethod
+    def bundled(cls, splits: tuple[str, ...] = ("policy_eval", "policy_prompts", "env_eval"), **kwargs) -> "RewardScorer":
+        from .data import env_example
+        scorer = cls(**kwargs)
+        for split in splits:
+            for record in load_split(split):
+                if split.startswith("policy"):
+                    scorer.add_analysis(PositionAnalysis.from_json(record))
+                else:
+                    prompt, _ = env_example(record)
+                    scorer.env_truths[prompt] = EnvTruth(record["next_fen"], record["reward"],
+                                                         record["terminated"], record["truncated"])
+        return scorer
+
+    def add_analysis(self, analysis: PositionAnalysis) -> None:
+        self.analyses[fen_key(analysis.fen)] = analysis
+
+    def analysis_for(self, fen: str) -> PositionAnalysis:
+        try:
+            board = chess.Board(fen)
+        except ValueError as e:
+            raise ValueError(f"invalid FEN in P: prompt {fen!r}: {e}") from None
+        key = fen_key(fen)
+        if key not in self.analyses:
+            if self.engine is None:
+                self.engine = Stockfish(depth=self.engine_depth)
+            self.add_analysis(self.engine.analyse(board))
+        return self.analyses[key]
+
+    def env_truth_for(self, prompt: str) -> EnvTruth:
+        if prompt in self.env_truths:
+            return self.env_truths[prompt]
+        parsed = parse_env_prompt(prompt)
+        try:
+            board = chess.Board(parsed.fen)
+        except ValueError as e:
+            raise ValueError(f"invalid FEN in A: prompt {parsed.fen!r}: {e}") from None
+        outcome = env_step(board, parsed.move)
+        return EnvTruth(outcome.next_fen, outcome.reward, outcome.terminated, outcome.truncated)
+
+    def score(self, prompt: str, completion: str) -> Score:
+        if task_of(prompt) == "P":
+            return score_policy(self.analysis_for(prompt[3:].strip()), completion)
+        return score_env(self.env_truth_for(prompt), completion)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
