@@ -248,7 +248,43 @@ def build(cfg: BuildConfig, out_dir: Path = DATA_DIR) -> dict:
                 "position_sources": _count(p["source"] for p in train_positions),
                 "build_seconds": round(time.time() - start, 1)}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out_dir / "README.md").write_text(data_readme(manifest))
     return manifest
+
+
+def data_readme(manifest: dict) -> str:
+    cfg, counts = manifest["config"], manifest["counts"]
+    rows = "\n".join(f"| `{name}.jsonl.gz` | {count} |" for name, count in counts.items())
+    return f"""# Bundled RookWorld data
+
+Built by `python -m grpo_debug.data build` (seed {cfg['seed']}, {manifest['build_seconds']:.0f} s on 2 cores) with
+{manifest['stockfish']}; `manifest.json` holds every setting. Rebuilding with the same settings gives the same files.
+
+| file | records |
+|---|---|
+{rows}
+
+## Positions (P: task)
+- {cfg['selfplay_games']} Stockfish self-play games (softmax over the evaluations at temperature
+  {cfg['softmax_temperature']} pawns, a uniformly random move with probability {cfg['random_move_prob']}) and
+  {cfg['random_games']} random playouts (every {cfg['random_analyse_every']}th position analysed). Sources of the
+  training positions: {manifest['position_sources']}.
+- Every record: `fen`, `depth`, and `evals`: Stockfish's evaluation of **every legal move** (pawns, side to move,
+  MultiPV = number of legal moves), best first. The top 5 are the M: list, the first is B:. A forced mate counts
+  100 pawns minus the plies to it.
+- Depth {cfg['train_depth']} for `policy_train`; depth {cfg['eval_depth']} for `policy_eval` and `policy_prompts`
+  (the notebook prompt set). Train, eval and prompts come from different games, and no eval or prompt position
+  (board, side, castling, en passant) occurs in train.
+
+## Transitions (A: task)
+- Fields: `fen`, `move`, `history` (the last {cfg.get('history_length', 10)} moves before `move`), `next_fen`, `reward`,
+  `terminated`, `truncated`, `kind`. Prompt `A: <fen>+<move>+<history joined by "{cfg['history_separator']}">+`,
+  completion `<next_fen>+<reward>+<terminated>+<truncated>`.
+- FEN convention `{cfg['fen_convention']}` (python-chess's default `board.fen()`: the en-passant square only when a
+  capture is legal); rewards 0.001 legal, 1 mate by the mover, 0.5 draw (stalemate, insufficient material, 50/75-move,
+  threefold/fivefold), -1 illegal (position unchanged, truncated = 1).
+- Kinds: {manifest['env_kinds']}.
+"""
 
 
 def _count(values) -> dict[str, int]:

@@ -1,0 +1,17 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def scorer():
+    from grpo_debug.rewards import RewardScorer
+    scorer = RewardScorer.bundled()
+    yield scorer
+    scorer.close()

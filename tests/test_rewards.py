@@ -1,0 +1,135 @@
+import math
+import os
+import signal
+import time
+
+import chess
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo_debug.chess_format import EnvOutcome, env_completion, policy_completion
+from grpo_debug.data import env_example, load_split, policy_example
+from grpo_debug.engine import PositionAnalysis, Stockfish
+from grpo_debug.rewards import RewardScorer, score_env, score_policy, EnvTruth
+
+POLICY_EVAL = load_split("policy_eval")
+ENV_EVAL = load_split("env_eval")
+
+
+def test_ground_truth_of_every_eval_position_scores_the_maximum(scorer):
+    for record in POLICY_EVAL + load_split("policy_prompts"):
+        prompt, completion = policy_example(record)
+        score = scorer.score(prompt, completion)
+        assert score.total == 1.0, (prompt, completion, score)
+        assert score.components == {"best_move": 1.0, "candidates": 1.0, "evals": 1.0, "format": 1.0}
+    for record in ENV_EVAL:
+        prompt, completion = env_example(record)
+        assert scorer.score(prompt, completion).total == 1.0, (prompt, completion)
+
+
+def _perturbations(analysis: PositionAnalysis):
+    top = analysis.top5
+    evals = [analysis.evals[m] for m in top]
+    worst = analysis.ranked_moves[-1]
+    worse = [m for m in top if analysis.evals[m] < evals[0]]
+    yield "a worse top-5 move as B:", policy_completion(top, evals, worse[0]) if worse else None
+    yield "worst legal move as B:", policy_completion(top, evals, worst) if analysis.evals[worst] < evals[0] else None
+    yield "illegal B:", policy_completion(top, evals, "a1a1")
+    yield "evals off by a pawn", policy_completion(top, [e + 1 for e in evals], top[0])
+    yield "one candidate missing", policy_completion(top[:-1], evals[:-1], top[0])
+    yield "garbage", "M: ??"
+
+
+def test_perturbed_ground_truth_scores_lower():
+    for record in POLICY_EVAL[:100]:
+        analysis = PositionAnalysis.from_json(record)
+        for name, completion in _perturbations(analysis):
+            if completion is not None:
+                assert score_policy(analysis, completion).total < 1.0, name
+    for record in ENV_EVAL[:100]:
+        truth = EnvTruth(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
+        fen, reward, terminated, truncated = truth.next_fen, truth.reward, truth.terminated, truth.truncated
+        wrongs = [EnvOutcome(fen, reward, not terminated, truncated), EnvOutcome(fen, reward, terminated, not truncated),
+                  EnvOutcome(fen, reward + 0.5, terminated, truncated),
+                  EnvOutcome(fen.replace(" w ", " b ") if " w " in fen else fen.replace(" b ", " w "), reward,
+                             terminated, truncated)]
+        for wrong in [env_completion(w) for w in wrongs] + ["", fen]:
+            assert score_env(truth, wrong).total < 1.0, wrong
+
+
+def test_reward_graded_by_stockfish_ranking():
+    analysis = PositionAnalysis.from_json(POLICY_EVAL[0])
+    scores = [score_policy(analysis, policy_completion(analysis.top5, [analysis.evals[m] for m in analysis.top5], m))
+              .components["best_move"] for m in analysis.ranked_moves]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0 and scores[-1] > -1.0
+
+
+def test_other_en_passant_convention_is_not_a_wrong_board():
+    board = chess.Board()
+    board.push_uci("e2e4")
+    truth = EnvTruth(board.fen(), 0.001, False, False)
+    strict = env_completion(EnvOutcome(board.fen(en_passant="fen"), 0.001, False, False))
+    assert score_env(truth, strict).total == 1.0
+
+
+UNICODE = st.text(alphabet=st.characters(codec="utf-8"), max_size=60)
+MOVES = st.one_of(st.sampled_from(["e2e4", "a1a1", "e7e8q", "0000", "g1f3", "zz", ""]), st.text(max_size=6))
+NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.sampled_from(["1", "-0.3", "x", ""]))
+POLICY_TEXT = st.one_of(
+    UNICODE,
+    st.builds(lambda ms, es, b, pad: f"{pad}M: {' '.join(ms)} E: {' '.join(es)} B: {b}",
+              st.lists(MOVES, max_size=7), st.lists(NUMBERS, max_size=7), MOVES, st.sampled_from(["", "   "])),
+    st.builds(lambda s, n: s[:n], st.sampled_from([policy_example(r)[1] for r in POLICY_EVAL[:20]]),
+              st.integers(0, 80)),
+)
+FENS = st.one_of(UNICODE, st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]),
+                 st.builds(lambda f, n: f[:n], st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]), st.integers(0, 90)))
+ENV_TEXT = st.one_of(UNICODE, st.builds(lambda f, r, t, u: f"{f}+{r}+{t}+{u}", FENS, NUMBERS,
+                                        st.sampled_from(["0", "1", "2", ""]), st.sampled_from(["0", "1", "x"])))
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=st.sampled_from(POLICY_EVAL), text=POLICY_TEXT)
+def test_any_policy_completion_gets_a_defined_score(record, text):
+    score = score_policy(PositionAnalysis.from_json(record), text)
+    assert -1.0 <= score.total <= 1.0 and all(math.isfinite(v) for v in score.components.values())
+    if score.components["format"] == 0.0:
+        assert score.error
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=st.sampled_from(ENV_EVAL), text=ENV_TEXT)
+def test_any_env_completion_gets_a_defined_score(record, text):
+    truth = EnvTruth(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
+    score = score_env(truth, text)
+    assert -1.0 <= score.total <= 1.0 and all(math.isfinite(v) for v in score.components.values())
+    assert score.total < 1.0 or score.components["format"] == 1.0
+
+
+def test_invalid_prompt_fen_is_a_clear_error(scorer):
+    with pytest.raises(ValueError, match="invalid FEN"):
+        scorer.score("P: not/a/fen w - - 0 1 ", "M: e2e4 E: 0 B: e2e4")
+    with pytest.raises(ValueError, match="prompt must start"):
+        scorer.score("hello", "")
+
+
+def test_live_engine_scores_unbundled_positions_and_survives_a_crash():
+    scorer = RewardScorer(engine_depth=6)
+    board = chess.Board("r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3")
+    first = scorer.score(f"P: {board.fen()} ", "M: f1b5 E: 0.3 B: f1b5")
+    assert first.components["best_move"] > 0
+    os.kill(scorer.engine.engine.protocol.transport.get_pid(), signal.SIGKILL)
+    time.sleep(0.2)
+    other = chess.Board("rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2")
+    second = scorer.score(f"P: {other.fen()} ", "M: g1f3 E: 0.3 B: g1f3")
+    assert second.components["best_move"] > 0 and scorer.engine.restarts == 1
+    scorer.close()
+
+
+def test_live_and_bundled_ground_truth_agree_on_a_bundled_position():
+    record = POLICY_EVAL[1]
+    with Stockfish(depth=record["depth"]) as engine:
+        live = engine.analyse(chess.Board(record["fen"]))
+    assert set(live.evals) == set(record["evals"])
+    assert live.top5[0] in record["evals"]
