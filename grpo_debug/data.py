@@ -29,8 +29,7 @@ from tqdm import tqdm
 from .chess_format import (HISTORY_LENGTH, env_completion, env_prompt, env_step, policy_completion,
                            policy_prompt, write_fen)
 from .engine import PositionAnalysis, Stockfish
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from .paths import DATA_DIR
 
 
 @dataclass

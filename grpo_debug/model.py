@@ -12,10 +12,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .train_model import DEFAULT_MODEL_DIR
-
-DEFAULT_MODEL = str(DEFAULT_MODEL_DIR)
-HUB_MODEL = "jrahn/RookWorld-LM-124M"
+from .paths import DEFAULT_MODEL, HUB_MODEL
 
 
 class ModelUnavailable(RuntimeError):

@@ -21,10 +21,9 @@ import torch
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from .data import DATA_DIR, env_example, load_split, policy_example
+from .data import env_example, load_split, policy_example
+from .paths import DEFAULT_MODEL_DIR
 from .tokenizer import train_tokenizer
-
-DEFAULT_MODEL_DIR = DATA_DIR / "models" / "rookworld-tiny"
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""Phase 4, advantages: group-relative, exactly as TRL 1.16 computes them.
+
+advantage = (reward - mean of its group) / (std + 1e-4), with the std Bessel-corrected and taken over
+the group (`scale_rewards="group"`), over the whole batch (`"batch"`, the mean is still the group's),
+or not divided by at all (`"none"`). NaN rewards follow TRL: ignored by the group mean and std, and
+their advantage is 0. A group whose rewards are all equal has advantage 0 everywhere: no signal.
+A group whose std is tiny but not zero divides noise by almost nothing ("phantom advantages");
+`std_floor` clamps the std from below to stop that (not in TRL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TRL_EPS = 1e-4
+PHANTOM_STD = 0.05  # a group std below this, yet above 0, amplifies reward noise by > 1 / 0.05
+
+
+def _nanstd(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """Bessel-corrected std ignoring NaN, like `trl.trainer.utils.nanstd`."""
+    mean = torch.nanmean(x, dim=dim, keepdim=dim is not None)
+    var = torch.nanmean((x - mean) ** 2, dim=dim)
+    count = (~torch.isnan(x)).sum(dim=dim)
+    return torch.sqrt(var * count / (count - 1))
+
+
+def group_std(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    return _nanstd(rewards.view(-1, num_generations), dim=1)
+
+
+def compute_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
+                       std_floor: float = 0.0) -> torch.Tensor:
+    if rewards.dim() != 1 or rewards.numel() % num_generations:
+        raise ValueError(f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
+                         f"got shape {tuple(rewards.shape)}")
+    rewards = rewards.float()
+    grouped = rewards.view(-1, num_generations)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
+    if scale_rewards in ("group", "none"):
+        std = group_std(rewards, num_generations).repeat_interleave(num_generations)
+    elif scale_rewards == "batch":
+        std = _nanstd(rewards).expand_as(rewards)
+    else:
+        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std.clamp(min=std_floor) + TRL_EPS)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@dataclass
+class Advantages:
+    values: torch.Tensor  # (N,)
+    group_mean: torch.Tensor  # (B,)
+    group_std: torch.Tensor  # (B,)
+    reward: float  # TRL metric names from here on
+    reward_std: float
+    frac_reward_zero_std: float
+    zero_std_groups: list[int]
+    phantom_groups: list[int]  # 0 < std < PHANTOM_STD: advantages are amplified noise
+    max_abs_advantage: float
+
+
+def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
+                         std_floor: float = 0.0) -> Advantages:
+    values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
+    std = group_std(rewards, num_generations)
+    zero = torch.isclose(std, torch.zeros_like(std))
+    if scale_rewards == "batch":
+        batch_std = _nanstd(rewards.float())
+        zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
+    phantom = (std > 0) & (std < PHANTOM_STD) & ~zero
+    return Advantages(values=values, group_mean=torch.nanmean(rewards.view(-1, num_generations).float(), dim=1),
+                      group_std=std, reward=torch.nanmean(rewards.float()).item(),
+                      reward_std=_nanstd(rewards.float()).item(), frac_reward_zero_std=zero.float().mean().item(),
+                      zero_std_groups=zero.nonzero().flatten().tolist(),
+                      phantom_groups=phantom.nonzero().flatten().tolist(),
+                      max_abs_advantage=values.abs().max().item())

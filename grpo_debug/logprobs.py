@@ -1,0 +1,112 @@
+"""Phase 2, log-probs: per-token log-probs of the sampled completions under policy and reference.
+
+Each pitfall of the seeds is one argument: temperature left out (seed 004), the completion mask
+(seed 004 drops the EOS; with pad == eos a value-based mask cannot tell them apart), dropout on
+while scoring, no position_ids on left-padded rows, bfloat16, and the seed-003 gather.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .config import StepConfig
+from .rollout import Rollout
+
+
+@dataclass
+class TokenLogProbs:
+    policy: torch.Tensor  # (N, C) detached: the "old" log-probs of the step
+    reference: torch.Tensor  # (N, C)
+    mask: torch.Tensor  # (N, C) float, 1 on scored completion tokens
+    sampler_gap: torch.Tensor  # (N, C) |sampler (temperature only) - recomputed policy| on the TRL mask
+    max_sampler_gap: float
+    top_p_gap: float  # max |sampler with top_p - sampler temperature-only|: what no recomputation removes
+    eos_kept: float  # fraction of finished completions whose EOS is inside the mask
+    seconds: float
+
+
+def completion_mask(rollout: Rollout, mode: str = "trl") -> torch.Tensor:
+    """Which completion tokens count.
+
+    trl      positions up to and including the first EOS, from the lengths (TRL's mask).
+    seed004  positions before the first EOS, and any token equal to the pad id: the EOS is dropped, and
+             with pad == eos every EOS the model produced is gone; the model is never taught to stop.
+    none     every position, PAD after the EOS included.
+    """
+    ids = rollout.completion_ids
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    if mode == "trl":
+        return (positions < rollout.completion_lengths.unsqueeze(1)).float()
+    if mode == "seed004":
+        is_eos = ids == rollout.eos_token_id
+        first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.shape[1])
+        return ((positions < first_eos.unsqueeze(1)) & (ids != rollout.pad_token_id)).float()
+    if mode == "none":
+        return torch.ones_like(ids, dtype=torch.float)
+    raise ValueError(f"mask must be 'trl', 'seed004' or 'none', got {mode!r}")
+
+
+@contextmanager
+def _mode(model, train: bool):
+    was = model.training
+    model.train(train)
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def per_token_logps(model, rollout: Rollout, *, temperature: float | None, position_ids: bool = True,
+                    dropout: bool = False, dtype: str = "float32", gather: str = "correct") -> torch.Tensor:
+    """(N, C) log-prob of each completion token; differentiable when called with grad enabled.
+
+    The logits at position t predict token t+1, so the completion's C tokens are scored by the logits
+    of positions P-1 ... P+C-2.
+    """
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    attention_mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if position_ids:
+        kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    with _mode(model, dropout), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        logits = model(**kwargs).logits[:, P - 1:P + C - 1]
+    logits = logits.float()
+    if temperature is not None:
+        logits = logits / temperature
+    logps = logits.log_softmax(-1)
+    if gather == "correct":
+        return logps.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    if gather == "seed003":  # per sequence: lp.gather(1, tokens.unsqueeze(0)) reads every token from row 0
+        return logps[:, :1, :].expand(-1, C, -1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    raise ValueError(f"gather must be 'correct' or 'seed003', got {gather!r}")
+
+
+def scoring_kwargs(cfg: StepConfig) -> dict:
+    return {"temperature": cfg.temperature if cfg.logprob_temperature else None, "position_ids": cfg.position_ids,
+            "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather}
+
+
+def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0) -> TokenLogProbs:
+    start = time.perf_counter()
+    torch.manual_seed(seed)  # dropout masks, when dropout is on
+    kwargs = scoring_kwargs(cfg)
+    with torch.no_grad():
+        policy_logps = per_token_logps(policy, rollout, **kwargs)
+        reference_logps = per_token_logps(reference, rollout, **kwargs)
+    mask = completion_mask(rollout, cfg.mask)
+    trl_mask = completion_mask(rollout, "trl")
+    gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask
+    top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()
+    eos_positions = (rollout.completion_lengths - 1).unsqueeze(1)
+    eos_in_mask = mask.gather(1, eos_positions).squeeze(1)[rollout.finished]
+    return TokenLogProbs(policy=policy_logps, reference=reference_logps, mask=mask, sampler_gap=gap,
+                         max_sampler_gap=gap.max().item(), top_p_gap=top_p_gap.item(),
+                         eos_kept=eos_in_mask.mean().item() if len(eos_in_mask) else float("nan"),
+                         seconds=time.perf_counter() - start)

@@ -1,0 +1,128 @@
+"""Phase 1, rollout: B prompts x G sampled completions, with the sampler's own per-token log-probs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import StepConfig
+from .data import env_example, load_split, policy_example
+
+
+@dataclass
+class Rollout:
+    prompts: list[str]  # B prompts; sample i belongs to prompt i // G
+    completions: list[str]  # B*G decoded completions (special tokens removed)
+    prompt_ids: torch.Tensor  # (B*G, P) left-padded
+    prompt_mask: torch.Tensor  # (B*G, P)
+    completion_ids: torch.Tensor  # (B*G, C) padded after the EOS with pad_token_id
+    completion_lengths: torch.Tensor  # (B*G,) generated tokens, the first EOS included
+    finished: torch.Tensor  # (B*G,) bool: an EOS was generated within max_new_tokens
+    sampler_logps: torch.Tensor  # (B*G, C) log-prob of each sampled token under the sampler (temperature + top_p)
+    sampler_logps_temperature_only: torch.Tensor  # (B*G, C) same, temperature only (what a recomputation can match)
+    num_generations: int
+    eos_token_id: int
+    pad_token_id: int
+    identical_groups: list[int]  # prompts whose G completions are all the same text
+    seconds: float
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.completions)
+
+    def group_of(self, sample: int) -> int:
+        return sample // self.num_generations
+
+
+def step_prompts(task: str, n: int) -> list[str]:
+    """The notebook prompt set: P: from `policy_prompts`, A: from the end of `env_eval` (never in training)."""
+    policy = [policy_example(r)[0] for r in load_split("policy_prompts")]
+    env = [env_example(r)[0] for r in load_split("env_eval")[::-1]]
+    if task == "policy":
+        pool = policy
+    elif task == "env":
+        pool = env
+    elif task == "mixed":
+        pool = [p for pair in zip(policy, env) for p in pair]
+    else:
+        raise ValueError(f"task must be 'policy', 'env' or 'mixed', got {task!r}")
+    if n > len(pool):
+        raise ValueError(f"{n} prompts asked for, the {task} prompt set has {len(pool)}")
+    return pool[:n]
+
+
+def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    is_eos = completion_ids == eos_id
+    finished = is_eos.any(dim=1)
+    first_eos = torch.where(finished, is_eos.int().argmax(dim=1), completion_ids.shape[1] - 1)
+    return first_eos + 1, finished
+
+
+@torch.no_grad()
+def _generate(model, tokenizer, prompts: list[str], cfg: StepConfig, pad_id: int):
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
+                         max_new_tokens=cfg.max_new_tokens, num_return_sequences=cfg.num_generations,
+                         pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
+                         output_scores=True, output_logits=True, return_dict_in_generate=True)
+    prompt_len = enc["input_ids"].shape[1]
+    completion_ids = out.sequences[:, prompt_len:]
+    scores = torch.stack(out.scores, dim=1).float()  # processed: / temperature, top_p -> -inf
+    logits = torch.stack(out.logits, dim=1).float()  # raw
+    chosen = completion_ids.unsqueeze(-1)
+    sampler = scores.log_softmax(-1).gather(-1, chosen).squeeze(-1)
+    temperature_only = (logits / cfg.temperature).log_softmax(-1).gather(-1, chosen).squeeze(-1)
+    return (enc["input_ids"].repeat_interleave(cfg.num_generations, 0),
+            enc["attention_mask"].repeat_interleave(cfg.num_generations, 0),
+            completion_ids, sampler, temperature_only)
+
+
+def _pad_right(tensors: list[torch.Tensor], value: float) -> torch.Tensor:
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
+
+
+def _pad_left(tensors: list[torch.Tensor], value: int) -> torch.Tensor:
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value) for t in tensors])
+
+
+def rollout(model, tokenizer, cfg: StepConfig) -> Rollout:
+    """Sample G completions for each of B prompts, model in eval mode, seeded.
+
+    `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
+    `"loop"` makes one call per prompt, as the seed-003 script does, for the speed comparison.
+    """
+    prompts = step_prompts(cfg.task, cfg.num_prompts)
+    pad_id = tokenizer.eos_token_id if cfg.pad_with_eos else tokenizer.pad_token_id
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    if cfg.generation == "batched":
+        parts = [_generate(model, tokenizer, prompts, cfg, pad_id)]
+    elif cfg.generation == "loop":
+        parts = [_generate(model, tokenizer, [p], cfg, pad_id) for p in prompts]
+    else:
+        raise ValueError(f"generation must be 'batched' or 'loop', got {cfg.generation!r}")
+    seconds = time.perf_counter() - start
+    model.train(was_training)
+    prompt_ids = _pad_left([p[0] for p in parts], tokenizer.pad_token_id)
+    prompt_mask = _pad_left([p[1] for p in parts], 0)
+    completion_ids = _pad_right([p[2] for p in parts], pad_id)
+    lengths, finished = _lengths(completion_ids, tokenizer.eos_token_id)
+    positions = torch.arange(completion_ids.shape[1]).unsqueeze(0)
+    completion_ids = completion_ids.masked_fill(positions >= lengths.unsqueeze(1), pad_id)
+    sampler = _pad_right([p[3] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
+    temperature_only = _pad_right([p[4] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
+    completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    G = cfg.num_generations
+    identical = [b for b in range(len(prompts)) if len(set(completions[b * G:(b + 1) * G])) == 1]
+    return Rollout(prompts=prompts, completions=completions, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                   completion_ids=completion_ids, completion_lengths=lengths, finished=finished,
+                   sampler_logps=sampler, sampler_logps_temperature_only=temperature_only, num_generations=G,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id, identical_groups=identical,
+                   seconds=seconds)
