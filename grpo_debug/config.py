@@ -21,12 +21,12 @@ def _in(phase: str, default, help: str):
 class StepConfig:
     # --- rollout: B prompts x G samples
     model: str = _in("rollout", DEFAULT_MODEL, "bundled folder, any local folder, or a hub id")
-    task: str = _in("rollout", "policy", "prompts: 'policy' (P:), 'env' (A:) or 'mixed'")
+    task: str = _in("rollout", "mixed", "prompts: 'policy' (P:), 'env' (A:) or 'mixed' (alternating; the only one with left padding)")
     num_prompts: int = _in("rollout", 8, "B")
     num_generations: int = _in("rollout", 8, "G, samples per prompt")
     temperature: float = _in("rollout", 0.7, "sampling temperature")
     top_p: float = _in("rollout", 1.0, "nucleus sampling; < 1 makes the sampler's log-probs differ from any recomputation")
-    max_new_tokens: int = _in("rollout", 48, "completion budget; P: completions need about 30 tokens")
+    max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90")
     seed: int = _in("rollout", 0, "sampling seed")
     generation: str = _in("rollout", "batched", "'batched': one generate call for B*G; 'loop': one call per prompt (seed 003)")
     pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 and RookWorld-LM-124M do (pad == eos)")

@@ -61,7 +61,7 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return ((x * mask).sum() / mask.sum().clamp(min=1)).item()
 
 
-def _per_sample_weights(mask: torch.Tensor, loss_type: str, max_completion_length: int | None) -> torch.Tensor:
+def loss_weights(mask: torch.Tensor, loss_type: str, max_completion_length: int | None) -> torch.Tensor:
     """(N, T) weights such that loss = sum(per_token * weights): the loss type's normalisation."""
     N = mask.shape[0]
     if loss_type in ("grpo", "reinforce_sum", "reinforce_mean"):
@@ -100,7 +100,7 @@ def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps:
     if beta != 0 and ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps")
     per_token = pg + beta * kl
-    weights = _per_sample_weights(mask, loss_type, max_completion_length)
+    weights = loss_weights(mask, loss_type, max_completion_length)
     per_sample = (per_token * weights).sum(-1)
     policy_loss = (pg * weights).sum()
     kl_loss = (beta * kl * weights).sum()

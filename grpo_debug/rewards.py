@@ -188,3 +188,30 @@ class RewardScorer:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+# ---------------------------------------------------------------- phase 3 of the step
+
+
+@dataclass
+class Rewards:
+    total: "torch.Tensor"  # (N,) float32, what the advantages see
+    components: dict[str, "torch.Tensor"]  # name -> (N,), every component of every sample
+    errors: list[str]  # why a completion was malformed ("" when it parsed)
+    seconds: float
+
+
+def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, scorer: RewardScorer) -> Rewards:
+    """Score sample i against prompt i // num_generations. Components absent from a task are NaN."""
+    import time
+
+    import torch
+    start = time.perf_counter()
+    scores = [scorer.score(prompts[i // num_generations], text) for i, text in enumerate(completions)]
+    names = list(dict.fromkeys(name for s in scores for name in s.components))
+    components = {name: torch.tensor([s.components.get(name, float("nan")) for s in scores]) for name in names}
+    total = torch.tensor([s.total for s in scores], dtype=torch.float32)
+    if torch.isnan(total).any():
+        raise ValueError("a reward is NaN: every completion must get a defined score")
+    return Rewards(total=total, components=components, errors=[s.error for s in scores],
+                   seconds=time.perf_counter() - start)

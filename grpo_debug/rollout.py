@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,14 @@ class Rollout:
 
     def group_of(self, sample: int) -> int:
         return sample // self.num_generations
+
+    def rows(self, index: torch.Tensor | list[int]) -> "Rollout":
+        """The same rollout restricted to some samples (tensors sliced; prompts and texts kept as they are)."""
+        index = torch.as_tensor(index)
+        tensors = {name: getattr(self, name)[index] for name in
+                   ("prompt_ids", "prompt_mask", "completion_ids", "completion_lengths", "finished",
+                    "sampler_logps", "sampler_logps_temperature_only")}
+        return dataclasses.replace(self, **tensors)
 
 
 def step_prompts(task: str, n: int) -> list[str]:

@@ -1,0 +1,73 @@
+"""Phase 7, evaluation: mean reward on held-out prompts before and after the update, paired.
+
+Both models sample with the same seeds on the same prompts, so the per-prompt difference isolates the
+update; the confidence interval bootstraps prompts (the unit that was sampled), per component.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import StepConfig
+from .data import env_example, load_split, policy_example
+from .evaluate import sample_completions
+from .rewards import RewardScorer, compute_rewards
+
+
+@dataclass
+class EvalSide:
+    reward: float
+    components: dict[str, float]
+    per_prompt: torch.Tensor  # (B_eval,) mean reward of each prompt's samples
+    completions: list[str]
+
+
+@dataclass
+class Evaluation:
+    before: EvalSide
+    after: EvalSide
+    delta: float  # after - before, mean over prompts
+    ci_low: float  # 95% bootstrap interval of delta
+    ci_high: float
+    component_deltas: dict[str, float]
+    seconds: float
+
+
+def eval_prompts(task: str, n: int) -> list[str]:
+    policy = [policy_example(r)[0] for r in load_split("policy_eval")]
+    env = [env_example(r)[0] for r in load_split("env_eval")]
+    pool = {"policy": policy, "env": env, "mixed": [p for pair in zip(policy, env) for p in pair]}[task]
+    return pool[:n]
+
+
+def _side(model, tokenizer, prompts: list[str], cfg: StepConfig, scorer: RewardScorer) -> EvalSide:
+    completions = [c for group in sample_completions(model, tokenizer, prompts, cfg.eval_samples,
+                                                     temperature=cfg.temperature, top_p=cfg.top_p,
+                                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_000,
+                                                     progress=False) for c in group]
+    rewards = compute_rewards(prompts, completions, cfg.eval_samples, scorer)
+    per_prompt = rewards.total.view(-1, cfg.eval_samples).mean(1)
+    components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}
+    return EvalSide(per_prompt.mean().item(), components, per_prompt, completions)
+
+
+def bootstrap_ci(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=g)
+    means = diffs[idx].mean(1)
+    return torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
+
+
+def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, scorer: RewardScorer) -> Evaluation:
+    start = time.perf_counter()
+    prompts = eval_prompts(cfg.task, cfg.eval_prompts)
+    before = _side(before_model, tokenizer, prompts, cfg, scorer)
+    after = _side(after_model, tokenizer, prompts, cfg, scorer)
+    diffs = after.per_prompt - before.per_prompt
+    low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
+    return Evaluation(before=before, after=after, delta=diffs.mean().item(), ci_low=low, ci_high=high,
+                      component_deltas={k: after.components[k] - before.components[k] for k in before.components},
+                      seconds=time.perf_counter() - start)
