@@ -1,0 +1,117 @@
+"""The step engine on the bundled model: every toggle does what it claims, with numbers."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo_debug.config import StepConfig, parse_overrides
+from grpo_debug.logprobs import completion_mask
+from grpo_debug.loss import compute_loss, kl_estimator_check
+from grpo_debug.step import GRPOStep, metrics
+
+SMALL = StepConfig(num_prompts=4, num_generations=4, eval_prompts=4, eval_samples=2, bootstrap=200)
+
+
+@pytest.fixture(scope="module")
+def step():
+    s = GRPOStep(SMALL)
+    s.run(until="loss")
+    return s
+
+
+def test_all_fixes_on_sampler_and_recomputed_logps_agree(step):
+    run = step.run(SMALL, until="loss")
+    assert run.rollout.prompt_mask.eq(0).any(), "mixed prompts must be left-padded for this check to mean anything"
+    assert run.logprobs.max_sampler_gap < 1e-4
+
+
+@pytest.mark.parametrize("pitfall", [dict(logprob_temperature=False), dict(dropout=True), dict(position_ids=False),
+                                     dict(dtype="bfloat16"), dict(gather="seed003")])
+def test_each_pitfall_alone_breaks_the_agreement(step, pitfall):
+    gap = step.run(SMALL.replace(**pitfall), until="logprobs").logprobs.max_sampler_gap
+    step.run(SMALL, until="loss")
+    assert gap > 1e-2, pitfall
+
+
+def test_seed004_mask_drops_the_eos_and_trl_mask_keeps_it(step):
+    rollout = step.run(SMALL, until="loss").rollout
+    assert rollout.pad_token_id == rollout.eos_token_id and rollout.finished.any()
+    eos_at = (rollout.completion_lengths - 1).unsqueeze(1)
+    finished = rollout.finished
+    assert completion_mask(rollout, "trl").gather(1, eos_at)[finished].eq(1).all()
+    assert completion_mask(rollout, "seed004").gather(1, eos_at)[finished].eq(0).all()
+    by_value = (rollout.completion_ids != rollout.pad_token_id).float()  # the naive value-based PAD mask
+    assert by_value.gather(1, eos_at)[finished].eq(0).all()
+    none = completion_mask(rollout, "none")
+    assert none.sum() > completion_mask(rollout, "trl").sum()  # sums over PAD after the EOS
+
+
+def test_a_toggle_reruns_only_the_phases_after_it(step):
+    base = step.run(SMALL, until="loss")
+    rollout_before = base.rollout
+    step.run(SMALL.replace(beta=0.1), until="loss")
+    assert step.last_rerun == ["loss"] and step.result.rollout is rollout_before
+    step.run(SMALL.replace(beta=0.1, scale_rewards="batch"), until="loss")
+    assert step.last_rerun == ["advantages", "loss"]
+    step.run(SMALL.replace(mask="none"), until="loss")
+    assert step.last_rerun[0] == "logprobs" and step.result.rollout is rollout_before
+    step.run(SMALL, until="loss")
+
+
+def test_loss_is_about_zero_at_step_zero_while_the_gradient_is_not():
+    run = GRPOStep(SMALL).run(SMALL.replace(beta=0.0), until="update")
+    assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
+    assert abs(run.loss.loss.item()) < 1e-5
+    assert run.advantages.frac_reward_zero_std < 1 and run.update.grad_norm > 1e-3
+    grouped = run.advantages.values.view(-1, SMALL.num_generations).sum(1)
+    assert grouped.abs().max() < 1e-4  # advantages sum to 0 in every group
+
+
+def test_same_seed_same_numbers():
+    cfg = SMALL.replace(eval_prompts=2)
+    first = {k: v for k, v in metrics(GRPOStep(cfg).run()).items() if not k.startswith("time/")}
+    second = {k: v for k, v in metrics(GRPOStep(cfg).run()).items() if not k.startswith("time/")}
+    assert first == second
+
+
+def test_kl_estimators_values_and_gradients():
+    check = kl_estimator_check()
+    for unbiased_gradient in ("k2", "k3_corrected"):
+        assert check[unbiased_gradient]["grad_rel_error"] < 0.02
+    for biased_gradient in ("k1", "k3"):
+        assert check[biased_gradient]["grad_rel_error"] > 0.3
+    for unbiased_value in ("k1", "k3", "k3_corrected"):
+        assert abs(check[unbiased_value]["value"] - check[unbiased_value]["exact_kl"]) < 0.02
+    assert check["k2"]["value"] - check["k2"]["exact_kl"] > 0.03  # k2's value is biased
+
+
+def test_sequence_reinforce_forms():
+    logps = -torch.rand(4, 6)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6, [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]).float()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    total = compute_loss(logps, None, None, adv, mask, loss_type="reinforce_sum").loss
+    assert torch.allclose(total, (-adv * (logps * mask).sum(1)).mean())
+    mean = compute_loss(logps, None, None, adv, mask, loss_type="reinforce_mean").loss
+    assert torch.allclose(mean, (-adv * (logps * mask).sum(1) / mask.sum(1)).mean())
+
+
+def test_overrides_are_typed_and_checked():
+    assert parse_overrides(["beta=0.1", "dropout=true", "num_prompts=2"]) == {"beta": 0.1, "dropout": True,
+                                                                              "num_prompts": 2}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["no_such_knob=1"])
+
+
+def test_cli_prints_a_report_and_writes_every_number(tmp_path):
+    out = tmp_path / "step.json"
+    proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=2",
+                           "eval_prompts=2", "eval_samples=2", "mask=seed004", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "pitfalls switched on: mask=seed004" in proc.stdout and "frac_reward_zero_std" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "completions/mean_length"} <= set(data["metrics"])
+    assert len(data["completions"]) == 4
