@@ -93,13 +93,23 @@ def scoring_kwargs(cfg: StepConfig) -> dict:
             "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather}
 
 
-def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0) -> TokenLogProbs:
+def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0,
+                     reference_is_policy: bool = False) -> TokenLogProbs:
+    """Policy scored as `cfg` says; the reference always in eval mode, as TRL keeps it (no dropout).
+
+    `reference_is_policy=True` (step 0: the reference is a frozen copy of these very weights) reuses the
+    policy's log-probs for the reference when dropout is off: the same weights on the same inputs give
+    the same numbers, so the second forward is skipped.
+    """
     start = time.perf_counter()
     torch.manual_seed(seed)  # dropout masks, when dropout is on
     kwargs = scoring_kwargs(cfg)
     with torch.no_grad():
         policy_logps = per_token_logps(policy, rollout, **kwargs)
-        reference_logps = per_token_logps(reference, rollout, **kwargs)
+        if reference_is_policy and not cfg.dropout:
+            reference_logps = policy_logps.clone()
+        else:
+            reference_logps = per_token_logps(reference, rollout, **{**kwargs, "dropout": False})
     mask = completion_mask(rollout, cfg.mask)
     trl_mask = completion_mask(rollout, "trl")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask

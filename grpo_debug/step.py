@@ -94,7 +94,7 @@ class GRPOStep:
 
     def _logprobs(self, cfg: StepConfig) -> TokenLogProbs:
         self.restore_policy()
-        return compute_logprobs(self.policy, self.loaded.reference, self.result.rollout, cfg)
+        return compute_logprobs(self.policy, self.loaded.reference, self.result.rollout, cfg, reference_is_policy=True)
 
     def _rewards(self, cfg: StepConfig) -> Rewards:
         r = self.result.rollout
@@ -143,8 +143,7 @@ def metrics(run: StepRun) -> dict[str, float]:
         out.update({"loss": loss.loss.item(), "loss/policy": loss.policy_loss.item(), "loss/kl": loss.kl_loss.item(),
                     **loss.metrics})
     if upd is not None:
-        out.update({"grad_norm": upd.grad_norm, "update_norm": upd.update_norm,
-                    "logps/max_change_after_update": upd.max_abs_logp_change})
+        out.update({"grad_norm": upd.grad_norm, "update_norm": upd.update_norm})
         if len(upd.per_sample_grad_norms):
             out["per_sample_grad_norm/max"] = upd.per_sample_grad_norms.max().item()
     if run.evaluation is not None:
