@@ -47,7 +47,8 @@ def report(run: StepRun) -> str:
         out += ["6. update", _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
                 _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
                 _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
-                _line("max per-sample grad norm", upd.per_sample_grad_norms.max().item(), "from layer hooks, one backward")]
+                _line("max per-sample grad norm", upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms)
+                      else float("nan"), "from layer hooks, one backward")]
     if ev is not None:
         out += ["7. evaluation (held-out prompts, paired seeds)", _line("reward before", ev.before.reward),
                 _line("reward after", ev.after.reward),

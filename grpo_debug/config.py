@@ -50,6 +50,7 @@ class StepConfig:
     learning_rate: float = _in("update", 1e-4, "AdamW learning rate")
     max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)")
     weight_decay: float = _in("update", 0.0, "AdamW weight decay")
+    per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks (~40% of a backward)")
     # --- evaluation before and after the update
     eval_prompts: int = _in("evaluation", 32, "held-out prompts")
     eval_samples: int = _in("evaluation", 4, "samples per held-out prompt, same seeds before and after")

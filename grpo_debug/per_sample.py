@@ -72,19 +72,30 @@ class PerSampleGradients:
                 yield module.weight, (G * xhat).sum(1)
                 yield module.bias, G.sum(1)
 
+    def _uses(self) -> dict[int, int]:
+        uses: dict[int, int] = {}
+        for module, _, grads in self.records:
+            if grads:
+                for p in module.parameters(recurse=False):
+                    uses[id(p)] = uses.get(id(p), 0) + 1
+        return uses
+
+    def _per_parameter(self):
+        """(parameter, its full per-sample gradient), each as soon as all its uses are summed."""
+        uses, pending = self._uses(), {}
+        for param, grad in self._contributions():
+            if not param.requires_grad:
+                continue
+            key = id(param)
+            pending[key] = pending[key] + grad if key in pending else grad
+            uses[key] -= 1
+            if uses[key] == 0:
+                yield param, pending.pop(key)
+
     def gradients(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         """Per-sample gradient of every trainable parameter, (N, *param.shape); tied uses summed."""
-        out: dict[int, torch.Tensor] = {}
-        params: dict[int, torch.nn.Parameter] = {}
-        for param, grad in self._contributions():
-            if param.requires_grad:
-                out[id(param)] = out[id(param)] + grad if id(param) in out else grad
-                params[id(param)] = param
-        return {params[k]: v for k, v in out.items()}
+        return dict(self._per_parameter())
 
     def norms(self) -> torch.Tensor:
-        total = None
-        for param, grad in self.gradients().items():
-            sq = grad.flatten(1).pow(2).sum(1)
-            total = sq if total is None else total + sq
-        return total.sqrt()
+        """(N,) per-sample gradient norms, holding one parameter's per-sample gradients at a time."""
+        return torch.sqrt(sum(grad.flatten(1).pow(2).sum(1) for _, grad in self._per_parameter()))

@@ -19,7 +19,7 @@ from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, compute_loss
-from .model import load_model
+from .model import LoadedModel, load_model
 from .rewards import RewardScorer, Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .update import StepResult, update
@@ -49,9 +49,10 @@ def _peak_rss_mb() -> float:
 
 
 class GRPOStep:
-    def __init__(self, cfg: StepConfig | None = None, scorer: RewardScorer | None = None):
+    def __init__(self, cfg: StepConfig | None = None, scorer: RewardScorer | None = None,
+                 loaded: LoadedModel | None = None):
         self.cfg = cfg or StepConfig()
-        self.loaded = load_model(self.cfg.model)
+        self.loaded = loaded or load_model(self.cfg.model)
         self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
         self.scorer = scorer or RewardScorer.bundled()
         self.result = StepRun(self.cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -43,10 +44,10 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     optimizer.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # dropout masks, when dropout is on
     hooks = PerSampleGradients(model)
-    with hooks.capture():
+    with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext():
         breakdown = loss_for(model, rollout, logprobs, advantages, cfg)
         breakdown.loss.backward()
-    norms = hooks.norms()
+    norms = hooks.norms() if cfg.per_sample_grad_norms else torch.tensor([])
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     optimizer.step()

@@ -1,0 +1,131 @@
+"""Time and peak memory per phase of one GRPO step: `python benchmarks/step.py [--threads N]`.
+
+Prints JSON: the bundled model at 8 prompts x 8 samples (mixed and policy-only prompts), the one-call
+vs per-prompt-loop generation ratio, our step vs one TRL GRPOTrainer step on the same configuration,
+and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
+tokens. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import threading
+import time
+
+import psutil
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from grpo_debug.config import PHASES, StepConfig
+from grpo_debug.model import LoadedModel, load_model
+from grpo_debug.rewards import RewardScorer
+from grpo_debug.step import GRPOStep
+
+STEP_PHASES = [p for p in PHASES if p != "evaluation"]
+
+
+class PeakRSS:
+    """Highest resident memory seen by a 5 ms sampler while the block runs, minus the memory at its start."""
+
+    def __enter__(self):
+        self.process = psutil.Process()
+        self.start = self.peak = self.process.memory_info().rss
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+    @property
+    def mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def profile_step(step: GRPOStep, cfg: StepConfig) -> dict:
+    """Run each phase once, fresh, timing it and its peak extra memory."""
+    out = {}
+    step.result.rollout = None
+    for phase in STEP_PHASES:
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            step.run(cfg, until=phase)
+            seconds = time.perf_counter() - t0
+        out[phase] = {"seconds": round(seconds, 3), "peak_extra_mb": round(mem.mb, 1)}
+    out["total_seconds"] = round(sum(v["seconds"] for v in out.values()), 3)
+    return out
+
+
+def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
+    timings = {}
+    for mode in ("batched", "loop"):
+        step.result.rollout = None
+        step.run(cfg.replace(generation=mode), until="rollout")
+        timings[mode] = round(step.result.rollout.seconds, 3)
+    return {**timings, "loop_over_batched": round(timings["loop"] / timings["batched"], 2)}
+
+
+def trl_step_seconds(cfg: StepConfig, scorer: RewardScorer) -> float:
+    from grpo_debug.trl_bridge import trl_trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = trl_trainer(cfg, tmp, scorer)
+        t0 = time.perf_counter()
+        trainer.train()
+        return round(time.perf_counter() - t0, 3)
+
+
+def gpt2_124m_shape(tokenizer) -> LoadedModel:
+    torch.manual_seed(0)
+    config = GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12, vocab_size=50257,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    policy = GPT2LMHeadModel(config).eval()
+    # keep sampling inside the bundled tokenizer's vocabulary, so completions can be decoded and scored
+    policy.generation_config.suppress_tokens = list(range(len(tokenizer), config.vocab_size))
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    return LoadedModel(policy, reference, tokenizer, "gpt2-124m-shape (random weights)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--skip-124m", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    scorer = RewardScorer.bundled()
+    report = {"threads": args.threads, "torch": torch.__version__}
+
+    bundled = StepConfig()
+    step = GRPOStep(bundled, scorer=scorer)
+    step.run(bundled, until="rollout")  # warm-up: first-call overheads out of the numbers
+    report["bundled_8x8_mixed"] = profile_step(step, bundled)
+    policy_only = bundled.replace(task="policy", max_new_tokens=48)
+    report["bundled_8x8_policy"] = profile_step(step, policy_only)
+    report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
+
+    # like for like: TRL computes no per-sample gradient norms
+    trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
+    ours = profile_step(step, trl_cfg)["total_seconds"]
+    theirs = trl_step_seconds(trl_cfg, scorer)
+    report["vs_trl_8x8_mixed"] = {"ours_seconds": ours, "trl_seconds": theirs, "ours_over_trl": round(ours / theirs, 2)}
+
+    if not args.skip_124m:
+        shape_cfg = StepConfig(num_prompts=4, num_generations=4, max_new_tokens=80, task="mixed")
+        big = GRPOStep(shape_cfg, scorer=scorer, loaded=gpt2_124m_shape(load_model().tokenizer))
+        report["gpt2_124m_shape_4x4_80_tokens"] = profile_step(big, shape_cfg)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
