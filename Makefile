@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test setup stockfish data model evaluate
 
@@ -34,7 +35,7 @@ stockfish:
 setup: $(STAMP) stockfish
 
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg)
