@@ -1,0 +1,55 @@
+"""pandas tables of a step: per sample, and variants of the config side by side on the same rollout."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from .config import StepConfig
+from .step import GRPOStep, StepRun, metrics
+
+
+def per_sample(run: StepRun) -> pd.DataFrame:
+    """One row per completion: its group, text, reward components, advantage, log-prob and loss share."""
+    r, lp = run.rollout, run.logprobs
+    rows = {"group": [i // r.num_generations for i in range(r.num_samples)],
+            "completion": [c if len(c) <= 60 else c[:57] + "..." for c in r.completions],
+            "length": r.completion_lengths.tolist()}
+    if run.rewards is not None:
+        rows["reward"] = run.rewards.total.tolist()
+        rows.update({name: values.tolist() for name, values in run.rewards.components.items()})
+    if run.advantages is not None:
+        rows["advantage"] = run.advantages.values.tolist()
+    if lp is not None:
+        rows["seq_logp"] = (lp.policy * lp.mask).sum(1).tolist()
+        rows["max_sampler_gap"] = lp.sampler_gap.max(1).values.tolist()
+    if run.loss is not None:
+        rows["loss_share"] = run.loss.per_sample_loss.tolist()
+    if run.update is not None and len(run.update.per_sample_grad_norms):
+        rows["grad_norm"] = run.update.per_sample_grad_norms.tolist()
+    return pd.DataFrame(rows)
+
+
+def compare_variants(step: GRPOStep, variants: dict[str, dict], base: StepConfig | None = None,
+                     until: str = "loss", columns: list[str] | None = None) -> pd.DataFrame:
+    """Each variant (a dict of StepConfig changes) run on the cached rollout; one row per variant."""
+    base = base or step.cfg
+    rows = {}
+    for name, changes in variants.items():
+        run = step.run(base.replace(**changes), until=until)
+        values = {k: v for k, v in metrics(run).items() if not k.startswith("time/")}
+        rows[name] = {k: values.get(k, float("nan")) for k in columns} if columns else values
+    step.run(base, until=until)
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
+    """d loss / d logp per token: what the backward pass sends into the model, even when the loss is ~0."""
+    from .loss import compute_loss
+    lp = run.logprobs
+    logps = lp.policy.clone().requires_grad_(True)
+    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, loss_type=cfg.loss_type,
+                        beta=cfg.beta, kl_estimator=cfg.kl_estimator, epsilon_low=cfg.epsilon_low,
+                        epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens).loss
+    (grad,) = torch.autograd.grad(loss, logps)
+    return grad
