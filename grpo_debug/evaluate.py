@@ -17,7 +17,6 @@ import json
 import statistics
 import time
 
-import chess
 import torch
 from tqdm import tqdm
 
@@ -65,16 +64,11 @@ def policy_metrics(records: list[dict], completions: list[list[str]]) -> dict[st
     parse, legal, top5, groups = [], [], [], []
     for record, samples in zip(records, completions):
         analysis = PositionAnalysis.from_json(record)
-        board = chess.Board(record["fen"])
         rewards = []
         for text in samples:
             parsed = parse_policy_completion(text)
             parse.append(parsed.ok)
-            try:
-                is_legal = parsed.best is not None and board.is_legal(chess.Move.from_uci(parsed.best))
-            except ValueError:
-                is_legal = False
-            legal.append(is_legal)
+            legal.append(parsed.best in analysis.evals)  # the analysis lists every legal move, standard UCI
             top5.append(parsed.best in analysis.top5)
             rewards.append(score_policy(analysis, text).total)
         groups.append(rewards)

@@ -1,4 +1,5 @@
-"""Every matplotlib figure of the suite. Each function takes phase results and returns the Figure."""
+"""Every matplotlib figure of the suite. Each function takes phase results and returns the Figure,
+closed in pyplot so that a notebook shows it exactly once: as the cell's value."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from .loss import KL_ESTIMATORS, per_token_kl
 from .rewards import Rewards
 
 
+def _done(fig):
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
 def rewards_per_group(rewards: Rewards, num_generations: int, title: str = "rewards per group"):
     values = rewards.total.view(-1, num_generations).numpy()
     fig, ax = plt.subplots(figsize=(7, 3))
@@ -20,8 +27,7 @@ def rewards_per_group(rewards: Rewards, num_generations: int, title: str = "rewa
         ax.scatter(np.full(len(row), b), row, alpha=0.6, s=18)
         ax.hlines(row.mean(), b - 0.3, b + 0.3, color="k")
     ax.set(xlabel="prompt (group)", ylabel="reward", title=title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def advantages_bars(adv: Advantages, num_generations: int, title: str = "advantages"):
@@ -33,8 +39,7 @@ def advantages_bars(adv: Advantages, num_generations: int, title: str = "advanta
     for b in range(1, len(values) // num_generations):
         ax.axvline(b * num_generations - 0.5, color="k", lw=0.5)
     ax.set(xlabel="sample (grey: zero-std group, red: phantom group)", ylabel="advantage", title=title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def logprob_gap_heatmap(logprobs: TokenLogProbs, title: str = "|sampler - recomputed| per token"):
@@ -43,8 +48,7 @@ def logprob_gap_heatmap(logprobs: TokenLogProbs, title: str = "|sampler - recomp
     im = ax.imshow(gap, aspect="auto", cmap="magma", vmin=0, vmax=max(gap.max(), 1e-6))
     ax.set(xlabel="completion token", ylabel="sample", title=title)
     fig.colorbar(im, ax=ax, label="nats")
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recomputed| log-prob"):
@@ -54,8 +58,7 @@ def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recompute
     ax.set_xscale("log")
     ax.axvline(1e-4, color="k", ls="--", lw=0.8)
     ax.set(xlabel="nats (log scale; dashed: 1e-4)", title=title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def kl_per_token(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, sample: int = 0,
@@ -67,16 +70,14 @@ def kl_per_token(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tenso
         ax.plot(values.numpy(), label=estimator, marker=".", lw=1)
     ax.set(xlabel="completion token", ylabel="estimate", title=title)
     ax.legend()
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def per_sample_grad_norms(norms: torch.Tensor, advantages: torch.Tensor, title: str = "per-sample gradient norms"):
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.scatter(advantages.numpy(), norms.numpy(), s=16)
     ax.set(xlabel="advantage", ylabel="||grad of sample's loss share||", title=title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def eval_before_after(evaluation: Evaluation, title: str = "held-out reward, paired seeds"):
@@ -89,16 +90,14 @@ def eval_before_after(evaluation: Evaluation, title: str = "held-out reward, pai
                  fmt="o", capsize=6)
     ax2.axhline(0, color="k", lw=0.8)
     ax2.set(xticks=[], ylabel="after - before (95% CI)")
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def time_per_phase(timings: dict[str, float], title: str = "seconds per phase"):
     fig, ax = plt.subplots(figsize=(7, 2.8))
     ax.barh(list(timings), list(timings.values()))
     ax.set(xlabel="seconds", title=title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)
 
 
 def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: str = "influence"):
@@ -108,5 +107,4 @@ def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: s
         ax.axvline(0, color="k", lw=0.8)
         ax.set_title(name, fontsize=9)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _done(fig)

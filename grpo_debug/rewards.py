@@ -66,22 +66,17 @@ def _weighted(components: dict[str, float], weights: dict[str, float]) -> float:
     return _clamp(sum(w * components[k] for k, w in weights.items()))
 
 
-def _legal(board: chess.Board, uci: str) -> bool:
-    try:
-        return board.is_legal(chess.Move.from_uci(uci))
-    except (ValueError, TypeError):
-        return False
-
-
 def score_policy(analysis: PositionAnalysis, completion: str) -> Score:
     parsed = parse_policy_completion(completion)
-    board = chess.Board(analysis.fen)
     slots = min(5, len(analysis.evals))
     if parsed.best is None and not parsed.moves:
         components = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
         return Score("P", _weighted(components, POLICY_WEIGHTS), components, parsed.error)
 
-    if parsed.best is not None and _legal(board, parsed.best):
+    # legal = one of the position's legal moves in standard UCI; python-chess's is_legal would also accept
+    # the Chess960 spelling of castling (king takes own rook, e8a8), which no analysis lists
+    legal = analysis.evals.__contains__
+    if parsed.best is not None and legal(parsed.best):
         best_eval = analysis.evals[parsed.best]
         rank = sum(1 for e in analysis.evals.values() if e > best_eval)
         best_move = 1.0 - rank / len(analysis.evals)
@@ -91,14 +86,14 @@ def score_policy(analysis: PositionAnalysis, completion: str) -> Score:
     top5 = set(analysis.top5)
     listed = list(dict.fromkeys(parsed.moves))  # first occurrence of each move, in order
     hits = sum(1 for m in listed if m in top5)
-    illegal = sum(1 for m in listed if not _legal(board, m))
+    illegal = sum(1 for m in listed if not legal(m))
     candidates = _clamp((hits - illegal) / slots)
 
     slot_scores = []
     for i in range(slots):
         move = parsed.moves[i] if i < len(parsed.moves) else None
         value = parsed.evals[i] if i < len(parsed.evals) else None
-        if move is None or value is None or not _legal(board, move):
+        if move is None or value is None or not legal(move):
             slot_scores.append(-1.0)
         else:
             slot_scores.append(1.0 - min(abs(value - analysis.evals[move]), EVAL_ERROR_CAP))

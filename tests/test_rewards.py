@@ -65,6 +65,16 @@ def test_reward_graded_by_stockfish_ranking():
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0 and scores[-1] > -1.0
 
 
+def test_chess960_castling_spelling_is_illegal_not_a_crash():
+    board = chess.Board("r3k2r/8/8/8/8/8/8/R3K2R b KQkq - 0 1")
+    assert board.is_legal(chess.Move.from_uci("e8a8"))  # python-chess reads it as castling
+    with Stockfish(depth=4) as engine:
+        analysis = engine.analyse(board)
+    assert "e8a8" not in analysis.evals and "e8c8" in analysis.evals
+    score = score_policy(analysis, "M: e8a8 E: 0 B: e8a8")
+    assert score.components["best_move"] == -1.0 and score.components["candidates"] < 0
+
+
 def test_other_en_passant_convention_is_not_a_wrong_board():
     board = chess.Board()
     board.push_uci("e2e4")

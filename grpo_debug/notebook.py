@@ -1,0 +1,18 @@
+"""One call at the top of every notebook: the same numbers on every run."""
+
+import matplotlib
+import pandas as pd
+import torch
+import transformers
+
+
+def setup(threads: int = 1) -> None:
+    """One torch thread (float sums in a fixed order), 4-digit pandas floats, a fixed figure style."""
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    pd.set_option("display.precision", 4)
+    pd.set_option("display.max_colwidth", 70)
+    pd.set_option("display.width", 140)
+    transformers.utils.logging.set_verbosity_error()  # no progress bars or warnings with timings in outputs
+    transformers.utils.logging.disable_progress_bar()
+    matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})
