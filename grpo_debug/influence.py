@@ -1,0 +1,125 @@
+"""TracIn influence of each training sample on a validation loss, and the experiment that settles its sign.
+
+influence_i = <grad L_train_i, grad L_val>. Gradient descent on sample i with step lr changes the
+validation loss by about -lr * influence_i (first order), so influence > 0 means "a step on i lowers
+L_val": it helps, whatever the sign convention inside L_val, as long as L_val is a loss to minimise.
+Seed 000 flips the sign of `-seq_logprob * advantage` and calls it a fix; `sign_experiment` measures
+the prediction against real single-sample SGD steps, so the claim is checked, not argued.
+
+Validation losses (per sequence, averaged):
+  seqloss-lastadv   -seq_logprob * advantage     (advantages of the validation samples' own groups)
+  seqloss-reward    -seq_logprob * reward        (seed 001: no contrast when every reward is high)
+With `val = train batch` (PPO's step_part_I) every score contains the sample's own term
+<g_i, g_i> / N_val >= 0 (its own share of L_val), which biases scores upward, most at small batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
+from .config import StepConfig
+from .per_sample import PerSampleGradients
+from .rollout import Rollout
+from .update import loss_for
+
+VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
+
+
+def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, rewards: torch.Tensor,
+                    kind: str = "seqloss-lastadv", flip_sign: bool = False) -> torch.Tensor:
+    """Per-sequence validation losses (N,); their mean is L_val. `flip_sign` is the seed-000 "fix"."""
+    seq_logp = (logps * mask).sum(-1)
+    if kind == "seqloss-lastadv":
+        per_seq = -seq_logp * advantages
+    elif kind == "seqloss-reward":
+        per_seq = -seq_logp * rewards
+    else:
+        raise ValueError(f"validation loss must be one of {VAL_LOSSES}, got {kind!r}")
+    return -per_seq if flip_sign else per_seq
+
+
+@dataclass
+class ValidationSet:
+    rollout: Rollout
+    logprobs: TokenLogProbs
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+
+
+def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, flip_sign: bool = False):
+    """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
+    loss = validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind, flip_sign).mean()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params)
+    return loss.item(), dict(zip(params, grads))
+
+
+def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
+                               cfg: StepConfig) -> dict:
+    """{param: (N, *shape)}: each sample's gradient of its share of the GRPO loss, one backward."""
+    hooks = PerSampleGradients(model)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with hooks.capture():
+        loss_for(model, rollout, logprobs, advantages, cfg).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return hooks.gradients()
+
+
+def influence_scores(train_grads: dict, val_grad: dict) -> torch.Tensor:
+    """(N,) <g_train_i, g_val> summed over every parameter set."""
+    return sum(torch.einsum("n...,...->n", g.double(), val_grad[p].double()) for p, g in train_grads.items()).float()
+
+
+@dataclass
+class SignExperiment:
+    predicted: torch.Tensor  # (N,) -lr * influence_i
+    measured: torch.Tensor  # (N,) L_val after one SGD step on sample i alone, minus L_val before
+    spearman: float
+    sign_agreement: float  # fraction of samples where predicted and measured have the same sign
+    lr: float
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
+    return torch.corrcoef(torch.stack([ra, rb]))[0, 1].item()
+
+
+def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
+                    val: ValidationSet, kind: str = "seqloss-lastadv", flip_sign: bool = False,
+                    lr: float = 1e-3) -> SignExperiment:
+    """For each sample: predicted change of L_val (-lr * influence) against a real SGD step on it alone.
+
+    The measured L_val always uses the unflipped loss (the quantity we want to go down); `flip_sign`
+    only changes the influence used for the prediction, which is what the seed-000 "fix" changes.
+    """
+    train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg)
+    _, val_grad = validation_gradient(model, val, cfg, kind, flip_sign)
+    predicted = -lr * influence_scores(train_grads, val_grad)
+    params = list(train_grads)
+
+    def val_loss() -> float:
+        with torch.no_grad():
+            torch.manual_seed(0)
+            logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
+            return validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind).mean().item()
+
+    base = val_loss()
+    before = [p.detach().clone() for p in params]
+    measured = []
+    with torch.no_grad():
+        for i in range(rollout.num_samples):
+            for p in params:
+                p.sub_(lr * train_grads[p][i])
+            measured.append(val_loss() - base)
+            for p, b in zip(params, before):
+                p.copy_(b)
+    measured = torch.tensor(measured)
+    agree = (torch.sign(predicted) == torch.sign(measured)).float().mean().item()
+    return SignExperiment(predicted, measured, _spearman(predicted, measured), agree, lr)
