@@ -82,8 +82,9 @@ class SignExperiment:
     predicted: torch.Tensor  # (N,) -lr * influence_i
     measured: torch.Tensor  # (N,) L_val after one SGD step on sample i alone, minus L_val before
     spearman: float
-    sign_agreement: float  # fraction of samples where predicted and measured have the same sign
+    sign_agreement: float  # fraction of moved samples where predicted and measured have the same sign
     lr: float
+    moved: int  # samples with a non-zero gradient, over which the two statistics are taken
 
 
 def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -121,5 +122,8 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
             for p, b in zip(params, before):
                 p.copy_(b)
     measured = torch.tensor(measured)
-    agree = (torch.sign(predicted) == torch.sign(measured)).float().mean().item()
-    return SignExperiment(predicted, measured, _spearman(predicted, measured), agree, lr)
+    # a sample with a zero gradient (advantage 0, no KL) takes no step: nothing to predict, left out
+    moved = predicted != 0
+    agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
+    return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
+                          int(moved.sum()))
