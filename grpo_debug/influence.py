@@ -49,6 +49,38 @@ class ValidationSet:
     rewards: torch.Tensor
 
 
+VAL_SOURCES = ("same_batch", "random", "topk")
+
+
+def validation_set(step, source: str = "same_batch", size: int = 64) -> ValidationSet:
+    """same_batch: the training batch itself (PPO's step_part_I). random: `size` fresh samples on held-out
+    prompts, advantages within their groups. topk: the `size` best of 2 x size fresh samples, advantages
+    normalised over the selected set as one group (seed 000/001: all good samples, no contrast)."""
+    from .advantages import compute_advantages
+    from .evaluation import eval_prompts
+    from .logprobs import compute_logprobs
+    from .rewards import compute_rewards
+    from .rollout import rollout
+    run, cfg = step.result, step.cfg
+    if source == "same_batch":
+        return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
+    pool = size * (2 if source == "topk" else 1)
+    if source not in VAL_SOURCES or pool % cfg.num_generations:
+        raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={cfg.num_generations}")
+    val_cfg = cfg.replace(seed=cfg.seed + 1)
+    prompts = eval_prompts(cfg.task, pool // cfg.num_generations)
+    r = rollout(step.policy, step.loaded.tokenizer, val_cfg, prompts)
+    rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
+    if source == "random":
+        advantages = compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
+    else:
+        keep = rewards.argsort(descending=True)[:size].sort().values
+        r, rewards = r.rows(keep), rewards[keep]
+        advantages = compute_advantages(rewards, size, cfg.scale_rewards)
+    logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
+    return ValidationSet(r, logprobs, advantages, rewards)
+
+
 def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, flip_sign: bool = False):
     """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says."""
     model.zero_grad(set_to_none=True)
@@ -58,6 +90,20 @@ def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, f
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params)
     return loss.item(), dict(zip(params, grads))
+
+
+def self_terms(model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
+    """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
+    <g_train_i, grad(val_loss_i) / N>: the part of influence_i that says "a step on i helps i"."""
+    hooks = PerSampleGradients(model)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with hooks.capture():
+        logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
+        validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind).mean().backward()
+    model.zero_grad(set_to_none=True)
+    val_grads = hooks.gradients()
+    return sum((g.double().flatten(1) * val_grads[p].double().flatten(1)).sum(1) for p, g in train_grads.items()).float()
 
 
 def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,

@@ -108,3 +108,16 @@ def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: s
         ax.set_title(name, fontsize=9)
     fig.suptitle(title)
     return _done(fig)
+
+
+def sign_scatter(experiments: dict, title: str = "predicted vs measured change of L_val"):
+    """experiments: name -> SignExperiment."""
+    fig, axes = plt.subplots(1, len(experiments), figsize=(4 * len(experiments), 3.2))
+    for ax, (name, e) in zip(np.atleast_1d(axes), experiments.items()):
+        ax.scatter(e.predicted.numpy(), e.measured.numpy(), s=14)
+        lim = float(max(e.predicted.abs().max(), e.measured.abs().max()))
+        ax.plot([-lim, lim], [-lim, lim], color="k", lw=0.6)
+        ax.set(xlabel="predicted: -lr * influence", ylabel="measured", title=f"{name}\nSpearman {e.spearman:.2f}, "
+               f"sign agreement {e.sign_agreement:.0%}")
+    fig.suptitle(title)
+    return _done(fig)

@@ -98,13 +98,13 @@ def _pad_left(tensors: list[torch.Tensor], value: int) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value) for t in tensors])
 
 
-def rollout(model, tokenizer, cfg: StepConfig) -> Rollout:
+def rollout(model, tokenizer, cfg: StepConfig, prompts: list[str] | None = None) -> Rollout:
     """Sample G completions for each of B prompts, model in eval mode, seeded.
 
     `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
     `"loop"` makes one call per prompt, as the seed-003 script does, for the speed comparison.
     """
-    prompts = step_prompts(cfg.task, cfg.num_prompts)
+    prompts = prompts if prompts is not None else step_prompts(cfg.task, cfg.num_prompts)
     pad_id = tokenizer.eos_token_id if cfg.pad_with_eos else tokenizer.pad_token_id
     was_training = model.training
     model.eval()

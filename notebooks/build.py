@@ -314,6 +314,71 @@ pd.DataFrame({"before": ev.before.components, "after": ev.after.components,
 interval says whether that is more than sampling noise. Try a smaller `learning_rate` or `beta`, or a
 pitfall from notebook 02, and re-run: the evaluation uses the same seeds, so the comparison is paired."""),
     ],
+    "07_tracin": [
+        ("md", """# 07 · TracIn influence and its sign
+
+influence_i = <grad L_train_i, grad L_val>. A gradient step of size lr on sample i changes the validation
+loss by about -lr * influence_i, so influence > 0 means the step *lowers* L_val: it helps. Seed 000
+argues that the sign of `-seq_logprob * advantage` is backwards and flips it; seed 001 finds the real
+problem: a validation set of only top-reward samples has no contrast. Here both claims are measured."""),
+        ("code", SETUP),
+        ("code", CONFIG.replace("cfg = StepConfig(model=MODEL or DEFAULT_MODEL)",
+                                "cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4, beta=0.0)") + """
+run = step.run(cfg, until="loss")"""),
+        ("md", """## The experiment that settles the sign
+
+For every training sample: the predicted change of L_val (-lr x influence) against the change measured
+after a real SGD step on that sample alone, the model restored in between. Validation = the batch itself."""),
+        ("code", """from grpo_debug.influence import sign_experiment, validation_set
+from grpo_debug import plots
+val = validation_set(step, "same_batch")
+args = (step.policy, run.rollout, run.logprobs, run.advantages.values, cfg, val)
+experiments = {"as written (-seq_logp * A)": sign_experiment(*args, lr=1e-3),
+               "seed-000 flip": sign_experiment(*args, flip_sign=True, lr=1e-3)}
+for name, e in experiments.items():
+    print(f"{name:28s} Spearman {e.spearman:+.3f}  sign agreement {e.sign_agreement:.0%} over {e.moved} samples")
+assert experiments["as written (-seq_logp * A)"].sign_agreement >= 0.95
+assert experiments["seed-000 flip"].sign_agreement <= 0.1
+plots.sign_scatter(experiments)"""),
+        ("md", """The loss as written is right: its influence predicts the real steps. The flip predicts the opposite of
+what happens."""),
+        ("md", """## Influence under the validation choices
+
+Same batch, a separate random set, and the top-k by reward (seed 001's set), each with both validation
+losses."""),
+        ("code", """import numpy as np
+import pandas as pd
+from grpo_debug.influence import influence_scores, per_sample_train_gradients, validation_gradient
+train_grads = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
+panels, rows = {}, {}
+for source, size in [("same_batch", 16), ("random", 16), ("topk", 16)]:
+    val = validation_set(step, source, size)
+    for kind in ["seqloss-lastadv", "seqloss-reward"]:
+        _, val_grad = validation_gradient(step.policy, val, cfg, kind)
+        scores = influence_scores(train_grads, val_grad).numpy()
+        panels[f"{source}, {kind}"] = scores
+        rows[(source, kind)] = {"val mean reward": val.rewards.mean().item(), "fraction > 0": (scores > 0).mean(),
+                                "mean": scores.mean()}
+pd.DataFrame(rows).T"""),
+        ("code", """plots.influence_histograms(panels, bins=15, title="influence of the 16 training samples")"""),
+        ("md", """## The same-batch self-term
+
+With validation = the training batch, influence_i includes <g_i, grad of sample i's own share of L_val>,
+which is >= 0 for seqloss-lastadv (the two losses push sample i the same way): a bias upwards."""),
+        ("code", """from grpo_debug.influence import self_terms
+val = validation_set(step, "same_batch")
+_, val_grad = validation_gradient(step.policy, val, cfg, "seqloss-lastadv")
+total = influence_scores(train_grads, val_grad)
+own = self_terms(step.policy, train_grads, val, cfg, "seqloss-lastadv")
+table = pd.DataFrame({"influence": total, "self term": own, "without self": total - own})
+print(f"self term >= 0 for all samples: {bool((own >= -1e-9).all())}; positive influence with self "
+      f"{(total > 0).float().mean():.0%}, without {((total - own) > 0).float().mean():.0%}")
+assert (own >= -1e-9).all()
+table.head(8)"""),
+        ("md", """**What to notice.** The sign question is settled by measurement, not by argument. What changes the
+histograms is the validation set: the same batch inflates every score by its self-term; a top-k set has
+high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier" (seed 001)."""),
+    ],
     "08_diagnostics": [
         ("md", """# 08 · Diagnostics from seed 002
 

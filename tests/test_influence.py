@@ -41,3 +41,16 @@ def test_the_sign_predicts_real_sgd_steps_and_the_flip_does_not(setup):
     assert right.spearman >= 0.9 and right.sign_agreement >= 0.95
     assert flipped.sign_agreement <= 0.1 and flipped.spearman <= -0.9
     assert torch.equal(right.measured, flipped.measured)  # the same real steps, only the prediction differs
+
+
+def test_same_batch_self_term_is_non_negative_and_separate_sets_work(setup):
+    from grpo_debug.influence import self_terms, validation_set
+    step, run, val = setup
+    grads = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, CFG)
+    own = self_terms(step.policy, grads, val, CFG, "seqloss-lastadv")
+    assert (own >= -1e-9).all() and own.max() > 0
+    step.run(CFG, until="loss")
+    top = validation_set(step, "topk", 8)
+    random = validation_set(step, "random", 8)
+    assert top.rollout.num_samples == random.rollout.num_samples == 8
+    assert top.rewards.mean() >= random.rewards.mean()  # the best half of a fresh pool: no contrast
