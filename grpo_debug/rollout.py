@@ -37,12 +37,14 @@ class Rollout:
         return sample // self.num_generations
 
     def rows(self, index: torch.Tensor | list[int]) -> "Rollout":
-        """The same rollout restricted to some samples (tensors sliced; prompts and texts kept as they are)."""
-        index = torch.as_tensor(index)
+        """Some samples of the rollout, each its own group of one (num_generations=1)."""
+        index = torch.as_tensor(index).flatten()
         tensors = {name: getattr(self, name)[index] for name in
                    ("prompt_ids", "prompt_mask", "completion_ids", "completion_lengths", "finished",
                     "sampler_logps", "sampler_logps_temperature_only")}
-        return dataclasses.replace(self, **tensors)
+        return dataclasses.replace(self, **tensors, prompts=[self.prompts[self.group_of(i)] for i in index.tolist()],
+                                   completions=[self.completions[i] for i in index.tolist()], num_generations=1,
+                                   identical_groups=[])
 
 
 def step_prompts(task: str, n: int) -> list[str]:
