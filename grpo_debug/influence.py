@@ -22,8 +22,9 @@ import torch
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .config import StepConfig
 from .per_sample import PerSampleGradients
-from .rollout import Rollout
-from .update import loss_for
+from .rollout import Rollout, row_chunks
+from .loss import loss_weights
+from .update import chunk_loss
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 
@@ -81,41 +82,54 @@ def validation_set(step, source: str = "same_batch", size: int = 64) -> Validati
     return ValidationSet(r, logprobs, advantages, rewards)
 
 
+def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
+    """These rows' share of L_val (the mean over all N_val sequences)."""
+    logps = per_token_logps(model, val.rollout.rows(rows), **scoring_kwargs(cfg))
+    per_seq = validation_loss(logps, val.logprobs.mask[rows], val.advantages[rows], val.rewards[rows], kind, flip_sign)
+    return per_seq.sum() / val.rollout.num_samples
+
+
 def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, flip_sign: bool = False):
-    """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says."""
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
-    loss = validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind, flip_sign).mean()
+    """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says, 8 rows at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, params)
-    return loss.item(), dict(zip(params, grads))
+    total, grads = 0.0, [torch.zeros_like(p) for p in params]
+    torch.manual_seed(0)
+    for rows in row_chunks(val.rollout.num_samples):
+        share = _val_share(model, val, cfg, kind, rows, flip_sign)
+        total += share.item()
+        for g, d in zip(grads, torch.autograd.grad(share, params)):
+            g += d
+    return total, dict(zip(params, grads))
 
 
 def self_terms(model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
     """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
     <g_train_i, grad(val_loss_i) / N>: the part of influence_i that says "a step on i helps i"."""
-    hooks = PerSampleGradients(model)
-    model.zero_grad(set_to_none=True)
+    parts = []
     torch.manual_seed(0)
-    with hooks.capture():
-        logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
-        validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind).mean().backward()
+    for rows in row_chunks(val.rollout.num_samples):
+        hooks = PerSampleGradients(model)
+        with hooks.capture():
+            _val_share(model, val, cfg, kind, rows).backward()
+        parts.append(hooks.gradients())
     model.zero_grad(set_to_none=True)
-    val_grads = hooks.gradients()
+    val_grads = {p: torch.cat([part[p] for part in parts]) for p in parts[0]}
     return sum((g.double().flatten(1) * val_grads[p].double().flatten(1)).sum(1) for p, g in train_grads.items()).float()
 
 
 def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
                                cfg: StepConfig) -> dict:
-    """{param: (N, *shape)}: each sample's gradient of its share of the GRPO loss, one backward."""
-    hooks = PerSampleGradients(model)
-    model.zero_grad(set_to_none=True)
+    """{param: (N, *shape)}: each sample's gradient of its share of the GRPO loss, one backward per 8 rows."""
+    weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
+    parts = []
     torch.manual_seed(0)
-    with hooks.capture():
-        loss_for(model, rollout, logprobs, advantages, cfg).loss.backward()
+    for rows in row_chunks(rollout.num_samples):
+        hooks = PerSampleGradients(model)
+        with hooks.capture():
+            chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights).backward()
+        parts.append(hooks.gradients())
     model.zero_grad(set_to_none=True)
-    return hooks.gradients()
+    return {p: torch.cat([part[p] for part in parts]) for p in parts[0]}
 
 
 def influence_scores(train_grads: dict, val_grad: dict) -> torch.Tensor:
@@ -154,8 +168,7 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
     def val_loss() -> float:
         with torch.no_grad():
             torch.manual_seed(0)
-            logps = per_token_logps(model, val.rollout, **scoring_kwargs(cfg))
-            return validation_loss(logps, val.logprobs.mask, val.advantages, val.rewards, kind).mean().item()
+            return sum(_val_share(model, val, cfg, kind, rows).item() for rows in row_chunks(val.rollout.num_samples))
 
     base = val_loss()
     before = [p.detach().clone() for p in params]
@@ -168,8 +181,9 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
             for p, b in zip(params, before):
                 p.copy_(b)
     measured = torch.tensor(measured)
-    # a sample with a zero gradient (advantage 0, no KL) takes no step: nothing to predict, left out
-    moved = predicted != 0
+    # a sample with a (near-)zero gradient (advantage ~0, no KL) takes no measurable step: a change below
+    # 1e-4 of the largest predicted one is float32 noise in L_val, so it is left out of both statistics
+    moved = predicted.abs() > 1e-4 * predicted.abs().max()
     agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
     return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
                           int(moved.sum()))

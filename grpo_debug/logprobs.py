@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .rollout import Rollout
+from .rollout import Rollout, row_chunks
 
 
 @dataclass
@@ -88,6 +88,11 @@ def per_token_logps(model, rollout: Rollout, *, temperature: float | None, posit
     raise ValueError(f"gather must be 'correct' or 'seed003', got {gather!r}")
 
 
+def chunked_logps(model, rollout: Rollout, **kwargs) -> torch.Tensor:
+    """`per_token_logps` a few rows at a time (no grad): the same numbers, faster on CPU."""
+    return torch.cat([per_token_logps(model, rollout.rows(rows), **kwargs) for rows in row_chunks(rollout.num_samples)])
+
+
 def scoring_kwargs(cfg: StepConfig) -> dict:
     return {"temperature": cfg.temperature if cfg.logprob_temperature else None, "position_ids": cfg.position_ids,
             "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather}
@@ -105,11 +110,11 @@ def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed:
     torch.manual_seed(seed)  # dropout masks, when dropout is on
     kwargs = scoring_kwargs(cfg)
     with torch.no_grad():
-        policy_logps = per_token_logps(policy, rollout, **kwargs)
+        policy_logps = chunked_logps(policy, rollout, **kwargs)
         if reference_is_policy and not cfg.dropout:
             reference_logps = policy_logps.clone()
         else:
-            reference_logps = per_token_logps(reference, rollout, **{**kwargs, "dropout": False})
+            reference_logps = chunked_logps(reference, rollout, **{**kwargs, "dropout": False})
     mask = completion_mask(rollout, cfg.mask)
     trl_mask = completion_mask(rollout, "trl")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask

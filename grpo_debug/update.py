@@ -10,9 +10,9 @@ import torch
 
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
-from .loss import LossBreakdown, compute_loss
+from .loss import LossBreakdown, compute_loss, loss_weights
 from .per_sample import PerSampleGradients
-from .rollout import Rollout
+from .rollout import Rollout, row_chunks
 
 
 @dataclass
@@ -35,24 +35,41 @@ def loss_for(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch
                         max_completion_length=cfg.max_new_tokens)
 
 
+def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
+               rows: list[int], weights: torch.Tensor) -> torch.Tensor:
+    """These rows' share of the batch loss (the batch's normalisation `weights`), gradients flowing."""
+    logps = per_token_logps(model, rollout.rows(rows), **scoring_kwargs(cfg))
+    per_token = compute_loss(logps, logprobs.policy[rows], logprobs.reference[rows], advantages[rows],
+                             logprobs.mask[rows], loss_type=cfg.loss_type, beta=cfg.beta,
+                             kl_estimator=cfg.kl_estimator, epsilon_low=cfg.epsilon_low,
+                             epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens).per_token_loss
+    return (per_token * weights[rows]).sum()
+
+
 def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig) -> StepResult:
-    """One backward gives both the total gradient and, through layer hooks, every sample's gradient norm."""
+    """Backward (8 rows at a time) gives the total gradient and, through layer hooks, every sample's gradient norm."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     optimizer.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # dropout masks, when dropout is on
-    hooks = PerSampleGradients(model)
-    with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext():
-        breakdown = loss_for(model, rollout, logprobs, advantages, cfg)
-        breakdown.loss.backward()
-    norms = hooks.norms() if cfg.per_sample_grad_norms else torch.tensor([])
+    weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
+    loss, norms = 0.0, []
+    for rows in row_chunks(rollout.num_samples):  # gradients accumulate over the chunks
+        hooks = PerSampleGradients(model)
+        with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext():
+            share = chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights)
+            share.backward()
+        loss += share.item()
+        if cfg.per_sample_grad_norms:
+            norms.append(hooks.norms())
+    norms = torch.cat(norms) if norms else torch.tensor([])
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
-    return StepResult(loss=breakdown.loss.item(), grad_norm=grad_norm, clipped=grad_norm > max_norm,
+    return StepResult(loss=loss, grad_norm=grad_norm, clipped=grad_norm > max_norm,
                       per_sample_grad_norms=norms, update_norm=update_norm,
                       seconds=time.perf_counter() - start)
