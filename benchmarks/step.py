@@ -9,8 +9,10 @@ tokens. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M sha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -78,7 +80,7 @@ def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
 
 def trl_step_seconds(cfg: StepConfig, scorer: RewardScorer) -> float:
     from grpo_debug.trl_bridge import trl_trainer
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs
         trainer = trl_trainer(cfg, tmp, scorer)
         t0 = time.perf_counter()
         trainer.train()
