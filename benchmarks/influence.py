@@ -17,7 +17,9 @@ import torch
 from grpo_debug.config import StepConfig
 from grpo_debug.influence import influence_scores, per_sample_train_gradients, validation_gradient, validation_set
 from grpo_debug.step import GRPOStep
-from grpo_debug.update import loss_for
+from grpo_debug.loss import loss_weights
+from grpo_debug.rollout import row_chunks
+from grpo_debug.update import chunk_loss
 
 
 def timed(fn):
@@ -37,9 +39,12 @@ def main() -> None:
     model, r, lp, adv = step.policy, run.rollout, run.logprobs, run.advantages.values
     val = validation_set(step, "same_batch")
 
-    def plain_step():
+    weights = loss_weights(lp.mask, cfg.loss_type, cfg.max_new_tokens)
+
+    def plain_step():  # what `update` does without hooks: backward 8 rows at a time
         model.zero_grad(set_to_none=True)
-        loss_for(model, r, lp, adv, cfg).loss.backward()
+        for rows in row_chunks(r.num_samples):
+            chunk_loss(model, r, lp, adv, cfg, rows, weights).backward()
         model.zero_grad(set_to_none=True)
 
     def hook_method():
@@ -47,20 +52,13 @@ def main() -> None:
         _, val_grad = validation_gradient(model, val, cfg, "seqloss-lastadv")
         return influence_scores(grads, val_grad)
 
-    def naive_loop():
+    def naive_loop():  # one backward per sample
         _, val_grad = validation_gradient(model, val, cfg, "seqloss-lastadv")
         params = [p for p in model.parameters() if p.requires_grad]
-        from grpo_debug.logprobs import per_token_logps, scoring_kwargs
-        from grpo_debug.loss import compute_loss, loss_weights
-        weights = loss_weights(lp.mask, cfg.loss_type, cfg.max_new_tokens)
         scores = []
         for i in range(r.num_samples):
             model.zero_grad(set_to_none=True)
-            logps = per_token_logps(model, r.rows([i]), **scoring_kwargs(cfg))
-            per_token = compute_loss(logps, lp.policy[[i]], lp.reference[[i]], adv[[i]], lp.mask[[i]],
-                                     loss_type=cfg.loss_type, beta=cfg.beta,
-                                     max_completion_length=cfg.max_new_tokens).per_token_loss
-            (per_token * weights[[i]]).sum().backward()
+            chunk_loss(model, r, lp, adv, cfg, [i], weights).backward()
             scores.append(sum((p.grad.double() * val_grad[p].double()).sum() for p in params).item())
         model.zero_grad(set_to_none=True)
         return torch.tensor(scores)

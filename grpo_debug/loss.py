@@ -57,6 +57,13 @@ def per_token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, old_logps: torch.
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
+def loss_kwargs(cfg) -> dict:
+    """compute_loss's keyword arguments from a StepConfig (its loss-phase fields)."""
+    return {"loss_type": cfg.loss_type, "beta": cfg.beta, "kl_estimator": cfg.kl_estimator,
+            "epsilon_low": cfg.epsilon_low, "epsilon_high": cfg.epsilon_high,
+            "max_completion_length": cfg.max_new_tokens}
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return ((x * mask).sum() / mask.sum().clamp(min=1)).item()
 

@@ -27,9 +27,11 @@ not carry, so they are only known for bundled records.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import chess
+import torch
 from rapidfuzz.distance import Levenshtein
 
 from .chess_format import (canonical_fen, env_step, parse_env_completion, parse_env_prompt,
@@ -190,17 +192,14 @@ class RewardScorer:
 
 @dataclass
 class Rewards:
-    total: "torch.Tensor"  # (N,) float32, what the advantages see
-    components: dict[str, "torch.Tensor"]  # name -> (N,), every component of every sample
+    total: torch.Tensor  # (N,) float32, what the advantages see
+    components: dict[str, torch.Tensor]  # name -> (N,), every component of every sample
     errors: list[str]  # why a completion was malformed ("" when it parsed)
     seconds: float
 
 
 def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, scorer: RewardScorer) -> Rewards:
     """Score sample i against prompt i // num_generations. Components absent from a task are NaN."""
-    import time
-
-    import torch
     start = time.perf_counter()
     scores = [scorer.score(prompts[i // num_generations], text) for i, text in enumerate(completions)]
     names = list(dict.fromkeys(name for s in scores for name in s.components))

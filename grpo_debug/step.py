@@ -18,7 +18,7 @@ from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown, compute_loss
+from .loss import LossBreakdown, compute_loss, loss_kwargs
 from .model import LoadedModel, load_model
 from .rewards import RewardScorer, Rewards, compute_rewards
 from .rollout import Rollout, rollout
@@ -107,9 +107,7 @@ class GRPOStep:
     def _loss(self, cfg: StepConfig) -> LossBreakdown:
         lp = self.result.logprobs
         return compute_loss(lp.policy, lp.policy, lp.reference, self.result.advantages.values, lp.mask,
-                            loss_type=cfg.loss_type, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-                            epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                            max_completion_length=cfg.max_new_tokens)
+                            **loss_kwargs(cfg))
 
     def _update(self, cfg: StepConfig) -> StepResult:
         self.restore_policy()

@@ -6,6 +6,7 @@ import pandas as pd
 import torch
 
 from .config import StepConfig
+from .loss import compute_loss, loss_kwargs
 from .step import GRPOStep, StepRun, metrics
 
 
@@ -45,11 +46,8 @@ def compare_variants(step: GRPOStep, variants: dict[str, dict], base: StepConfig
 
 def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
     """d loss / d logp per token: what the backward pass sends into the model, even when the loss is ~0."""
-    from .loss import compute_loss
     lp = run.logprobs
     logps = lp.policy.clone().requires_grad_(True)
-    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, loss_type=cfg.loss_type,
-                        beta=cfg.beta, kl_estimator=cfg.kl_estimator, epsilon_low=cfg.epsilon_low,
-                        epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens).loss
+    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, **loss_kwargs(cfg)).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad

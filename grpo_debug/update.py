@@ -10,7 +10,7 @@ import torch
 
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
-from .loss import LossBreakdown, compute_loss, loss_weights
+from .loss import compute_loss, loss_kwargs, loss_weights
 from .per_sample import PerSampleGradients
 from .rollout import Rollout, row_chunks
 
@@ -25,24 +25,12 @@ class StepResult:
     seconds: float
 
 
-def loss_for(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
-             cfg: StepConfig) -> LossBreakdown:
-    """The step's loss with gradients flowing into `model`."""
-    logps = per_token_logps(model, rollout, **scoring_kwargs(cfg))
-    return compute_loss(logps, logprobs.policy, logprobs.reference, advantages, logprobs.mask,
-                        loss_type=cfg.loss_type, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-                        epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                        max_completion_length=cfg.max_new_tokens)
-
-
 def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
                rows: list[int], weights: torch.Tensor) -> torch.Tensor:
     """These rows' share of the batch loss (the batch's normalisation `weights`), gradients flowing."""
     logps = per_token_logps(model, rollout.rows(rows), **scoring_kwargs(cfg))
     per_token = compute_loss(logps, logprobs.policy[rows], logprobs.reference[rows], advantages[rows],
-                             logprobs.mask[rows], loss_type=cfg.loss_type, beta=cfg.beta,
-                             kl_estimator=cfg.kl_estimator, epsilon_low=cfg.epsilon_low,
-                             epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens).per_token_loss
+                             logprobs.mask[rows], **loss_kwargs(cfg)).per_token_loss
     return (per_token * weights[rows]).sum()
 
 

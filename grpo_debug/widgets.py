@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from . import plots
-from .config import StepConfig
 from .loss import KL_ESTIMATORS, LOSS_TYPES
 from .step import GRPOStep, StepRun
 from .tables import per_sample

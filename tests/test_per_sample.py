@@ -5,21 +5,16 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
-from grpo_debug.logprobs import per_token_logps, scoring_kwargs
-from grpo_debug.loss import compute_loss, loss_weights
+from grpo_debug.loss import loss_weights
 from grpo_debug.per_sample import PerSampleGradients
 from grpo_debug.step import GRPOStep
+from grpo_debug.update import chunk_loss
 
 
-def _share_of(model, run, cfg, rows):
-    """Each selected sample's share of the batch loss (the batch normalisation held fixed)."""
-    lp, adv = run.logprobs, run.advantages.values
-    weights = loss_weights(lp.mask, cfg.loss_type, cfg.max_new_tokens)[rows]
-    logps = per_token_logps(model, run.rollout.rows(rows), **scoring_kwargs(cfg))
-    per_token = compute_loss(logps, lp.policy[rows], lp.reference[rows], adv[rows], lp.mask[rows],
-                             loss_type=cfg.loss_type, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-                             max_completion_length=cfg.max_new_tokens).per_token_loss
-    return (per_token * weights).sum(-1)
+def _share(model, run, cfg, rows):
+    """These samples' share of the batch loss (the batch normalisation held fixed)."""
+    weights = loss_weights(run.logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
+    return chunk_loss(model, run.rollout, run.logprobs, run.advantages.values, cfg, rows, weights)
 
 
 def naive_per_sample_gradients(model, run, cfg):
@@ -27,7 +22,7 @@ def naive_per_sample_gradients(model, run, cfg):
     out = []
     for i in range(run.rollout.num_samples):
         model.zero_grad(set_to_none=True)
-        _share_of(model, run, cfg, [i]).sum().backward()
+        _share(model, run, cfg, [i]).backward()
         out.append(torch.cat([p.grad.flatten() for p in params]))
     model.zero_grad(set_to_none=True)
     return torch.stack(out)
@@ -37,7 +32,7 @@ def hook_per_sample_gradients(model, run, cfg):
     params = [p for p in model.parameters() if p.requires_grad]
     hooks = PerSampleGradients(model)
     with hooks.capture():
-        _share_of(model, run, cfg, list(range(run.rollout.num_samples))).sum().backward()
+        _share(model, run, cfg, list(range(run.rollout.num_samples))).backward()
     grads = hooks.gradients()
     model.zero_grad(set_to_none=True)
     assert set(map(id, grads)) == set(map(id, params))  # every parameter set is covered
