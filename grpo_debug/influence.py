@@ -21,7 +21,7 @@ import torch
 
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .config import StepConfig
-from .per_sample import PerSampleGradients
+from .per_sample import PerSampleGradients, SampleGradients
 from .rollout import Rollout, row_chunks
 from .loss import loss_weights
 from .update import chunk_loss
@@ -102,39 +102,38 @@ def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, f
     return total, dict(zip(params, grads))
 
 
-def self_terms(model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
+def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
     """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
     <g_train_i, grad(val_loss_i) / N>: the part of influence_i that says "a step on i helps i"."""
-    parts = []
+    chunks = []
     torch.manual_seed(0)
     for rows in row_chunks(val.rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture():
             _val_share(model, val, cfg, kind, rows).backward()
-        parts.append(hooks.gradients())
+        chunks.append(hooks.factors())
     model.zero_grad(set_to_none=True)
-    val_grads = {p: torch.cat([part[p] for part in parts]) for p in parts[0]}
-    return sum((g.double().flatten(1) * val_grads[p].double().flatten(1)).sum(1) for p, g in train_grads.items()).float()
+    return train.inner(SampleGradients(chunks)).float()
 
 
 def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
-                               cfg: StepConfig) -> dict:
-    """{param: (N, *shape)}: each sample's gradient of its share of the GRPO loss, one backward per 8 rows."""
+                               cfg: StepConfig) -> SampleGradients:
+    """Each sample's gradient of its share of the GRPO loss, factored, one backward per 8 rows."""
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    parts = []
+    chunks = []
     torch.manual_seed(0)
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture():
             chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights).backward()
-        parts.append(hooks.gradients())
+        chunks.append(hooks.factors())
     model.zero_grad(set_to_none=True)
-    return {p: torch.cat([part[p] for part in parts]) for p in parts[0]}
+    return SampleGradients(chunks)
 
 
-def influence_scores(train_grads: dict, val_grad: dict) -> torch.Tensor:
-    """(N,) <g_train_i, g_val> summed over every parameter set."""
-    return sum(torch.einsum("n...,...->n", g.double(), val_grad[p].double()) for p, g in train_grads.items()).float()
+def influence_scores(train: SampleGradients, val_grad: dict) -> torch.Tensor:
+    """(N,) <g_train_i, g_val> over the parameters both cover, without building any g_train_i."""
+    return train.dot(val_grad).float()
 
 
 @dataclass
@@ -160,9 +159,10 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
     The measured L_val always uses the unflipped loss (the quantity we want to go down); `flip_sign`
     only changes the influence used for the prediction, which is what the seed-000 "fix" changes.
     """
-    train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg)
+    train = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg)
     _, val_grad = validation_gradient(model, val, cfg, kind, flip_sign)
-    predicted = -lr * influence_scores(train_grads, val_grad)
+    predicted = -lr * influence_scores(train, val_grad)
+    train_grads = train.gradients()
     params = list(train_grads)
 
     def val_loss() -> float:

@@ -7,6 +7,7 @@ while scoring, no position_ids on left-padded rows, bfloat16, and the seed-003 g
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ class TokenLogProbs:
     top_p_gap: float  # max |sampler with top_p - sampler temperature-only|: what no recomputation removes
     eos_kept: float  # fraction of finished completions whose EOS is inside the mask
     seconds: float
+
+    def rows(self, index: torch.Tensor | list[int]) -> "TokenLogProbs":
+        """The same samples as `Rollout.rows(index)`."""
+        index = torch.as_tensor(index).flatten()
+        return dataclasses.replace(self, policy=self.policy[index], reference=self.reference[index],
+                                   mask=self.mask[index], sampler_gap=self.sampler_gap[index])
 
 
 def completion_mask(rollout: Rollout, mode: str = "trl") -> torch.Tensor:

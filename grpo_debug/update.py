@@ -11,7 +11,7 @@ import torch
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .loss import compute_loss, loss_kwargs, loss_weights
-from .per_sample import PerSampleGradients
+from .per_sample import PerSampleGradients, SampleGradients
 from .rollout import Rollout, row_chunks
 
 
@@ -51,7 +51,7 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
             share.backward()
         loss += share.item()
         if cfg.per_sample_grad_norms:
-            norms.append(hooks.norms())
+            norms.append(SampleGradients.of(hooks).norms())
     norms = torch.cat(norms) if norms else torch.tensor([])
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()

@@ -6,7 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
-from grpo_debug.per_sample import PerSampleGradients
+from grpo_debug.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.step import GRPOStep
 from grpo_debug.update import chunk_loss
 
@@ -33,10 +33,11 @@ def hook_per_sample_gradients(model, run, cfg):
     hooks = PerSampleGradients(model)
     with hooks.capture():
         _share(model, run, cfg, list(range(run.rollout.num_samples))).backward()
-    grads = hooks.gradients()
+    captured = SampleGradients.of(hooks)
+    grads = captured.gradients()
     model.zero_grad(set_to_none=True)
     assert set(map(id, grads)) == set(map(id, params))  # every parameter set is covered
-    return torch.cat([grads[p].flatten(1) for p in params], dim=1), hooks.norms()
+    return torch.cat([grads[p].flatten(1) for p in params], dim=1), captured.norms()
 
 
 @pytest.mark.parametrize("model_kind", ["bundled", "random_gpt2"])
@@ -59,3 +60,46 @@ def test_hooks_equal_the_naive_reference(model_kind, beta, loss_type):
     assert torch.allclose(fast, naive, rtol=1e-5, atol=1e-5 * naive.abs().max().item())
     # float64 reference: torch's float32 norm over millions of entries was off by 6e-4 here
     assert torch.allclose(norms.double(), naive.double().norm(dim=1), rtol=1e-5)
+
+
+def test_ghost_products_equal_building_the_gradients():
+    """Gram ("ghost") inner products against materialised ones, for every pairing of dense and lookup
+    factors that a tied embedding / LM head produces, and the dot with a vector."""
+    from grpo_debug.per_sample import Outer, inner
+    g = torch.Generator().manual_seed(0)
+    N, T, S, V, d = 3, 7, 5, 11, 4
+    head = Outer(torch.randn(N, T, V, generator=g), torch.randn(N, T, d, generator=g), V)
+    emb = Outer(torch.randint(0, V, (N, S), generator=g), torch.randn(N, S, d, generator=g), V)
+    for a in (head, emb):
+        for b in (head, emb):
+            built = (a.materialize().double() * b.materialize().double()).flatten(1).sum(1)
+            assert torch.allclose(inner(a, b, ghost=True), built, rtol=1e-6)
+            assert torch.allclose(inner(a, b, ghost=False), built, rtol=1e-6)
+        vector = torch.randn(V, d, generator=g)
+        assert torch.allclose(a.dot(vector), (a.materialize().double() * vector.double()).flatten(1).sum(1), rtol=1e-6)
+
+
+def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab():
+    """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path."""
+    from grpo_debug.per_sample import Outer, _ghost_is_cheaper
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=48, n_layer=1, n_head=2)).eval()
+    ids = torch.randint(0, 4000, (3, 12))
+
+    def per_sample_loss(rows):
+        logits = model(input_ids=ids[rows]).logits
+        return logits.log_softmax(-1)[:, :-1].gather(-1, ids[rows, 1:, None]).sum() * 0.1
+
+    naive = []
+    for i in range(3):
+        model.zero_grad(set_to_none=True)
+        per_sample_loss([i]).backward()
+        naive.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    naive = torch.stack(naive).double().norm(dim=1)
+    hooks = PerSampleGradients(model)
+    with hooks.capture():
+        per_sample_loss([0, 1, 2]).backward()
+    captured = SampleGradients.of(hooks)
+    tied = captured.chunks[0][model.lm_head.weight]
+    assert len(tied) == 2 and all(_ghost_is_cheaper(a, b) for a in tied for b in tied if isinstance(a, Outer))
+    assert torch.allclose(captured.norms().double(), naive, rtol=1e-5)
