@@ -10,7 +10,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test setup stockfish data model evaluate
+.PHONY: lab test setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,21 @@ stockfish:
 	  exit 1; \
 	fi
 
-setup: $(STAMP) stockfish
+# Headless browser for tests/test_browser.py (driven by the Python playwright package, which is
+# pointed at /usr/bin/chromium; `playwright install` is never used).
+chromium:
+	@if [ -x /usr/bin/chromium ]; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Chromium from Debian's chromium package"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+	  echo "Chromium is missing (tests/test_browser.py needs /usr/bin/chromium)."; \
+	  echo "Install it with 'sudo apt-get install chromium' (Debian) or run 'make setup' as root."; \
+	  exit 1; \
+	fi
+
+setup: $(STAMP) stockfish chromium
 
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)

@@ -1,0 +1,320 @@
+"""A real browser drives the dashboard: headless Debian chromium (through the `playwright` package)
+opens notebooks/09_dashboard.ipynb in JupyterLab, runs all cells, flips the `logprob_temperature`
+checkbox of the StepPanel and checks that the summary numbers and the plots are redrawn.
+
+The notebook is copied into a temporary directory that serves as the server's root, so the
+browser's autosave never touches the committed notebook. Screenshots go to tests/artifacts/.
+Needs /usr/bin/chromium (`make setup` installs Debian's `chromium` when run as root); playwright's
+own browser download is never used.
+"""
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "09_dashboard.ipynb"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+TOGGLE = "logprob_temperature"  # re-runs logprobs -> loss on the cached rollout: no new samples
+
+# Budgets in seconds (2 slow CPU cores, possibly shared with a training run).
+SERVER_START = 180
+KERNEL_READY = 300
+RUN_ALL = 1500
+REDRAW = 600
+
+# Isolated JupyterLab settings: no news toast over the page, every cell attached to the DOM.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                       "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+# Browser-side state of the (only) notebook panel, in one evaluation.
+NOTEBOOK_STATE_JS = """() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  if (!panel) return null;
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  const kernelName = panel.querySelector('.jp-Toolbar-kernelName');
+  const statusBar = [...document.querySelectorAll('.jp-StatusBar-TextItem')].map(e => e.textContent);
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const errors = [...panel.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .map(e => e.textContent).filter(t => /Traceback|\\w+Error\\b/.test(t));
+  return {indicator: indicator ? indicator.getAttribute('data-status') : null,
+          kernelName: kernelName ? kernelName.textContent.trim() : null,
+          statusBar, prompts, errors};
+}"""
+
+# The StepPanel as rendered: its status line (summary numbers), plot images and per-sample table.
+PANEL_STATE_JS = """() => {
+  const status = [...document.querySelectorAll('.widget-html')].find(e => e.textContent.includes('re-ran'));
+  if (!status) return null;
+  const box = status.closest('.widget-vbox');
+  const out = box ? box.querySelector('.widget-output') : null;
+  return {status: status.textContent.trim(),
+          images: out ? [...out.querySelectorAll('img')].map(i => i.getAttribute('src') || '') : [],
+          table: out && out.querySelector('table') ? out.querySelector('table').textContent : ''};
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(port: int, token: str, path: str):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _copy_notebook_without_outputs(dest: Path) -> None:
+    """The committed notebook, outputs and saved widget state stripped: all the page shows is fresh."""
+    nb = json.loads(NOTEBOOK.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    nb["metadata"].pop("widgets", None)
+    dest.write_text(json.dumps(nb, indent=1))
+
+
+def _log_tail(log: Path, n: int = 3000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.exists() else ""
+
+
+def _summary_numbers(status: str) -> dict[str, float]:
+    """'re-ran logprobs, ... in 1.23 s; reward = 0.5, loss = 0.01' -> {'reward': 0.5, 'loss': 0.01}."""
+    numbers = status.split(" s; ", 1)[1] if " s; " in status else ""
+    return {k.strip(): float(v) for k, v in re.findall(r"([^,=]+?) = ([-+0-9.eE]+|nan|inf)", numbers)}
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab on 127.0.0.1 with a token, its root a temporary copy of the dashboard notebook."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    _copy_notebook_without_outputs(root / NOTEBOOK.name)
+    config = tmp_path / "jupyter_config"
+    for name, values in LAB_SETTINGS.items():
+        path = config / "lab" / "user-settings" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "JUPYTER_PATH", "PYTHONPATH")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               IPYTHONDIR=str(tmp_path / "ipython"),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+    port, token = _free_port(), secrets.token_hex(16)
+    args = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            f"--ServerApp.token={token}", "--ServerApp.open_browser=False", f"--notebook-dir={root}"]
+    if os.getuid() == 0:
+        args.append("--allow-root")
+    log = tmp_path / "jupyterlab.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    descendants: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + SERVER_START
+        while True:
+            assert proc.poll() is None, f"JupyterLab exited with {proc.returncode}:\n{_log_tail(log)}"
+            try:
+                _api(port, token, "/api/status")
+                break
+            except (OSError, ValueError):
+                assert time.monotonic() < deadline, f"JupyterLab did not answer in {SERVER_START} s:\n{_log_tail(log)}"
+                time.sleep(1)
+        yield {"port": port, "token": token, "root": root, "log": log, "proc": proc,
+               "descendants": descendants}
+    finally:
+        # Kernels run in sessions of their own: note them before the server goes, end them by pid after.
+        try:
+            descendants.extend(psutil.Process(proc.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        for child in descendants:
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        gone, alive = psutil.wait_procs(descendants, timeout=15)
+        for child in alive:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+
+
+def _sync_playwright():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the Python package `playwright` is missing: `make setup` installs it with the test extra "
+                    "(.venv/bin/pip install -e '.[test]'); never run `playwright install`, the test uses "
+                    f"{CHROMIUM}", pytrace=False)
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium when run as root, "
+                    "else `sudo apt-get install chromium`", pytrace=False)
+    return sync_playwright
+
+
+class Page:
+    """The page plus what a failure message needs: the browser console and the server log."""
+
+    def __init__(self, page, lab):
+        self.page, self.lab, self.console = page, lab, []
+        page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+
+    def notebook(self) -> dict | None:
+        return self.page.evaluate(NOTEBOOK_STATE_JS)
+
+    def panel(self) -> dict | None:
+        return self.page.evaluate(PANEL_STATE_JS)
+
+    def kernel(self) -> dict | None:
+        """The server's view of the notebook's kernel: execution_state and live websocket connections."""
+        port, token = self.lab["port"], self.lab["token"]
+        for session in _api(port, token, "/api/sessions"):
+            if session.get("path", "").endswith(NOTEBOOK.name) and session.get("kernel"):
+                return _api(port, token, f"/api/kernels/{session['kernel']['id']}")
+        return None
+
+    def context(self, what: str) -> str:
+        return (f"{what}\nbrowser state: {self.notebook()}\npanel: {str(self.panel())[:600]}\nkernel: {self.kernel()}"
+                f"\nbrowser console (last 20):\n" + "\n".join(self.console[-20:])
+                + f"\nserver log:\n{_log_tail(self.lab['log'])}")
+
+    def wait(self, condition, seconds: float, what: str, poll: float = 1.0):
+        """Poll `condition()` until it returns something truthy; fail with the whole picture on timeout."""
+        deadline = time.monotonic() + seconds
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(self.context(f"timed out after {seconds:.0f} s waiting for {what}"), pytrace=False)
+            self.page.wait_for_timeout(poll * 1000)
+
+    def kernel_ready(self) -> bool:
+        """Connected and idle on both sides: the page's status bar and toolbar, and the server's kernel
+        model (execution_state idle, at least one websocket connection). The toolbar's execution
+        indicator alone says 'idle' before any kernel is connected."""
+        state = self.notebook()
+        if not state or state["indicator"] != "idle" or not state["kernelName"] or "No Kernel" in state["kernelName"]:
+            return False
+        if not any(text.rstrip().endswith("| Idle") for text in state["statusBar"]):
+            return False
+        kernel = self.kernel()
+        return bool(kernel and kernel.get("execution_state") == "idle" and kernel.get("connections", 0) >= 1)
+
+    def kernel_ready_for(self, seconds: float) -> bool:
+        """kernel_ready() held for `seconds` in a row: the start-up kernel_info/comm traffic is over."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not self.kernel_ready():
+                return False
+            self.page.wait_for_timeout(500)
+        return True
+
+    def all_cells_done(self) -> bool:
+        state = self.notebook()
+        if state and state["errors"]:
+            pytest.fail(self.context("a cell raised:\n" + "\n".join(state["errors"])[-3000:]), pytrace=False)
+        return bool(state and state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"])
+                    and self.kernel_ready())
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / name
+        self.page.screenshot(path=str(path))
+        return path
+
+
+def test_dashboard_toggle_redraws_numbers_and_plot_in_a_real_browser(lab):
+    sync_playwright = _sync_playwright()
+    started = time.monotonic()
+    url = f"http://127.0.0.1:{lab['port']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        try:
+            page = Page(browser.new_page(viewport={"width": 1600, "height": 1200}), lab)
+            try:
+                _drive_dashboard(page, url)
+            except BaseException:
+                page.screenshot("browser_dashboard_failure.png")
+                raise
+        finally:
+            browser.close()
+    print(f"browser test took {time.monotonic() - started:.0f} s")
+
+
+def _drive_dashboard(page: Page, url: str) -> None:
+    page.page.goto(url, timeout=SERVER_START * 1000)
+    page.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=SERVER_START * 1000)
+
+    # The trap: a Run All sent before the session is connected and idle is dropped without a word.
+    page.wait(lambda: page.kernel_ready_for(3), KERNEL_READY, "the kernel to be connected and idle")
+
+    page.page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # the notebook is the current widget
+    page.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+    page.wait(lambda: any(p != "[ ]:" for p in (page.notebook() or {"prompts": []})["prompts"]), 60,
+              "Run All Cells to start (a cell prompt showing [*] or a number)")
+    page.wait(page.all_cells_done, RUN_ALL, "all cells to finish", poll=2)
+
+    panel = page.wait(lambda: (s := page.panel()) and len(s["images"]) == 3 and s["table"] and s, 120,
+                      "the StepPanel with its status, three plots and the per-sample table")
+    before = _summary_numbers(panel["status"])
+    assert "max |sampler - recomputed|" in before and "loss" in before, panel["status"]
+    checkbox = page.page.locator(".widget-checkbox", has_text=TOGGLE).locator("input[type=checkbox]")
+    assert checkbox.is_checked(), f"{TOGGLE} starts on (the fixed configuration)"
+    page.page.locator(".widget-html", has_text="re-ran").scroll_into_view_if_needed()
+    page.screenshot("browser_dashboard_before.png")
+
+    checkbox.click()
+    assert not checkbox.is_checked()
+    seen = []  # the redraw is done when two polls in a row see the same new status, plots and table
+
+    def redrawn():
+        s = page.panel()
+        if not (s and s["status"] != panel["status"] and len(s["images"]) == 3 and s["table"] and page.kernel_ready()):
+            return None
+        seen.append(s)
+        return s if len(seen) > 1 and seen[-2] == s else None
+
+    after = page.wait(redrawn, REDRAW, f"the redraw after flipping {TOGGLE}")
+    page.page.locator(".widget-html", has_text="re-ran").scroll_into_view_if_needed()
+    shot = page.screenshot("browser_dashboard.png")
+
+    numbers = _summary_numbers(after["status"])
+    rerun = after["status"].split(" in ", 1)[0]
+    assert "logprobs" in rerun and "rollout" not in rerun, f"{TOGGLE} re-runs from logprobs on the cached rollout: {after['status']}"
+    assert numbers.keys() == before.keys(), (before, numbers)
+    assert numbers != before, f"the summary numbers did not change:\n{panel['status']}\n{after['status']}"
+    assert numbers["max |sampler - recomputed|"] != before["max |sampler - recomputed|"], (before, numbers)
+    assert after["images"][0] != panel["images"][0], "the log-prob gap heatmap was not redrawn with new data"
+    assert all(src.startswith("data:image/png") for src in after["images"]), [s[:40] for s in after["images"]]
+    assert shot.stat().st_size > 10_000
