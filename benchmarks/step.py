@@ -99,19 +99,13 @@ def gpt2_124m_shape(tokenizer) -> LoadedModel:
     return LoadedModel(policy, reference, tokenizer, "gpt2-124m-shape (random weights)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--skip-124m", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    scorer = RewardScorer.bundled()
-    report = {"threads": args.threads, "torch": torch.__version__}
-
+def bundled_model(scorer: RewardScorer) -> dict:
+    report = {}
     bundled = StepConfig()
     step = GRPOStep(bundled, scorer=scorer)
     step.run(bundled, until="rollout")  # warm-up: first-call overheads out of the numbers
     report["bundled_8x8_mixed"] = profile_step(step, bundled)
+    report["bundled_8x8_mixed_no_per_sample_norms"] = profile_step(step, bundled.replace(per_sample_grad_norms=False))
     policy_only = bundled.replace(task="policy", max_new_tokens=48)
     report["bundled_8x8_policy"] = profile_step(step, policy_only)
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
@@ -121,6 +115,21 @@ def main() -> None:
     ours = profile_step(step, trl_cfg)["total_seconds"]
     theirs = trl_step_seconds(trl_cfg, scorer)
     report["vs_trl_8x8_mixed"] = {"ours_seconds": ours, "trl_seconds": theirs, "ours_over_trl": round(ours / theirs, 2)}
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--skip-124m", action="store_true")
+    parser.add_argument("--only-124m", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    scorer = RewardScorer.bundled()
+    report = {"threads": args.threads, "torch": torch.__version__}
+
+    if not args.only_124m:
+        report.update(bundled_model(scorer))
 
     if not args.skip_124m:
         shape_cfg = StepConfig(num_prompts=4, num_generations=4, max_new_tokens=80, task="mixed")
