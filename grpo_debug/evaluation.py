@@ -43,7 +43,7 @@ def eval_prompts(task: str, n: int) -> list[str]:
     return pool[:n]
 
 
-def _side(model, tokenizer, prompts: list[str], cfg: StepConfig, scorer: RewardScorer) -> EvalSide:
+def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, scorer: RewardScorer) -> EvalSide:
     completions = [c for group in sample_completions(model, tokenizer, prompts, cfg.eval_samples,
                                                      temperature=cfg.temperature, top_p=cfg.top_p,
                                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_000,
@@ -64,8 +64,8 @@ def bootstrap_ci(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tuple[fl
 def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, scorer: RewardScorer) -> Evaluation:
     start = time.perf_counter()
     prompts = eval_prompts(cfg.task, cfg.eval_prompts)
-    before = _side(before_model, tokenizer, prompts, cfg, scorer)
-    after = _side(after_model, tokenizer, prompts, cfg, scorer)
+    before = eval_side(before_model, tokenizer, prompts, cfg, scorer)
+    after = eval_side(after_model, tokenizer, prompts, cfg, scorer)
     diffs = after.per_prompt - before.per_prompt
     low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
     return Evaluation(before=before, after=after, delta=diffs.mean().item(), ci_low=low, ci_high=high,

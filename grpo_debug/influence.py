@@ -15,6 +15,8 @@ With `val = train batch` (PPO's step_part_I) every score contains the sample's o
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,44 @@ from .loss import loss_weights
 from .update import chunk_loss
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
+PARAMETER_SETS = ("all", "blocks", "lora")
+SELECTIONS = ("all", "influence>0", "top_half", "bottom_half", "random_half")
+
+
+def lora_model(model, rank: int = 8, alpha: int = 16):
+    """A copy of `model` with peft LoRA adapters on every attention and MLP projection (as the seeds'
+    code trained). peft starts B at zero, so the copy scores exactly like `model` and, at this point,
+    only the B matrices have a gradient."""
+    from peft import LoraConfig, get_peft_model
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=True,
+                        target_modules=["c_attn", "c_proj", "c_fc"])
+    return get_peft_model(copy.deepcopy(model), config)
+
+
+def _in_set(name: str, param_set: str) -> bool:
+    if param_set == "all":
+        return "lora_" not in name
+    if param_set == "blocks":
+        return "transformer.h." in name and "lora_" not in name
+    return "lora_" in name
+
+
+@contextmanager
+def parameter_set(model, param_set: str = "all"):
+    """Only `param_set` requires grad inside the block: 'all' parameters, the transformer 'blocks'
+    (no embeddings, no final LayerNorm), or the 'lora' adapters of a `lora_model`."""
+    if param_set not in PARAMETER_SETS:
+        raise ValueError(f"parameter set must be one of {PARAMETER_SETS}, got {param_set!r}")
+    if param_set == "lora" and not any("lora_" in n for n, _ in model.named_parameters()):
+        raise ValueError("parameter set 'lora' needs a model with LoRA adapters: use influence.lora_model(model)")
+    before = {p: p.requires_grad for p in model.parameters()}
+    for name, p in model.named_parameters():
+        p.requires_grad_(_in_set(name, param_set))
+    try:
+        yield
+    finally:
+        for p, flag in before.items():
+            p.requires_grad_(flag)
 
 
 def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, rewards: torch.Tensor,
@@ -136,6 +176,13 @@ def influence_scores(train: SampleGradients, val_grad: dict) -> torch.Tensor:
     return train.dot(val_grad).float()
 
 
+def validation_loss_value(model, val: ValidationSet, cfg: StepConfig, kind: str = "seqloss-lastadv") -> float:
+    """L_val (unflipped: the quantity a helpful step lowers), no grad."""
+    with torch.no_grad():
+        torch.manual_seed(0)
+        return sum(_val_share(model, val, cfg, kind, rows).item() for rows in row_chunks(val.rollout.num_samples))
+
+
 @dataclass
 class SignExperiment:
     predicted: torch.Tensor  # (N,) -lr * influence_i
@@ -166,9 +213,7 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
     params = list(train_grads)
 
     def val_loss() -> float:
-        with torch.no_grad():
-            torch.manual_seed(0)
-            return sum(_val_share(model, val, cfg, kind, rows).item() for rows in row_chunks(val.rollout.num_samples))
+        return validation_loss_value(model, val, cfg, kind)
 
     base = val_loss()
     before = [p.detach().clone() for p in params]
@@ -187,3 +232,59 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
     agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
     return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
                           int(moved.sum()))
+
+
+def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:
+    """Indices (sorted) of the training samples a selection strategy keeps."""
+    n, order = len(scores), scores.argsort(descending=True)
+    if strategy == "all":
+        keep = torch.arange(n)
+    elif strategy == "influence>0":
+        keep = (scores > 0).nonzero().flatten()
+    elif strategy == "top_half":
+        keep = order[:n // 2]
+    elif strategy == "bottom_half":
+        keep = order[n - n // 2:]
+    elif strategy == "random_half":
+        keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:n // 2]
+    else:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {strategy!r}")
+    return keep.sort().values
+
+
+@dataclass
+class SelectionResult:
+    strategy: str
+    selected: int
+    val_loss_before: float
+    val_loss_after: float
+    reward_before: float  # mean reward on held-out prompts, same sampling seeds before and after
+    reward_after: float
+    reward_ci_low: float  # 95% bootstrap interval of the paired reward change
+    reward_ci_high: float
+
+
+def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: str = "seqloss-lastadv",
+                         strategies=SELECTIONS, eval_prompts: int = 16) -> list[SelectionResult]:
+    """For each strategy: one update (the step's optimizer, lr and loss) on the selected samples only,
+    then L_val and the held-out reward, against the same model before. The policy is restored after."""
+    from .evaluation import bootstrap_ci, eval_prompts as held_out, eval_side
+    from .update import update
+    model, run = step.policy, step.result
+    cfg = step.cfg.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
+    prompts = held_out(cfg.task, eval_prompts)
+    saved = copy.deepcopy(model.state_dict())
+    loss_before = validation_loss_value(model, val, cfg, kind)
+    before = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
+    results = []
+    for strategy in strategies:
+        keep = select(scores, strategy, cfg.seed)
+        after = before
+        if len(keep):
+            update(model, run.rollout.rows(keep), run.logprobs.rows(keep), run.advantages.values[keep], cfg)
+            after = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
+        low, high = bootstrap_ci(after.per_prompt - before.per_prompt, cfg.bootstrap, cfg.seed)
+        results.append(SelectionResult(strategy, len(keep), loss_before, validation_loss_value(model, val, cfg, kind),
+                                       before.reward, after.reward, low, high))
+        model.load_state_dict(saved)
+    return results

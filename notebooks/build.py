@@ -52,12 +52,12 @@ for prompt, truth in [policy_example(load_split("policy_eval")[0]), env_example(
 components are documented in `grpo_debug/rewards.py`."""),
         ("code", """import pandas as pd
 from grpo_debug.config import StepConfig
-from grpo_debug.evaluation import eval_prompts, _side
+from grpo_debug.evaluation import eval_prompts, eval_side
 from grpo_debug.rewards import RewardScorer
 
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
 scorer = RewardScorer.bundled()
-baseline = _side(policy, tokenizer, eval_prompts(cfg.task, cfg.eval_prompts), cfg, scorer)
+baseline = eval_side(policy, tokenizer, eval_prompts(cfg.task, cfg.eval_prompts), cfg, scorer)
 print(f"mean reward {baseline.reward:.4f}")
 pd.Series(baseline.components, name="mean").to_frame()"""),
         ("code", """prompts = eval_prompts(cfg.task, cfg.eval_prompts)
