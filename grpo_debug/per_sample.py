@@ -48,7 +48,7 @@ class Outer:
     def dot(self, vector: torch.Tensor) -> torch.Tensor:
         """(N,) <dW_n, vector> without building dW_n."""
         projected = vector[self.left] if self.is_lookup else self.left @ vector  # (N, T, cols)
-        return (projected.double() * self.right.double()).sum((1, 2))
+        return torch.einsum("ntc,ntc->n", projected, self.right).double()
 
 
 Contribution = Outer | torch.Tensor  # a dense (N, *shape) per-sample gradient for small parameters

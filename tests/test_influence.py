@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.influence import (ValidationSet, influence_scores, per_sample_train_gradients, sign_experiment,
+from grpo_debug.influence import (ValidationSet, batch_influence, influence_scores, per_sample_train_gradients, sign_experiment,
                                   validation_gradient)
 from grpo_debug.step import GRPOStep
 from test_per_sample import naive_per_sample_gradients
@@ -31,6 +31,8 @@ def test_influence_equals_naive_inner_products(setup, kind):
     # float64 products: a float32 dot product over 2.8M entries was itself off by 2e-3 relative here
     naive = naive_per_sample_gradients(model, run, CFG).double() @ torch.cat([val_grad[p].flatten() for p in params]).double()
     assert torch.allclose(fast.double(), naive, rtol=1e-5, atol=1e-5 * naive.abs().max().item())
+    streamed = batch_influence(model, run.rollout, run.logprobs, run.advantages.values, CFG, val_grad)
+    assert torch.allclose(streamed, fast, rtol=1e-6, atol=1e-6 * fast.abs().max().item())
 
 
 def test_the_sign_predicts_real_sgd_steps_and_the_flip_does_not(setup):

@@ -76,7 +76,8 @@ def test_ghost_products_equal_building_the_gradients():
             assert torch.allclose(inner(a, b, ghost=True), built, rtol=1e-6)
             assert torch.allclose(inner(a, b, ghost=False), built, rtol=1e-6)
         vector = torch.randn(V, d, generator=g)
-        assert torch.allclose(a.dot(vector), (a.materialize().double() * vector.double()).flatten(1).sum(1), rtol=1e-6)
+        exact = (a.materialize().double() * vector.double()).flatten(1).sum(1)
+        assert torch.allclose(a.dot(vector), exact, rtol=1e-5, atol=1e-6 * exact.abs().max().item())  # float32 sums
 
 
 def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab():

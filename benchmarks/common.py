@@ -1,0 +1,53 @@
+"""What the benchmark scripts share: a peak-memory sampler and the 124M GPT-2 shape with random weights."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import psutil
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from grpo_debug.model import LoadedModel
+
+
+class PeakRSS:
+    """Highest resident memory seen by a 5 ms sampler while the block runs, minus the memory at its start."""
+
+    def __enter__(self):
+        self.process = psutil.Process()
+        self.start = self.peak = self.process.memory_info().rss
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+    @property
+    def mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def gpt2_124m_shape(tokenizer) -> LoadedModel:
+    torch.manual_seed(0)
+    config = GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12, vocab_size=50257,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    policy = GPT2LMHeadModel(config).eval()
+    # keep sampling inside the bundled tokenizer's vocabulary, so completions can be decoded and scored
+    policy.generation_config.suppress_tokens = list(range(len(tokenizer), config.vocab_size))
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    return LoadedModel(policy, reference, tokenizer, "gpt2-124m-shape (random weights)")
+
+
