@@ -1,8 +1,16 @@
-"""Seed 002's questions answered from a step's numbers: is a loss of 0.0000 a failure? where does the time go?"""
+"""Seed 002's questions answered from a step's numbers: is a loss of 0.0000 a failure? where does the time go?
+does torch.compile make the scoring faster, and give the same numbers?"""
 
 from __future__ import annotations
 
-from .step import StepRun
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .logprobs import chunked_logps, scoring_kwargs
+from .step import GRPOStep, StepRun
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
@@ -21,3 +29,58 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
                 f"are centred per group; the gradient is not 0 ({grad}); "
                 f"{adv.frac_reward_zero_std:.0%} of groups have zero reward std")
     return f"loss = {loss.loss.item():.4g}: not zero"
+
+
+@dataclass
+class CompileComparison:
+    """Log-prob scoring of the cached rollout's first `rows` samples, eager and under `torch.compile`."""
+    rows: int
+    backend: str
+    eager_first_seconds: float
+    eager_seconds: float  # median of the later calls
+    compiled_first_seconds: float  # tracing and compiling included (inductor's on-disk cache shortens reruns)
+    compiled_seconds: float
+    max_abs_diff: float  # max |eager - compiled| log-prob over every completion position: the correctness check
+    error: str = ""  # why torch.compile failed on this machine; the compiled fields are then nan
+
+    @property
+    def speedup(self) -> float:
+        return self.eager_seconds / self.compiled_seconds
+
+
+def _timed_calls(score, repeats: int) -> tuple[torch.Tensor, float, float]:
+    """The result of the first call, its seconds and the median seconds of `repeats` more calls."""
+    start = time.perf_counter()
+    logps = score()
+    first = time.perf_counter() - start
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        score()
+        seconds.append(time.perf_counter() - start)
+    return logps, first, statistics.median(seconds)
+
+
+def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend: str = "inductor") -> CompileComparison:
+    """Score the step's cached rollout (its first `rows` samples) with the policy as it is and with
+    `torch.compile(policy)`, as `step.cfg` says; time both and compare the numbers. The step is not re-run.
+
+    Dropout is off in both (their random masks would differ). Dynamo's in-memory cache is reset first, so
+    that the first compiled call pays the compilation; a multiple of 8 rows keeps one compiled shape.
+    """
+    rollout = step.result.rollout or step.run(until="rollout").rollout
+    rollout = rollout.rows(range(min(rows, rollout.num_samples)))
+    kwargs = {**scoring_kwargs(step.cfg), "dropout": False}
+    with torch.no_grad():
+        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, **kwargs), repeats)
+        torch._dynamo.reset()
+        try:
+            compiled_policy = torch.compile(step.policy, backend=backend)
+            compiled, compiled_first, compiled_seconds = _timed_calls(
+                lambda: chunked_logps(compiled_policy, rollout, **kwargs), repeats)
+        except Exception as exc:  # no C++ compiler, an unsupported op, an unknown backend: a result, not a crash
+            nan = float("nan")
+            return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, nan, nan, nan,
+                                     f"{type(exc).__name__}: {exc}")
+    return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, compiled_first,
+                             compiled_seconds, (eager - compiled).abs().max().item())

@@ -1,0 +1,34 @@
+"""torch.compile on the log-prob scoring: the compiled model gives the eager numbers, or a failure is reported."""
+
+import math
+import shutil
+
+import pytest
+
+from grpo_debug.config import StepConfig
+from grpo_debug.diagnostics import compile_comparison
+from grpo_debug.step import GRPOStep
+
+ONE_GROUP = StepConfig(num_prompts=1, num_generations=8, max_new_tokens=48, task="policy")
+
+
+@pytest.fixture(scope="module")
+def step():
+    s = GRPOStep(ONE_GROUP)
+    s.run(until="rollout")
+    return s
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor's CPU backend needs a C++ compiler")
+def test_compiled_logps_match_eager(step):
+    result = compile_comparison(step, rows=8, repeats=1)
+    assert result.error == ""
+    assert result.rows == 8
+    assert result.max_abs_diff < 1e-4, result
+
+
+def test_a_compile_failure_is_a_result_not_an_exception(step):
+    result = compile_comparison(step, rows=8, repeats=1, backend="no-such-backend")
+    assert "no-such-backend" in result.error
+    assert math.isnan(result.max_abs_diff) and result.eager_seconds > 0
