@@ -23,12 +23,11 @@ import matplotlib
 import torch
 from IPython.core.pylabtools import print_figure
 
-from grpo_debug import plots
-from grpo_debug.config import StepConfig, parse_overrides
+from grpo_debug.config import PHASES, StepConfig, parse_overrides
 from grpo_debug.notebook import setup
 from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.tables import per_sample
-from grpo_debug.widgets import CHOICES, DEFAULT_FIELDS, SLIDERS, StepPanel, apply_change
+from grpo_debug.widgets import CHOICES, DEFAULT_FIELDS, FIGURES, SLIDERS, StepPanel, apply_change
 
 TARGET_SECONDS = {"logprobs": 2.0, "advantages": 0.5, "loss": 0.5}  # by the first phase a field re-runs
 
@@ -70,25 +69,29 @@ def apply_change_latency(step: GRPOStep, field: str, repeats: int) -> dict:
             "rerun_seconds": {p: round(step.result.timings[p].seconds, 3) for p in step.last_rerun}}
 
 
-def panel_latency(panel: StepPanel, field: str, repeats: int, encoding: float) -> dict:
+def panel_latency(panel: StepPanel, field: str, repeats: int, encoding: dict[str, float]) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):  # outside a kernel, display() prints the figures' reprs
         seconds = flips(panel.step, field, panel.on_change, repeats)
-    in_kernel = statistics.median(seconds) + encoding
-    return {**summarize(seconds), "kernel_estimate_seconds": round(in_kernel, 3),
+    first = PHASES.index(StepConfig.phase_of(field))
+    redrawn = [name for name, (phase, _) in FIGURES.items() if PHASES.index(phase) >= first]
+    in_kernel = statistics.median(seconds) + encoding["table"] + sum(encoding[name] for name in redrawn)
+    return {**summarize(seconds), "figures_redrawn": redrawn, "kernel_estimate_seconds": round(in_kernel, 3),
             "met": in_kernel <= target_seconds(field)}
 
 
-def encode_seconds(run: StepRun) -> float:
-    """What Jupyter adds to a redraw: the panel's figures as PNG (as the inline backend does), its table as HTML."""
-    figures = [plots.logprob_gap_heatmap(run.logprobs),
-               plots.advantages_bars(run.advantages, run.rollout.num_generations),
-               plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask)]
+def encode_seconds(run: StepRun) -> dict[str, float]:
+    """What Jupyter adds to a redraw: each figure as PNG (as the inline backend does), the table as HTML."""
+    out = {}
+    for name, (_, draw) in FIGURES.items():
+        fig = draw(run)
+        start = time.perf_counter()
+        print_figure(fig, "png")
+        out[name] = time.perf_counter() - start
     table = per_sample(run).head(16)
     start = time.perf_counter()
-    for fig in figures:
-        print_figure(fig, "png")
     table.to_html()
-    return time.perf_counter() - start
+    out["table"] = time.perf_counter() - start
+    return out
 
 
 def main() -> None:
@@ -111,8 +114,9 @@ def main() -> None:
 
     with contextlib.redirect_stdout(io.StringIO()):
         panel = StepPanel(step)
-    encoding = statistics.median(encode_seconds(step.result) for _ in range(3))
-    report["redraw_png_html_encoding_seconds"] = round(encoding, 3)
+    samples = [encode_seconds(step.result) for _ in range(3)]
+    encoding = {name: statistics.median(s[name] for s in samples) for name in samples[0]}
+    report["redraw_png_html_encoding_seconds"] = {name: round(v, 3) for name, v in encoding.items()}
     report["panel_on_change"] = {f: panel_latency(panel, f, args.repeats, encoding) for f in DEFAULT_FIELDS}
     report["panel_targets_met"] = f"{sum(r['met'] for r in report['panel_on_change'].values())}/{len(DEFAULT_FIELDS)}"
     report["load_average_1min_after"] = round(os.getloadavg()[0], 2)

@@ -16,6 +16,8 @@ With `val = train batch` (PPO's step_part_I) every score contains the sample's o
 from __future__ import annotations
 
 import copy
+import dataclasses
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,7 +42,9 @@ def lora_model(model, rank: int = 8, alpha: int = 16):
     from peft import LoraConfig, get_peft_model
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=True,
                         target_modules=["c_attn", "c_proj", "c_fc"])
-    return get_peft_model(copy.deepcopy(model), config)
+    with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(copy.deepcopy(model), config)
 
 
 def _in_set(name: str, param_set: str) -> bool:
@@ -93,10 +97,12 @@ class ValidationSet:
 VAL_SOURCES = ("same_batch", "random", "topk")
 
 
-def validation_set(step, source: str = "same_batch", size: int = 64) -> ValidationSet:
+def validation_set(step, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None) -> ValidationSet:
     """same_batch: the training batch itself (PPO's step_part_I). random: `size` fresh samples on held-out
     prompts, advantages within their groups. topk: the `size` best of 2 x size fresh samples, advantages
-    normalised over the selected set as one group (seed 000/001: all good samples, no contrast)."""
+    normalised over the selected set as one group (seed 000/001: all good samples, no contrast).
+    `pool` (a random set) lets several sets share one generation: random takes its first `size`
+    samples, topk its best `size`."""
     from .advantages import compute_advantages
     from .evaluation import eval_prompts
     from .logprobs import compute_logprobs
@@ -105,21 +111,24 @@ def validation_set(step, source: str = "same_batch", size: int = 64) -> Validati
     run, cfg = step.result, step.cfg
     if source == "same_batch":
         return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
-    pool = size * (2 if source == "topk" else 1)
-    if source not in VAL_SOURCES or pool % cfg.num_generations:
+    needed = size * (2 if source == "topk" else 1)
+    if source not in VAL_SOURCES or needed % cfg.num_generations:
         raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={cfg.num_generations}")
-    val_cfg = cfg.replace(seed=cfg.seed + 1)
-    prompts = eval_prompts(cfg.task, pool // cfg.num_generations)
-    r = rollout(step.policy, step.loaded.tokenizer, val_cfg, prompts)
-    rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
+    if pool is None:
+        val_cfg = cfg.replace(seed=cfg.seed + 1)
+        r = rollout(step.policy, step.loaded.tokenizer, val_cfg, eval_prompts(cfg.task, needed // cfg.num_generations))
+        rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
+        logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
+        pool = ValidationSet(r, logprobs, compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards), rewards)
+    if needed > pool.rollout.num_samples:
+        raise ValueError(f"a {source} set of {size} needs a pool of {needed}, got {pool.rollout.num_samples}")
     if source == "random":
-        advantages = compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
+        keep = torch.arange(size)
+        advantages = pool.advantages[keep]  # whole groups: their advantages are unchanged
     else:
-        keep = rewards.argsort(descending=True)[:size].sort().values
-        r, rewards = r.rows(keep), rewards[keep]
-        advantages = compute_advantages(rewards, size, cfg.scale_rewards)
-    logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
-    return ValidationSet(r, logprobs, advantages, rewards)
+        keep = pool.rewards.argsort(descending=True)[:size].sort().values
+        advantages = compute_advantages(pool.rewards[keep], size, cfg.scale_rewards)
+    return ValidationSet(pool.rollout.rows(keep), pool.logprobs.rows(keep), advantages, pool.rewards[keep])
 
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
@@ -304,3 +313,53 @@ def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: s
                                        before.reward, after.reward, low, high))
         model.load_state_dict(saved)
     return results
+
+
+@dataclass(frozen=True)
+class InfluenceChoice:
+    """What the influence is measured against; every field is a toggle of notebook 07."""
+    kind: str = "seqloss-lastadv"
+    source: str = "random"
+    size: int = 16
+    param_set: str = "all"
+    flip_sign: bool = False
+
+
+class InfluenceExplorer:
+    """Influence of the step's cached samples under any InfluenceChoice. Scores are cached per
+    (step config, choice without the sign): flipping the sign negates L_val, hence its gradient, so it
+    negates cached scores instead of recomputing. One random pool per config serves every set size."""
+
+    def __init__(self, step, pool_size: int = 128):
+        self.step, self.pool_size = step, pool_size
+        self._scores: dict = {}
+        self._pools: dict = {}
+        self._lora = None
+
+    def pool(self) -> ValidationSet:
+        if self.step.cfg not in self._pools:
+            self._pools[self.step.cfg] = validation_set(self.step, "random", self.pool_size)
+        return self._pools[self.step.cfg]
+
+    def _model(self, param_set: str):
+        if param_set != "lora":
+            return self.step.policy
+        if self._lora is None:
+            self._lora = lora_model(self.step.policy)
+        return self._lora
+
+    def is_cached(self, choice: InfluenceChoice) -> bool:
+        return (self.step.cfg, dataclasses.replace(choice, flip_sign=False)) in self._scores
+
+    def scores(self, choice: InfluenceChoice) -> torch.Tensor:
+        key = (self.step.cfg, dataclasses.replace(choice, flip_sign=False))
+        if key not in self._scores:
+            cfg, run = self.step.cfg, self.step.result
+            pool = None if choice.source == "same_batch" else self.pool()
+            val = validation_set(self.step, choice.source, choice.size, pool)
+            model = self._model(choice.param_set)
+            with parameter_set(model, choice.param_set):
+                _, val_grad = validation_gradient(model, val, cfg, choice.kind)
+                self._scores[key] = batch_influence(model, run.rollout, run.logprobs, run.advantages.values, cfg,
+                                                    val_grad)
+        return -self._scores[key] if choice.flip_sign else self._scores[key]

@@ -3,6 +3,8 @@ closed in pyplot so that a notebook shows it exactly once: as the cell's value."
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -105,7 +107,7 @@ def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: s
     for ax, (name, values) in zip(np.atleast_1d(axes), panels.items()):
         ax.hist(values, bins=bins)
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(textwrap.fill(name, 36), fontsize=8)
     fig.suptitle(title)
     return _done(fig)
 
@@ -119,5 +121,23 @@ def sign_scatter(experiments: dict, title: str = "predicted vs measured change o
         ax.plot([-lim, lim], [-lim, lim], color="k", lw=0.6)
         ax.set(xlabel="predicted: -lr * influence", ylabel="measured", title=f"{name}\nSpearman {e.spearman:.2f}, "
                f"sign agreement {e.sign_agreement:.0%}")
+    fig.suptitle(title)
+    return _done(fig)
+
+
+def selection_results(results: list, title: str = "one update on the selected samples"):
+    """results: SelectionResult list. Change of L_val, and of the held-out reward with its interval."""
+    names = [r.strategy for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+    left.bar(names, [r.val_loss_after - r.val_loss_before for r in results])
+    left.axhline(0, color="k", lw=0.8)
+    left.set(ylabel="change of L_val (lower: helped)")
+    deltas = np.array([r.reward_after - r.reward_before for r in results])
+    errors = np.array([[d - r.reward_ci_low, r.reward_ci_high - d] for d, r in zip(deltas, results)]).T
+    right.bar(names, deltas, yerr=errors.clip(min=0), capsize=3)
+    right.axhline(0, color="k", lw=0.8)
+    right.set(ylabel="change of held-out reward")
+    for ax in (left, right):
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.suptitle(title)
     return _done(fig)

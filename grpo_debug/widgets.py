@@ -1,17 +1,19 @@
-"""ipywidgets controls bound to StepConfig fields. The callbacks are plain functions (unit-tested):
-a change builds a new config, re-runs only the phases after the one the field belongs to, on the
+"""ipywidgets controls bound to StepConfig fields, and for TracIn to InfluenceChoice fields. The
+callbacks are plain functions (unit-tested): a change builds a new config, re-runs only the phases after the one the field belongs to, on the
 cached rollout, and redraws."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
+import torch
 from IPython.display import display
 
 from . import plots
+from .influence import PARAMETER_SETS, VAL_LOSSES, VAL_SOURCES, InfluenceChoice, InfluenceExplorer
 from .loss import KL_ESTIMATORS, LOSS_TYPES
 from .step import GRPOStep, StepRun
 from .tables import per_sample
@@ -61,6 +63,14 @@ def summary(run: StepRun) -> dict[str, float]:
             "max |advantage|": adv.max_abs_advantage, "loss": loss.loss.item(), "kl": loss.metrics["kl"]}
 
 
+FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn only when that result changed
+    "logprob gap": ("logprobs", lambda run: plots.logprob_gap_heatmap(run.logprobs)),
+    "advantages": ("advantages", lambda run: plots.advantages_bars(run.advantages, run.rollout.num_generations)),
+    "kl per token": ("logprobs", lambda run: plots.kl_per_token(run.logprobs.policy, run.logprobs.reference,
+                                                                run.logprobs.mask)),
+}
+
+
 class StepPanel:
     """Every toggle in one panel; results redrawn below it after each change."""
 
@@ -69,7 +79,8 @@ class StepPanel:
         step.run(step.cfg, until=until)
         self.controls = {f: make_control(f, getattr(step.cfg, f)) for f in fields}
         self.status = W.HTML()
-        self.out = W.Output()
+        self.outputs = {name: W.Output() for name in [*FIGURES, "table"]}
+        self.drawn: dict[str, object] = {}  # figure -> the phase result it shows
         for field, control in self.controls.items():
             control.observe(lambda change, field=field: self.on_change(field, change["new"]), names="value")
         self.redraw(ChangeResult(step.result, [], 0.0))
@@ -79,19 +90,93 @@ class StepPanel:
         self.redraw(result)
         return result
 
+    def stale_figures(self, run: StepRun) -> list[str]:
+        return [name for name, (phase, _) in FIGURES.items() if self.drawn.get(name) is not getattr(run, phase)]
+
     def redraw(self, result: ChangeResult) -> None:
         run = result.run
         self.status.value = (f"re-ran <b>{', '.join(result.rerun) or 'nothing'}</b> in {result.seconds:.2f} s; "
                              + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run).items()))
-        self.out.clear_output(wait=True)
-        with self.out:
-            figures = [plots.logprob_gap_heatmap(run.logprobs),
-                       plots.advantages_bars(run.advantages, run.rollout.num_generations),
-                       plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask)]
-            for fig in figures:
+        for name in self.stale_figures(run):
+            phase, draw = FIGURES[name]
+            self.drawn[name] = getattr(run, phase)
+            self.outputs[name].clear_output(wait=True)
+            with self.outputs[name]:
+                fig = draw(run)
                 display(fig)
                 plt.close(fig)
+        self.outputs["table"].clear_output(wait=True)
+        with self.outputs["table"]:
             display(per_sample(run).head(16))
+
+    def widget(self) -> W.Widget:
+        grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))
+        return W.VBox([grid, self.status, *self.outputs.values()])
+
+
+ENGINE_FIELDS = ["logprob_temperature", "kl_estimator", "beta"]  # StepConfig fields: re-run from their phase
+INFLUENCE_CHOICES = {"kind": list(VAL_LOSSES), "source": list(VAL_SOURCES), "size": [16, 64, 128],
+                     "param_set": list(PARAMETER_SETS)}
+
+
+@dataclass
+class InfluenceView:
+    label: str
+    scores: torch.Tensor
+    recomputed: bool  # False: served from the cache (the sign flip never recomputes)
+    seconds: float
+
+
+def _label(cfg, choice: InfluenceChoice) -> str:
+    sign = "flipped, " if choice.flip_sign else ""
+    fixes = "" if cfg.logprob_temperature else ", no T"
+    return f"{sign}{choice.kind}, {choice.source} {choice.size}, {choice.param_set}, {cfg.kl_estimator} b={cfg.beta:g}{fixes}"
+
+
+class InfluencePanel:
+    """Influence histograms side by side: the previous choice next to the current one, same samples."""
+
+    def __init__(self, explorer: InfluenceExplorer, choice: InfluenceChoice = InfluenceChoice()):
+        self.explorer, self.choice, self.previous = explorer, choice, None
+        step = explorer.step
+        self.controls = {"flip_sign": W.Checkbox(value=choice.flip_sign, description="flip_sign (seed 000)")}
+        self.controls.update({f: W.Dropdown(options=opts, value=getattr(choice, f), description=f)
+                              for f, opts in INFLUENCE_CHOICES.items()})
+        self.controls.update({f: make_control(f, getattr(step.cfg, f)) for f in ENGINE_FIELDS})
+        self.status = W.HTML()
+        self.out = W.Output()
+        for field, control in self.controls.items():
+            control.observe(lambda change, field=field: self.on_change(field, change["new"]), names="value")
+        self.current = self.view()
+        self.redraw()
+
+    def view(self) -> InfluenceView:
+        start = time.perf_counter()
+        cached = self.explorer.is_cached(self.choice)
+        scores = self.explorer.scores(self.choice)
+        return InfluenceView(_label(self.explorer.step.cfg, self.choice), scores, not cached,
+                             time.perf_counter() - start)
+
+    def on_change(self, field: str, value) -> InfluenceView:
+        if field in ENGINE_FIELDS:
+            apply_change(self.explorer.step, field, value, until="loss")
+        else:
+            self.choice = replace(self.choice, **{field: value})
+        self.previous, self.current = self.current, self.view()
+        self.redraw()
+        return self.current
+
+    def redraw(self) -> None:
+        v = self.current
+        self.status.value = (f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
+                             f"fraction > 0 = {(v.scores > 0).float().mean():.2f}, mean = {v.scores.mean():.4g}")
+        self.out.clear_output(wait=True)
+        with self.out:
+            views = [self.previous, v] if self.previous is not None else [v]
+            fig = plots.influence_histograms({w.label: w.scores.numpy() for w in views}, bins=15,
+                                             title="influence of the same training samples")
+            display(fig)
+            plt.close(fig)
 
     def widget(self) -> W.Widget:
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))

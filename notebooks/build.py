@@ -342,30 +342,65 @@ assert experiments["seed-000 flip"].sign_agreement <= 0.1
 plots.sign_scatter(experiments)"""),
         ("md", """The loss as written is right: its influence predicts the real steps. The flip predicts the opposite of
 what happens."""),
-        ("md", """## Influence under the validation choices
+        ("md", """## Influence under every toggle
 
-Same batch, a separate random set, and the top-k by reward (seed 001's set), each with both validation
-losses."""),
-        ("code", """import numpy as np
-import pandas as pd
-from grpo_debug.influence import influence_scores, per_sample_train_gradients, validation_gradient
-train_grads = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
-panels, rows = {}, {}
-for source, size in [("same_batch", 16), ("random", 16), ("topk", 16)]:
-    val = validation_set(step, source, size)
-    for kind in ["seqloss-lastadv", "seqloss-reward"]:
-        _, val_grad = validation_gradient(step.policy, val, cfg, kind)
-        scores = influence_scores(train_grads, val_grad).numpy()
-        panels[f"{source}, {kind}"] = scores
-        rows[(source, kind)] = {"val mean reward": val.rewards.mean().item(), "fraction > 0": (scores > 0).mean(),
-                                "mean": scores.mean()}
-pd.DataFrame(rows).T"""),
-        ("code", """plots.influence_histograms(panels, bins=15, title="influence of the 16 training samples")"""),
+The panel shows the previous choice next to the current one, on the same 16 training samples. The sign
+flip negates cached scores (no recomputation); the validation loss, set, size and parameter set
+recompute the influence on the cached rollout; the temperature fix and the KL variant re-run the engine
+from their phase and recompute. Sizes 16, 64 and 128 share one pool of 128 held-out samples."""),
+        ("code", """# NBVAL_IGNORE_OUTPUT
+from grpo_debug.influence import InfluenceChoice, InfluenceExplorer
+from grpo_debug.widgets import InfluencePanel
+explorer = InfluenceExplorer(step, pool_size=128)
+panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
+panel.widget()"""),
+        ("md", """## The validation set decides what "helpful" means
+
+Each set's scores against the largest random set (128 held-out samples), as rank correlation, for both
+validation losses."""),
+        ("code", """import pandas as pd
+from scipy.stats import spearmanr
+sets = [("same_batch", 16), ("random", 16), ("random", 64), ("random", 128), ("topk", 16), ("topk", 64)]
+rows, panels = {}, {}
+for kind in ["seqloss-lastadv", "seqloss-reward"]:
+    reference = explorer.scores(InfluenceChoice(kind="seqloss-lastadv", source="random", size=128)).numpy()
+    for source, size in sets:
+        scores = explorer.scores(InfluenceChoice(kind=kind, source=source, size=size)).numpy()
+        val = validation_set(step, source, size, None if source == "same_batch" else explorer.pool())
+        rows[(kind, f"{source} {size}")] = {"val mean reward": val.rewards.mean().item(),
+                                            "fraction > 0": (scores > 0).mean(), "mean": scores.mean(),
+                                            "Spearman vs random 128": spearmanr(scores, reference).statistic}
+        if kind == "seqloss-lastadv" or source == "topk":
+            panels[f"{kind}, {source} {size}"] = scores
+table = pd.DataFrame(rows).T
+table"""),
+        ("code", """plots.influence_histograms(panels, bins=12, title="influence of the 16 training samples")"""),
+        ("md", """Parameter sets: all parameters, the transformer blocks only, and LoRA adapters (peft, B = 0 at the
+start as peft initialises it, so only the B matrices carry a gradient)."""),
+        ("code", """all_params = explorer.scores(InfluenceChoice(source="random", size=64)).numpy()
+pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(source="random", size=64, param_set=ps)).numpy(), all_params).statistic}
+              for ps in ["all", "blocks", "lora"]}).T"""),
+        ("md", """## Selection: one update on the chosen samples
+
+Keep the samples with influence > 0, the top half, the bottom half or a random half (validation: random
+64), take one step of the same optimizer on them alone, and measure L_val and the held-out reward
+(16 prompts x 4 samples, the same sampling seeds before and after)."""),
+        ("code", """from grpo_debug.influence import selection_experiment
+val = validation_set(step, "random", 64, explorer.pool())
+results = selection_experiment(step, val, explorer.scores(InfluenceChoice(source="random", size=64)), eval_prompts=16)
+selection = pd.DataFrame([vars(r) for r in results]).set_index("strategy")
+selection["L_val change"] = selection.val_loss_after - selection.val_loss_before
+by = selection["L_val change"]
+print(f"top half {by['top_half']:+.4f} vs bottom half {by['bottom_half']:+.4f}")
+assert by["top_half"] < by["bottom_half"]
+selection"""),
+        ("code", """plots.selection_results(results)"""),
         ("md", """## The same-batch self-term
 
 With validation = the training batch, influence_i includes <g_i, grad of sample i's own share of L_val>,
 which is >= 0 for seqloss-lastadv (the two losses push sample i the same way): a bias upwards."""),
-        ("code", """from grpo_debug.influence import self_terms
+        ("code", """from grpo_debug.influence import influence_scores, per_sample_train_gradients, self_terms, validation_gradient
+train_grads = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
 val = validation_set(step, "same_batch")
 _, val_grad = validation_gradient(step.policy, val, cfg, "seqloss-lastadv")
 total = influence_scores(train_grads, val_grad)
@@ -375,9 +410,27 @@ print(f"self term >= 0 for all samples: {bool((own >= -1e-9).all())}; positive i
       f"{(total > 0).float().mean():.0%}, without {((total - own) > 0).float().mean():.0%}")
 assert (own >= -1e-9).all()
 table.head(8)"""),
+        ("md", """The bias is largest at small batches: the self-term is one of N terms of L_val. The same measurement
+on a batch of 64 (16 prompts x 4 samples):"""),
+        ("code", """bias = {}
+for prompts in [4, 16]:
+    c = cfg.replace(num_prompts=prompts)
+    r = step.run(c, until="loss")
+    same = validation_set(step, "same_batch")
+    grads = per_sample_train_gradients(step.policy, r.rollout, r.logprobs, r.advantages.values, c)
+    total = influence_scores(grads, validation_gradient(step.policy, same, c, "seqloss-lastadv")[1])
+    own = self_terms(step.policy, grads, same, c, "seqloss-lastadv")
+    bias[r.rollout.num_samples] = {"mean |self term| / mean |influence|": (own.abs().mean() / total.abs().mean()).item(),
+                                   "positive with self": (total > 0).float().mean().item(),
+                                   "positive without": ((total - own) > 0).float().mean().item()}
+run = step.run(cfg, until="loss")
+bias = pd.DataFrame(bias).T.rename_axis("batch size")
+assert bias.iloc[0, 0] > bias.iloc[1, 0]
+bias"""),
         ("md", """**What to notice.** The sign question is settled by measurement, not by argument. What changes the
-histograms is the validation set: the same batch inflates every score by its self-term; a top-k set has
-high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier" (seed 001)."""),
+histograms is the validation set: the same batch inflates every score by its self-term (most at small
+batches); a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs
+likelier" (seed 001). Selecting by influence is only as good as the validation set behind it."""),
     ],
     "08_diagnostics": [
         ("md", """# 08 · Diagnostics from seed 002
@@ -406,6 +459,15 @@ batched = step.run(cfg.replace(generation="batched"), until="rollout").rollout.s
 step.result.rollout = None
 loop = step.run(cfg.replace(generation="loop"), until="rollout").rollout.seconds
 print(f"one generate call: {batched:.2f} s; one call per prompt (seed 003): {loop:.2f} s; ratio {loop / batched:.2f}")"""),
+        ("md", """## torch.compile on and off
+
+The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
+numbers must agree. (Timings vary: not compared by nbval; the agreement is asserted.)"""),
+        ("code", """# NBVAL_IGNORE_OUTPUT
+from grpo_debug.diagnostics import compile_comparison
+compiled = compile_comparison(step, rows=8)
+print(compiled)
+assert compiled.error == "" and compiled.max_abs_diff < 1e-4"""),
         ("md", """**What to notice.** A zero loss is a failure only when the advantages (or the mask, or the log-probs)
 are zero. `benchmarks/step.py` prints the full timing and memory table, including a 124M GPT-2 shape
 and a TRL step on the same configuration."""),

@@ -63,10 +63,11 @@ PANEL_STATE_JS = """() => {
   const status = [...document.querySelectorAll('.widget-html')].find(e => e.textContent.includes('re-ran'));
   if (!status) return null;
   const box = status.closest('.widget-vbox');
-  const out = box ? box.querySelector('.widget-output') : null;
+  const outs = box ? [...box.querySelectorAll('.widget-output')] : [];
+  const table = outs.map(o => o.querySelector('table')).find(t => t);
   return {status: status.textContent.trim(),
-          images: out ? [...out.querySelectorAll('img')].map(i => i.getAttribute('src') || '') : [],
-          table: out && out.querySelector('table') ? out.querySelector('table').textContent : ''};
+          images: outs.flatMap(o => [...o.querySelectorAll('img')].map(i => i.getAttribute('src') || '')),
+          table: table ? table.textContent : ''};
 }"""
 
 

@@ -40,3 +40,27 @@ def test_panel_callback_redraws(step):
     panel.controls["beta"].value = 0.3  # fires on_change through the widget
     assert step.cfg.beta == 0.3 and "re-ran <b>loss</b>" in panel.status.value
     panel.controls["beta"].value = CFG.beta
+
+
+def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
+    import torch
+    from grpo_debug.influence import InfluenceChoice, InfluenceExplorer
+    from grpo_debug.widgets import InfluencePanel
+    cfg = CFG.replace(beta=0.0)
+    s = GRPOStep(cfg)
+    s.run(cfg, until="loss")
+    rollout = s.result.rollout
+    panel = InfluencePanel(InfluenceExplorer(s, pool_size=32), InfluenceChoice(source="random", size=16))
+    first = panel.current
+    assert first.recomputed and len(first.scores) == rollout.num_samples
+    flipped = panel.on_change("flip_sign", True)
+    assert not flipped.recomputed and torch.equal(flipped.scores, -first.scores)
+    panel.on_change("flip_sign", False)
+    other = panel.on_change("kind", "seqloss-reward")
+    assert other.recomputed and not torch.equal(other.scores, first.scores)
+    topk = panel.on_change("source", "topk")  # served by the same random pool: no new samples for the batch
+    assert topk.recomputed and s.result.rollout is rollout
+    no_temperature = panel.on_change("logprob_temperature", False)
+    assert no_temperature.recomputed and s.result.rollout is rollout and not s.cfg.logprob_temperature
+    assert not torch.equal(no_temperature.scores, topk.scores)
+    assert len(panel.controls) == 1 + 4 + 3
