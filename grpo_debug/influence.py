@@ -333,6 +333,7 @@ class InfluenceExplorer:
     def __init__(self, step, pool_size: int = 128):
         self.step, self.pool_size = step, pool_size
         self._scores: dict = {}
+        self._train: dict = {}  # (config, parameter set) -> the batch's factored per-sample gradients
         self._pools: dict = {}
         self._lora = None
 
@@ -359,7 +360,10 @@ class InfluenceExplorer:
             val = validation_set(self.step, choice.source, choice.size, pool)
             model = self._model(choice.param_set)
             with parameter_set(model, choice.param_set):
+                train_key = (cfg, choice.param_set)
+                if train_key not in self._train:  # one backward for the batch serves every validation set
+                    self._train[train_key] = per_sample_train_gradients(model, run.rollout, run.logprobs,
+                                                                        run.advantages.values, cfg)
                 _, val_grad = validation_gradient(model, val, cfg, choice.kind)
-                self._scores[key] = batch_influence(model, run.rollout, run.logprobs, run.advantages.values, cfg,
-                                                    val_grad)
+                self._scores[key] = influence_scores(self._train[train_key], val_grad)
         return -self._scores[key] if choice.flip_sign else self._scores[key]

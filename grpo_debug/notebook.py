@@ -1,5 +1,7 @@
 """One call at the top of every notebook: the same numbers on every run."""
 
+import warnings
+
 import matplotlib
 import pandas as pd
 import torch
@@ -15,4 +17,5 @@ def setup(threads: int = 1) -> None:
     pd.set_option("display.width", 140)
     transformers.utils.logging.set_verbosity_error()  # no progress bars or warnings with timings in outputs
     transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5
     matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})

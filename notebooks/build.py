@@ -360,11 +360,12 @@ Each set's scores against the largest random set (128 held-out samples), as rank
 validation losses."""),
         ("code", """import pandas as pd
 from scipy.stats import spearmanr
-sets = [("same_batch", 16), ("random", 16), ("random", 64), ("random", 128), ("topk", 16), ("topk", 64)]
+sets = {"seqloss-lastadv": [("same_batch", 16), ("random", 16), ("random", 64), ("random", 128), ("topk", 16), ("topk", 64)],
+        "seqloss-reward": [("same_batch", 16), ("random", 64), ("topk", 16)]}
 rows, panels = {}, {}
-for kind in ["seqloss-lastadv", "seqloss-reward"]:
-    reference = explorer.scores(InfluenceChoice(kind="seqloss-lastadv", source="random", size=128)).numpy()
-    for source, size in sets:
+reference = explorer.scores(InfluenceChoice(kind="seqloss-lastadv", source="random", size=128)).numpy()
+for kind, kind_sets in sets.items():
+    for source, size in kind_sets:
         scores = explorer.scores(InfluenceChoice(kind=kind, source=source, size=size)).numpy()
         val = validation_set(step, source, size, None if source == "same_batch" else explorer.pool())
         rows[(kind, f"{source} {size}")] = {"val mean reward": val.rewards.mean().item(),
@@ -377,17 +378,17 @@ table"""),
         ("code", """plots.influence_histograms(panels, bins=12, title="influence of the 16 training samples")"""),
         ("md", """Parameter sets: all parameters, the transformer blocks only, and LoRA adapters (peft, B = 0 at the
 start as peft initialises it, so only the B matrices carry a gradient)."""),
-        ("code", """all_params = explorer.scores(InfluenceChoice(source="random", size=64)).numpy()
-pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(source="random", size=64, param_set=ps)).numpy(), all_params).statistic}
-              for ps in ["all", "blocks", "lora"]}).T"""),
+        ("code", """all_params = explorer.scores(InfluenceChoice(source="random", size=16)).numpy()
+pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(source="random", size=16, param_set=ps)).numpy(),
+                                                all_params).statistic} for ps in ["all", "blocks", "lora"]}).T"""),
         ("md", """## Selection: one update on the chosen samples
 
 Keep the samples with influence > 0, the top half, the bottom half or a random half (validation: random
 64), take one step of the same optimizer on them alone, and measure L_val and the held-out reward
-(16 prompts x 4 samples, the same sampling seeds before and after)."""),
+(8 prompts x 4 samples, the same sampling seeds before and after: a small, noisy check)."""),
         ("code", """from grpo_debug.influence import selection_experiment
 val = validation_set(step, "random", 64, explorer.pool())
-results = selection_experiment(step, val, explorer.scores(InfluenceChoice(source="random", size=64)), eval_prompts=16)
+results = selection_experiment(step, val, explorer.scores(InfluenceChoice(source="random", size=64)), eval_prompts=8)
 selection = pd.DataFrame([vars(r) for r in results]).set_index("strategy")
 selection["L_val change"] = selection.val_loss_after - selection.val_loss_before
 by = selection["L_val change"]
@@ -410,8 +411,9 @@ print(f"self term >= 0 for all samples: {bool((own >= -1e-9).all())}; positive i
       f"{(total > 0).float().mean():.0%}, without {((total - own) > 0).float().mean():.0%}")
 assert (own >= -1e-9).all()
 table.head(8)"""),
-        ("md", """The bias is largest at small batches: the self-term is one of N terms of L_val. The same measurement
-on a batch of 64 (16 prompts x 4 samples):"""),
+        ("md", """Is the bias largest at small batches? The self-term is 1/N of a sample's own product, the cross
+terms are 1/N of N - 1 products with the other samples; if those add up, the self-term's share shrinks as
+N grows. The same measurement on a batch of 64 (16 prompts x 4 samples):"""),
         ("code", """bias = {}
 for prompts in [4, 16]:
     c = cfg.replace(num_prompts=prompts)
@@ -420,16 +422,17 @@ for prompts in [4, 16]:
     grads = per_sample_train_gradients(step.policy, r.rollout, r.logprobs, r.advantages.values, c)
     total = influence_scores(grads, validation_gradient(step.policy, same, c, "seqloss-lastadv")[1])
     own = self_terms(step.policy, grads, same, c, "seqloss-lastadv")
-    bias[r.rollout.num_samples] = {"mean |self term| / mean |influence|": (own.abs().mean() / total.abs().mean()).item(),
+    assert (own >= -1e-9).all()
+    bias[r.rollout.num_samples] = {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
                                    "positive with self": (total > 0).float().mean().item(),
                                    "positive without": ((total - own) > 0).float().mean().item()}
 run = step.run(cfg, until="loss")
-bias = pd.DataFrame(bias).T.rename_axis("batch size")
-assert bias.iloc[0, 0] > bias.iloc[1, 0]
-bias"""),
+pd.DataFrame(bias).T.rename_axis("batch size")"""),
+        ("md", """Here it does not shrink: gradients of samples from different prompts are nearly orthogonal, so the
+cross terms stay small and the self-term is most of every same-batch score at 16 and at 64 samples.
+Same-batch influence mostly says "this sample agrees with itself"."""),
         ("md", """**What to notice.** The sign question is settled by measurement, not by argument. What changes the
-histograms is the validation set: the same batch inflates every score by its self-term (most at small
-batches); a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs
+histograms is the validation set: the same batch inflates every score by its self-term; a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs
 likelier" (seed 001). Selecting by influence is only as good as the validation set behind it."""),
     ],
     "08_diagnostics": [

@@ -115,3 +115,12 @@ def test_cli_prints_a_report_and_writes_every_number(tmp_path):
     data = json.loads(out.read_text())
     assert {"reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "completions/mean_length"} <= set(data["metrics"])
     assert len(data["completions"]) == 4
+
+
+def test_per_prompt_loop_generation_scores_like_one_call():
+    """Seed 003's loop (one generate per prompt) gives the same kind of rollout: sampler and recomputed
+    log-probs agree, each group has its own prompt."""
+    cfg = StepConfig(num_prompts=2, num_generations=3, generation="loop")
+    run = GRPOStep(cfg).run(cfg, until="logprobs")
+    assert run.rollout.num_samples == 6 and len(set(run.rollout.prompts)) == 2
+    assert run.logprobs.max_sampler_gap < 1e-4
