@@ -124,22 +124,26 @@ def scoring_kwargs(cfg: StepConfig) -> dict:
 
 
 def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0,
-                     reference_is_policy: bool = False) -> TokenLogProbs:
+                     reference_is_policy: bool = False, scored: TokenLogProbs | None = None) -> TokenLogProbs:
     """Policy scored as `cfg` says; the reference always in eval mode, as TRL keeps it (no dropout).
 
     `reference_is_policy=True` (step 0: the reference is a frozen copy of these very weights) reuses the
     policy's log-probs for the reference when dropout is off: the same weights on the same inputs give
-    the same numbers, so the second forward is skipped.
+    the same numbers, so the second forward is skipped. `scored`: log-probs of this rollout scored with
+    the same `scoring_kwargs` (only the mask changed), reused without any forward.
     """
     start = time.perf_counter()
     torch.manual_seed(seed)  # dropout masks, when dropout is on
     kwargs = scoring_kwargs(cfg)
     with torch.no_grad():
-        policy_logps = chunked_logps(policy, rollout, **kwargs)
-        if reference_is_policy and not cfg.dropout:
-            reference_logps = policy_logps.clone()
+        if scored is not None:
+            policy_logps, reference_logps = scored.policy, scored.reference
         else:
-            reference_logps = chunked_logps(reference, rollout, **{**kwargs, "dropout": False})
+            policy_logps = chunked_logps(policy, rollout, **kwargs)
+            if reference_is_policy and not cfg.dropout:
+                reference_logps = policy_logps.clone()
+            else:
+                reference_logps = chunked_logps(reference, rollout, **{**kwargs, "dropout": False})
     mask = completion_mask(rollout, cfg.mask)
     trl_mask = completion_mask(rollout, "trl")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask

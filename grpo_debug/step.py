@@ -17,7 +17,7 @@ import torch
 from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
-from .logprobs import TokenLogProbs, compute_logprobs
+from .logprobs import TokenLogProbs, compute_logprobs, scoring_kwargs
 from .loss import LossBreakdown, compute_loss, loss_kwargs
 from .model import LoadedModel, load_model
 from .rewards import RewardScorer, Rewards, compute_rewards
@@ -57,6 +57,7 @@ class GRPOStep:
         self.scorer = scorer or RewardScorer.bundled()
         self.result = StepRun(self.cfg)
         self._policy_dirty = False
+        self._scored_rollout, self._scored_with = None, None  # what the cached log-probs were scored on
         self.last_rerun: list[str] = []
 
     @property
@@ -95,7 +96,12 @@ class GRPOStep:
 
     def _logprobs(self, cfg: StepConfig) -> TokenLogProbs:
         self.restore_policy()
-        return compute_logprobs(self.policy, self.loaded.reference, self.result.rollout, cfg, reference_is_policy=True)
+        previous, rollout = self.result.logprobs, self.result.rollout
+        same_scoring = (previous is not None and self._scored_rollout is rollout
+                        and self._scored_with == scoring_kwargs(cfg))  # e.g. only the mask changed
+        self._scored_rollout, self._scored_with = rollout, scoring_kwargs(cfg)
+        return compute_logprobs(self.policy, self.loaded.reference, rollout, cfg, reference_is_policy=True,
+                                scored=previous if same_scoring else None)
 
     def _rewards(self, cfg: StepConfig) -> Rewards:
         r = self.result.rollout

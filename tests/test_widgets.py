@@ -64,3 +64,14 @@ def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     assert no_temperature.recomputed and s.result.rollout is rollout and not s.cfg.logprob_temperature
     assert not torch.equal(no_temperature.scores, topk.scores)
     assert len(panel.controls) == 1 + 4 + 3
+
+
+def test_a_mask_change_reuses_the_scored_logprobs(step):
+    before = step.result.logprobs
+    result = apply_change(step, "mask", "seed004")
+    assert result.rerun[0] == "logprobs" and result.run.logprobs.policy is before.policy  # no forward
+    assert result.run.logprobs.eos_kept == 0.0 and before.eos_kept == 1.0
+    apply_change(step, "mask", "trl")
+    result = apply_change(step, "mask", "none")  # PAD counts: the columns after EOS must be scored
+    assert result.run.logprobs.policy is not before.policy
+    apply_change(step, "mask", "trl")
