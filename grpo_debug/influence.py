@@ -115,6 +115,7 @@ def validation_set(step, source: str = "same_batch", size: int = 64, pool: Valid
     if source not in VAL_SOURCES or needed % cfg.num_generations:
         raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={cfg.num_generations}")
     if pool is None:
+        step.restore_policy()  # the step's own weights, not the updated ones
         val_cfg = cfg.replace(seed=cfg.seed + 1)
         r = rollout(step.policy, step.loaded.tokenizer, val_cfg, eval_prompts(cfg.task, needed // cfg.num_generations))
         rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
@@ -125,8 +126,8 @@ def validation_set(step, source: str = "same_batch", size: int = 64, pool: Valid
     if source == "random":
         keep = torch.arange(size)
         advantages = pool.advantages[keep]  # whole groups: their advantages are unchanged
-    else:
-        keep = pool.rewards.argsort(descending=True)[:size].sort().values
+    else:  # the best half of the first 2 x size, as without a pool
+        keep = pool.rewards[:needed].argsort(descending=True)[:size].sort().values
         advantages = compute_advantages(pool.rewards[keep], size, cfg.scale_rewards)
     return ValidationSet(pool.rollout.rows(keep), pool.logprobs.rows(keep), advantages, pool.rewards[keep])
 
@@ -293,12 +294,22 @@ def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: s
                          strategies=SELECTIONS, eval_prompts: int = 16) -> list[SelectionResult]:
     """For each strategy: one update (the step's optimizer, lr and loss) on the selected samples only,
     then L_val and the held-out reward, against the same model before. The policy is restored after."""
-    from .evaluation import bootstrap_ci, eval_prompts as held_out, eval_side
-    from .update import update
+    from .evaluation import eval_prompts as held_out
+    step.restore_policy()
     model, run = step.policy, step.result
     cfg = step.cfg.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
     prompts = held_out(cfg.task, eval_prompts)
     saved = copy.deepcopy(model.state_dict())
+    try:
+        return _select_and_update(step, val, scores, kind, strategies, cfg, prompts, saved)
+    finally:
+        model.load_state_dict(saved)
+
+
+def _select_and_update(step, val, scores, kind, strategies, cfg, prompts, saved) -> list[SelectionResult]:
+    from .evaluation import bootstrap_ci, eval_side
+    from .update import update
+    model, run = step.policy, step.result
     loss_before = validation_loss_value(model, val, cfg, kind)
     before = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
     results = []
@@ -339,15 +350,16 @@ class InfluenceExplorer:
 
     def pool(self) -> ValidationSet:
         if self.step.cfg not in self._pools:
-            self._pools[self.step.cfg] = validation_set(self.step, "random", self.pool_size)
+            self._pools = {self.step.cfg: validation_set(self.step, "random", self.pool_size)}  # one config kept
         return self._pools[self.step.cfg]
 
     def _model(self, param_set: str):
+        self.step.restore_policy()
         if param_set != "lora":
             return self.step.policy
-        if self._lora is None:
-            self._lora = lora_model(self.step.policy)
-        return self._lora
+        if self._lora is None or self._lora[0] is not self.step.policy:  # rebuilt when the model is reloaded
+            self._lora = (self.step.policy, lora_model(self.step.policy))
+        return self._lora[1]
 
     def is_cached(self, choice: InfluenceChoice) -> bool:
         return (self.step.cfg, dataclasses.replace(choice, flip_sign=False)) in self._scores
@@ -356,12 +368,15 @@ class InfluenceExplorer:
         key = (self.step.cfg, dataclasses.replace(choice, flip_sign=False))
         if key not in self._scores:
             cfg, run = self.step.cfg, self.step.result
+            if choice.source not in VAL_SOURCES or choice.size * (2 if choice.source == "topk" else 1) > self.pool_size:
+                raise ValueError(f"{choice.source} {choice.size} needs more than the pool of {self.pool_size}")
             pool = None if choice.source == "same_batch" else self.pool()
             val = validation_set(self.step, choice.source, choice.size, pool)
             model = self._model(choice.param_set)
             with parameter_set(model, choice.param_set):
                 train_key = (cfg, choice.param_set)
                 if train_key not in self._train:  # one backward for the batch serves every validation set
+                    self._train = {k: v for k, v in self._train.items() if k[0] == cfg}  # memory: one config
                     self._train[train_key] = per_sample_train_gradients(model, run.rollout, run.logprobs,
                                                                         run.advantages.values, cfg)
                 _, val_grad = validation_gradient(model, val, cfg, choice.kind)

@@ -42,8 +42,8 @@ class Outer:
         if not self.is_lookup:
             return torch.einsum("ntr,ntc->nrc", self.left, self.right)
         N, _, C = self.right.shape
-        flat = (self.left + torch.arange(N).unsqueeze(1) * self.rows).flatten()
-        return torch.zeros(N * self.rows, C).index_add_(0, flat, self.right.flatten(0, 1)).view(N, self.rows, C)
+        flat = (self.left + torch.arange(N, device=self.left.device).unsqueeze(1) * self.rows).flatten()
+        return torch.zeros(N * self.rows, C, device=self.right.device).index_add_(0, flat, self.right.flatten(0, 1)).view(N, self.rows, C)
 
     def dot(self, vector: torch.Tensor) -> torch.Tensor:
         """(N,) <dW_n, vector> without building dW_n."""
@@ -102,8 +102,9 @@ class PerSampleGradients:
         self.handles = []
 
     def _batch_size(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self.batch = ids.shape[0] if torch.is_tensor(ids) else None
+        inputs = kwargs.get("input_ids")
+        inputs = inputs if inputs is not None else kwargs.get("inputs_embeds", args[0] if args else None)
+        self.batch = inputs.shape[0] if torch.is_tensor(inputs) else None
 
     def _capture(self, module, inputs, output):
         grads: list[torch.Tensor] = []

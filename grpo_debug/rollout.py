@@ -85,7 +85,7 @@ def _shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.T
     feeds) and repeated for each of the prompt's samples: on CPU the prefill of B*G copies of the same
     prompt was a third of the rollout. A static cache because a growing one re-copies itself every token."""
     cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)
-    positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # as `generate` builds them
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` counts; padding keys are masked
     model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
           past_key_values=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:  # transformers' StaticLayer has no batch_repeat_interleave

@@ -99,9 +99,10 @@ class GRPOStep:
         previous, rollout = self.result.logprobs, self.result.rollout
         same_scoring = (previous is not None and self._scored_rollout is rollout
                         and self._scored_with == scoring_kwargs(cfg))  # e.g. only the mask changed
+        result = compute_logprobs(self.policy, self.loaded.reference, rollout, cfg, reference_is_policy=True,
+                                  scored=previous if same_scoring else None)
         self._scored_rollout, self._scored_with = rollout, scoring_kwargs(cfg)
-        return compute_logprobs(self.policy, self.loaded.reference, rollout, cfg, reference_is_policy=True,
-                                scored=previous if same_scoring else None)
+        return result
 
     def _rewards(self, cfg: StepConfig) -> Rewards:
         r = self.result.rollout

@@ -160,9 +160,16 @@ class InfluencePanel:
     def on_change(self, field: str, value) -> InfluenceView:
         if field in ENGINE_FIELDS:
             apply_change(self.explorer.step, field, value, until="loss")
+            view = self.view()
         else:
-            self.choice = replace(self.choice, **{field: value})
-        self.previous, self.current = self.current, self.view()
+            choice, self.choice = self.choice, replace(self.choice, **{field: value})
+            try:
+                view = self.view()
+            except ValueError as error:  # e.g. topk 128 from a pool of 128: say so, keep the last choice
+                self.choice = choice
+                self.status.value = f"<b>{error}</b>"
+                return self.current
+        self.previous, self.current = self.current, view
         self.redraw()
         return self.current
 

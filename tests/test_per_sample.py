@@ -80,15 +80,19 @@ def test_ghost_products_equal_building_the_gradients():
         assert torch.allclose(a.dot(vector), exact, rtol=1e-5, atol=1e-6 * exact.abs().max().item())  # float32 sums
 
 
-def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab():
-    """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path."""
+@pytest.mark.parametrize("call_with", ["input_ids", "inputs_embeds"])
+def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(call_with):
+    """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path.
+    GPT-2 builds (1, T) position ids itself here, with token ids or with embeddings passed in."""
     from grpo_debug.per_sample import Outer, _ghost_is_cheaper
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=48, n_layer=1, n_head=2)).eval()
     ids = torch.randint(0, 4000, (3, 12))
 
     def per_sample_loss(rows):
-        logits = model(input_ids=ids[rows]).logits
+        inputs = {"input_ids": ids[rows]} if call_with == "input_ids" else \
+            {"inputs_embeds": model.transformer.wte(ids[rows])}
+        logits = model(**inputs).logits
         return logits.log_softmax(-1)[:, :-1].gather(-1, ids[rows, 1:, None]).sum() * 0.1
 
     naive = []

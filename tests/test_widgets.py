@@ -64,6 +64,9 @@ def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     assert no_temperature.recomputed and s.result.rollout is rollout and not s.cfg.logprob_temperature
     assert not torch.equal(no_temperature.scores, topk.scores)
     assert len(panel.controls) == 1 + 4 + 3
+    shown = panel.current
+    assert panel.on_change("size", 128) is shown and "needs more than the pool" in panel.status.value  # topk 128 of 32
+    assert panel.choice.size == 16
 
 
 def test_a_mask_change_reuses_the_scored_logprobs(step):
