@@ -218,6 +218,20 @@ class SignExperiment:
     lr: float
     moved: int  # samples with a non-zero gradient, over which the two statistics are taken
 
+    def flipped(self) -> "SignExperiment":
+        """The seed-000 flip on the same real steps: a negated L_val has a negated gradient, so its
+        prediction is exactly minus this one (tested against recomputing it)."""
+        return compare(-self.predicted, self.measured, self.lr)
+
+
+def compare(predicted: torch.Tensor, measured: torch.Tensor, lr: float) -> SignExperiment:
+    # a sample with a (near-)zero gradient (advantage ~0, no KL) takes no measurable step: a change below
+    # 1e-4 of the largest predicted one is float32 noise in L_val, so it is left out of both statistics
+    moved = predicted.abs() > 1e-4 * predicted.abs().max()
+    agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
+    return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
+                          int(moved.sum()))
+
 
 def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
@@ -251,13 +265,7 @@ def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages
             measured.append(val_loss() - base)
             for p, b in zip(params, before):
                 p.copy_(b)
-    measured = torch.tensor(measured)
-    # a sample with a (near-)zero gradient (advantage ~0, no KL) takes no measurable step: a change below
-    # 1e-4 of the largest predicted one is float32 noise in L_val, so it is left out of both statistics
-    moved = predicted.abs() > 1e-4 * predicted.abs().max()
-    agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
-    return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
-                          int(moved.sum()))
+    return compare(predicted, torch.tensor(measured), lr)
 
 
 def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:

@@ -79,7 +79,7 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
     return first_eos + 1, finished
 
 
-def _shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
+def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
                          max_new_tokens: int) -> StaticCache:
     """The prompts' keys and values computed once per prompt (all but the last token, which `generate`
     feeds) and repeated for each of the prompt's samples: on CPU the prefill of B*G copies of the same
@@ -100,7 +100,7 @@ def _generate(model, tokenizer, prompts: list[str], cfg: StepConfig, pad_id: int
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     G = cfg.num_generations
     input_ids, attention_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
-    cache = _shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens)
+    cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens)
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                          do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
                          max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,

@@ -43,6 +43,9 @@ def test_the_sign_predicts_real_sgd_steps_and_the_flip_does_not(setup):
     assert right.spearman >= 0.9 and right.sign_agreement >= 0.95
     assert flipped.sign_agreement <= 0.1 and flipped.spearman <= -0.9
     assert torch.equal(right.measured, flipped.measured)  # the same real steps, only the prediction differs
+    shortcut = right.flipped()  # what notebook 07 shows: the negated prediction, no recomputation
+    assert torch.allclose(shortcut.predicted, flipped.predicted, rtol=1e-5, atol=1e-9)
+    assert shortcut.sign_agreement == flipped.sign_agreement
 
 
 def test_same_batch_self_term_is_non_negative_and_separate_sets_work(setup):
