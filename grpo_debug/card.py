@@ -28,6 +28,17 @@ def _curve_table(model_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _runs(model_dir: Path) -> str:
+    """The training runs as commands: each resumed run continues the saved state, so running them in
+    order rebuilds the model."""
+    path = model_dir / "training_runs.jsonl"
+    runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return "\n".join(f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.train_model --lr {r['lr']} "
+                     f"--min-lr {r['min_lr']} --warmup-steps {r['warmup_steps']} --max-steps {r['max_steps']} "
+                     f"--eval-every {r['eval_every']} --metrics-every {r['metrics_every']} --stop-step {r['to_step']} "
+                     f"--minutes 1000`" for i, r in enumerate(runs))
+
+
 def render(metrics: dict, model_dir: Path = DEFAULT_MODEL_DIR) -> str:
     state = torch.load(model_dir / "train_state.pt", weights_only=False, map_location="cpu")
     cfg, step, minutes = state["config"], state["step"], state["trained_seconds"] / 60
@@ -38,8 +49,13 @@ def render(metrics: dict, model_dir: Path = DEFAULT_MODEL_DIR) -> str:
     floors = "\n".join(f"| `{k}` | {metrics[k]:.4f} | {v} | {'met' if metrics[k] >= v else 'NOT met'} |"
                        for k, v in FLOORS.items())
     missing = [k for k, v in FLOORS.items() if metrics[k] < v]
-    unmet = (f"**Not finished**: this checkpoint does not meet {', '.join(f'`{k}`' for k in missing)}; training goes "
-             "on from `train_state.pt`." if missing else "Every floor is met.")
+    unmet = (f"**Not finished**: this checkpoint does not meet {', '.join(f'`{k}`' for k in missing)}."
+             if missing else "Every floor is met.")
+    if "groups_nonzero_std" in missing:
+        unmet += (f" Groups with a non-zero reward std: P: {metrics['policy/groups_nonzero_std']:.1%}, A: "
+                  f"{metrics['env/groups_nonzero_std']:.1%}. An environment model that predicts the next position right "
+                  "gives all 8 samples the same answer, so its A: group carries no GRPO signal; the A: share falls as "
+                  "`env/next_fen_exact` rises.")
     return f"""# rookworld-tiny
 
 A GPT-2 (`GPT2LMHeadModel`) trained from scratch on the bundled RookWorld-format data, so that
@@ -50,11 +66,14 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
   {config['n_positions']} positions; vocabulary {config['vocab_size']} (BPE with one token per board square, see
   `grpo_debug/tokenizer.py`); {size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
 - Trained {step} steps of {cfg['batch_size']} samples ({cfg['policy_fraction']:.0%} P:, the rest A:), AdamW lr
-  {cfg['lr']} cosine to {cfg['min_lr']} over {cfg['max_steps']} steps, bfloat16 autocast on one CPU thread:
-  {minutes:.0f} minutes of training so far. Loss on completion tokens and the EOS.
+  {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {minutes:.0f} minutes of training.
+  Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and data order,
+  and follows the cosine of its own `--max-steps`, so the second run raised the learning rate where it resumed):
+{_runs(model_dir)}
 - Data: `data/` ({manifest['counts']['policy_train']} P: positions, {manifest['counts']['env_train']} A: transitions;
   {manifest['stockfish']}), see `data/README.md`.
-- Reproduce: `python -m grpo_debug.train_model` (resumes from `train_state.pt`; same seed, same data order).
+- Reproduce: the runs above in order, from an empty folder (`--out`), with the tokenizer trained first by
+  the same command (same seed, same data order; one thread).
 
 ## Measured quality (held-out split)
 

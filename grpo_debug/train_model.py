@@ -44,6 +44,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     policy_fraction: float = 0.5
     minutes: float = 60.0  # stop after this much wall time in this run (the state is saved)
+    stop_step: int = 0  # stop at this step (0: at max_steps); a run stopped by `minutes` is logged with its last step
     save_every_minutes: float = 5.0
     eval_every: int = 200
     metrics_every: int = 1000
@@ -175,7 +176,8 @@ def train(cfg: TrainConfig) -> None:
     model.train()
     run_start = last_save = time.time()
     bar = tqdm(total=cfg.max_steps, initial=step, desc="train", mininterval=10)
-    while step < cfg.max_steps and time.time() - run_start < cfg.minutes * 60:
+    start_step, last_step = step, cfg.stop_step or cfg.max_steps
+    while step < min(cfg.max_steps, last_step) and time.time() - run_start < cfg.minutes * 60:
         t0 = time.time()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
@@ -204,6 +206,10 @@ def train(cfg: TrainConfig) -> None:
             save()
             last_save = time.time()
     save()
+    with open(out / "training_runs.jsonl", "a") as f:  # what the model card quotes to reproduce the model
+        f.write(json.dumps({"from_step": start_step, "to_step": step, "lr": cfg.lr, "min_lr": cfg.min_lr,
+                            "warmup_steps": cfg.warmup_steps, "max_steps": cfg.max_steps,
+                            "eval_every": cfg.eval_every, "metrics_every": cfg.metrics_every}) + "\n")
     bar.close()
     print(f"stopped at step {step}, {trained_seconds / 60:.1f} min of training; saved to {out}")
 

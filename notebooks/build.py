@@ -431,9 +431,10 @@ for prompts in [8]:
                                    "positive without": ((total - own) > 0).float().mean().item()}
 run = step.run(cfg, until="loss")
 pd.DataFrame(bias).T.rename_axis("batch size")"""),
-        ("md", """Here it does not shrink: gradients of samples from different prompts are nearly orthogonal, so the
-cross terms stay small and the self-term is most of every same-batch score at 16 and at 32 samples.
-Same-batch influence mostly says "this sample agrees with itself"."""),
+        ("md", """On the bundled model the self-term is about all of the summed influence at 16 samples and three
+quarters of it at 32: the bias shrinks with the batch, slowly, because samples of different prompts have
+nearly orthogonal gradients and the cross terms stay small. Same-batch influence mostly says "this sample
+agrees with itself"."""),
         ("md", """**What to notice.** The sign question is settled by measurement, not by argument. What changes the
 histograms is the validation set: the same batch inflates every score by its self-term; a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs
 likelier" (seed 001). Selecting by influence is only as good as the validation set behind it."""),
