@@ -166,35 +166,30 @@ def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfi
     return train.inner(SampleGradients(chunks)).float()
 
 
-def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
-                               cfg: StepConfig) -> SampleGradients:
-    """Each sample's gradient of its share of the GRPO loss, factored, one backward per 8 rows."""
+def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig):
+    """The hooks of one backward per 8 rows of the GRPO loss (the batch's normalisation kept)."""
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    chunks = []
     torch.manual_seed(0)
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture():
             chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights).backward()
-        chunks.append(hooks.factors())
+        yield hooks
     model.zero_grad(set_to_none=True)
-    return SampleGradients(chunks)
+
+
+def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
+                               cfg: StepConfig) -> SampleGradients:
+    """Each sample's gradient of its share of the GRPO loss, factored."""
+    return SampleGradients([hooks.factors() for hooks in _train_chunks(model, rollout, logprobs, advantages, cfg)])
 
 
 def batch_influence(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
                     val_grad: dict) -> torch.Tensor:
-    """(N,) influence of every sample, 8 rows at a time: each chunk's factors are dotted with the
-    validation gradient and dropped, so memory stays that of one chunk's backward."""
-    weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    scores = []
-    torch.manual_seed(0)
-    for rows in row_chunks(rollout.num_samples):
-        hooks = PerSampleGradients(model)
-        with hooks.capture():
-            chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights).backward()
-        scores.append(SampleGradients.of(hooks).dot(val_grad))
-    model.zero_grad(set_to_none=True)
-    return torch.cat(scores).float()
+    """(N,) influence of every sample: each chunk's factors are dotted with the validation gradient
+    and dropped, so memory stays that of one chunk's backward."""
+    chunks = _train_chunks(model, rollout, logprobs, advantages, cfg)
+    return torch.cat([SampleGradients.of(hooks).dot(val_grad) for hooks in chunks]).float()
 
 
 def influence_scores(train: SampleGradients, val_grad: dict) -> torch.Tensor:
