@@ -35,6 +35,7 @@ def _runs(model_dir: Path) -> str:
     runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return "\n".join(f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.train_model --lr {r['lr']} "
                      f"--min-lr {r['min_lr']} --warmup-steps {r['warmup_steps']} --max-steps {r['max_steps']} "
+                     f"--policy-fraction {r.get('policy_fraction', 0.5)} "
                      f"--eval-every {r['eval_every']} --metrics-every {r['metrics_every']} --stop-step {r['to_step']} "
                      f"--minutes 1000`" for i, r in enumerate(runs))
 

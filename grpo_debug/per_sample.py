@@ -14,10 +14,16 @@ A weight's gradient stays a sum of outer products (`Outer`) and is never built u
 Tied weights (GPT-2's lm_head and wte) keep one contribution per use; every product sums over all
 pairs of uses, so the tied gradient is exact without ever being materialised. The naive reference
 (one backward per sample) lives in the tests.
+
+For the update's per-sample norms, `built_weights` turns autograd's weight gradient off for every
+Conv1D weight and `norms_and_batch_gradient` builds those weights' per-sample gradients instead, takes
+their norms and adds their sum to `.grad` ("book-keeping"): building them costs what autograd's batch
+weight gradient would have, so the transformer blocks' per-sample norms come almost free.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -194,3 +200,36 @@ class SampleGradients:
     def norms(self) -> torch.Tensor:
         """(N,) per-sample gradient norms (float64 accumulation)."""
         return self.squared_norms().clamp(min=0).sqrt().float()
+
+
+def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [m.weight for m in model.modules() if isinstance(m, Conv1D) and m.weight.requires_grad]
+
+
+@contextmanager
+def built_weights(weights: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
+    """Autograd skips these weights' gradients (inputs' gradients still flow through their layers)."""
+    for w in weights:
+        w.requires_grad_(False)
+    try:
+        yield weights
+    finally:
+        for w in weights:
+            w.requires_grad_(True)
+
+
+def norms_and_batch_gradient(hooks: PerSampleGradients, built: list[torch.nn.Parameter]) -> torch.Tensor:
+    """(N,) per-sample gradient norms after a backward under `built_weights(built)`: each built weight's
+    per-sample gradients are materialised once, squared and summed into `.grad`; every other
+    parameter's norm comes from its factors (ghost or built, whichever is cheaper)."""
+    built_ids = {id(w) for w in built}
+    squared = 0.0
+    for param, contributions in hooks.factors().items():
+        if id(param) in built_ids:
+            (per_sample,) = [materialize(c) for c in contributions]  # a Conv1D weight has one use
+            squared = squared + per_sample.flatten(1).pow(2).sum(1).double()  # torch's cascade sum: ~1e-7 relative
+            total = per_sample.sum(0)
+            param.grad = total if param.grad is None else param.grad + total
+        else:
+            squared = squared + sum(inner(a, b) for a in contributions for b in contributions)
+    return torch.as_tensor(squared).clamp(min=0).sqrt().float()

@@ -209,7 +209,7 @@ def train(cfg: TrainConfig) -> None:
     with open(out / "training_runs.jsonl", "a") as f:  # what the model card quotes to reproduce the model
         f.write(json.dumps({"from_step": start_step, "to_step": step, "lr": cfg.lr, "min_lr": cfg.min_lr,
                             "warmup_steps": cfg.warmup_steps, "max_steps": cfg.max_steps,
-                            "eval_every": cfg.eval_every, "metrics_every": cfg.metrics_every}) + "\n")
+                            "policy_fraction": cfg.policy_fraction, "eval_every": cfg.eval_every, "metrics_every": cfg.metrics_every}) + "\n")
     bar.close()
     print(f"stopped at step {step}, {trained_seconds / 60:.1f} min of training; saved to {out}")
 

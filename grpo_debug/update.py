@@ -11,7 +11,7 @@ import torch
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .loss import compute_loss, loss_kwargs, loss_weights
-from .per_sample import PerSampleGradients, SampleGradients
+from .per_sample import PerSampleGradients, built_weights, conv1d_weights, norms_and_batch_gradient
 from .rollout import Rollout, row_chunks
 
 
@@ -35,7 +35,8 @@ def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: tor
 
 
 def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig) -> StepResult:
-    """Backward (8 rows at a time) gives the total gradient and, through layer hooks, every sample's gradient norm."""
+    """Backward (8 rows at a time) gives the total gradient and, through layer hooks, every sample's gradient
+    norm; with norms on, the Conv1D weights' batch gradient is the sum of their per-sample gradients."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
@@ -44,14 +45,15 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     torch.manual_seed(0)  # dropout masks, when dropout is on
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
     loss, norms = 0.0, []
+    built = conv1d_weights(model) if cfg.per_sample_grad_norms else []
     for rows in row_chunks(rollout.num_samples):  # gradients accumulate over the chunks
         hooks = PerSampleGradients(model)
-        with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext():
+        with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext(), built_weights(built):
             share = chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights)
             share.backward()
         loss += share.item()
         if cfg.per_sample_grad_norms:
-            norms.append(SampleGradients.of(hooks).norms())
+            norms.append(norms_and_batch_gradient(hooks, built))
     norms = torch.cat(norms) if norms else torch.tensor([])
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()

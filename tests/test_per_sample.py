@@ -108,3 +108,26 @@ def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(
     tied = captured.chunks[0][model.lm_head.weight]
     assert len(tied) == 2 and all(_ghost_is_cheaper(a, b) for a in tied for b in tied if isinstance(a, Outer))
     assert torch.allclose(captured.norms().double(), naive, rtol=1e-5)
+
+
+def test_update_builds_block_gradients_from_per_sample_ones_exactly():
+    """With norms on, `update` takes the Conv1D weights' batch gradient as the sum of their per-sample
+    gradients (autograd skips them): the norms equal the naive ones and the step equals autograd's."""
+    from grpo_debug.update import update
+    cfg = StepConfig(num_prompts=2, num_generations=3, max_new_tokens=40, learning_rate=1e-3)
+    step = GRPOStep(cfg)
+    run = step.run(cfg, until="loss")
+    model, start = step.policy, {k: v.clone() for k, v in step.policy.state_dict().items()}
+    naive = naive_per_sample_gradients(model, run, cfg).double().norm(dim=1)
+    after = {}
+    for norms in (False, True):
+        model.load_state_dict(start)
+        result = update(model, run.rollout, run.logprobs, run.advantages.values, cfg.replace(per_sample_grad_norms=norms))
+        after[norms] = ({k: v.clone() for k, v in model.state_dict().items()}, result)
+    model.load_state_dict(start)
+    assert torch.allclose(after[True][1].per_sample_grad_norms.double(), naive, rtol=1e-5)
+    assert after[True][1].grad_norm == pytest.approx(after[False][1].grad_norm, rel=1e-6)
+    assert after[True][1].update_norm == pytest.approx(after[False][1].update_norm, rel=1e-5)
+    # AdamW's first step is about lr * sign(g): rounding moves only entries whose |g| is near its eps
+    assert max((after[True][0][k] - after[False][0][k]).abs().max().item() for k in start) < 0.01 * cfg.learning_rate
+    assert all(p.requires_grad for p in model.parameters())  # the built weights are handed back to autograd
