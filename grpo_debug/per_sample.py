@@ -15,7 +15,7 @@ Tied weights (GPT-2's lm_head and wte) keep one contribution per use; every prod
 pairs of uses, so the tied gradient is exact without ever being materialised. The naive reference
 (one backward per sample) lives in the tests.
 
-For the update's per-sample norms, `built_weights` turns autograd's weight gradient off for every
+For the update's per-sample norms, `no_autograd_for` turns autograd's weight gradient off for every
 Conv1D weight and `norms_and_batch_gradient` builds those weights' per-sample gradients instead, takes
 their norms and adds their sum to `.grad` ("book-keeping"): building them costs what autograd's batch
 weight gradient would have, so the transformer blocks' per-sample norms come almost free.
@@ -207,7 +207,7 @@ def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 @contextmanager
-def built_weights(weights: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
+def no_autograd_for(weights: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
     """Autograd skips these weights' gradients (inputs' gradients still flow through their layers)."""
     for w in weights:
         w.requires_grad_(False)
@@ -219,7 +219,7 @@ def built_weights(weights: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.P
 
 
 def norms_and_batch_gradient(hooks: PerSampleGradients, built: list[torch.nn.Parameter]) -> torch.Tensor:
-    """(N,) per-sample gradient norms after a backward under `built_weights(built)`: each built weight's
+    """(N,) per-sample gradient norms after a backward under `no_autograd_for(built)`: each built weight's
     per-sample gradients are materialised once, squared and summed into `.grad`; every other
     parameter's norm comes from its factors (ghost or built, whichever is cheaper)."""
     built_ids = {id(w) for w in built}

@@ -11,7 +11,7 @@ import torch
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .loss import compute_loss, loss_kwargs, loss_weights
-from .per_sample import PerSampleGradients, built_weights, conv1d_weights, norms_and_batch_gradient
+from .per_sample import PerSampleGradients, no_autograd_for, conv1d_weights, norms_and_batch_gradient
 from .rollout import Rollout, row_chunks
 
 
@@ -48,7 +48,7 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     built = conv1d_weights(model) if cfg.per_sample_grad_norms else []
     for rows in row_chunks(rollout.num_samples):  # gradients accumulate over the chunks
         hooks = PerSampleGradients(model)
-        with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext(), built_weights(built):
+        with hooks.capture() if cfg.per_sample_grad_norms else contextlib.nullcontext(), no_autograd_for(built):
             share = chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights)
             share.backward()
         loss += share.item()
