@@ -66,11 +66,16 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
 - {n_params / 1e6:.2f}M parameters: {config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads,
   {config['n_positions']} positions; vocabulary {config['vocab_size']} (BPE with one token per board square, see
   `grpo_debug/tokenizer.py`); {size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
-- Trained {step} steps of {cfg['batch_size']} samples ({cfg['policy_fraction']:.0%} P:, the rest A:), AdamW lr
-  {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {minutes:.0f} minutes of training.
-  Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and data order,
-  and follows the cosine of its own `--max-steps`, so the second run raised the learning rate where it resumed):
+- Trained {step} steps of {cfg['batch_size']} samples (each run's P: share is its `--policy-fraction`, the rest
+  A:), AdamW lr {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {minutes:.0f} minutes
+  of training. Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and
+  data order, and follows the cosine of its own `--max-steps`, so it can raise the learning rate where it resumes):
 {_runs(model_dir)}
+- Why the mix changes: an environment model that predicts the next position right gives all 8 samples of an
+  A: prompt the same answer, and such a group carries no GRPO signal. After run 2 (step 5345), next FEN exact was 66.3%
+  but only 53.5% of A: groups (75.25% of all groups) had a reward std above 0. A run on P: alone lets the
+  model forget part of the A: task (`val_loss_env` rises in the learning curve) while the policy keeps
+  learning; the table below is measured after it.
 - Data: `data/` ({manifest['counts']['policy_train']} P: positions, {manifest['counts']['env_train']} A: transitions;
   {manifest['stockfish']}), see `data/README.md`.
 - Reproduce: the runs above in order, from an empty folder (`--out`), with the tokenizer trained first by
