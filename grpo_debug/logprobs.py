@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .rollout import Rollout, row_chunks
+from .rollout import ROWS_PER_PASS, Rollout, row_chunks, shared_prompt_cache
 
 
 @dataclass
@@ -80,6 +80,21 @@ def _trim(rollout: Rollout, left: bool, right: bool) -> tuple[Rollout, int]:
     return trimmed, rollout.completion_ids.shape[1] - width
 
 
+def _prompt_is_shared(model, rollout: Rollout, position_ids: bool, dtype: str) -> bool:
+    """No-grad scoring of rows that all share one prompt (a group) in float32 without dropout."""
+    ids, mask = rollout.prompt_ids, rollout.prompt_mask
+    return (not torch.is_grad_enabled() and not model.training and position_ids and dtype == "float32"
+            and ids.shape[0] > 1 and ids.shape[1] > 1 and bool((ids == ids[:1]).all()) and bool((mask == mask[:1]).all()))
+
+
+def _logits_after_shared_prompt(model, kwargs: dict, rollout: Rollout, P: int, C: int) -> torch.Tensor:
+    """The prompt's keys and values computed once for the group, as the rollout does: the same logits
+    (to float rounding) for a fraction of the work when prompts are longer than completions."""
+    cache = shared_prompt_cache(model, rollout.prompt_ids[:1], rollout.prompt_mask[:1], rollout.num_samples, C)
+    return model(input_ids=kwargs["input_ids"][:, P - 1:P + C - 1], attention_mask=kwargs["attention_mask"][:, :P + C - 1],
+                 position_ids=kwargs["position_ids"][:, P - 1:P + C - 1], past_key_values=cache, use_cache=True).logits
+
+
 def per_token_logps(model, rollout: Rollout, *, temperature: float | None, position_ids: bool = True,
                     dropout: bool = False, dtype: str = "float32", gather: str = "correct",
                     score_after_eos: bool = False) -> torch.Tensor:
@@ -99,7 +114,10 @@ def per_token_logps(model, rollout: Rollout, *, temperature: float | None, posit
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     with _mode(model, dropout), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        logits = model(**kwargs).logits[:, P - 1:P + C - 1]
+        if _prompt_is_shared(model, rollout, position_ids, dtype):
+            logits = _logits_after_shared_prompt(model, kwargs, rollout, P, C)
+        else:
+            logits = model(**kwargs).logits[:, P - 1:P + C - 1]
     logits = logits.float()
     if temperature is not None:
         logits = logits / temperature
@@ -114,8 +132,10 @@ def per_token_logps(model, rollout: Rollout, *, temperature: float | None, posit
 
 
 def chunked_logps(model, rollout: Rollout, **kwargs) -> torch.Tensor:
-    """`per_token_logps` a few rows at a time (no grad): the same numbers, faster on CPU."""
-    return torch.cat([per_token_logps(model, rollout.rows(rows), **kwargs) for rows in row_chunks(rollout.num_samples)])
+    """`per_token_logps` a few rows at a time (no grad), cut along groups so that each piece shares its prompt."""
+    G = rollout.num_generations
+    size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
+    return torch.cat([per_token_logps(model, rollout.rows(rows), **kwargs) for rows in row_chunks(rollout.num_samples, size)])
 
 
 def scoring_kwargs(cfg: StepConfig) -> dict:

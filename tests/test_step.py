@@ -124,3 +124,18 @@ def test_per_prompt_loop_generation_scores_like_one_call():
     run = GRPOStep(cfg).run(cfg, until="logprobs")
     assert run.rollout.num_samples == 6 and len(set(run.rollout.prompts)) == 2
     assert run.logprobs.max_sampler_gap < 1e-4
+
+
+@pytest.mark.parametrize("mask", ["trl", "none"])
+def test_a_group_scored_once_through_its_shared_prompt_matches_the_full_forward(step, mask):
+    """No-grad scoring computes a group's prompt once and repeats its keys and values; the log-probs match
+    the full forward to float rounding, also with the columns after EOS (mask "none")."""
+    import grpo_debug.logprobs as logprobs
+    group = step.result.rollout.rows(list(range(SMALL.num_generations)))
+    kwargs = logprobs.scoring_kwargs(SMALL.replace(mask=mask))
+    with torch.no_grad():
+        assert logprobs._prompt_is_shared(step.policy, logprobs._trim(group, True, True)[0], True, "float32")
+        shared = logprobs.per_token_logps(step.policy, group, **kwargs)
+    full = logprobs.per_token_logps(step.policy, group, **kwargs).detach()  # with grad: the full forward
+    assert shared.shape == full.shape
+    assert torch.allclose(shared, full, atol=2e-5)
