@@ -3,7 +3,7 @@
 Prints JSON: the bundled model at 8 prompts x 8 samples (mixed and policy-only prompts), the one-call
 vs per-prompt-loop generation ratio, our step vs one TRL GRPOTrainer step on the same configuration,
 and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
-tokens. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
+tokens. Bundled numbers are medians of `--repeats` fresh steps after a warm-up one. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -58,20 +59,31 @@ def trl_step_seconds(cfg: StepConfig, scorer: RewardScorer) -> float:
         return round(time.perf_counter() - t0, 3)
 
 
-def bundled_model(scorer: RewardScorer) -> dict:
+def profile_repeated(step: GRPOStep, cfg: StepConfig, repeats: int) -> dict:
+    """Per phase and in total, the median of `repeats` fresh steps (this machine's timings move by 10-20%
+    from run to run), with every total listed."""
+    runs = [profile_step(step, cfg) for _ in range(repeats)]
+    out = {phase: {key: statistics.median(r[phase][key] for r in runs) for key in ("seconds", "peak_extra_mb")}
+           for phase in STEP_PHASES}
+    totals = [r["total_seconds"] for r in runs]
+    return {**out, "total_seconds": statistics.median(totals), "totals": totals}
+
+
+def bundled_model(scorer: RewardScorer, repeats: int) -> dict:
     report = {}
     bundled = StepConfig()
     step = GRPOStep(bundled, scorer=scorer)
-    step.run(bundled, until="rollout")  # warm-up: first-call overheads out of the numbers
-    report["bundled_8x8_mixed"] = profile_step(step, bundled)
-    report["bundled_8x8_mixed_no_per_sample_norms"] = profile_step(step, bundled.replace(per_sample_grad_norms=False))
+    profile_step(step, bundled)  # warm-up: first-call overheads out of the numbers
+    report["bundled_8x8_mixed"] = profile_repeated(step, bundled, repeats)
+    report["bundled_8x8_mixed_no_per_sample_norms"] = profile_repeated(
+        step, bundled.replace(per_sample_grad_norms=False), repeats)
     policy_only = bundled.replace(task="policy", max_new_tokens=48)
-    report["bundled_8x8_policy"] = profile_step(step, policy_only)
+    report["bundled_8x8_policy"] = profile_repeated(step, policy_only, repeats)
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
 
     # like for like: TRL computes no per-sample gradient norms
     trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
-    ours = profile_step(step, trl_cfg)["total_seconds"]
+    ours = profile_repeated(step, trl_cfg, repeats)["total_seconds"]
     theirs = trl_step_seconds(trl_cfg, scorer)
     report["vs_trl_8x8_mixed"] = {"ours_seconds": ours, "trl_seconds": theirs, "ours_over_trl": round(ours / theirs, 2)}
     return report
@@ -82,13 +94,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-124m", action="store_true")
     parser.add_argument("--only-124m", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     scorer = RewardScorer.bundled()
     report = {"threads": args.threads, "torch": torch.__version__}
 
     if not args.only_124m:
-        report.update(bundled_model(scorer))
+        report.update(bundled_model(scorer, args.repeats))
 
     if not args.skip_124m:
         shape_cfg = StepConfig(num_prompts=4, num_generations=4, max_new_tokens=80, task="mixed")

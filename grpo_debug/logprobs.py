@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .rollout import ROWS_PER_PASS, Rollout, row_chunks, shared_prompt_cache
+from .rollout import ROWS_PER_PASS, Rollout, row_chunks
+from .shared_prompt import shared_prompt_cache
 
 
 @dataclass

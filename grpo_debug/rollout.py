@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import StaticCache
 
 from .config import StepConfig
 from .data import env_example, load_split, policy_example
+from .shared_prompt import attending_once_per_group, shared_prompt_cache
 
 
 @dataclass
@@ -79,32 +79,17 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
     return first_eos + 1, finished
 
 
-def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
-                         max_new_tokens: int) -> StaticCache:
-    """The prompts' keys and values computed once per prompt (all but the last token, which `generate`
-    feeds) and repeated for each of the prompt's samples: on CPU the prefill of B*G copies of the same
-    prompt was a third of the rollout. A static cache because a growing one re-copies itself every token."""
-    cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` counts; padding keys are masked
-    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
-    for layer in cache.layers:  # transformers' StaticLayer has no batch_repeat_interleave
-        layer.keys = layer.keys.repeat_interleave(copies, 0)
-        layer.values = layer.values.repeat_interleave(copies, 0)
-        layer.batch_size *= copies
-    return cache
-
-
 @torch.no_grad()
 def _generate(model, tokenizer, prompts: list[str], cfg: StepConfig, pad_id: int):
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     G = cfg.num_generations
     input_ids, attention_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
     cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens)
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                         do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-                         max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
-                         output_scores=True, output_logits=True, return_dict_in_generate=True)
+    with attending_once_per_group(model, enc["input_ids"].shape[1] - 1, G):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
+                             max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
+                             output_scores=True, output_logits=True, return_dict_in_generate=True)
     prompt_len = enc["input_ids"].shape[1]
     completion_ids = out.sequences[:, prompt_len:]
     scores = torch.stack(out.scores, dim=1).float()  # processed: / temperature, top_p -> -inf
