@@ -24,7 +24,7 @@ from .chess_format import parse_env_completion, parse_policy_completion, same_po
 from .data import env_example, load_split, policy_example
 from .engine import PositionAnalysis
 from .rewards import EnvTruth, score_env, score_policy
-from .shared_prompt import attending_once_per_group, shared_prompt_cache
+from .shared_prompt import generate_per_prompt
 
 FLOORS = {"policy/parse_rate": 0.95, "policy/best_move_legal": 0.30, "policy/best_move_top5": 0.05,
           "groups_nonzero_std": 0.80, "env/next_fen_exact": 0.20}
@@ -44,13 +44,9 @@ def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *
         torch.manual_seed(seed + start)
         chunk = prompts[start:start + batch_prompts]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"], num_samples, max_new_tokens)
-        with attending_once_per_group(model, enc["input_ids"].shape[1] - 1, num_samples):
-            generated = model.generate(input_ids=enc["input_ids"].repeat_interleave(num_samples, 0),
-                                       attention_mask=enc["attention_mask"].repeat_interleave(num_samples, 0),
-                                       past_key_values=cache, do_sample=True, temperature=temperature, top_p=top_p,
-                                       top_k=0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                       eos_token_id=tokenizer.eos_token_id)
+        generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, max_new_tokens,
+                                        do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         out.extend(texts[i * num_samples:(i + 1) * num_samples] for i in range(len(chunk)))
     model.train(was_training)

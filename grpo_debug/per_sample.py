@@ -222,14 +222,11 @@ def norms_and_batch_gradient(hooks: PerSampleGradients, built: list[torch.nn.Par
     """(N,) per-sample gradient norms after a backward under `no_autograd_for(built)`: each built weight's
     per-sample gradients are materialised once, squared and summed into `.grad`; every other
     parameter's norm comes from its factors (ghost or built, whichever is cheaper)."""
-    built_ids = {id(w) for w in built}
-    squared = 0.0
-    for param, contributions in hooks.factors().items():
-        if id(param) in built_ids:
-            (per_sample,) = [materialize(c) for c in contributions]  # a Conv1D weight has one use
-            squared = squared + per_sample.flatten(1).pow(2).sum(1).double()  # torch's cascade sum: ~1e-7 relative
-            total = per_sample.sum(0)
-            param.grad = total if param.grad is None else param.grad + total
-        else:
-            squared = squared + sum(inner(a, b) for a in contributions for b in contributions)
-    return torch.as_tensor(squared).clamp(min=0).sqrt().float()
+    factors = hooks.factors()
+    squared = SampleGradients([{p: cs for p, cs in factors.items() if all(p is not w for w in built)}]).squared_norms()
+    for weight in built:
+        (per_sample,) = [materialize(c) for c in factors[weight]]  # a Conv1D weight has one use
+        squared = squared + per_sample.flatten(1).pow(2).sum(1).double()  # torch's cascade sum: ~1e-7 relative
+        total = per_sample.sum(0)
+        weight.grad = total if weight.grad is None else weight.grad + total
+    return squared.clamp(min=0).sqrt().float()

@@ -10,7 +10,7 @@ import torch
 
 from .config import StepConfig
 from .data import env_example, load_split, policy_example
-from .shared_prompt import attending_once_per_group, shared_prompt_cache
+from .shared_prompt import generate_per_prompt
 
 
 @dataclass
@@ -83,13 +83,11 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
 def _generate(model, tokenizer, prompts: list[str], cfg: StepConfig, pad_id: int):
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     G = cfg.num_generations
+    out = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens,
+                              do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
+                              pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
+                              output_scores=True, output_logits=True, return_dict_in_generate=True)
     input_ids, attention_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
-    cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens)
-    with attending_once_per_group(model, enc["input_ids"].shape[1] - 1, G):
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-                             max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
-                             output_scores=True, output_logits=True, return_dict_in_generate=True)
     prompt_len = enc["input_ids"].shape[1]
     completion_ids = out.sequences[:, prompt_len:]
     scores = torch.stack(out.scores, dim=1).float()  # processed: / temperature, top_p -> -inf

@@ -1,4 +1,4 @@
-"""Sampling G completions of one prompt without paying for the prompt G times.
+"""Sampling G completions of one prompt without paying for the prompt G times (`generate_per_prompt`).
 
 The prompt's keys and values are computed once per prompt and repeated for its G samples
 (`shared_prompt_cache`); while decoding, `attending_once_per_group` makes every attention layer read
@@ -85,3 +85,14 @@ def attending_once_per_group(model, prompt_len: int, copies: int) -> Iterator[No
         for layer in layers:
             del layer._shared_prompt
         model.set_attn_implementation(previous)
+
+
+def generate_per_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
+                        max_new_tokens: int, **generate_kwargs):
+    """`model.generate` of `copies` samples per (left-padded) prompt, rows grouped by prompt, each prompt
+    computed and read once."""
+    cache = shared_prompt_cache(model, input_ids, attention_mask, copies, max_new_tokens)
+    with attending_once_per_group(model, input_ids.shape[1] - 1, copies):
+        return model.generate(input_ids=input_ids.repeat_interleave(copies, 0),
+                              attention_mask=attention_mask.repeat_interleave(copies, 0), past_key_values=cache,
+                              max_new_tokens=max_new_tokens, **generate_kwargs)

@@ -11,7 +11,7 @@ import torch
 from .config import StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
 from .loss import compute_loss, loss_kwargs, loss_weights
-from .per_sample import PerSampleGradients, no_autograd_for, conv1d_weights, norms_and_batch_gradient
+from .per_sample import PerSampleGradients, conv1d_weights, no_autograd_for, norms_and_batch_gradient
 from .rollout import Rollout, row_chunks
 
 

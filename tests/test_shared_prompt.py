@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-import grpo_debug.rollout as rollout_module
+import grpo_debug.shared_prompt as shared_prompt_module
 from grpo_debug.config import StepConfig
 from grpo_debug.model import load_model
 from grpo_debug.rollout import rollout
@@ -40,7 +40,7 @@ def test_rollout_samples_the_same_tokens_with_and_without_it(monkeypatch):
     cfg = StepConfig(num_prompts=3, num_generations=4, max_new_tokens=48, task="mixed")
     policy, _, tokenizer = load_model()
     shared = rollout(policy, tokenizer, cfg)
-    monkeypatch.setattr(rollout_module, "attending_once_per_group", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(shared_prompt_module, "attending_once_per_group", lambda *a: contextlib.nullcontext())
     plain = rollout(policy, tokenizer, cfg)
     assert policy.config._attn_implementation == "sdpa"  # handed back
     assert torch.equal(shared.completion_ids, plain.completion_ids)
