@@ -1,5 +1,5 @@
 # `make lab`: set up everything on a fresh machine, then start JupyterLab on notebooks/.
-# `make test`: the same set-up, then every test (pytest, and nbval over the notebooks).
+# `make test`: the same set-up, then every test: each notebook's .py and .ipynb in sync, pytest, nbval.
 # A second run skips what is already installed.
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +10,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test setup stockfish chromium data model evaluate
+.PHONY: lab test notebooks setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,17 @@ setup: $(STAMP) stockfish chromium
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
+# Notebooks: edit notebooks/NN_name.py (jupytext percent source); `make notebooks` syncs each .ipynb
+# and executes it in place, so the stored outputs that nbval compares are today's.
+notebooks: setup
+	for nb in $(NOTEBOOKS); do \
+	  $(BIN)/jupytext -q --sync "$${nb%.ipynb}.py" && \
+	  $(BIN)/jupyter nbconvert -q --to notebook --execute --inplace "$$nb" && \
+	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
+	done
+
 test: setup
+	$(BIN)/python tests/notebook_pairs.py
 	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600)
 
 data: setup

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .data import env_example, load_split, policy_example
+from .prompts import prompts
 from .evaluate import sample_completions
 from .rewards import RewardScorer, compute_rewards
 
@@ -37,10 +37,8 @@ class Evaluation:
 
 
 def eval_prompts(task: str, n: int) -> list[str]:
-    policy = [policy_example(r)[0] for r in load_split("policy_eval")]
-    env = [env_example(r)[0] for r in load_split("env_eval")]
-    pool = {"policy": policy, "env": env, "mixed": [p for pair in zip(policy, env) for p in pair]}[task]
-    return pool[:n]
+    """Held-out test prompts (`prompts.prompts("test", task, n)`): never a training or validation prompt."""
+    return prompts("test", task, n)
 
 
 def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, scorer: RewardScorer) -> EvalSide:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .data import env_example, load_split, policy_example
+from .prompts import prompts as prompts_of
 from .shared_prompt import generate_per_prompt
 
 
@@ -56,20 +56,8 @@ def row_chunks(n: int, size: int = ROWS_PER_PASS) -> list[list[int]]:
 
 
 def step_prompts(task: str, n: int) -> list[str]:
-    """The notebook prompt set: P: from `policy_prompts`, A: from the end of `env_eval` (never in training)."""
-    policy = [policy_example(r)[0] for r in load_split("policy_prompts")]
-    env = [env_example(r)[0] for r in load_split("env_eval")[::-1]]
-    if task == "policy":
-        pool = policy
-    elif task == "env":
-        pool = env
-    elif task == "mixed":
-        pool = [p for pair in zip(policy, env) for p in pair]
-    else:
-        raise ValueError(f"task must be 'policy', 'env' or 'mixed', got {task!r}")
-    if n > len(pool):
-        raise ValueError(f"{n} prompts asked for, the {task} prompt set has {len(pool)}")
-    return pool[:n]
+    """The step's training prompts (`prompts.prompts("train", task, n)`)."""
+    return prompts_of("train", task, n)
 
 
 def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,61 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Generation: B prompts x G samples
+#
+# The rollout samples G completions for each of B prompts in **one** `generate` call (left padding, KV
+# cache, model in eval mode, seeded), and keeps the sampler's own log-probability of every sampled token,
+# so phase 2 can check that recomputing them gives the same numbers.
+
+# %%
+from grpo_debug.notebook import setup
+setup()  # one torch thread: the same numbers on every run
+
+# The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
+MODEL = None
+
+# %%
+from grpo_debug.config import StepConfig
+from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.step import GRPOStep
+
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
+step = GRPOStep(cfg)
+run = step.run(cfg, until="rollout")
+r = run.rollout
+print(f"{r.num_samples} samples = {len(r.prompts)} prompts x {r.num_generations}; "
+      f"prompt width {r.prompt_ids.shape[1]} tokens (left-padded), completion width {r.completion_ids.shape[1]}")
+
+# %%
+import pandas as pd
+table = pd.DataFrame({"group": [i // r.num_generations for i in range(r.num_samples)],
+                      "task": [r.prompts[i // r.num_generations][:2] for i in range(r.num_samples)],
+                      "length": r.completion_lengths.tolist(), "finished": r.finished.tolist(),
+                      "completion": [c[:80] for c in r.completions]})
+table.head(16)
+
+# %%
+print("left padding per prompt:", (r.prompt_mask == 0).sum(1)[::r.num_generations].tolist())
+print("groups whose G completions are identical:", r.identical_groups)
+print("completions/mean_length:", round(r.completion_lengths.float().mean().item(), 2))
+assert (r.prompt_mask == 0).any(), "A: prompts are longer than P: prompts, so P: rows are left-padded"
+assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
+
+# %% [markdown]
+# **What to notice.** P: prompts (the policy task) are shorter than A: prompts, so they are left-padded:
+# phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
+# no learning signal (phase 4). The per-prompt loop of the seed-003 script is `generation="loop"`; its
+# cost against the one-call rollout is in notebook 08.

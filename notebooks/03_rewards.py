@@ -1,0 +1,84 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Rewards: every component, engine-free
+#
+# The P: reward compares the completion with Stockfish's analysis of the position: best move (by its rank
+# among all legal moves), candidates (against the top 5), evaluations (against Stockfish's eval of each
+# listed move), format. Weights 0.5 / 0.3 / 0.2 as the public RookWorld trainer. The A: reward checks the
+# next FEN (as a position, so either en-passant convention counts), the reward value and the two flags.
+# Bundled positions carry an evaluation of every legal move, so scoring needs no engine.
+
+# %%
+from grpo_debug.notebook import setup
+setup()  # one torch thread: the same numbers on every run
+
+# The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
+MODEL = None
+
+# %%
+from grpo_debug.config import StepConfig
+from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.step import GRPOStep
+
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
+step = GRPOStep(cfg)
+run = step.run(cfg, until="rewards")
+from grpo_debug.tables import per_sample
+table = per_sample(run)
+table[["group", "completion", "reward", "best_move", "candidates", "evals", "format", "fen", "truncated"]].head(16)
+
+# %%
+from grpo_debug import plots
+plots.rewards_per_group(run.rewards, cfg.num_generations)
+
+# %% [markdown]
+# ## Malformed completions get documented scores, not exceptions
+
+# %%
+import pandas as pd
+from grpo_debug.data import load_split, policy_example
+from grpo_debug.engine import PositionAnalysis
+from grpo_debug.rewards import score_policy
+
+record = load_split("policy_eval")[0]
+analysis = PositionAnalysis.from_json(record)
+truth = policy_example(record)[1]
+cases = {"ground truth": truth, "empty": "", "garbage": "\u2603 M: ?? B:", "truncated": truth[:20],
+         "illegal best move": truth.rsplit(" ", 1)[0] + " a1a1", "evals off by 1 pawn": truth.replace("E: ", "E: 1")}
+pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_policy(analysis, text).total}
+              for name, text in cases.items()}).T
+
+# %% [markdown]
+# ## Engine-free vs live Stockfish
+#
+# For a position that is not bundled, the scorer starts one Stockfish process (restarted if it dies) and
+# analyses every legal move. On a bundled position the two agree on the legal moves; the evaluations can
+# differ slightly because a search depends on the engine's hash history.
+
+# %%
+import chess
+from grpo_debug.engine import Stockfish
+
+with Stockfish(depth=8) as engine:
+    live = engine.analyse(chess.Board(record["fen"]))
+print("same legal moves:", set(live.evals) == set(analysis.evals))
+print("bundled top 3:", analysis.top5[:3])
+assert set(live.evals) == set(analysis.evals)
+
+# %% [markdown]
+# **What to notice.** A weak model's signal comes mostly from format, legality and the A: flags; the
+# graded best-move rank is what separates two legal answers. The ground truth scores exactly 1.0.

@@ -1,0 +1,93 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Loss and KL
+#
+# Token-level GRPO (TRL): ratio = exp(logp - old_logp), clipped, times the advantage, plus beta times a KL
+# estimate; `grpo`, `bnpo`, `dr_grpo`, `dapo` normalise differently. The seed-003 script uses sequence
+# REINFORCE, `-A * sum(logp)` (or divided by the length). At step 0, logp == old_logp: the ratio is exactly
+# 1 and the loss value is about 0, while its gradient is not.
+
+# %%
+from grpo_debug.notebook import setup
+setup()  # one torch thread: the same numbers on every run
+
+# The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
+MODEL = None
+
+# %%
+from grpo_debug.config import StepConfig
+from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.step import GRPOStep
+
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
+step = GRPOStep(cfg)
+run = step.run(cfg, until="loss")
+import torch
+assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
+print(f"loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
+
+# %%
+from grpo_debug.tables import compare_variants, gradient_of_loss_wrt_logps
+variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
+table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy", "loss/kl"])
+for name, changes in variants.items():
+    run = step.run(cfg.replace(**changes), until="loss")
+    table.loc[name, "|d loss / d logp|"] = gradient_of_loss_wrt_logps(run, run.config).norm().item()
+step.run(cfg, until="loss")
+table
+
+# %% [markdown]
+# The loss values differ by orders of magnitude (REINFORCE sums log-probs, so its value is large), yet
+# the gradient each sends into the log-probs is what moves the model.
+
+# %% [markdown]
+# ## KL estimators
+#
+# With d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 (TRL), and TRL's importance-corrected
+# k3 (x ratio). Their values AND their gradients differ (Tang & Munos 2025). Below: each estimator's
+# sample-mean value and autograd gradient against the exact reverse KL of a categorical policy.
+
+# %%
+import pandas as pd
+from grpo_debug.loss import kl_estimator_check
+check = pd.DataFrame(kl_estimator_check()).T
+check["value biased"] = (check["value"] - check["exact_kl"]).abs() > 0.02
+check["gradient biased"] = check["grad_rel_error"] > 0.1
+check
+
+# %%
+assert list(check.index[check["gradient biased"]]) == ["k1", "k3"]
+assert list(check.index[check["value biased"]]) == ["k2"]
+
+# %% [markdown]
+# ## Per-token KL on real tokens
+#
+# At step 0 policy and reference are the same weights, so every estimator is 0. Scoring the policy with
+# dropout on (phase 2's pitfall) makes them differ, and the estimators disagree token by token.
+
+# %%
+from grpo_debug import plots
+run = step.run(cfg.replace(dropout=True), until="loss")
+fig = plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask,
+                         title="per-token KL with dropout on while scoring")
+step.run(cfg, until="loss")
+fig
+
+# %% [markdown]
+# **What to notice.** k1's gradient is zero in expectation (it pulls nowhere); k3 (TRL's default
+# value) has the gradient of the *forward* KL; k2 and the corrected k3 have the reverse-KL gradient. The
+# value you log and the gradient you apply are different questions.

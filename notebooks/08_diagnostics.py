@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Diagnostics from seed 002
+#
+# "iter 1: loss 0.0000" and "time 103634 ms": is the loss a failure, and where does the time go?
+
+# %%
+from grpo_debug.notebook import setup
+setup()  # one torch thread: the same numbers on every run
+
+# The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
+MODEL = None
+
+# %%
+from grpo_debug.config import StepConfig
+from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.step import GRPOStep
+
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
+step = GRPOStep(cfg)
+from grpo_debug.diagnostics import triage_zero_loss
+run = step.run(cfg, until="update")
+print(triage_zero_loss(run))
+
+# %% [markdown]
+# Now the real failure: every group gets the same reward (a constant reward function).
+
+# %%
+import copy
+import torch
+from grpo_debug.advantages import summarize_advantages
+broken = copy.copy(run)
+broken.advantages = summarize_advantages(torch.full((run.rollout.num_samples,), 0.5), cfg.num_generations)
+print(triage_zero_loss(broken))
+assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).startswith("NORMAL")
+
+# %% [markdown]
+# ## Time and memory per phase (they vary run to run: not compared by nbval)
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug import plots
+plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
+
+# %% tags=["nbval-ignore-output"]
+step.result.rollout = None
+batched = step.run(cfg.replace(generation="batched"), until="rollout").rollout.seconds
+step.result.rollout = None
+loop = step.run(cfg.replace(generation="loop"), until="rollout").rollout.seconds
+print(f"one generate call: {batched:.2f} s; one call per prompt (seed 003): {loop:.2f} s; ratio {loop / batched:.2f}")
+
+# %% [markdown]
+# ## torch.compile on and off
+#
+# The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
+# numbers must agree. (Timings vary: not compared by nbval; the agreement is asserted.)
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug.diagnostics import compile_comparison
+compiled = compile_comparison(step, rows=8)
+print(compiled)
+assert compiled.error == "" and compiled.max_abs_diff < 1e-4
+
+# %% [markdown]
+# **What to notice.** A zero loss is a failure only when the advantages (or the mask, or the log-probs)
+# are zero. `benchmarks/step.py` prints the full timing and memory table, including a 124M GPT-2 shape
+# and a TRL step on the same configuration.

@@ -1,0 +1,63 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Dashboard: every toggle in one panel
+#
+# Each control is a `StepConfig` field; a change re-runs only the phases after the one it belongs to, on
+# the same cached rollout, and redraws. Below the panel, the same comparisons as static tables.
+
+# %%
+from grpo_debug.notebook import setup
+setup()  # one torch thread: the same numbers on every run
+
+# The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
+MODEL = None
+
+# %%
+from grpo_debug.config import StepConfig
+from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.step import GRPOStep
+
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4)
+step = GRPOStep(cfg)
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug.widgets import StepPanel
+panel = StepPanel(step)
+panel.widget()
+
+# %%
+from grpo_debug.widgets import apply_change
+result = apply_change(step, "kl_estimator", "k2")
+print("re-ran:", result.rerun)
+assert result.rerun == ["loss"]
+result = apply_change(step, "mask", "seed004")
+print("re-ran:", result.rerun)
+assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollout
+restored = step.run(cfg, until="loss")
+print("back to", restored.config.mask, restored.config.kl_estimator)
+
+# %%
+from grpo_debug.tables import compare_variants
+compare_variants(step, {"all fixes": {}, "T not applied": {"logprob_temperature": False},
+                        "dropout": {"dropout": True}, "seed004 mask": {"mask": "seed004"},
+                        "k1": {"kl_estimator": "k1"}, "batch scale": {"scale_rewards": "batch"},
+                        "dr_grpo": {"loss_type": "dr_grpo"}},
+                 until="loss", columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std", "kl", "loss"])
+
+# %% [markdown]
+# **What to notice.** Only the rows with a log-prob pitfall move the sampler gap; only the loss-phase
+# rows change the loss and nothing before it.
