@@ -1,63 +1,119 @@
-"""Every knob of one GRPO step, in one dataclass, each field owned by the phase that reads it.
+"""Every knob of one GRPO step, in one dataclass that checks itself; each field owned by the phase that reads it.
 
-The defaults are the fixed, TRL-like pipeline; each pitfall from the seeds is one field away.
+Two presets name the two steps the suite compares (`StepConfig.preset(name)`, `--preset name`):
+  fixed  every fix on: sampler and recomputed log-probs agree, EOS kept, dropout off, position_ids
+         passed (the defaults of `StepConfig()`).
+  trl    what TRL 1.16's `GRPOTrainer` computes with a default `GRPOConfig` on a GPT-2 model:
+         loss_type="dapo", beta=0.0, use_bias_correction_kl=True (k3 times the ratio),
+         disable_dropout=False (dropout on in the policy's forward passes), and completions scored with
+         input_ids and attention_mask only (no position_ids: left-padded rows of an absolute-position
+         model are scored at shifted positions).
+Sampling (temperature, top_p, B, G, max tokens) and the optimiser settings stay the step's own in both.
+Precision is the step's own too: TRL resolves `bf16=None` to True (bfloat16 autocast), which adds ~0.1 nats
+of rounding per token on the bundled model and makes numbers depend on batch shapes; `dtype="bfloat16"`
+adds it to either preset.
+Where each toggle comes from (the seed documents) is in README.md, "Where each toggle comes from".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
+from .loss import KL_ESTIMATORS, LOSS_TYPES
 from .paths import DEFAULT_MODEL
 
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
 
+MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
+GATHERS = ("per_position", "first_position")
 
-def _in(phase: str, default, help: str):
-    return field(default=default, metadata={"phase": phase, "help": help})
+
+def _in(phase: str, default, help: str, choices: tuple | None = None, low: float | None = None,
+        high: float | None = None, low_open: bool = False):
+    """A field of `phase`. `choices`: the allowed values; `low`/`high`: an allowed range (`low_open`: > low)."""
+    return field(default=default, metadata={"phase": phase, "help": help, "choices": choices, "low": low,
+                                            "high": high, "low_open": low_open})
 
 
 @dataclass(frozen=True)
 class StepConfig:
     # --- rollout: B prompts x G samples
     model: str = _in("rollout", DEFAULT_MODEL, "bundled folder, any local folder, or a hub id")
-    task: str = _in("rollout", "mixed", "prompts: 'policy' (P:), 'env' (A:) or 'mixed' (alternating; the only one with left padding)")
-    num_prompts: int = _in("rollout", 8, "B")
-    num_generations: int = _in("rollout", 8, "G, samples per prompt")
-    temperature: float = _in("rollout", 0.7, "sampling temperature")
-    top_p: float = _in("rollout", 1.0, "nucleus sampling; < 1 makes the sampler's log-probs differ from any recomputation")
-    max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90")
-    seed: int = _in("rollout", 0, "sampling seed")
-    generation: str = _in("rollout", "batched", "'batched': one generate call for B*G; 'loop': one call per prompt (seed 003)")
-    pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 and RookWorld-LM-124M do (pad == eos)")
+    task: str = _in("rollout", "mixed", "prompts: P: only, A: only, or alternating (the only one with left padding)",
+                    choices=("policy", "env", "mixed"))
+    num_prompts: int = _in("rollout", 8, "B, prompts per step", low=1)
+    num_generations: int = _in("rollout", 8, "G, samples per prompt (a group needs at least 2)", low=2)
+    temperature: float = _in("rollout", 0.7, "sampling temperature", low=0, low_open=True)
+    top_p: float = _in("rollout", 1.0, "nucleus sampling; < 1 makes the sampler's log-probs differ from any "
+                       "recomputation", low=0, high=1, low_open=True)
+    max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
+    seed: int = _in("rollout", 0, "sampling seed", low=0)
+    generation: str = _in("rollout", "batched", "one generate call for B*G, or one call per prompt",
+                          choices=("batched", "loop"))
+    pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 does (pad == eos); the bundled "
+                             "tokenizer has its own <pad>")
     # --- log-probs of policy and reference
-    logprob_temperature: bool = _in("logprobs", True, "divide logits by the sampling temperature (seed 004 fix 1)")
-    mask: str = _in("logprobs", "trl", "'trl': keep first EOS, mask after; 'seed004': drop EOS and PAD by value; 'none'")
-    dropout: bool = _in("logprobs", False, "score with the model in train mode (dropout 0.1 on)")
-    position_ids: bool = _in("logprobs", True, "pass attention_mask.cumsum(-1) - 1 for left-padded rows")
-    dtype: str = _in("logprobs", "float32", "'float32' or 'bfloat16' (autocast) for scoring")
-    gather: str = _in("logprobs", "correct", "'correct' or 'seed003' (gathers every token from the first position)")
+    logprob_temperature: bool = _in("logprobs", True, "divide the logits by the sampling temperature before "
+                                    "log_softmax, as the sampler did")
+    mask: str = _in("logprobs", "keep_first_eos", "completion tokens that count: up to and including the first "
+                    "EOS (from lengths); before the first EOS and no token equal to PAD (by value); every position",
+                    choices=MASKS)
+    dropout: bool = _in("logprobs", False, "score the policy in train mode (dropout on); the reference stays in eval")
+    position_ids: bool = _in("logprobs", True, "pass attention_mask.cumsum(-1) - 1 as position_ids when scoring")
+    dtype: str = _in("logprobs", "float32", "scoring precision (bfloat16: autocast)", choices=("float32", "bfloat16"))
+    gather: str = _in("logprobs", "per_position", "which logits score token t: those of position t-1, or the first "
+                      "completion position's for every token", choices=GATHERS)
     # --- advantages
-    scale_rewards: str = _in("advantages", "group", "TRL's scale_rewards: 'group', 'batch' or 'none'")
-    std_floor: float = _in("advantages", 0.0, "clamp the std from below before dividing (0: off, as TRL)")
+    scale_rewards: str = _in("advantages", "group", "TRL's scale_rewards: divide by the group's std, the batch's, "
+                             "or not at all", choices=("group", "batch", "none"))
+    std_floor: float = _in("advantages", 0.0, "clamp the std from below before dividing (0: off, as TRL)", low=0)
     # --- loss
-    loss_type: str = _in("loss", "grpo", "grpo, bnpo, dr_grpo, dapo, reinforce_sum, reinforce_mean")
-    beta: float = _in("loss", 0.04, "KL coefficient")
-    kl_estimator: str = _in("loss", "k3", "k1, k2, k3 or k3_corrected (TRL's use_bias_correction_kl)")
-    epsilon_low: float = _in("loss", 0.2, "PPO clip, lower")
-    epsilon_high: float = _in("loss", 0.2, "PPO clip, upper")
+    loss_type: str = _in("loss", "grpo", "normalisation of the token losses, or sequence REINFORCE",
+                         choices=LOSS_TYPES)
+    beta: float = _in("loss", 0.04, "KL coefficient", low=0)
+    kl_estimator: str = _in("loss", "k3", "per-token KL estimate (k3_corrected: k3 times the ratio, TRL's "
+                            "use_bias_correction_kl)", choices=KL_ESTIMATORS)
+    epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
+    epsilon_high: float = _in("loss", 0.2, "PPO clip, upper", low=0)
     # --- update
-    learning_rate: float = _in("update", 1e-4, "AdamW learning rate")
-    max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)")
-    weight_decay: float = _in("update", 0.0, "AdamW weight decay")
-    per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks (~40% of a backward)")
+    learning_rate: float = _in("update", 1e-4, "AdamW learning rate", low=0)
+    max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)", low=0)
+    weight_decay: float = _in("update", 0.0, "AdamW weight decay", low=0)
+    per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks")
     # --- evaluation before and after the update
-    eval_prompts: int = _in("evaluation", 32, "held-out prompts")
-    eval_samples: int = _in("evaluation", 4, "samples per held-out prompt, same seeds before and after")
-    bootstrap: int = _in("evaluation", 1000, "bootstrap resamples for the confidence interval")
+    eval_prompts: int = _in("evaluation", 32, "held-out test prompts", low=1)
+    eval_samples: int = _in("evaluation", 4, "samples per test prompt, same seeds before and after", low=1)
+    bootstrap: int = _in("evaluation", 1000, "bootstrap resamples for the confidence interval", low=1)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            _check(f, getattr(self, f.name))
 
     def replace(self, **changes) -> "StepConfig":
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "StepConfig":
+        """The preset's log-prob, advantage and loss fields; every other field its default or `overrides`."""
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def with_preset(self, name: str) -> "StepConfig":
+        """This config with a preset's fields; sampling, update and evaluation settings kept."""
+        return StepConfig.preset(name, **{k: getattr(self, k) for k in self.__dataclass_fields__
+                                          if k not in PRESET_FIELDS})
+
+    def preset_name(self) -> str | None:
+        """The preset whose log-prob, advantage and loss fields this config has, or None."""
+        return next((name for name in PRESETS if self.with_preset(name) == self), None)
+
+    def pitfalls_on(self) -> dict[str, object]:
+        """The log-prob, advantage and loss fields that differ from the `fixed` preset."""
+        fixed = self.with_preset("fixed")
+        return {k: getattr(self, k) for k in PRESET_FIELDS if getattr(self, k) != getattr(fixed, k)}
 
     @staticmethod
     def phase_of(name: str) -> str:
@@ -70,6 +126,74 @@ class StepConfig:
         return next((p for p in PHASES if p in changed), None)
 
 
+PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(StepConfig)
+                      if f.metadata["phase"] in ("logprobs", "advantages", "loss"))
+PRESETS: dict[str, dict[str, object]] = {
+    "fixed": {},
+    "trl": {"loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
+            "position_ids": False, "dtype": "float32", "logprob_temperature": True, "mask": "keep_first_eos",
+            "gather": "per_position", "scale_rewards": "group", "std_floor": 0.0, "epsilon_low": 0.2,
+            "epsilon_high": 0.2},
+}
+
+
+def _allowed(f: dataclasses.Field) -> str:
+    m = f.metadata
+    if m["choices"]:
+        return "one of " + ", ".join(m["choices"])
+    if f.type == "bool":
+        return "true or false"
+    low = "" if m["low"] is None else f"{'>' if m['low_open'] else '>='} {m['low']:g}"
+    high = "" if m["high"] is None else f"<= {m['high']:g}"
+    kind = "an integer" if f.type == "int" else "a number" if f.type == "float" else "a string"
+    return " ".join(filter(None, [kind, low, "and" if low and high else "", high]))
+
+
+def _check(f: dataclasses.Field, value) -> None:
+    m, ok = f.metadata, True
+    if f.type == "bool":
+        ok = isinstance(value, bool)
+    elif f.type == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif f.type == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif f.type == "str":
+        ok = isinstance(value, str)
+    if ok and m["choices"]:
+        ok = value in m["choices"]
+    if ok and m["low"] is not None:
+        ok = value > m["low"] if m["low_open"] else value >= m["low"]
+    if ok and m["high"] is not None:
+        ok = value <= m["high"]
+    if not ok:
+        raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {_allowed(f)}")
+
+
+def describe_fields() -> str:
+    """Every key with its phase, default, allowed values and help: the CLI's --help epilog."""
+    lines = []
+    for f in dataclasses.fields(StepConfig):
+        lines.append(f"  {f.name} ({f.metadata['phase']}; default {f.default!r}; {_allowed(f)})\n"
+                     f"      {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_value(key: str, text: str):
+    """One `key=value` value from the command line, typed by the field; a bad value names the key."""
+    f = StepConfig.__dataclass_fields__[key]
+    if f.type == "bool":
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be true or false")
+        return text.lower() in _TRUE
+    try:
+        return {"int": int, "float": float}.get(f.type, str)(text)
+    except ValueError:
+        raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {_allowed(f)}") from None
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings into typed StepConfig fields."""
     fields = StepConfig.__dataclass_fields__
@@ -78,6 +202,5 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or key not in fields:
             raise ValueError(f"expected key=value with key one of {sorted(fields)}, got {pair!r}")
-        kind = type(fields[key].default)
-        out[key] = value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value)
+        out[key] = parse_value(key, value)
     return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import StepConfig
+from .config import GATHERS, MASKS, StepConfig
 from .rollout import ROWS_PER_PASS, Rollout, row_chunks
 from .shared_prompt import shared_prompt_cache
 
@@ -37,25 +37,26 @@ class TokenLogProbs:
                                    mask=self.mask[index], sampler_gap=self.sampler_gap[index])
 
 
-def completion_mask(rollout: Rollout, mode: str = "trl") -> torch.Tensor:
-    """Which completion tokens count.
+def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Tensor:
+    """(N, C) float: which completion tokens count.
 
-    trl      positions up to and including the first EOS, from the lengths (TRL's mask).
-    seed004  positions before the first EOS, and any token equal to the pad id: the EOS is dropped, and
-             with pad == eos every EOS the model produced is gone; the model is never taught to stop.
-    none     every position, PAD after the EOS included.
+    keep_first_eos    positions up to and including the first EOS, from the lengths (TRL's mask).
+    drop_eos_and_pad  positions before the first EOS, and no token equal to the pad id (seed 004's fix):
+                      the EOS is dropped, and with pad == eos a value mask drops every EOS the model
+                      produced anyway; the model is never taught to stop.
+    all_positions     every position, PAD after the EOS included.
     """
     ids = rollout.completion_ids
     positions = torch.arange(ids.shape[1]).unsqueeze(0)
-    if mode == "trl":
+    if mode == "keep_first_eos":
         return (positions < rollout.completion_lengths.unsqueeze(1)).float()
-    if mode == "seed004":
+    if mode == "drop_eos_and_pad":
         is_eos = ids == rollout.eos_token_id
         first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.shape[1])
         return ((positions < first_eos.unsqueeze(1)) & (ids != rollout.pad_token_id)).float()
-    if mode == "none":
+    if mode == "all_positions":
         return torch.ones_like(ids, dtype=torch.float)
-    raise ValueError(f"mask must be 'trl', 'seed004' or 'none', got {mode!r}")
+    raise ValueError(f"mask must be one of {MASKS}, got {mode!r}")
 
 
 @contextmanager
@@ -97,7 +98,7 @@ def _logits_after_shared_prompt(model, kwargs: dict, rollout: Rollout, P: int, C
 
 
 def per_token_logps(model, rollout: Rollout, *, temperature: float | None, position_ids: bool = True,
-                    dropout: bool = False, dtype: str = "float32", gather: str = "correct",
+                    dropout: bool = False, dtype: str = "float32", gather: str = "per_position",
                     score_after_eos: bool = False) -> torch.Tensor:
     """(N, C) log-prob of each completion token; differentiable when called with grad enabled.
 
@@ -123,12 +124,12 @@ def per_token_logps(model, rollout: Rollout, *, temperature: float | None, posit
     if temperature is not None:
         logits = logits / temperature
     logps = logits.log_softmax(-1)
-    if gather == "correct":
+    if gather == "per_position":
         chosen = logps.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
-    elif gather == "seed003":  # per sequence: lp.gather(1, tokens.unsqueeze(0)) reads every token from row 0
+    elif gather == "first_position":  # seed 003: lp.gather(1, tokens.unsqueeze(0)) reads every token from row 0
         chosen = logps[:, :1, :].expand(-1, C, -1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
     else:
-        raise ValueError(f"gather must be 'correct' or 'seed003', got {gather!r}")
+        raise ValueError(f"gather must be one of {GATHERS}, got {gather!r}")
     return torch.nn.functional.pad(chosen, (0, dropped))
 
 
@@ -141,7 +142,7 @@ def chunked_logps(model, rollout: Rollout, **kwargs) -> torch.Tensor:
 
 def scoring_kwargs(cfg: StepConfig) -> dict:
     return {"temperature": cfg.temperature if cfg.logprob_temperature else None, "position_ids": cfg.position_ids,
-            "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather, "score_after_eos": cfg.mask == "none"}
+            "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather, "score_after_eos": cfg.mask == "all_positions"}
 
 
 def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0,
@@ -166,7 +167,7 @@ def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed:
             else:
                 reference_logps = chunked_logps(reference, rollout, **{**kwargs, "dropout": False})
     mask = completion_mask(rollout, cfg.mask)
-    trl_mask = completion_mask(rollout, "trl")
+    trl_mask = completion_mask(rollout, "keep_first_eos")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask
     top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()
     eos_positions = (rollout.completion_lengths - 1).unsqueeze(1)

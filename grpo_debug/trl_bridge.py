@@ -1,18 +1,43 @@
-"""Take the same set-up to TRL: the RookWorld reward as a `reward_funcs` entry, a `GRPOConfig` from a
-`StepConfig`, and the step's prompts as a dataset. This is how a run leaves one machine (TRL with
-accelerate or DeepSpeed); the pitfalls TRL has already fixed cannot be switched on there.
+"""Take the same set-up to TRL: a `GRPOConfig` from a `StepConfig`, the RookWorld reward as a `reward_funcs`
+entry, the step's prompts as a dataset, and a `GRPOTrainer` that scores absolute-position models right.
+
+TRL 1.16 scores completions with `input_ids` and `attention_mask` only (`_get_per_token_logps_and_entropies`).
+A model with absolute position embeddings (GPT-2, RookWorld-LM-124M) then places a left-padded row at
+positions 0..L-1, while `generate()` sampled it at positions counted from the attention mask: every
+recomputed log-prob of that row is off (12 to 15 nats per token on the bundled model). Rotary models
+(Llama, Qwen) see only relative positions and are unaffected. `PositionIdsGRPOTrainer` is a drop-in
+`GRPOTrainer` whose scoring passes get `position_ids = attention_mask.cumsum(-1) - 1`, as generation has.
 """
 
 from __future__ import annotations
 
-from .config import StepConfig
-from .rewards import RewardScorer
-from .rollout import step_prompts
+import torch
+from trl import GRPOConfig, GRPOTrainer
 
-# TRL always divides logits by the temperature, keeps the first EOS, passes no dropout-free choice
-# but `disable_dropout`, and gathers correctly: these settings of ours have no TRL equivalent.
-_TRL_FIXED = {"logprob_temperature": True, "mask": "trl", "gather": "correct", "generation": "batched"}
-_TRL_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
+from .config import PRESET_FIELDS, StepConfig
+from .prompts import prompts
+from .rewards import RewardScorer
+
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
+# StepConfig fields that TRL has a switch for (translated in `grpo_config`); the rest of the preset fields
+# are fixed in TRL, to the `trl` preset's value, and `position_ids` is this module's trainer class.
+TRL_SWITCHES = ("dropout", "dtype", "scale_rewards", "loss_type", "beta", "kl_estimator", "epsilon_low",
+                "epsilon_high", "position_ids")
+
+
+def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
+    """The settings of `cfg` that TRL cannot express: pitfalls that exist only in grpo-debug."""
+    trl = StepConfig.preset("trl")
+    out = {k: getattr(cfg, k) for k in PRESET_FIELDS
+           if k not in TRL_SWITCHES and getattr(cfg, k) != getattr(trl, k)}
+    if cfg.loss_type not in TRL_LOSS_TYPES:
+        out["loss_type"] = cfg.loss_type
+    if cfg.kl_estimator not in TRL_KL_ESTIMATORS:
+        out["kl_estimator"] = cfg.kl_estimator
+    if cfg.generation != "batched":
+        out["generation"] = cfg.generation
+    return out
 
 
 def rookworld_reward(scorer: RewardScorer | None = None):
@@ -27,19 +52,12 @@ def rookworld_reward(scorer: RewardScorer | None = None):
 
 def prompt_dataset(cfg: StepConfig):
     from datasets import Dataset
-    return Dataset.from_dict({"prompt": step_prompts(cfg.task, cfg.num_prompts)})
+    return Dataset.from_dict({"prompt": prompts("train", cfg.task, cfg.num_prompts)})
 
 
-def grpo_config(cfg: StepConfig, output_dir: str, **overrides):
+def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
     """TRL `GRPOConfig` for one optimizer step on all B*G samples, matching `cfg`."""
-    from trl import GRPOConfig
-    unsupported = {k: getattr(cfg, k) for k, v in _TRL_FIXED.items() if getattr(cfg, k) != v}
-    if cfg.loss_type not in _TRL_LOSSES:
-        unsupported["loss_type"] = cfg.loss_type
-    if cfg.kl_estimator not in ("k3", "k3_corrected"):
-        unsupported["kl_estimator"] = cfg.kl_estimator
-    if cfg.std_floor:
-        unsupported["std_floor"] = cfg.std_floor
+    unsupported = no_trl_switch(cfg)
     if unsupported:
         raise ValueError(f"TRL has no switch for {unsupported}: these pitfalls exist only in grpo-debug")
     args = dict(
@@ -55,12 +73,38 @@ def grpo_config(cfg: StepConfig, output_dir: str, **overrides):
     return GRPOConfig(**args)
 
 
-def trl_trainer(cfg: StepConfig, output_dir: str, scorer: RewardScorer | None = None, **overrides):
-    """A ready `GRPOTrainer` on `cfg.model` with the RookWorld reward and the step's prompts."""
-    from trl import GRPOTrainer
+def _positions_from_mask(module, args, kwargs):
+    """Forward pre-hook: a pass with an attention mask, no position_ids and no cache (TRL's scoring) gets
+    the positions generation used."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None:
+        kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return args, kwargs
 
+
+def pass_position_ids(model: torch.nn.Module):
+    """Make every scoring forward of `model` pass position_ids from its attention mask; returns the hook handle."""
+    return model.register_forward_pre_hook(_positions_from_mask, with_kwargs=True)
+
+
+class PositionIdsGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose policy and reference score completions at the positions they were sampled at."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        pass_position_ids(self.model)
+        if self.ref_model is not None:
+            pass_position_ids(self.ref_model)
+
+
+def trl_trainer(cfg: StepConfig, output_dir: str, scorer: RewardScorer | None = None, **overrides) -> GRPOTrainer:
+    """A ready trainer on `cfg.model` with the RookWorld reward and the step's prompts: `PositionIdsGRPOTrainer`
+    when `cfg.position_ids` (the `fixed` preset), TRL's own `GRPOTrainer` when not (the `trl` preset)."""
     from .model import load_model
     loaded = load_model(cfg.model)
-    return GRPOTrainer(model=loaded.name, reward_funcs=[rookworld_reward(scorer)],
-                       args=grpo_config(cfg, output_dir, **overrides), train_dataset=prompt_dataset(cfg),
-                       processing_class=loaded.tokenizer)
+    trainer_class = PositionIdsGRPOTrainer if cfg.position_ids else GRPOTrainer
+    return trainer_class(model=loaded.name, reward_funcs=[rookworld_reward(scorer)],
+                         args=grpo_config(cfg, output_dir, **overrides), train_dataset=prompt_dataset(cfg),
+                         processing_class=loaded.tokenizer)
+
+

@@ -4,6 +4,7 @@ cached rollout, and redraws."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, replace
 
@@ -14,18 +15,11 @@ from IPython.display import display
 
 from . import plots
 from .influence import PARAMETER_SETS, VAL_LOSSES, VAL_SOURCES, InfluenceChoice, InfluenceExplorer
-from .loss import KL_ESTIMATORS, LOSS_TYPES
+from .config import PRESETS, StepConfig
 from .step import GRPOStep, StepRun
 from .tables import per_sample
 
-CHOICES = {
-    "mask": ["trl", "seed004", "none"],
-    "dtype": ["float32", "bfloat16"],
-    "gather": ["correct", "seed003"],
-    "kl_estimator": list(KL_ESTIMATORS),
-    "loss_type": list(LOSS_TYPES),
-    "scale_rewards": ["group", "batch", "none"],
-}
+CHOICES = {f.name: list(f.metadata["choices"]) for f in dataclasses.fields(StepConfig) if f.metadata["choices"]}
 SLIDERS = {"beta": (0.0, 0.5, 0.01), "std_floor": (0.0, 0.5, 0.01)}
 TOGGLES = ["logprob_temperature", "dropout", "position_ids"]
 DEFAULT_FIELDS = TOGGLES + ["mask", "dtype", "gather", "scale_rewards", "std_floor", "loss_type", "kl_estimator", "beta"]
@@ -42,6 +36,13 @@ def apply_change(step: GRPOStep, field: str, value, until: str = "loss") -> Chan
     """Set one StepConfig field and re-run what it touches."""
     start = time.perf_counter()
     run = step.run(step.cfg.replace(**{field: value}), until=until)
+    return ChangeResult(run, list(step.last_rerun), time.perf_counter() - start)
+
+
+def apply_preset(step: GRPOStep, name: str, until: str = "loss") -> ChangeResult:
+    """Switch to a preset's fields (sampling and optimiser settings kept) and re-run what they touch."""
+    start = time.perf_counter()
+    run = step.run(step.cfg.with_preset(name), until=until)
     return ChangeResult(run, list(step.last_rerun), time.perf_counter() - start)
 
 
@@ -78,17 +79,42 @@ class StepPanel:
         self.step, self.until = step, until
         step.run(step.cfg, until=until)
         self.controls = {f: make_control(f, getattr(step.cfg, f)) for f in fields}
+        self.preset = W.Dropdown(options=[*PRESETS, "custom"], value=step.cfg.preset_name() or "custom",
+                                 description="preset")
         self.status = W.HTML()
         self.outputs = {name: W.Output() for name in [*FIGURES, "table"]}
         self.drawn: dict[str, object] = {}  # figure -> the phase result it shows
+        self._syncing = False
         for field, control in self.controls.items():
             control.observe(lambda change, field=field: self.on_change(field, change["new"]), names="value")
+        self.preset.observe(lambda change: self.on_preset(change["new"]), names="value")
         self.redraw(ChangeResult(step.result, [], 0.0))
 
-    def on_change(self, field: str, value) -> ChangeResult:
+    def on_change(self, field: str, value) -> ChangeResult | None:
+        if self._syncing:
+            return None
         result = apply_change(self.step, field, value, self.until)
+        self._show_config()
         self.redraw(result)
         return result
+
+    def on_preset(self, name: str) -> ChangeResult | None:
+        if self._syncing or name == "custom":
+            return None
+        result = apply_preset(self.step, name, self.until)
+        self._show_config()
+        self.redraw(result)
+        return result
+
+    def _show_config(self) -> None:
+        """Controls and the preset menu show the step's config, without triggering another run."""
+        self._syncing = True
+        try:
+            for field, control in self.controls.items():
+                control.value = getattr(self.step.cfg, field)
+            self.preset.value = self.step.cfg.preset_name() or "custom"
+        finally:
+            self._syncing = False
 
     def stale_figures(self, run: StepRun) -> list[str]:
         return [name for name, (phase, _) in FIGURES.items() if self.drawn.get(name) is not getattr(run, phase)]
@@ -111,7 +137,7 @@ class StepPanel:
 
     def widget(self) -> W.Widget:
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))
-        return W.VBox([grid, self.status, *self.outputs.values()])
+        return W.VBox([self.preset, grid, self.status, *self.outputs.values()])
 
 
 ENGINE_FIELDS = ["logprob_temperature", "kl_estimator", "beta"]  # StepConfig fields: re-run from their phase

@@ -23,11 +23,11 @@
 # | toggle | pitfall | seed |
 # |---|---|---|
 # | `logprob_temperature=False` | sampled at T=0.7, scored at T=1 | 004 |
-# | `mask="seed004"` | EOS dropped; with pad == eos a value mask drops it too | 004 |
+# | `mask="drop_eos_and_pad"` | EOS dropped; with pad == eos a value mask drops it too | 004 |
 # | `dropout=True` | model left in train mode while scoring (dropout 0.1) | RookWorld log |
 # | `position_ids=False` | left-padded rows scored with shifted positions | DESIGN 4 |
 # | `dtype="bfloat16"` | scored in bfloat16 | |
-# | `gather="seed003"` | every token gathered from the first position's distribution | 003 |
+# | `gather="first_position"` | every token gathered from the first position's distribution | 003 |
 
 # %%
 from grpo_debug.notebook import setup

@@ -44,7 +44,7 @@ from grpo_debug.widgets import apply_change
 result = apply_change(step, "kl_estimator", "k2")
 print("re-ran:", result.rerun)
 assert result.rerun == ["loss"]
-result = apply_change(step, "mask", "seed004")
+result = apply_change(step, "mask", "drop_eos_and_pad")
 print("re-ran:", result.rerun)
 assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollout
 restored = step.run(cfg, until="loss")

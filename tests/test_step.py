@@ -29,24 +29,24 @@ def test_all_fixes_on_sampler_and_recomputed_logps_agree(step):
 
 
 @pytest.mark.parametrize("pitfall", [dict(logprob_temperature=False), dict(dropout=True), dict(position_ids=False),
-                                     dict(dtype="bfloat16"), dict(gather="seed003")])
+                                     dict(dtype="bfloat16"), dict(gather="first_position")])
 def test_each_pitfall_alone_breaks_the_agreement(step, pitfall):
     gap = step.run(SMALL.replace(**pitfall), until="logprobs").logprobs.max_sampler_gap
     step.run(SMALL, until="loss")
     assert gap > 1e-2, pitfall
 
 
-def test_seed004_mask_drops_the_eos_and_trl_mask_keeps_it(step):
+def test_value_mask_drops_the_eos_and_length_mask_keeps_it(step):
     rollout = step.run(SMALL, until="loss").rollout
     assert rollout.pad_token_id == rollout.eos_token_id and rollout.finished.any()
     eos_at = (rollout.completion_lengths - 1).unsqueeze(1)
     finished = rollout.finished
-    assert completion_mask(rollout, "trl").gather(1, eos_at)[finished].eq(1).all()
-    assert completion_mask(rollout, "seed004").gather(1, eos_at)[finished].eq(0).all()
+    assert completion_mask(rollout, "keep_first_eos").gather(1, eos_at)[finished].eq(1).all()
+    assert completion_mask(rollout, "drop_eos_and_pad").gather(1, eos_at)[finished].eq(0).all()
     by_value = (rollout.completion_ids != rollout.pad_token_id).float()  # the naive value-based PAD mask
     assert by_value.gather(1, eos_at)[finished].eq(0).all()
-    none = completion_mask(rollout, "none")
-    assert none.sum() > completion_mask(rollout, "trl").sum()  # sums over PAD after the EOS
+    none = completion_mask(rollout, "all_positions")
+    assert none.sum() > completion_mask(rollout, "keep_first_eos").sum()  # sums over PAD after the EOS
 
 
 def test_a_toggle_reruns_only_the_phases_after_it(step):
@@ -56,7 +56,7 @@ def test_a_toggle_reruns_only_the_phases_after_it(step):
     assert step.last_rerun == ["loss"] and step.result.rollout is rollout_before
     step.run(SMALL.replace(beta=0.1, scale_rewards="batch"), until="loss")
     assert step.last_rerun == ["advantages", "loss"]
-    step.run(SMALL.replace(mask="none"), until="loss")
+    step.run(SMALL.replace(mask="all_positions"), until="loss")
     assert step.last_rerun[0] == "logprobs" and step.result.rollout is rollout_before
     step.run(SMALL, until="loss")
 
@@ -108,10 +108,10 @@ def test_overrides_are_typed_and_checked():
 def test_cli_prints_a_report_and_writes_every_number(tmp_path):
     out = tmp_path / "step.json"
     proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=2",
-                           "eval_prompts=2", "eval_samples=2", "mask=seed004", "--json", str(out)],
+                           "eval_prompts=2", "eval_samples=2", "mask=drop_eos_and_pad", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "pitfalls switched on: mask=seed004" in proc.stdout and "frac_reward_zero_std" in proc.stdout
+    assert "differs from the fixed preset: mask=drop_eos_and_pad" in proc.stdout and "frac_reward_zero_std" in proc.stdout
     data = json.loads(out.read_text())
     assert {"reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "completions/mean_length"} <= set(data["metrics"])
     assert len(data["completions"]) == 4
@@ -126,10 +126,10 @@ def test_per_prompt_loop_generation_scores_like_one_call():
     assert run.logprobs.max_sampler_gap < 1e-4
 
 
-@pytest.mark.parametrize("mask", ["trl", "none"])
+@pytest.mark.parametrize("mask", ["keep_first_eos", "all_positions"])
 def test_a_group_scored_once_through_its_shared_prompt_matches_the_full_forward(step, mask):
     """No-grad scoring computes a group's prompt once and repeats its keys and values; the log-probs match
-    the full forward to float rounding, also with the columns after EOS (mask "none")."""
+    the full forward to float rounding, also with the columns after EOS (mask "all_positions")."""
     import grpo_debug.logprobs as logprobs
     group = step.result.rollout.rows(list(range(SMALL.num_generations)))
     kwargs = logprobs.scoring_kwargs(SMALL.replace(mask=mask))

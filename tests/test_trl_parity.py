@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from grpo_debug.advantages import compute_advantages, summarize_advantages
+from grpo_debug.config import StepConfig
 from grpo_debug.loss import compute_loss
 from trl_probes import AdvProbe, LossProbe
 
@@ -83,3 +84,45 @@ def test_zero_std_groups_have_no_signal():
     summary = summarize_advantages(rewards, 4)
     assert summary.zero_std_groups == [0] and summary.frac_reward_zero_std == 0.5
     assert torch.equal(summary.values[:4], torch.zeros(4))
+
+
+@pytest.fixture(scope="module")
+def trl_step():
+    from grpo_debug.step import GRPOStep
+    cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4)
+    step = GRPOStep(cfg)
+    step.run(cfg, until="logprobs")
+    return step
+
+
+def test_trl_preset_logps_are_trl_own_scoring(trl_step):
+    """The step's log-probs under the trl preset (dropout aside: see the next test) against TRL 1.16's real
+    `_get_per_token_logps_and_entropies`, on the step's cached rollout."""
+    from trl_probes import trl_per_token_logps
+    cfg = trl_step.cfg.replace(dropout=False)
+    run = trl_step.run(cfg, until="logprobs")
+    r, ours = run.rollout, run.logprobs
+    trl_logps, _ = trl_per_token_logps(trl_step.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, ours.mask,
+                                       cfg.temperature, batch_size=cfg.num_generations)
+    mask = ours.mask.bool()
+    assert ((ours.policy - trl_logps).abs() * mask).max() <= 1e-5
+    padded = (r.prompt_mask == 0).any(1)
+    gap = ((r.sampler_logps_temperature_only - trl_logps).abs() * mask).max(1).values
+    assert gap[padded].min() > 1.0 and ours.max_sampler_gap > 1.0  # TRL's own scoring shifts the padded rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_trl_preset_dropout_is_trl_train_mode_forward(trl_step, dtype):
+    """Dropout on (and bf16 autocast, TRL's resolved default): the same computation as TRL's train-mode
+    forward, with the same seed and the same batch shape (dropout masks and bf16 rounding depend on both)."""
+    from trl_probes import trl_per_token_logps
+    from grpo_debug.logprobs import completion_mask, per_token_logps
+    cfg, r = trl_step.cfg, trl_step.result.rollout
+    mask = completion_mask(r, cfg.mask)
+    trl_logps, _ = trl_per_token_logps(trl_step.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, mask,
+                                       cfg.temperature, bf16=dtype == "bfloat16", train=True, seed=7)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        ours = per_token_logps(trl_step.policy, r, temperature=cfg.temperature, position_ids=False, dropout=True,
+                               dtype=dtype, score_after_eos=True)
+    assert ((ours - trl_logps).abs() * mask).max() <= 1e-5

@@ -18,7 +18,7 @@ def step():
 
 @pytest.mark.parametrize("field,value,first", [("beta", 0.2, "loss"), ("kl_estimator", "k1", "loss"),
                                                ("loss_type", "dr_grpo", "loss"), ("scale_rewards", "none", "advantages"),
-                                               ("std_floor", 0.1, "advantages"), ("mask", "seed004", "logprobs"),
+                                               ("std_floor", 0.1, "advantages"), ("mask", "drop_eos_and_pad", "logprobs"),
                                                ("dropout", True, "logprobs")])
 def test_a_change_reruns_from_its_phase_on_the_cached_rollout(step, field, value, first):
     rollout = step.result.rollout
@@ -71,10 +71,22 @@ def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
 
 def test_a_mask_change_reuses_the_scored_logprobs(step):
     before = step.result.logprobs
-    result = apply_change(step, "mask", "seed004")
+    result = apply_change(step, "mask", "drop_eos_and_pad")
     assert result.rerun[0] == "logprobs" and result.run.logprobs.policy is before.policy  # no forward
     assert result.run.logprobs.eos_kept == 0.0 and before.eos_kept == 1.0
-    apply_change(step, "mask", "trl")
-    result = apply_change(step, "mask", "none")  # PAD counts: the columns after EOS must be scored
+    apply_change(step, "mask", "keep_first_eos")
+    result = apply_change(step, "mask", "all_positions")  # PAD counts: the columns after EOS must be scored
     assert result.run.logprobs.policy is not before.policy
-    apply_change(step, "mask", "trl")
+    apply_change(step, "mask", "keep_first_eos")
+
+
+def test_preset_menu_switches_every_loss_side_field_and_shows_it(step):
+    panel = StepPanel(step)
+    assert panel.preset.value == "fixed"
+    panel.preset.value = "trl"
+    assert step.cfg.preset_name() == "trl" and panel.controls["dropout"].value is True
+    assert panel.controls["position_ids"].value is False and panel.controls["loss_type"].value == "dapo"
+    panel.controls["beta"].value = 0.1
+    assert panel.preset.value == "custom"
+    panel.preset.value = "fixed"
+    assert step.cfg == CFG

@@ -165,3 +165,29 @@ class AdvProbe(GRPOTrainer):
         return out["advantages"], {k: v[-1] for k, v in self._metrics[mode].items()}
 
 
+
+
+def trl_per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                        bf16=False, batch_size=None, train=False, seed=None):
+    """TRL 1.16's own `GRPOTrainer._get_per_token_logps_and_entropies` on a copy of `model` patched with TRL's
+    `add_fused_lm_head` (as `GRPOTrainer.__init__` does): input_ids and attention_mask as the trainer builds
+    them, autocast as accelerate's with `bf16`. Returns (log-probs, entropies), each (N, C)."""
+    import copy
+    import functools
+    from contextlib import nullcontext
+
+    from trl.trainer.utils import add_fused_lm_head
+    patched = copy.deepcopy(model)
+    add_fused_lm_head(patched, temperature=temperature, outputs=("log_probs", "entropy"))
+    patched.train(train)
+    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16 else nullcontext
+    probe = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=autocast, is_main_process=True))
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            probe, patched, input_ids, attention_mask, completion_ids.shape[1], batch_size=batch_size,
+            compute_entropy=True)
+    return logps, entropies
