@@ -1,16 +1,24 @@
-"""TracIn influence of each training sample on a validation loss, and the experiment that settles its sign.
+"""TracIn influence of each training sample on a validation loss, and what it means.
 
-influence_i = <grad L_train_i, grad L_val>. Gradient descent on sample i with step lr changes the
-validation loss by about -lr * influence_i (first order), so influence > 0 means "a step on i lowers
-L_val": it helps, whatever the sign convention inside L_val, as long as L_val is a loss to minimise.
-Seed 000 flips the sign of `-seq_logprob * advantage` and calls it a fix; `sign_experiment` measures
-the prediction against real single-sample SGD steps, so the claim is checked, not argued.
+influence_i = <g_train_i, grad L_val>, g_train_i = the gradient of sample i's share of the GRPO loss.
+An SGD step of size lr on sample i alone changes L_val by about -lr * influence_i (first order), so
+influence > 0 means "an SGD step on i lowers L_val", whatever the sign convention inside L_val, as long as
+L_val is a loss to minimise. The step's real optimizer is AdamW, whose step is not -lr * g: see
+`optimizer_influence.py` and the measurements in `tracin_experiments.py`.
 
-Validation losses (per sequence, averaged):
-  seqloss-lastadv   -seq_logprob * advantage     (advantages of the validation samples' own groups)
+Validation losses (per sequence, averaged over the N_val sequences):
+  seqloss-lastadv   -seq_logprob * advantage     (advantages: `VAL_ADVANTAGES`)
   seqloss-reward    -seq_logprob * reward        (seed 001: no contrast when every reward is high)
-With `val = train batch` (PPO's step_part_I) every score contains the sample's own term
-<g_i, g_i> / N_val >= 0 (its own share of L_val), which biases scores upward, most at small batches.
+
+The same-batch self-term (validation = the training batch, PPO's step_part_I). At step 0 (ratio 1, no
+clipping) with beta = 0, both of sample i's gradients lie along G_i = grad seq_logprob_i:
+  g_train_i = c_train_i G_i,  c_train_i = -A_i * (per-token loss weight of i)   (`train_coefficients`;
+              grpo: -A_i / (N T_i), T_i = i's completion tokens; reinforce_sum has no 1/T_i)
+  g_val_i   = c_val_i G_i,    c_val_i = -a_i / N (lastadv) or -r_i / N (reward) (`validation_coefficients`)
+so self_i = <g_train_i, g_val_i> = (c_val_i / c_train_i) ||g_train_i||^2. For seqloss-lastadv (a_i = A_i)
+the ratio is T_i / (N w_i) > 0 (grpo: exactly T_i): self_i = T_i ||g_train_i||^2 >= 0, not <g_i, g_i> / N.
+For seqloss-reward the ratio is r_i T_i / (A_i N w_i): self_i has the sign of A_i * r_i, negative for a
+below-average sample with a positive reward or an above-average one with a negative reward.
 """
 
 from __future__ import annotations
@@ -23,16 +31,18 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import PHASES, StepConfig
 from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
-from .config import StepConfig
-from .per_sample import PerSampleGradients, SampleGradients, conv1d_weights, no_autograd_for
-from .rollout import Rollout, row_chunks
 from .loss import loss_weights
+from .per_sample import PerSampleGradients, SampleGradients, conv1d_weights, no_autograd_for
+from .rollout import ROWS_PER_PASS, Rollout, row_chunks
 from .update import chunk_loss
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 PARAMETER_SETS = ("all", "blocks", "lora")
-SELECTIONS = ("all", "influence>0", "top_half", "bottom_half", "random_half")
+VAL_SOURCES = ("same_batch", "random", "topk")
+VAL_ADVANTAGES = ("per_group", "whole_set")
+ZERO_TOLERANCE = 1e-6  # |score| <= this x max |score| counts as 0: zero-advantage samples score ~1e-11, not 0
 
 
 def lora_model(model, rank: int = 8, alpha: int = 16):
@@ -75,7 +85,8 @@ def parameter_set(model, param_set: str = "all"):
 
 def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, rewards: torch.Tensor,
                     kind: str = "seqloss-lastadv", flip_sign: bool = False) -> torch.Tensor:
-    """Per-sequence validation losses (N,); their mean is L_val. `flip_sign` is the seed-000 "fix"."""
+    """Per-sequence validation losses (N,) from (N, T) log-probs and mask; their mean is L_val.
+    `flip_sign` is the seed-000 "fix"."""
     seq_logp = (logps * mask).sum(-1)
     if kind == "seqloss-lastadv":
         per_seq = -seq_logp * advantages
@@ -86,50 +97,73 @@ def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.T
     return -per_seq if flip_sign else per_seq
 
 
-@dataclass
+def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
+    """(N,) the set's rewards normalised over the whole set as ONE group of N. Seed 000 does this to its
+    validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
+    from .advantages import compute_advantages
+    return compute_advantages(rewards, len(rewards), scale_rewards)
+
+
+@dataclass(frozen=True)
 class ValidationSet:
     rollout: Rollout
     logprobs: TokenLogProbs
-    advantages: torch.Tensor
-    rewards: torch.Tensor
+    advantages: torch.Tensor  # (N_val,)
+    rewards: torch.Tensor  # (N_val,)
+    name: str = "same_batch"  # e.g. "random 64"
+    prompt_set: str = "train"  # the named prompt set (`prompts.py`) its prompts come from
+    val_advantages: str = "per_group"
 
 
-VAL_SOURCES = ("same_batch", "random", "topk")
-
-
-def validation_set(step, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None) -> ValidationSet:
-    """same_batch: the training batch itself (PPO's step_part_I). random: `size` fresh samples on held-out
-    prompts, advantages within their groups. topk: the `size` best of 2 x size fresh samples, advantages
-    normalised over the selected set as one group (seed 000/001: all good samples, no contrast).
-    `pool` (a random set) lets several sets share one generation: random takes its first `size`
-    samples, topk its best `size`."""
+def validation_pool(step, size: int) -> ValidationSet:
+    """`size` fresh samples (size / G prompts of the 'validation' set, G each) from the step's own
+    weights, advantages within their groups; random and top-k sets are cut from it."""
     from .advantages import compute_advantages
-    from .evaluation import eval_prompts
     from .logprobs import compute_logprobs
+    from .prompts import prompts
     from .rewards import compute_rewards
     from .rollout import rollout
-    run, cfg = step.result, step.cfg
+    cfg = step.cfg
+    if size % cfg.num_generations:
+        raise ValueError(f"a pool of {size} samples is not a multiple of G={cfg.num_generations}")
+    step.restore_policy()  # the step's own weights, not the updated ones
+    r = rollout(step.policy, step.loaded.tokenizer, cfg.replace(seed=cfg.seed + 1),
+                prompts("validation", cfg.task, size // cfg.num_generations))
+    rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
+    logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
+    return ValidationSet(r, logprobs, compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards), rewards,
+                         f"pool {size}", "validation", "per_group")
+
+
+def validation_set(step, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None,
+                   val_advantages: str = "per_group") -> ValidationSet:
+    """same_batch: the training batch itself (PPO's step_part_I). random: the first `size` samples of a
+    pool on 'validation' prompts (whole groups). topk: the `size` best by reward of the pool's first
+    2 x size (seed 000/001: all good samples, no contrast). `val_advantages`: 'per_group' keeps each
+    sample's advantage within its own generation group (for same_batch: the step's advantages);
+    'whole_set' normalises the set's rewards over the set as one group, as seed 000 did."""
+    if val_advantages not in VAL_ADVANTAGES:
+        raise ValueError(f"val_advantages must be one of {VAL_ADVANTAGES}, got {val_advantages!r}")
     if source == "same_batch":
-        return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
-    needed = size * (2 if source == "topk" else 1)
-    if source not in VAL_SOURCES or needed % cfg.num_generations:
-        raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={cfg.num_generations}")
-    if pool is None:
-        step.restore_policy()  # the step's own weights, not the updated ones
-        val_cfg = cfg.replace(seed=cfg.seed + 1)
-        r = rollout(step.policy, step.loaded.tokenizer, val_cfg, eval_prompts(cfg.task, needed // cfg.num_generations))
-        rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
-        logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
-        pool = ValidationSet(r, logprobs, compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards), rewards)
-    if needed > pool.rollout.num_samples:
-        raise ValueError(f"a {source} set of {size} needs a pool of {needed}, got {pool.rollout.num_samples}")
-    if source == "random":
-        keep = torch.arange(size)
-        advantages = pool.advantages[keep]  # whole groups: their advantages are unchanged
-    else:  # the best half of the first 2 x size, as without a pool
-        keep = pool.rewards[:needed].argsort(descending=True)[:size].sort().values
-        advantages = compute_advantages(pool.rewards[keep], size, cfg.scale_rewards)
-    return ValidationSet(pool.rollout.rows(keep), pool.logprobs.rows(keep), advantages, pool.rewards[keep])
+        run = step.result
+        full = ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
+        keep, prompt_set = torch.arange(run.rollout.num_samples), "train"
+    else:
+        needed = size * (2 if source == "topk" else 1)
+        if source not in VAL_SOURCES or needed % step.cfg.num_generations:
+            raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={step.cfg.num_generations}")
+        full = pool if pool is not None else validation_pool(step, needed)
+        if needed > full.rollout.num_samples:
+            raise ValueError(f"a {source} set of {size} needs a pool of {needed}, got {full.rollout.num_samples}")
+        keep = torch.arange(size) if source == "random" else \
+            full.rewards[:needed].argsort(descending=True)[:size].sort().values
+        prompt_set = full.prompt_set
+    rewards = full.rewards[keep]
+    advantages = full.advantages[keep] if val_advantages == "per_group" else \
+        whole_set_advantages(rewards, step.cfg.scale_rewards)
+    name = "same_batch" if source == "same_batch" else f"{source} {size}"
+    return ValidationSet(full.rollout.rows(keep), full.logprobs.rows(keep), advantages, rewards, name, prompt_set,
+                         val_advantages)
 
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
@@ -152,9 +186,26 @@ def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, f
     return total, dict(zip(params, grads))
 
 
+def same_prompt_chunks(rollout: Rollout, size: int = ROWS_PER_PASS) -> list[list[int]]:
+    """Runs of at most `size` consecutive rows with one prompt: no-grad scoring computes each run's prompt once."""
+    chunks: list[list[int]] = []
+    for i in range(rollout.num_samples):
+        same = chunks and len(chunks[-1]) < size and \
+            rollout.prompts[rollout.group_of(i)] == rollout.prompts[rollout.group_of(chunks[-1][0])]
+        chunks[-1].append(i) if same else chunks.append([i])
+    return chunks
+
+
+def validation_loss_value(model, val: ValidationSet, cfg: StepConfig, kind: str = "seqloss-lastadv") -> float:
+    """L_val (unflipped: the quantity a helpful step lowers), no grad."""
+    with torch.no_grad():
+        torch.manual_seed(0)
+        return sum(_val_share(model, val, cfg, kind, rows).item() for rows in same_prompt_chunks(val.rollout))
+
+
 def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
     """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
-    <g_train_i, grad(val_loss_i) / N>: the part of influence_i that says "a step on i helps i"."""
+    <g_train_i, g_val_i>: the part of influence_i that says "a step on i helps i". Measured with hooks."""
     chunks = []
     torch.manual_seed(0)
     for rows in row_chunks(val.rollout.num_samples):
@@ -164,6 +215,30 @@ def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfi
         chunks.append(hooks.factors())
     model.zero_grad(set_to_none=True)
     return train.inner(SampleGradients(chunks)).float()
+
+
+def train_coefficients(advantages: torch.Tensor, mask: torch.Tensor, cfg: StepConfig) -> torch.Tensor:
+    """(N,) c_i with g_train_i = c_i * grad(seq_logprob_i): step 0 (ratio 1, clipping inactive), beta = 0."""
+    if cfg.beta != 0:
+        raise ValueError("with beta != 0 the KL term's gradient is not along grad seq_logprob: no such coefficient")
+    weight_sum = loss_weights(mask, cfg.loss_type, cfg.max_new_tokens).sum(-1)  # (N,) = T_i x per-token weight
+    tokens = mask.sum(-1).clamp(min=1)
+    per_token = weight_sum if cfg.loss_type == "reinforce_sum" else weight_sum / tokens
+    return -advantages.double() * per_token.double()
+
+
+def validation_coefficients(val: ValidationSet, kind: str) -> torch.Tensor:
+    """(N_val,) c_i with g_val_i (sample i's share of grad L_val) = c_i * grad(seq_logprob_i)."""
+    if kind not in VAL_LOSSES:
+        raise ValueError(f"validation loss must be one of {VAL_LOSSES}, got {kind!r}")
+    weight = val.advantages if kind == "seqloss-lastadv" else val.rewards
+    return -weight.double() / val.rollout.num_samples
+
+
+def self_terms_from_norms(train_squared_norms: torch.Tensor, c_train: torch.Tensor, c_val: torch.Tensor) -> torch.Tensor:
+    """(N,) <g_train_i, g_val_i> = (c_val_i / c_train_i) ||g_train_i||^2; 0 where g_train_i = 0 (A_i = 0)."""
+    ratio = torch.where(c_train == 0, torch.zeros_like(c_val), c_val / torch.where(c_train == 0, 1.0, c_train))
+    return ratio * train_squared_norms.double()
 
 
 def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig):
@@ -199,136 +274,17 @@ def influence_scores(train: SampleGradients, val_grad: dict) -> torch.Tensor:
     return train.dot(val_grad).float()
 
 
-def validation_loss_value(model, val: ValidationSet, cfg: StepConfig, kind: str = "seqloss-lastadv") -> float:
-    """L_val (unflipped: the quantity a helpful step lowers), no grad."""
-    with torch.no_grad():
-        torch.manual_seed(0)
-        return sum(_val_share(model, val, cfg, kind, rows).item() for rows in row_chunks(val.rollout.num_samples))
+def signs(scores: torch.Tensor, rel_tol: float = ZERO_TOLERANCE) -> torch.Tensor:
+    """(N,) -1, 0 or +1, with |score| <= rel_tol x max |score| counted as 0 (float noise, not a sign)."""
+    tol = rel_tol * scores.abs().max().item() if len(scores) else 0.0
+    return torch.where(scores.abs() <= tol, torch.zeros_like(scores), torch.sign(scores)).long()
 
 
-@dataclass
-class SignExperiment:
-    predicted: torch.Tensor  # (N,) -lr * influence_i
-    measured: torch.Tensor  # (N,) L_val after one SGD step on sample i alone, minus L_val before
-    spearman: float
-    sign_agreement: float  # fraction of moved samples where predicted and measured have the same sign
-    lr: float
-    moved: int  # samples with a non-zero gradient, over which the two statistics are taken
-
-    def flipped(self) -> "SignExperiment":
-        """The seed-000 flip on the same real steps: a negated L_val has a negated gradient, so its
-        prediction is exactly minus this one (tested against recomputing it)."""
-        return compare(-self.predicted, self.measured, self.lr)
-
-
-def compare(predicted: torch.Tensor, measured: torch.Tensor, lr: float) -> SignExperiment:
-    # a sample with a (near-)zero gradient (advantage ~0, no KL) takes no measurable step: a change below
-    # 1e-4 of the largest predicted one is float32 noise in L_val, so it is left out of both statistics
-    moved = predicted.abs() > 1e-4 * predicted.abs().max()
-    agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
-    return SignExperiment(predicted, measured, _spearman(predicted[moved], measured[moved]), agree, lr,
-                          int(moved.sum()))
-
-
-def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
-    return torch.corrcoef(torch.stack([ra, rb]))[0, 1].item()
-
-
-def sign_experiment(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
-                    val: ValidationSet, kind: str = "seqloss-lastadv", flip_sign: bool = False,
-                    lr: float = 1e-3) -> SignExperiment:
-    """For each sample: predicted change of L_val (-lr * influence) against a real SGD step on it alone.
-
-    The measured L_val always uses the unflipped loss (the quantity we want to go down); `flip_sign`
-    only changes the influence used for the prediction, which is what the seed-000 "fix" changes.
-    """
-    train = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg)
-    _, val_grad = validation_gradient(model, val, cfg, kind, flip_sign)
-    predicted = -lr * influence_scores(train, val_grad)
-    train_grads = train.gradients()
-    params = list(train_grads)
-
-    def val_loss() -> float:
-        return validation_loss_value(model, val, cfg, kind)
-
-    base = val_loss()
-    before = [p.detach().clone() for p in params]
-    measured = []
-    with torch.no_grad():
-        for i in range(rollout.num_samples):
-            for p in params:
-                p.sub_(lr * train_grads[p][i])
-            measured.append(val_loss() - base)
-            for p, b in zip(params, before):
-                p.copy_(b)
-    return compare(predicted, torch.tensor(measured), lr)
-
-
-def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:
-    """Indices (sorted) of the training samples a selection strategy keeps."""
-    n, order = len(scores), scores.argsort(descending=True)
-    if strategy == "all":
-        keep = torch.arange(n)
-    elif strategy == "influence>0":
-        keep = (scores > 0).nonzero().flatten()
-    elif strategy == "top_half":
-        keep = order[:n // 2]
-    elif strategy == "bottom_half":
-        keep = order[n - n // 2:]
-    elif strategy == "random_half":
-        keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:n // 2]
-    else:
-        raise ValueError(f"selection must be one of {SELECTIONS}, got {strategy!r}")
-    return keep.sort().values
-
-
-@dataclass
-class SelectionResult:
-    strategy: str
-    selected: int
-    val_loss_before: float
-    val_loss_after: float
-    reward_before: float  # mean reward on held-out prompts, same sampling seeds before and after
-    reward_after: float
-    reward_ci_low: float  # 95% bootstrap interval of the paired reward change
-    reward_ci_high: float
-
-
-def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: str = "seqloss-lastadv",
-                         strategies=SELECTIONS, eval_prompts: int = 16) -> list[SelectionResult]:
-    """For each strategy: one update (the step's optimizer, lr and loss) on the selected samples only,
-    then L_val and the held-out reward, against the same model before. The policy is restored after."""
-    from .evaluation import eval_prompts as held_out
-    step.restore_policy()
-    model, run = step.policy, step.result
-    cfg = step.cfg.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
-    prompts = held_out(cfg.task, eval_prompts)
-    saved = copy.deepcopy(model.state_dict())
-    try:
-        return _select_and_update(step, val, scores, kind, strategies, cfg, prompts, saved)
-    finally:
-        model.load_state_dict(saved)
-
-
-def _select_and_update(step, val, scores, kind, strategies, cfg, prompts, saved) -> list[SelectionResult]:
-    from .evaluation import bootstrap_ci, eval_side
-    from .update import update
-    model, run = step.policy, step.result
-    loss_before = validation_loss_value(model, val, cfg, kind)
-    before = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
-    results = []
-    for strategy in strategies:
-        keep = select(scores, strategy, cfg.seed)
-        after = before
-        if len(keep):
-            update(model, run.rollout.rows(keep), run.logprobs.rows(keep), run.advantages.values[keep], cfg)
-            after = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
-        low, high = bootstrap_ci(after.per_prompt - before.per_prompt, cfg.bootstrap, cfg.seed)
-        results.append(SelectionResult(strategy, len(keep), loss_before, validation_loss_value(model, val, cfg, kind),
-                                       before.reward, after.reward, low, high))
-        model.load_state_dict(saved)
-    return results
+def sign_fractions(scores: torch.Tensor, rel_tol: float = ZERO_TOLERANCE) -> dict[str, float]:
+    """Fractions of scores > 0, = 0 and < 0 under `signs`' tolerance."""
+    s = signs(scores, rel_tol)
+    return {"> 0": (s > 0).float().mean().item(), "= 0": (s == 0).float().mean().item(),
+            "< 0": (s < 0).float().mean().item()}
 
 
 @dataclass(frozen=True)
@@ -339,24 +295,42 @@ class InfluenceChoice:
     size: int = 16
     param_set: str = "all"
     flip_sign: bool = False
+    val_advantages: str = "per_group"
+
+
+def _fields(cfg: StepConfig, phases: tuple[str, ...]) -> tuple:
+    return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if cfg.phase_of(f.name) in phases)
+
+
+def pool_key(cfg: StepConfig) -> tuple:
+    """What a validation pool depends on: the rollout, scoring and advantage fields."""
+    return _fields(cfg, PHASES[:PHASES.index("advantages") + 1])
+
+
+def score_key(cfg: StepConfig) -> tuple:
+    """What influence scores depend on: the pool's fields and the loss fields; with beta = 0 the KL
+    estimator multiplies nothing, so it is left out (changing it recomputes nothing)."""
+    fields = _fields(cfg, PHASES[:PHASES.index("loss") + 1])
+    return tuple(kv for kv in fields if not (cfg.beta == 0 and kv[0] == "kl_estimator"))
 
 
 class InfluenceExplorer:
     """Influence of the step's cached samples under any InfluenceChoice. Scores are cached per
-    (step config, choice without the sign): flipping the sign negates L_val, hence its gradient, so it
-    negates cached scores instead of recomputing. One random pool per config serves every set size."""
+    (`score_key(step config)`, choice without the sign): flipping the sign negates L_val, hence its
+    gradient, so it negates cached scores instead of recomputing. One pool per `pool_key` serves every set."""
 
     def __init__(self, step, pool_size: int = 128):
         self.step, self.pool_size = step, pool_size
         self._scores: dict = {}
-        self._train: dict = {}  # (config, parameter set) -> the batch's factored per-sample gradients
+        self._train: dict = {}  # (score key, parameter set) -> the batch's factored per-sample gradients
         self._pools: dict = {}
         self._lora = None
 
     def pool(self) -> ValidationSet:
-        if self.step.cfg not in self._pools:
-            self._pools = {self.step.cfg: validation_set(self.step, "random", self.pool_size)}  # one config kept
-        return self._pools[self.step.cfg]
+        key = pool_key(self.step.cfg)
+        if key not in self._pools:
+            self._pools = {key: validation_pool(self.step, self.pool_size)}  # one config kept
+        return self._pools[key]
 
     def _model(self, param_set: str):
         self.step.restore_policy()
@@ -366,24 +340,37 @@ class InfluenceExplorer:
             self._lora = (self.step.policy, lora_model(self.step.policy))
         return self._lora[1]
 
+    def _key(self, choice: InfluenceChoice) -> tuple:
+        return score_key(self.step.cfg), dataclasses.replace(choice, flip_sign=False)
+
     def is_cached(self, choice: InfluenceChoice) -> bool:
-        return (self.step.cfg, dataclasses.replace(choice, flip_sign=False)) in self._scores
+        return self._key(choice) in self._scores
+
+    def validation_set(self, choice: InfluenceChoice) -> ValidationSet:
+        if choice.source not in VAL_SOURCES or choice.size * (2 if choice.source == "topk" else 1) > self.pool_size:
+            raise ValueError(f"{choice.source} {choice.size} needs more than the pool of {self.pool_size}")
+        pool = None if choice.source == "same_batch" else self.pool()
+        return validation_set(self.step, choice.source, choice.size, pool, choice.val_advantages)
+
+    def train_gradients(self, param_set: str = "all") -> SampleGradients:
+        """The batch's factored per-sample gradients (one backward serves every validation set)."""
+        cfg, run = self.step.cfg, self.step.result
+        train_key = (score_key(cfg), param_set)
+        if train_key not in self._train:
+            self._train = {k: v for k, v in self._train.items() if k[0] == train_key[0]}  # memory: one config
+            model = self._model(param_set)
+            with parameter_set(model, param_set):
+                self._train[train_key] = per_sample_train_gradients(model, run.rollout, run.logprobs,
+                                                                    run.advantages.values, cfg)
+        return self._train[train_key]
 
     def scores(self, choice: InfluenceChoice) -> torch.Tensor:
-        key = (self.step.cfg, dataclasses.replace(choice, flip_sign=False))
+        key = self._key(choice)
         if key not in self._scores:
-            cfg, run = self.step.cfg, self.step.result
-            if choice.source not in VAL_SOURCES or choice.size * (2 if choice.source == "topk" else 1) > self.pool_size:
-                raise ValueError(f"{choice.source} {choice.size} needs more than the pool of {self.pool_size}")
-            pool = None if choice.source == "same_batch" else self.pool()
-            val = validation_set(self.step, choice.source, choice.size, pool)
+            val = self.validation_set(choice)
+            train = self.train_gradients(choice.param_set)
             model = self._model(choice.param_set)
             with parameter_set(model, choice.param_set):
-                train_key = (cfg, choice.param_set)
-                if train_key not in self._train:  # one backward for the batch serves every validation set
-                    self._train = {k: v for k, v in self._train.items() if k[0] == cfg}  # memory: one config
-                    self._train[train_key] = per_sample_train_gradients(model, run.rollout, run.logprobs,
-                                                                        run.advantages.values, cfg)
-                _, val_grad = validation_gradient(model, val, cfg, choice.kind)
-                self._scores[key] = influence_scores(self._train[train_key], val_grad)
+                _, val_grad = validation_gradient(model, val, self.step.cfg, choice.kind)
+            self._scores[key] = influence_scores(train, val_grad)
         return -self._scores[key] if choice.flip_sign else self._scores[key]

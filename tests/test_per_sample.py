@@ -128,6 +128,8 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     assert torch.allclose(after[True][1].per_sample_grad_norms.double(), naive, rtol=1e-5)
     assert after[True][1].grad_norm == pytest.approx(after[False][1].grad_norm, rel=1e-6)
     assert after[True][1].update_norm == pytest.approx(after[False][1].update_norm, rel=1e-5)
-    # AdamW's first step is about lr * sign(g): rounding moves only entries whose |g| is near its eps
-    assert max((after[True][0][k] - after[False][0][k]).abs().max().item() for k in start) < 0.01 * cfg.learning_rate
+    # AdamW's first step is about lr * sign(g): rounding moves only the few entries whose |g| is near its
+    # eps (one of 2.9M by 1.3% of lr on this batch); a wrong gradient would move many by up to 2 x lr
+    diffs = torch.cat([(after[True][0][k] - after[False][0][k]).abs().flatten() for k in start])
+    assert (diffs > 0.01 * cfg.learning_rate).float().mean() < 1e-5 and diffs.max() < 0.1 * cfg.learning_rate
     assert all(p.requires_grad for p in model.parameters())  # the built weights are handed back to autograd

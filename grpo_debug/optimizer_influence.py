@@ -1,0 +1,86 @@
+"""Influence through the optimizer's update map, as LESS (Xia et al. 2024) does for Adam.
+
+TracIn's -lr * <g_val, g_i> is the first-order change of L_val for an SGD step on sample i. The step's
+optimizer (update.py) clips the total gradient norm to `max_grad_norm`, then takes one AdamW step, so
+the step on sample i is -lr * U(clip(g_i); state) and its first-order change of L_val is
+-lr * <g_val, U(clip(g_i); state)>: the optimizer-aware influence. With torch's AdamW (bias-corrected):
+  m' = b1 m + (1 - b1) g,  v' = b2 v + (1 - b2) g^2,  t' = t + 1
+  U  = (m' / (1 - b1^t')) / (sqrt(v' / (1 - b2^t')) + eps)
+Two states:
+  fresh  m = v = 0, t = 0: what update.py builds for every step. U = g / (|g| + eps) per coordinate, about
+         sign(g): every coordinate with a gradient moves by lr, whatever the gradient's size.
+  batch  the state after one such step on the (clipped) batch gradient g_B: m = (1 - b1) g_B,
+         v = (1 - b2) g_B^2, t = 1. LESS warms Adam with a short training run and takes m and v from its
+         checkpoint; here the warm-up is the step itself, the state a second step would start from.
+U is not linear in g: every g_i is built (fine for the bundled model; not for 124M parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ADAM_STATES = ("fresh", "batch")
+BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which update.py uses
+EPS = 1e-8
+
+Grads = dict  # {parameter: tensor of the parameter's shape}
+
+
+@dataclass(frozen=True)
+class AdamState:
+    exp_avg: Grads  # m, per parameter
+    exp_avg_sq: Grads  # v, per parameter
+    step: int
+
+
+def fresh_state(params) -> AdamState:
+    return AdamState({p: torch.zeros_like(p) for p in params}, {p: torch.zeros_like(p) for p in params}, 0)
+
+
+def clip_by_total_norm(grads: Grads, max_norm: float) -> Grads:
+    """What torch.nn.utils.clip_grad_norm_ does to the gradients (max_norm <= 0: no clipping, as update.py)."""
+    if max_norm <= 0:
+        return grads
+    total = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values())).item()
+    scale = min(1.0, max_norm / (total + 1e-6))
+    return {p: g * scale for p, g in grads.items()}
+
+
+def adam_moments(grads: Grads, state: AdamState, betas=BETAS) -> AdamState:
+    """The state after one step on `grads`."""
+    b1, b2 = betas
+    return AdamState({p: b1 * state.exp_avg[p] + (1 - b1) * g for p, g in grads.items()},
+                     {p: b2 * state.exp_avg_sq[p] + (1 - b2) * g * g for p, g in grads.items()}, state.step + 1)
+
+
+def adam_direction(grads: Grads, state: AdamState, betas=BETAS, eps: float = EPS) -> Grads:
+    """U(g; state): the AdamW step on `grads` from `state`, per unit of lr (weight decay 0), to be subtracted."""
+    new = adam_moments(grads, state, betas)
+    c1, c2 = 1 - betas[0] ** new.step, 1 - betas[1] ** new.step
+    return {p: (new.exp_avg[p] / c1) / ((new.exp_avg_sq[p] / c2).sqrt() + eps) for p in grads}
+
+
+def warmed_state(params, batch_grads: Grads, warm: str, max_grad_norm: float) -> AdamState:
+    """The Adam state the optimizer-aware influence starts from (`ADAM_STATES`)."""
+    if warm not in ADAM_STATES:
+        raise ValueError(f"Adam state must be one of {ADAM_STATES}, got {warm!r}")
+    state = fresh_state(params)
+    return state if warm == "fresh" else adam_moments(clip_by_total_norm(batch_grads, max_grad_norm), state)
+
+
+def sample(grads: dict, i: int) -> Grads:
+    """Sample i's gradient from {param: (N, *shape)}."""
+    return {p: g[i] for p, g in grads.items()}
+
+
+def optimizer_influence(train_grads: dict, val_grad: Grads, state: AdamState, max_grad_norm: float) -> torch.Tensor:
+    """(N,) <g_val, U(clip(g_i); state)> for train_grads {param: (N, *shape)} (materialised per-sample
+    gradients): the first-order change of L_val per unit lr, negated, of one AdamW step on sample i."""
+    n = len(next(iter(train_grads.values())))
+    scores = []
+    for i in range(n):
+        direction = adam_direction(clip_by_total_norm(sample(train_grads, i), max_grad_norm), state)
+        scores.append(sum((direction[p].double() * val_grad[p].double()).sum() for p in direction).item())
+    return torch.tensor(scores)
