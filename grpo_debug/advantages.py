@@ -6,6 +6,11 @@ or not divided by at all (`"none"`). NaN rewards follow TRL: ignored by the grou
 their advantage is 0. A group whose rewards are all equal has advantage 0 everywhere: no signal.
 A group whose std is tiny but not zero divides noise by almost nothing ("phantom advantages");
 `std_floor` clamps the std from below to stop that (not in TRL).
+
+A group needs at least two samples (`num_generations >= 2`, as TRL requires): a group of one has
+advantage 0 by construction, which would read as "no signal" rather than as a wrong set-up. To
+normalise a set of rewards as one group (a validation set, say), use `normalize_over_set`.
+Infinite rewards are refused: they turn the group's std into NaN and every advantage into 0.
 """
 
 from __future__ import annotations
@@ -30,11 +35,25 @@ def group_std(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     return _nanstd(rewards.view(-1, num_generations), dim=1)
 
 
-def compute_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
-                       std_floor: float = 0.0) -> torch.Tensor:
+def check_rewards(rewards: torch.Tensor, num_generations: int) -> None:
+    """ValueError unless the rewards form groups of G >= 2 and none is infinite (NaN is allowed, as in TRL)."""
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be >= 2, got {num_generations}: GRPO normalises each reward "
+                         f"within its group, and a group of one has advantage 0 whatever its reward. To "
+                         f"normalise a set of rewards as one group, use normalize_over_set(rewards)")
     if rewards.dim() != 1 or rewards.numel() % num_generations:
         raise ValueError(f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
                          f"got shape {tuple(rewards.shape)}")
+    infinite = torch.isinf(rewards).nonzero().flatten().tolist()
+    if infinite:
+        i = infinite[0]
+        raise ValueError(f"reward {rewards[i].item()} for sample {i} (group {i // num_generations}) and "
+                         f"{len(infinite) - 1} more: rewards must be finite (NaN means 'no reward' and is ignored)")
+
+
+def compute_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
+                       std_floor: float = 0.0) -> torch.Tensor:
+    check_rewards(rewards, num_generations)
     rewards = rewards.float()
     grouped = rewards.view(-1, num_generations)
     mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
@@ -48,6 +67,11 @@ def compute_advantages(rewards: torch.Tensor, num_generations: int, scale_reward
     if scale_rewards != "none":
         advantages = advantages / (std.clamp(min=std_floor) + TRL_EPS)
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+def normalize_over_set(rewards: torch.Tensor, scale_rewards: str = "group", std_floor: float = 0.0) -> torch.Tensor:
+    """Advantages of a set of rewards taken as one group (at least two of them): the set's mean and std."""
+    return compute_advantages(rewards.flatten(), rewards.numel(), scale_rewards, std_floor)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Chess rewards for RookWorld completions, every component returned, never an exception.
+"""Chess rewards for RookWorld completions, every component returned, never an exception, never a hang.
 
 P: (policy) components, each in [-1, 1]:
   best_move   -1 if B: is missing, unparsable or illegal; else 1 - rank / n_legal, where rank is the
@@ -19,9 +19,22 @@ A: (environment) components:
 The ground-truth completion scores exactly 1.0 on both tasks.
 
 Ground truth comes from the bundled analyses (no engine, deterministic); a position that is not
-bundled is analysed by a live Stockfish (one process per scorer, restarted if it dies). An A:
+bundled is analysed by a live Stockfish (one process per scorer; every analysis starts from a cleared
+hash, so it does not depend on what the engine did before; a call that crashes or freezes the engine
+is cut off after `Stockfish.timeout` seconds, the engine restarted and the call retried once). An A:
 prompt is replayed with python-chess; repetition draws need the game's move stack, which a FEN does
 not carry, so they are only known for bundled records.
+
+Unscorable P: prompts. A position that python-chess parses but that is not legal chess
+(`board.is_valid()` fails: two kings of a colour, a pawn on the first rank, the side not to move in
+check, ...), a game-over position (checkmate or stalemate: no legal move, so no answer can be right)
+and a position whose live analysis failed on a fresh engine too (crash, no answer within the timeout,
+moves missing from the answer) all score like an unparsable completion: best_move, candidates and
+evals -1, format 0, total -1, with `Score.error` giving the reason. The score does not depend on the
+completion, so the whole group gets it and its advantages are 0: no training signal, as none is
+deserved. Invalid and game-over positions never reach the engine. What raises is the caller's error,
+never the completion's: a prompt that is neither P: nor A:, a FEN python-chess cannot parse, and an
+engine path that is not a UCI engine (`EngineNotFound`).
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from rapidfuzz.distance import Levenshtein
 from .chess_format import (canonical_fen, env_step, parse_env_completion, parse_env_prompt,
                            parse_policy_completion, task_of)
 from .data import fen_key, load_split
-from .engine import PositionAnalysis, Stockfish
+from .engine import EngineFailed, PositionAnalysis, PositionError, Stockfish, position_problem
 
 POLICY_WEIGHTS = {"best_move": 0.5, "candidates": 0.3, "evals": 0.2}
 ENV_WEIGHTS = {"fen": 0.6, "reward": 0.2, "terminated": 0.1, "truncated": 0.1}
@@ -66,6 +79,12 @@ def _clamp(x: float) -> float:
 
 def _weighted(components: dict[str, float], weights: dict[str, float]) -> float:
     return _clamp(sum(w * components[k] for k, w in weights.items()))
+
+
+def unscorable_policy(reason: str) -> Score:
+    """The documented score of a P: prompt without ground truth (see the module docstring)."""
+    components = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
+    return Score("P", _weighted(components, POLICY_WEIGHTS), components, reason)
 
 
 def score_policy(analysis: PositionAnalysis, completion: str) -> Score:
@@ -155,12 +174,16 @@ class RewardScorer:
         self.analyses[fen_key(analysis.fen)] = analysis
 
     def analysis_for(self, fen: str) -> PositionAnalysis:
+        """Bundled, else live. PositionError: not legal chess or game over; EngineFailed: the engine failed twice."""
         try:
             board = chess.Board(fen)
         except ValueError as e:
             raise ValueError(f"invalid FEN in P: prompt {fen!r}: {e}") from None
         key = fen_key(fen)
         if key not in self.analyses:
+            problem = position_problem(board)
+            if problem:
+                raise PositionError(f"{fen!r}: {problem}")
             if self.engine is None:
                 self.engine = Stockfish(depth=self.engine_depth)
             self.add_analysis(self.engine.analyse(board))
@@ -178,13 +201,31 @@ class RewardScorer:
         return EnvTruth(outcome.next_fen, outcome.reward, outcome.terminated, outcome.truncated)
 
     def score(self, prompt: str, completion: str) -> Score:
-        if task_of(prompt) == "P":
-            return score_policy(self.analysis_for(prompt[3:].strip()), completion)
-        return score_env(self.env_truth_for(prompt), completion)
+        return self.score_group(prompt, [completion])[0]
+
+    def score_group(self, prompt: str, completions: list[str]) -> list[Score]:
+        """Completions of one prompt, against one lookup of its ground truth: a group never mixes a
+        failed analysis with a later successful retry."""
+        if task_of(prompt) == "A":
+            truth = self.env_truth_for(prompt)
+            return [score_env(truth, c) for c in completions]
+        try:
+            analysis = self.analysis_for(prompt[3:].strip())
+        except PositionError as e:
+            return [unscorable_policy(f"unscorable position: {e}") for _ in completions]
+        except EngineFailed as e:
+            return [unscorable_policy(f"engine analysis failed: {e}") for _ in completions]
+        return [score_policy(analysis, c) for c in completions]
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+    def __enter__(self) -> "RewardScorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------- phase 3 of the step
@@ -201,11 +242,15 @@ class Rewards:
 def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, scorer: RewardScorer) -> Rewards:
     """Score sample i against prompt i // num_generations. Components absent from a task are NaN."""
     start = time.perf_counter()
-    scores = [scorer.score(prompts[i // num_generations], text) for i, text in enumerate(completions)]
+    G = num_generations
+    scores = [s for b in range(0, len(completions), G) for s in scorer.score_group(prompts[b // G], completions[b:b + G])]
     names = list(dict.fromkeys(name for s in scores for name in s.components))
     components = {name: torch.tensor([s.components.get(name, float("nan")) for s in scores]) for name in names}
     total = torch.tensor([s.total for s in scores], dtype=torch.float32)
-    if torch.isnan(total).any():
-        raise ValueError("a reward is NaN: every completion must get a defined score")
+    bad = (~torch.isfinite(total)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ValueError(f"reward {total[i].item()} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}) and "
+                         f"{len(bad) - 1} more: every completion must get a finite score")
     return Rewards(total=total, components=components, errors=[s.error for s in scores],
                    seconds=time.perf_counter() - start)

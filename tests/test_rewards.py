@@ -129,7 +129,7 @@ def test_live_engine_scores_unbundled_positions_and_survives_a_crash():
     board = chess.Board("r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3")
     first = scorer.score(f"P: {board.fen()} ", "M: f1b5 E: 0.3 B: f1b5")
     assert first.components["best_move"] > 0
-    os.kill(scorer.engine.engine.protocol.transport.get_pid(), signal.SIGKILL)
+    os.kill(scorer.engine.pid, signal.SIGKILL)
     time.sleep(0.2)
     other = chess.Board("rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2")
     second = scorer.score(f"P: {other.fen()} ", "M: g1f3 E: 0.3 B: g1f3")
