@@ -56,7 +56,7 @@ lab: setup
 notebooks: setup
 	for nb in $(NOTEBOOKS); do \
 	  $(BIN)/jupytext -q --sync "$${nb%.ipynb}.py" && \
-	  $(BIN)/jupyter nbconvert -q --to notebook --execute --inplace "$$nb" && \
+	  $(BIN)/jupyter nbconvert --log-level=WARN --to notebook --execute --inplace "$$nb" && \
 	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
 	done
 

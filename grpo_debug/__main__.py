@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from .advantages import PHANTOM_STD
 from .config import PRESETS, StepConfig, describe_fields, parse_overrides
 from .step import GRPOStep, StepRun, metrics
 
@@ -36,7 +37,7 @@ def report(run: StepRun) -> str:
     out += ["3. rewards"] + [_line(f"rewards/{k}/mean", v.nanmean().item()) for k, v in run.rewards.components.items()]
     out += ["4. advantages", _line("reward", adv.reward), _line("reward_std", adv.reward_std),
             _line("frac_reward_zero_std", adv.frac_reward_zero_std, "groups with no signal"),
-            _line("phantom groups", len(adv.phantom_groups), "0 < std < 0.05: noise amplified"),
+            _line("phantom groups", len(adv.phantom_groups), f"divided by 0 < std < {PHANTOM_STD}: noise amplified"),
             _line("max |advantage|", adv.max_abs_advantage, f"scale_rewards={cfg.scale_rewards}")]
     out += ["5. loss", _line("loss", loss.loss.item(), f"{cfg.loss_type}; its value says little: judge the step by grad_norm"),
             _line("policy term", loss.policy_loss.item()), _line("beta * KL term", loss.kl_loss.item()),

@@ -81,9 +81,9 @@ class Advantages:
     group_std: torch.Tensor  # (B,)
     reward: float  # TRL metric names from here on
     reward_std: float
-    frac_reward_zero_std: float
-    zero_std_groups: list[int]
-    phantom_groups: list[int]  # 0 < std < PHANTOM_STD: advantages are amplified noise
+    frac_reward_zero_std: float  # TRL's: groups whose divisor std is 0 (under "batch": all or none)
+    zero_std_groups: list[int]  # groups with identical rewards: advantage 0 under every scale_rewards
+    phantom_groups: list[int]  # groups with a reward std divided by 0 < divisor < PHANTOM_STD: amplified noise
     max_abs_advantage: float
 
 
@@ -91,14 +91,19 @@ def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewa
                          std_floor: float = 0.0) -> Advantages:
     values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
     std = group_std(rewards, num_generations)
-    zero = torch.isclose(std, torch.zeros_like(std))
+    zero = torch.isclose(std, torch.zeros_like(std))  # identical rewards: advantage 0 under every scaling
+    trl_zero = zero  # TRL's frac_reward_zero_std reads the std it divides by: the batch's under "batch"
+    divisor = std
     if scale_rewards == "batch":
         batch_std = _nanstd(rewards.float())
-        zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
-    phantom = (std > 0) & (std < PHANTOM_STD) & ~zero
+        trl_zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
+        divisor = batch_std.expand_as(std)
+    divisor = divisor.clamp(min=std_floor)
+    amplifies = scale_rewards != "none"
+    phantom = ~zero & (divisor > 0) & (divisor < PHANTOM_STD) & amplifies
     return Advantages(values=values, group_mean=torch.nanmean(rewards.view(-1, num_generations).float(), dim=1),
                       group_std=std, reward=torch.nanmean(rewards.float()).item(),
-                      reward_std=_nanstd(rewards.float()).item(), frac_reward_zero_std=zero.float().mean().item(),
+                      reward_std=_nanstd(rewards.float()).item(), frac_reward_zero_std=trl_zero.float().mean().item(),
                       zero_std_groups=zero.nonzero().flatten().tolist(),
                       phantom_groups=phantom.nonzero().flatten().tolist(),
                       max_abs_advantage=values.abs().max().item())

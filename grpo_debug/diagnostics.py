@@ -23,12 +23,22 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
                 "(frac_reward_zero_std = 1): make the reward graded, raise the temperature, or drop such groups")
     if (lp.policy * lp.mask).abs().sum() == 0:
         return "FAILURE: all log-probs are 0: the log-prob computation is broken"
-    if abs(loss.loss.item()) < tol:
-        grad = f"grad_norm = {upd.grad_norm:.3g}" if upd is not None else "run the update to see grad_norm"
-        return (f"NORMAL: loss = {loss.loss.item():.2e} because the ratio is exactly 1 at step 0 and advantages "
-                f"are centred per group; the gradient is not 0 ({grad}); "
-                f"{adv.frac_reward_zero_std:.0%} of groups have zero reward std")
-    return f"loss = {loss.loss.item():.4g}: not zero"
+    grad = f"grad_norm = {upd.grad_norm:.3g}" if upd is not None else "run the update to see grad_norm"
+    value, loss_type = loss.loss.item(), run.config.loss_type
+    at_ratio_one = bool((loss.ratio == 1).all())
+    if not at_ratio_one:
+        return f"loss = {value:.4g}: off-policy (ratio != 1), the value depends on how far the policy moved"
+    if loss_type == "grpo":
+        why = ("under grpo at ratio 1 the policy term is -mean_i(A_i) over sequences, and advantages centred "
+               "per group sum to 0, so the value is ~0 whatever the model does")
+    elif loss_type in ("bnpo", "dapo", "dr_grpo"):
+        why = (f"under {loss_type} at ratio 1 the policy term is -sum_i(A_i * T_i) / normaliser (T_i: scored "
+               "tokens of sample i): it is 0 only when advantages do not correlate with lengths")
+    else:
+        why = f"under {loss_type} the value is -A * sum(logp), sized by the log-probs, not a sign of learning"
+    verdict = "~0" if abs(value) < tol else "not 0"
+    return (f"NORMAL: loss = {value:.2e} ({verdict}); {why}. The gradient is what moves the model ({grad}); "
+            f"{adv.frac_reward_zero_std:.0%} of groups have zero reward std")
 
 
 @dataclass

@@ -11,14 +11,15 @@ from .step import GRPOStep, StepRun, metrics
 
 
 def per_sample(run: StepRun) -> pd.DataFrame:
-    """One row per completion: its group, text, reward components, advantage, log-prob and loss share."""
+    """One row per completion: its group, text, total reward, reward components (`rewards/<name>`, TRL's
+    prefix, so that no component can overwrite the total), advantage, log-prob and loss share."""
     r, lp = run.rollout, run.logprobs
     rows = {"group": [i // r.num_generations for i in range(r.num_samples)],
             "completion": [c if len(c) <= 60 else c[:57] + "..." for c in r.completions],
             "length": r.completion_lengths.tolist()}
     if run.rewards is not None:
         rows["reward"] = run.rewards.total.tolist()
-        rows.update({name: values.tolist() for name, values in run.rewards.components.items()})
+        rows.update({f"rewards/{name}": values.tolist() for name, values in run.rewards.components.items()})
     if run.advantages is not None:
         rows["advantage"] = run.advantages.values.tolist()
     if lp is not None:
@@ -51,3 +52,12 @@ def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
     loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, **loss_kwargs(cfg)).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad
+
+
+def loss_value_at_ratio_one(run: StepRun) -> float:
+    """The policy term's value at ratio 1 from the advantages and lengths alone: -sum_i A_i * w_i, with w_i
+    the total weight the loss type gives sample i's tokens (grpo: 1/N, so ~0 for centred advantages;
+    bnpo/dapo: T_i / sum T; dr_grpo: T_i / (N * max_completion_length))."""
+    from .loss import loss_weights
+    weights = loss_weights(run.logprobs.mask, run.config.loss_type, run.config.max_new_tokens).sum(-1)
+    return -(run.advantages.values * weights).sum().item()

@@ -45,7 +45,12 @@ def rookworld_reward(scorer: RewardScorer | None = None):
     scorer = scorer or RewardScorer.bundled()
 
     def rookworld(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-        return [scorer.score(p, c).total for p, c in zip(prompts, completions)]
+        totals = [0.0] * len(completions)
+        for prompt in dict.fromkeys(prompts):  # one ground-truth lookup per prompt, as `compute_rewards`
+            rows = [i for i, p in enumerate(prompts) if p == prompt]
+            for i, score in zip(rows, scorer.score_group(prompt, [completions[i] for i in rows])):
+                totals[i] = score.total
+        return totals
 
     return rookworld
 

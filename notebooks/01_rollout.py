@@ -57,5 +57,5 @@ assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
 # %% [markdown]
 # **What to notice.** P: prompts (the policy task) are shorter than A: prompts, so they are left-padded:
 # phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
-# no learning signal (phase 4). The per-prompt loop of the seed-003 script is `generation="loop"`; its
-# cost against the one-call rollout is in notebook 08.
+# no learning signal (phase 4). One `generate` call per prompt instead of one for the batch is
+# `generation="loop"`; its cost against the one-call rollout is in notebook 08.

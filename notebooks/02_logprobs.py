@@ -17,17 +17,20 @@
 # # 02 · Log-probs: six ways to get them wrong
 #
 # GRPO needs log pi(token) for every sampled token, under the policy and under the reference. With every
-# fix on, recomputing them gives what the sampler used (up to float rounding). Each pitfall from the
-# seeds breaks that on its own:
+# fix on, recomputing them gives what the sampler used, up to float rounding. Each pitfall below breaks that
+# on its own (README.md, "Where each toggle comes from", says which bug report each one is from):
 #
-# | toggle | pitfall | seed |
-# |---|---|---|
-# | `logprob_temperature=False` | sampled at T=0.7, scored at T=1 | 004 |
-# | `mask="drop_eos_and_pad"` | EOS dropped; with pad == eos a value mask drops it too | 004 |
-# | `dropout=True` | model left in train mode while scoring (dropout 0.1) | RookWorld log |
-# | `position_ids=False` | left-padded rows scored with shifted positions | DESIGN 4 |
-# | `dtype="bfloat16"` | scored in bfloat16 | |
-# | `gather="first_position"` | every token gathered from the first position's distribution | 003 |
+# | toggle | what goes wrong |
+# |---|---|
+# | `logprob_temperature=False` | sampled at T=0.7, scored at T=1 |
+# | `mask="drop_eos_and_pad"` | the EOS is dropped from the loss; with pad == eos a value mask drops it too |
+# | `dropout=True` | the policy scored in train mode (dropout 0.1); the reference in eval mode |
+# | `position_ids=False` | left-padded rows scored at shifted positions |
+# | `dtype="bfloat16"` | scored in bfloat16 autocast |
+# | `gather="first_position"` | every token scored by the first completion position's distribution |
+#
+# The last row of the table is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig`: the
+# `trl` preset (dropout on, no position_ids, loss dapo, beta 0).
 
 # %%
 from grpo_debug.notebook import setup
@@ -37,23 +40,24 @@ setup()  # one torch thread: the same numbers on every run
 MODEL = None
 
 # %%
-from grpo_debug.config import StepConfig
+from grpo_debug.config import PRESETS, StepConfig
 from grpo_debug.paths import DEFAULT_MODEL
 from grpo_debug.step import GRPOStep
 
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
 step = GRPOStep(cfg)
 run = step.run(cfg, until="logprobs")
-print(f"all fixes on: max |sampler - recomputed| = {run.logprobs.max_sampler_gap:.2e} nats")
+print(f"every fix on: max |sampler - recomputed| = {run.logprobs.max_sampler_gap:.2e} nats")
 assert run.logprobs.max_sampler_gap < 1e-4
 
 # %%
 from grpo_debug.tables import compare_variants
 
-pitfalls = {"all fixes on": {}, "temperature not applied": {"logprob_temperature": False},
+pitfalls = {"every fix on": {}, "temperature not applied": {"logprob_temperature": False},
             "dropout on": {"dropout": True}, "no position_ids": {"position_ids": False},
-            "bfloat16": {"dtype": "bfloat16"}, "seed-003 gather": {"gather": "seed003"},
-            "seed-004 mask": {"mask": "seed004"}, "no mask": {"mask": "none"}}
+            "bfloat16": {"dtype": "bfloat16"}, "first-position gather": {"gather": "first_position"},
+            "EOS and PAD dropped": {"mask": "drop_eos_and_pad"}, "every position": {"mask": "all_positions"},
+            "TRL 1.16 as shipped": PRESETS["trl"]}
 table = compare_variants(step, pitfalls, until="loss",
                          columns=["logps/max_sampler_gap", "logps/eos_kept", "kl", "loss"])
 table
@@ -63,16 +67,45 @@ from grpo_debug import plots
 plots.gap_by_toggle(table["logps/max_sampler_gap"].to_dict())
 
 # %%
-for name in ["temperature not applied", "dropout on", "no position_ids", "bfloat16", "seed-003 gather"]:
+gaps = table["logps/max_sampler_gap"].drop("every fix on").sort_values(ascending=False)
+print("largest max gap first:", ", ".join(f"{name} {gap:.3g}" for name, gap in gaps.items()))
+for name in ["temperature not applied", "dropout on", "no position_ids", "bfloat16", "first-position gather"]:
     assert table.loc[name, "logps/max_sampler_gap"] > 1e-2, name
-assert table.loc["all fixes on", "logps/eos_kept"] == 1.0 and table.loc["seed-004 mask", "logps/eos_kept"] == 0.0
-assert table.loc["dropout on", "kl"] > 1.0  # policy with dropout vs reference without: a huge KL at step 0
+assert table.loc["bfloat16", "logps/max_sampler_gap"] < 1.0  # small per token, but not zero
+assert table.loc["every fix on", "logps/eos_kept"] == 1.0 and table.loc["EOS and PAD dropped", "logps/eos_kept"] == 0.0
+print(f"KL at step 0 with dropout on: {table.loc['dropout on', 'kl']:.3g}, every fix on: {table.loc['every fix on', 'kl']:.3g}")
+assert table.loc["dropout on", "kl"] > 1.0
 
 # %% [markdown]
-# ## Where the gap sits: no position_ids
+# ## Which rows TRL 1.16 gets wrong, and why
 #
-# Only the left-padded rows (the P: prompts, shorter than the A: ones) are shifted; the longest prompts
-# have no padding and are unaffected.
+# GPT-2 (and so RookWorld-LM-124M) adds a learned embedding of each token's absolute position. `generate()`
+# counts positions from the attention mask, so a row behind k pad tokens starts at position 0. TRL 1.16
+# scores completions with `input_ids` and `attention_mask` only: the model then counts from the first
+# column, and every token of a padded row sits k positions later than when it was sampled. Rows without
+# padding are unaffected, and so is any model with rotary positions (Llama, Qwen), which sees only
+# distances between tokens. Dropout, on in TRL's default, moves every row.
+
+# %%
+import pandas as pd
+
+r = step.result.rollout
+per_row = {"task": [p[:2] for i, p in enumerate(r.prompts) for _ in range(r.num_generations)],
+           "left padding": (r.prompt_mask == 0).sum(1).tolist()}
+for name in ["no position_ids", "dropout on", "TRL 1.16 as shipped"]:
+    lp = step.run(cfg.replace(**pitfalls[name]), until="logprobs").logprobs
+    per_row[name] = lp.sampler_gap.max(1).values.tolist()
+step.run(cfg, until="loss")
+rows = pd.DataFrame(per_row)
+padded = rows["left padding"] > 0
+print(f"{padded.sum()} of {len(rows)} rows are left-padded ({', '.join(sorted(set(rows.task[padded])))} prompts)")
+print(f"no position_ids: padded rows {rows['no position_ids'][padded].min():.3g} to {rows['no position_ids'][padded].max():.3g} "
+      f"nats, unpadded rows at most {rows['no position_ids'][~padded].max():.2g}")
+print(f"TRL 1.16 as shipped: padded rows {rows['TRL 1.16 as shipped'][padded].min():.3g} to "
+      f"{rows['TRL 1.16 as shipped'][padded].max():.3g}, unpadded rows {rows['TRL 1.16 as shipped'][~padded].min():.3g} to "
+      f"{rows['TRL 1.16 as shipped'][~padded].max():.3g} (dropout alone)")
+assert rows["no position_ids"][padded].min() > 1.0 and rows["no position_ids"][~padded].max() < 1e-4
+rows.groupby(["task", "left padding"]).max().round(4)
 
 # %%
 run = step.run(cfg.replace(position_ids=False), until="logprobs")
@@ -81,24 +114,32 @@ step.run(cfg, until="loss")
 fig
 
 # %% [markdown]
-# ## The EOS with pad == eos
+# The fix outside this notebook: `grpo_debug.trl_bridge.PositionIdsGRPOTrainer` is a drop-in `GRPOTrainer`
+# that passes `position_ids` from the attention mask on every scoring pass (tested on a real TRL step).
 #
-# GPT-2 (and RookWorld-LM-124M) pad with the EOS token. A mask built from token values (`ids != pad`)
-# cannot tell the real EOS from padding and drops it: the model is never rewarded for stopping. TRL keeps
-# the first EOS and masks what follows, from the lengths.
+# ## The EOS when pad == eos
+#
+# GPT-2's tokenizer has no pad token, and TRL's `GRPOTrainer` then sets `pad_token = eos_token`. The bundled
+# tokenizer has its own `<pad>` (notebook 00 prints `pad == eos: False`); the step simulates GPT-2's case with
+# `pad_with_eos=True`, its default. A mask built from token values (`ids != pad`) cannot tell the real EOS
+# from padding and drops it: the model is never rewarded for stopping. TRL keeps the first EOS and masks
+# what follows, from the lengths.
 
 # %%
-import pandas as pd
 from grpo_debug.logprobs import completion_mask
 
-r = step.result.rollout
+print("pad == eos in this rollout:", r.pad_token_id == r.eos_token_id)
 i = int(r.finished.nonzero()[0])
 end = int(r.completion_lengths[i])
 ids = r.completion_ids[i, end - 3:end + 2].tolist()
-pd.DataFrame({mode: completion_mask(r, mode)[i, end - 3:end + 2].tolist() for mode in ["trl", "seed004", "none"]},
+pd.DataFrame({mode: completion_mask(r, mode)[i, end - 3:end + 2].tolist()
+              for mode in ["keep_first_eos", "drop_eos_and_pad", "all_positions"]},
              index=[f"{t}{' (EOS)' if t == r.eos_token_id else ''}" for t in ids]).T
 
 # %% [markdown]
-# **What to notice.** With every fix on the gap is float rounding (~1e-6). Dropout gives the largest
-# error and, because the reference is scored without dropout (as TRL does), a KL far from 0 at step 0:
-# the RookWorld debug log's "policy -440 vs reference -45". bfloat16 is small per token but not zero.
+# **What to notice.** With every fix on, the gap is float rounding. The ranking above shows which pitfall
+# moves a log-prob most; the KL at step 0 shows what dropout does to the loss: the reference is scored
+# without dropout (as TRL does), so policy and reference disagree before any update, as in a public
+# RookWorld debug log where one completion scored -440 under the policy and -45 under the reference.
+# bfloat16 is small per token but not zero. TRL 1.16 as shipped is hit twice: by dropout on every row,
+# and by positions on every left-padded row.

@@ -39,7 +39,8 @@ step = GRPOStep(cfg)
 run = step.run(cfg, until="rewards")
 from grpo_debug.tables import per_sample
 table = per_sample(run)
-table[["group", "completion", "reward", "best_move", "candidates", "evals", "format", "fen", "truncated"]].head(16)
+table[["group", "completion", "reward", "rewards/best_move", "rewards/candidates", "rewards/evals",
+       "rewards/fen", "rewards/reward"]].head(16)
 
 # %%
 from grpo_debug import plots
@@ -65,9 +66,12 @@ pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_p
 # %% [markdown]
 # ## Engine-free vs live Stockfish
 #
-# For a position that is not bundled, the scorer starts one Stockfish process (restarted if it dies) and
-# analyses every legal move. On a bundled position the two agree on the legal moves; the evaluations can
-# differ slightly because a search depends on the engine's hash history.
+# For a position that is not bundled, the scorer starts one Stockfish process and analyses every legal
+# move, with a time limit per call; an engine that dies or freezes is restarted once, and a position that
+# still fails, is invalid or is already over gets the documented score (-1, format 0) with the reason. The
+# engine's hash is cleared before each analysis, so a score does not depend on what was analysed before.
+# On a bundled position the two agree on the legal moves; the evaluations differ where the depths do
+# (the bundled analyses searched to depth 10, the live one below to depth 8).
 
 # %%
 import chess

@@ -48,10 +48,51 @@ plots.advantages_bars(adv, cfg.num_generations)
 
 # %%
 from grpo_debug.tables import compare_variants
-compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "batch"},
-                        "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
-                 until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",
-                                              "advantages/phantom_groups"])
+scales = compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "batch"},
+                                 "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
+                          until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",
+                                                       "advantages/phantom_groups"])
+scales["groups with all advantages 0"] = len(adv.zero_std_groups) / len(adv.group_std)
+scales
+
+# %% [markdown]
+# `frac_reward_zero_std` is TRL's metric, and TRL reads it from the std it divides by: under
+# `scale_rewards="batch"` that is the batch's std, so the metric says 0 while the groups whose rewards are all
+# equal still have advantage 0 (their rewards minus their own mean). The last column counts those groups.
+
+# %%
+print(f"batch scaling: frac_reward_zero_std = {scales.loc['batch', 'frac_reward_zero_std']:.3f}, "
+      f"yet {len(adv.zero_std_groups)} of {len(adv.group_std)} groups have every advantage 0")
+assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_groups) == 0
+
+# %% [markdown]
+# ## Zero-std groups still shape the loss
+#
+# A group with advantage 0 sends no gradient of its own. It still counts in the loss's normaliser: the
+# number of sequences for grpo and dr_grpo, the number of tokens for bnpo and dapo. So adding such groups
+# shrinks every other sample's weight. Below: the weight one sample with a non-zero advantage gets, with the
+# zero-std groups in the batch and with them dropped.
+
+# %%
+import pandas as pd
+import torch
+from grpo_debug.loss import loss_weights
+
+lp_mask = step.run(cfg, until="logprobs").logprobs.mask
+step.run(cfg, until="advantages")
+keep = torch.tensor([g not in adv.zero_std_groups for g in range(len(adv.group_std))]).repeat_interleave(cfg.num_generations)
+sample = int(torch.nonzero(keep & (adv.values != 0))[0])
+dilution = {}
+for loss_type in ["grpo", "bnpo", "dr_grpo", "dapo"]:
+    with_all = loss_weights(lp_mask, loss_type, cfg.max_new_tokens)[sample].sum().item()
+    without = loss_weights(lp_mask[keep], loss_type, cfg.max_new_tokens)[int(keep[:sample].sum())].sum().item()
+    dilution[loss_type] = {"weight, zero-std groups in": with_all, "weight, zero-std groups out": without,
+                           "ratio": with_all / without}
+dilution = pd.DataFrame(dilution).T
+print(f"{len(adv.zero_std_groups)} zero-std groups; sample {sample}'s weight shrinks to "
+      f"{dilution['ratio'].min():.2f} to {dilution['ratio'].max():.2f} of its weight without them")
+assert len(adv.zero_std_groups) == 0 or (dilution["ratio"] < 1).all()
+dilution
 
 # %% [markdown]
 # ## Phantom advantages, on purpose
@@ -59,15 +100,18 @@ compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "b
 # Two groups: one whose rewards differ only by 1e-4 (noise), one with a real win/loss split.
 
 # %%
-import pandas as pd
-import torch
 from grpo_debug.advantages import compute_advantages
 
 rewards = torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])
-pd.DataFrame({"reward": rewards, "TRL (group)": compute_advantages(rewards, 4),
-              "std_floor=0.1": compute_advantages(rewards, 4, std_floor=0.1)})
+phantom = pd.DataFrame({"reward": rewards, "TRL (group)": compute_advantages(rewards, 4),
+                        "std_floor=0.1": compute_advantages(rewards, 4, std_floor=0.1)})
+noise, real = phantom["TRL (group)"][2], phantom["TRL (group)"][4]
+print(f"a reward 1e-4 above its group gets advantage {noise:.2f}; a real win gets {real:.2f}; "
+      f"with std_floor=0.1 the noise gets {phantom['std_floor=0.1'][2]:.4f}")
+assert noise > 0.5 * real and abs(phantom["std_floor=0.1"][2]) < 0.01
+phantom
 
 # %% [markdown]
-# **What to notice.** A 1e-4 difference becomes an advantage of 0.5, the same order as a real win/loss;
-# the floor removes it and leaves the real group untouched. Zero-std groups contribute nothing to the
-# gradient, whatever the loss type.
+# **What to notice.** A difference of 1e-4 becomes an advantage of the same order as a real win or loss
+# (printed above); the floor removes it and leaves the real group untouched. Groups with identical rewards
+# send no gradient, but they are not free: every loss type counts them in its normaliser.

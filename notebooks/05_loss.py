@@ -17,9 +17,10 @@
 # # 05 · Loss and KL
 #
 # Token-level GRPO (TRL): ratio = exp(logp - old_logp), clipped, times the advantage, plus beta times a KL
-# estimate; `grpo`, `bnpo`, `dr_grpo`, `dapo` normalise differently. The seed-003 script uses sequence
-# REINFORCE, `-A * sum(logp)` (or divided by the length). At step 0, logp == old_logp: the ratio is exactly
-# 1 and the loss value is about 0, while its gradient is not.
+# estimate; `grpo`, `bnpo`, `dr_grpo`, `dapo` normalise differently (`dapo` is TRL 1.16's default).
+# Sequence REINFORCE, `-A * sum(logp)` (or divided by the length), is the other form in use. At step 0,
+# logp == old_logp: the ratio is exactly 1, so the value of the token-level loss depends on the advantages
+# and the lengths only, while its gradient does not vanish.
 
 # %%
 from grpo_debug.notebook import setup
@@ -38,28 +39,41 @@ step = GRPOStep(cfg)
 run = step.run(cfg, until="loss")
 import torch
 assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
-print(f"loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
+print(f"grpo loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
 
 # %%
-from grpo_debug.tables import compare_variants, gradient_of_loss_wrt_logps
+from grpo_debug.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
 variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
 table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy", "loss/kl"])
 for name, changes in variants.items():
     run = step.run(cfg.replace(**changes), until="loss")
     table.loc[name, "|d loss / d logp|"] = gradient_of_loss_wrt_logps(run, run.config).norm().item()
+    if not name.startswith("reinforce"):
+        table.loc[name, "-sum A_i w_i"] = loss_value_at_ratio_one(run)
 step.run(cfg, until="loss")
 table
 
 # %% [markdown]
-# The loss values differ by orders of magnitude (REINFORCE sums log-probs, so its value is large), yet
-# the gradient each sends into the log-probs is what moves the model.
+# At ratio 1 each token-level loss's policy term is -sum_i A_i w_i, where w_i is the total weight its
+# normalisation gives sample i's tokens: 1/N for grpo, so group-centred advantages cancel; T_i / (tokens in
+# the batch) for bnpo and dapo and T_i / (N x max_completion_length) for dr_grpo, so what remains is how
+# advantages correlate with lengths. The last column computes that from the advantages and lengths alone.
+
+# %%
+token_level = table.drop(["reinforce_sum", "reinforce_mean"])
+assert (token_level["loss/policy"] - token_level["-sum A_i w_i"]).abs().max() < 1e-6
+for name in ["grpo", "bnpo", "dapo", "dr_grpo", "reinforce_sum"]:
+    print(f"{name:>14}: loss {table.loc[name, 'loss']:+.2e}, |d loss / d logp| {table.loc[name, '|d loss / d logp|']:.3g}")
+assert abs(table.loc["grpo", "loss/policy"]) < 1e-6 and abs(table.loc["dapo", "loss/policy"]) > 1e-4
 
 # %% [markdown]
 # ## KL estimators
 #
-# With d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 (TRL), and TRL's importance-corrected
-# k3 (x ratio). Their values AND their gradients differ (Tang & Munos 2025). Below: each estimator's
-# sample-mean value and autograd gradient against the exact reverse KL of a categorical policy.
+# With d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1, and k3 times the ratio pi/pi_old
+# (`k3_corrected`, TRL's `use_bias_correction_kl=True`, its default). TRL 1.16's default `beta` is 0, so its
+# default step has no KL term at all; with beta > 0 it uses k3_corrected. The estimators' values AND their
+# gradients differ (Tang & Munos 2025). Below: each estimator's sample-mean value and autograd gradient
+# against the exact reverse KL of a categorical policy.
 
 # %%
 import pandas as pd
@@ -88,6 +102,7 @@ step.run(cfg, until="loss")
 fig
 
 # %% [markdown]
-# **What to notice.** k1's gradient is zero in expectation (it pulls nowhere); k3 (TRL's default
-# value) has the gradient of the *forward* KL; k2 and the corrected k3 have the reverse-KL gradient. The
-# value you log and the gradient you apply are different questions.
+# **What to notice.** k1's gradient is zero in expectation (it pulls nowhere); plain k3 has an unbiased
+# value but the gradient of the *forward* KL; k2 and k3 times the ratio (TRL's default form) have the
+# reverse-KL gradient, as the check table shows. The value you log and the gradient you apply are different
+# questions.

@@ -14,9 +14,10 @@
 # ---
 
 # %% [markdown]
-# # 08 · Diagnostics from seed 002
+# # 08 · Diagnostics: a loss of 0.0000, and where the time goes
 #
-# "iter 1: loss 0.0000" and "time 103634 ms": is the loss a failure, and where does the time go?
+# A training log that reads "iter 1: loss 0.0000 ... time 103634 ms" asks two questions: is the loss a
+# failure, and where does the time go?
 
 # %%
 from grpo_debug.notebook import setup
@@ -49,10 +50,16 @@ print(triage_zero_loss(broken))
 assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).startswith("NORMAL")
 
 # %% [markdown]
-# ## Time and memory per phase (they vary run to run: not compared by nbval)
+# ## Time and memory per phase
+#
+# Seconds per phase, and the process's peak resident memory after it (it only grows; a jump marks the phase
+# that needed the memory). Both vary from run to run.
 
 # %% tags=["nbval-ignore-output"]
+import pandas as pd
 from grpo_debug import plots
+print(pd.DataFrame({"seconds": {k: round(v.seconds, 2) for k, v in run.timings.items()},
+                    "peak RSS after (MB)": {k: round(v.peak_rss_mb) for k, v in run.timings.items()}}))
 plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
 
 # %% tags=["nbval-ignore-output"]
@@ -60,13 +67,13 @@ step.result.rollout = None
 batched = step.run(cfg.replace(generation="batched"), until="rollout").rollout.seconds
 step.result.rollout = None
 loop = step.run(cfg.replace(generation="loop"), until="rollout").rollout.seconds
-print(f"one generate call: {batched:.2f} s; one call per prompt (seed 003): {loop:.2f} s; ratio {loop / batched:.2f}")
+print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; ratio {loop / batched:.2f}")
 
 # %% [markdown]
 # ## torch.compile on and off
 #
 # The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
-# numbers must agree. (Timings vary: not compared by nbval; the agreement is asserted.)
+# numbers must agree. Timings vary from run to run; the agreement is asserted.
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.diagnostics import compile_comparison

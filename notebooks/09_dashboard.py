@@ -52,12 +52,19 @@ print("back to", restored.config.mask, restored.config.kl_estimator)
 
 # %%
 from grpo_debug.tables import compare_variants
-compare_variants(step, {"all fixes": {}, "T not applied": {"logprob_temperature": False},
-                        "dropout": {"dropout": True}, "seed004 mask": {"mask": "seed004"},
-                        "k1": {"kl_estimator": "k1"}, "batch scale": {"scale_rewards": "batch"},
-                        "dr_grpo": {"loss_type": "dr_grpo"}},
-                 until="loss", columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std", "kl", "loss"])
+from grpo_debug.config import PRESETS
+table = compare_variants(step, {"every fix on": {}, "T not applied": {"logprob_temperature": False},
+                                "dropout": {"dropout": True}, "EOS dropped": {"mask": "drop_eos_and_pad"},
+                                "k1": {"kl_estimator": "k1"}, "batch scale": {"scale_rewards": "batch"},
+                                "dr_grpo": {"loss_type": "dr_grpo"}, "TRL 1.16 as shipped": PRESETS["trl"]},
+                         until="loss", columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std",
+                                                "kl", "loss"])
+moved = table.index[(table["loss"] - table.loc["every fix on", "loss"]).abs() > 1e-6].tolist()
+print("rows whose loss differs from every fix on:", ", ".join(moved))
+table
 
 # %% [markdown]
-# **What to notice.** Only the rows with a log-prob pitfall move the sampler gap; only the loss-phase
-# rows change the loss and nothing before it.
+# **What to notice.** Only the rows with a log-prob pitfall move the sampler gap. The loss moves where the
+# loss changes (dr_grpo, and TRL's dapo), and also with dropout on: the policy, scored with dropout, no
+# longer equals the reference, and beta times the KL enters the loss. The EOS row changes the loss a
+# little (different tokens are averaged); k1 and batch scaling leave it as it is at step 0.

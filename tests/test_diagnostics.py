@@ -32,3 +32,15 @@ def test_a_compile_failure_is_a_result_not_an_exception(step):
     result = compile_comparison(step, rows=8, repeats=1, backend="no-such-backend")
     assert "no-such-backend" in result.error
     assert math.isnan(result.max_abs_diff) and result.eager_seconds > 0
+
+
+def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
+    from grpo_debug.diagnostics import triage_zero_loss
+    from grpo_debug.tables import loss_value_at_ratio_one
+    grpo = step.run(ONE_GROUP, until="loss")
+    assert triage_zero_loss(grpo).startswith("NORMAL") and "(~0)" in triage_zero_loss(grpo)
+    dapo = step.run(ONE_GROUP.replace(loss_type="dapo", beta=0.0), until="loss")
+    message = triage_zero_loss(dapo)
+    assert message.startswith("NORMAL") and "T_i" in message
+    # the value TRL's dapo reports at ratio 1 is the advantage-length covariance, not ~0
+    assert dapo.loss.loss.item() == pytest.approx(loss_value_at_ratio_one(dapo), abs=1e-6)

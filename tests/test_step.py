@@ -139,3 +139,14 @@ def test_a_group_scored_once_through_its_shared_prompt_matches_the_full_forward(
     full = logprobs.per_token_logps(step.policy, group, **kwargs).detach()  # with grad: the full forward
     assert shared.shape == full.shape
     assert torch.allclose(shared, full, atol=2e-5)
+
+
+def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step):
+    from grpo_debug.tables import per_sample
+    run = step.run(SMALL, until="loss")
+    table = per_sample(run)
+    tasks = {p[:2] for p in run.rollout.prompts}
+    assert tasks == {"P:", "A:"}, "the check needs both tasks in the batch"
+    assert table["reward"].notna().all()
+    assert table["reward"].tolist() == pytest.approx(run.rewards.total.tolist())
+    assert "rewards/reward" in table and "rewards/best_move" in table

@@ -126,3 +126,19 @@ def test_trl_preset_dropout_is_trl_train_mode_forward(trl_step, dtype):
         ours = per_token_logps(trl_step.policy, r, temperature=cfg.temperature, position_ids=False, dropout=True,
                                dtype=dtype, score_after_eos=True)
     assert ((ours - trl_logps).abs() * mask).max() <= 1e-5
+
+
+def test_phantom_groups_only_where_a_tiny_std_divides():
+    rewards = torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])
+    assert summarize_advantages(rewards, 4, "group").phantom_groups == [0]
+    assert summarize_advantages(rewards, 4, "none").phantom_groups == []  # nothing is divided
+    assert summarize_advantages(rewards, 4, "batch").phantom_groups == []  # the batch std is large
+    assert summarize_advantages(rewards, 4, "group", std_floor=0.1).phantom_groups == []
+
+
+def test_batch_scaling_reports_no_zero_std_while_a_group_has_zero_advantage():
+    rewards = torch.tensor([0.5] * 4 + [0.0, 1.0, 0.0, 1.0])
+    summary = summarize_advantages(rewards, 4, "batch")
+    trl_adv, trl_metrics = AdvProbe(rewards, 4, scale_rewards="batch").advantages()
+    assert summary.frac_reward_zero_std == trl_metrics["frac_reward_zero_std"] == 0.0  # TRL's definition
+    assert summary.zero_std_groups == [0] and torch.equal(trl_adv[:4], torch.zeros(4))  # yet no signal
