@@ -6,17 +6,20 @@ and normalised by the loss type:
   grpo     mean over each sequence's tokens, then over sequences
   bnpo     mean over all tokens of the batch
   dr_grpo  sum over tokens / (batch size * max_completion_length)
-  dapo     sum over tokens / tokens in the whole generation batch (one process: equals bnpo)
+  dapo     sum over tokens / tokens in the whole generation batch (TRL's num_items_in_batch); equals
+           bnpo here, where one optimizer step takes one micro-batch on one process; with gradient
+           accumulation bnpo normalises each micro-batch by its own tokens and dapo by the whole batch's
 Sequence REINFORCE of the seed-003 script (no ratio, no clipping):
   reinforce_sum   -A * sum(logp) + beta * mean(kl), averaged over sequences
   reinforce_mean  -A * sum(logp) / T_gen + beta * mean(kl)
 KL estimators, with d = ref_logp - logp (samples come from the policy):
   k1  -d                          unbiased value, its gradient is 0 in expectation: no pull towards ref
   k2  d^2 / 2                     biased value; its gradient is the gradient of the true reverse KL
-  k3  exp(d) - d - 1              unbiased value (TRL, Schulman); its gradient is that of forward-like KL
-  k3_corrected  k3 * ratio        TRL's `use_bias_correction_kl` (default True in 1.16)
-At step 0 (logp == old_logp) the ratio is exactly 1 and with group-centred advantages the grpo loss
-value is ~0, while its gradient is not: judge a step by the gradient, not by this number.
+  k3  exp(d) - d - 1              unbiased value (Schulman); its gradient is that of the forward KL
+  k3_corrected  k3 * ratio        TRL's `use_bias_correction_kl` (default True in 1.16): the reverse-KL gradient
+At step 0 (logp == old_logp) the ratio is exactly 1: the grpo loss value is ~0 (group-centred advantages,
+each sequence weighted 1/N), the token-weighted ones (bnpo, dapo, dr_grpo) are -sum_i A_i w_i, which is
+not 0 when advantages correlate with lengths; every gradient is non-zero. Judge a step by its gradient.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@
 #
 # | toggle | what goes wrong |
 # |---|---|
-# | `logprob_temperature=False` | sampled at T=0.7, scored at T=1 |
+# | `logprob_temperature=False` | sampled at the step's temperature, scored at T=1 |
 # | `mask="drop_eos_and_pad"` | the EOS is dropped from the loss; with pad == eos a value mask drops it too |
-# | `dropout=True` | the policy scored in train mode (dropout 0.1); the reference in eval mode |
+# | `dropout=True` | the policy scored in train mode (dropout on); the reference in eval mode |
 # | `position_ids=False` | left-padded rows scored at shifted positions |
 # | `dtype="bfloat16"` | scored in bfloat16 autocast |
 # | `gather="first_position"` | every token scored by the first completion position's distribution |

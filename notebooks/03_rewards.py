@@ -39,6 +39,8 @@ step = GRPOStep(cfg)
 run = step.run(cfg, until="rewards")
 from grpo_debug.tables import per_sample
 table = per_sample(run)
+from grpo_debug.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
+print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)
 table[["group", "completion", "reward", "rewards/best_move", "rewards/candidates", "rewards/evals",
        "rewards/fen", "rewards/reward"]].head(16)
 

@@ -44,7 +44,7 @@ from grpo_debug import plots
 plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 
 # %% [markdown]
-# A loss that prints 0.0000 with a non-zero gradient is the normal state of a grpo step at ratio 1. Samples
+# A loss that prints `0.0000` with a non-zero gradient is the normal state of a grpo step at ratio 1. Samples
 # with advantage 0 (zero-std groups) get no gradient at step 0: their policy term is 0, and the KL term's
 # gradient is 0 too while the policy still equals the reference.
 
