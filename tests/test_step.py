@@ -150,3 +150,17 @@ def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step)
     assert table["reward"].notna().all()
     assert table["reward"].tolist() == pytest.approx(run.rewards.total.tolist())
     assert "rewards/reward" in table and "rewards/best_move" in table
+
+
+@pytest.mark.parametrize("preset", ["fixed", "trl"])
+def test_cli_runs_each_preset_and_reports_its_sampler_gap(tmp_path, preset):
+    out = tmp_path / "step.json"
+    proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--preset", preset, "--set", "num_prompts=2",
+                           "num_generations=2", "eval_prompts=2", "eval_samples=2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"preset: {preset}" in proc.stdout
+    data = json.loads(out.read_text())
+    gap = data["metrics"]["logps/max_sampler_gap"]
+    assert data["config"]["loss_type"] == ("dapo" if preset == "trl" else "grpo")
+    assert (gap > 1.0) if preset == "trl" else (gap < 1e-4)  # TRL's scoring shifts the left-padded rows
