@@ -50,7 +50,7 @@ def report(run: StepRun) -> str:
                 _line("max per-sample grad norm", upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms)
                       else float("nan"), "from layer hooks, one backward")]
     if ev is not None:
-        out += ["7. evaluation (held-out prompts, paired seeds)", _line("reward before", ev.before.reward),
+        out += ["7. evaluation (held-out test prompts, paired seeds)", _line("reward before", ev.before.reward),
                 _line("reward after", ev.after.reward),
                 _line("delta", ev.delta, f"95% CI [{ev.ci_low:.4f}, {ev.ci_high:.4f}]")]
     out += ["", "time per phase (s): " + ", ".join(f"{k} {v.seconds:.2f}" for k, v in run.timings.items())]

@@ -17,7 +17,7 @@
 # # 06 · Update and post-update evaluation
 #
 # Backward, gradient norms (total and per sample, from one backward with layer hooks), clipping, one
-# AdamW step; then the same held-out prompts are sampled with the same seeds before and after, and the
+# AdamW step; then the same held-out test prompts are sampled with the same seeds before and after, and the
 # paired difference gets a bootstrap confidence interval.
 
 # %%
@@ -57,7 +57,7 @@ assert norms[zero].max() < 1e-3 * norms[~zero].median()
 
 # %%
 ev = run.evaluation
-print(f"held-out reward before {ev.before.reward:.4f} after {ev.after.reward:.4f}: "
+print(f"reward on the test prompts before {ev.before.reward:.4f} after {ev.after.reward:.4f}: "
       f"delta {ev.delta:+.4f}, 95% CI [{ev.ci_low:+.4f}, {ev.ci_high:+.4f}]")
 plots.eval_before_after(ev)
 

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Diagnostics: a loss of 0.0000, and where the time goes
+# # 08 · Diagnostics: a loss of `0.0000`, and where the time goes
 #
 # A training log that reads `iter 1: loss 0.0000 ... time 103634 ms` asks two questions: is the loss a
 # failure, and where does the time go?
