@@ -24,33 +24,10 @@ from .chess_format import parse_env_completion, parse_policy_completion, same_po
 from .data import env_example, load_split, policy_example
 from .engine import PositionAnalysis
 from .rewards import EnvTruth, score_env, score_policy
-from .shared_prompt import generate_per_prompt
+from .rollout import sample_completions
 
 FLOORS = {"policy/parse_rate": 0.95, "policy/best_move_legal": 0.30, "policy/best_move_top5": 0.05,
           "groups_nonzero_std": 0.80, "env/next_fen_exact": 0.20}
-
-
-@torch.no_grad()
-def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *, temperature: float = 0.7,
-                       top_p: float = 0.95, max_new_tokens: int = 128, seed: int = 0,
-                       batch_prompts: int = 16, progress: bool = True) -> list[list[str]]:
-    """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk."""
-    was_training = model.training
-    model.eval()
-    tokenizer.padding_side = "left"
-    out: list[list[str]] = []
-    chunks = range(0, len(prompts), batch_prompts)
-    for start in tqdm(chunks, desc="sampling", disable=not progress):
-        torch.manual_seed(seed + start)
-        chunk = prompts[start:start + batch_prompts]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, max_new_tokens,
-                                        do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        out.extend(texts[i * num_samples:(i + 1) * num_samples] for i in range(len(chunk)))
-    model.train(was_training)
-    return out
 
 
 def _rate(flags: list[bool]) -> float:

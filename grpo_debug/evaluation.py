@@ -13,7 +13,7 @@ import torch
 
 from .config import StepConfig
 from .prompts import prompts
-from .evaluate import sample_completions
+from .rollout import sample_completions
 from .rewards import RewardScorer, compute_rewards
 
 
