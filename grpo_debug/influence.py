@@ -100,8 +100,8 @@ def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.T
 def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
     """(N,) the set's rewards normalised over the whole set as ONE group of N. Seed 000 does this to its
     validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
-    from .advantages import compute_advantages
-    return compute_advantages(rewards, len(rewards), scale_rewards)
+    from .advantages import normalize_over_set
+    return normalize_over_set(rewards, scale_rewards)
 
 
 @dataclass(frozen=True)

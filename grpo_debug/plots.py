@@ -102,42 +102,91 @@ def time_per_phase(timings: dict[str, float], title: str = "seconds per phase"):
     return _done(fig)
 
 
-def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: str = "influence"):
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), sharey=True)
-    for ax, (name, values) in zip(np.atleast_1d(axes), panels.items()):
+def _grid(n: int, ncols: int = 3, size=(3.6, 2.9), **shared):
+    """At most `ncols` panels per row; unused axes hidden. Returns the figure and a flat list of n axes."""
+    ncols = min(n, ncols)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, **shared)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: str = "influence",
+                         sharex: bool = False):
+    """One histogram per name, at most three per row, counts on a shared axis; `sharex` where the panels'
+    scores are on one scale (the same validation loss)."""
+    fig, axes = _grid(len(panels), sharey=True, sharex=sharex)
+    for ax, (name, values) in zip(axes, panels.items()):
         ax.hist(values, bins=bins)
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_title(textwrap.fill(name, 36), fontsize=8)
+        ax.set_title(textwrap.fill(name, 44), fontsize=9)
+        ax.set_xlabel("influence", fontsize=8)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("training samples")
     fig.suptitle(title)
     return _done(fig)
 
 
-def sign_scatter(experiments: dict, title: str = "predicted vs measured change of L_val"):
-    """experiments: name -> SignExperiment."""
-    fig, axes = plt.subplots(1, len(experiments), figsize=(4 * len(experiments), 3.2))
-    for ax, (name, e) in zip(np.atleast_1d(axes), experiments.items()):
-        ax.scatter(e.predicted.numpy(), e.measured.numpy(), s=14)
-        lim = float(max(e.predicted.abs().max(), e.measured.abs().max()))
-        ax.plot([-lim, lim], [-lim, lim], color="k", lw=0.6)
-        ax.set(xlabel="predicted: -lr * influence", ylabel="measured", title=f"{name}\nSpearman {e.spearman:.2f}, "
-               f"sign agreement {e.sign_agreement:.0%}")
+def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_val, one real step per sample"):
+    """checks: name -> FirstOrderCheck (tracin_experiments). Where the score is the step's own first-order
+    prediction the diagonal marks a perfect one; otherwise only the ranking and the signs can agree, and
+    each axis keeps its own scale."""
+    from .tracin_experiments import OWN_SCORE
+    fig, axes = _grid(len(checks), size=(3.8, 3.4))
+    for ax, (name, c) in zip(axes, checks.items()):
+        ax.scatter(c.predicted.numpy(), c.measured.numpy(), s=14)
+        if OWN_SCORE[c.step] == c.score:
+            lim = float(max(c.predicted.abs().max(), c.measured.abs().max()))
+            ax.plot([-lim, lim], [-lim, lim], color="k", lw=0.6)
+        ax.axhline(0, color="grey", lw=0.4)
+        ax.axvline(0, color="grey", lw=0.4)
+        ax.set_xlabel(f"predicted: -lr x {c.score} score", fontsize=8)
+        ax.set_ylabel(f"measured after a {c.step} step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"{name}\nSpearman {c.spearman:+.2f}, sign agreement {c.sign_agreement:.0%}", fontsize=9)
     fig.suptitle(title)
     return _done(fig)
 
 
-def selection_results(results: list, title: str = "one update on the selected samples"):
-    """results: SelectionResult list. Change of L_val, and of the held-out reward with its interval."""
-    names = [r.strategy for r in results]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
-    left.bar(names, [r.val_loss_after - r.val_loss_before for r in results])
-    left.axhline(0, color="k", lw=0.8)
+def selection_results(results: list, title: str = "one step on the selected samples"):
+    """results: SelectionResult list, one or both optimizers. Left: change of L_val; right: change of the
+    reward on the test prompts with its 95% bootstrap interval. Bars side by side per optimizer."""
+    strategies = list(dict.fromkeys(r.strategy for r in results))
+    optimizers = list(dict.fromkeys(r.optimizer for r in results))
+    by = {(r.strategy, r.optimizer): r for r in results}
+    width = 0.8 / len(optimizers)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = np.arange(len(strategies))
+    for k, opt in enumerate(optimizers):
+        rs = [by.get((s, opt)) for s in strategies]
+        pos = x + (k - (len(optimizers) - 1) / 2) * width
+        left.bar(pos, [r.val_loss_after - r.val_loss_before if r else np.nan for r in rs], width, label=opt)
+        deltas = np.array([r.reward_delta if r else np.nan for r in rs])
+        errors = np.array([[r.reward_delta - r.reward_ci_low, r.reward_ci_high - r.reward_delta] if r else [0, 0]
+                           for r in rs]).T
+        right.bar(pos, deltas, width, yerr=errors.clip(min=0), capsize=3, label=opt)
     left.set(ylabel="change of L_val (lower: helped)")
-    deltas = np.array([r.reward_after - r.reward_before for r in results])
-    errors = np.array([[d - r.reward_ci_low, r.reward_ci_high - d] for d, r in zip(deltas, results)]).T
-    right.bar(names, deltas, yerr=errors.clip(min=0), capsize=3)
-    right.axhline(0, color="k", lw=0.8)
-    right.set(ylabel="change of held-out reward")
+    right.set(ylabel=f"change of reward on {results[0].reward_prompts} prompts")
     for ax in (left, right):
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-    fig.suptitle(title)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(x, strategies, rotation=30, fontsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}; validation: {results[0].val_set}", fontsize=10)
+    return _done(fig)
+
+
+def reward_changes(rows: dict, title: str = "change of the test-prompt reward (95% bootstrap interval)"):
+    """rows: label -> SelectionResult; one horizontal interval per row, zero marked."""
+    labels = list(rows)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(labels) + 1.2))
+    for y, label in enumerate(labels):
+        r = rows[label]
+        ax.errorbar([r.reward_delta], [y], xerr=[[r.reward_delta - r.reward_ci_low], [r.reward_ci_high - r.reward_delta]],
+                    fmt="o", capsize=4, color="tab:blue" if "influence>0" in r.strategy else "tab:red")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"reward after - before, paired over {rows[labels[0]].reward_prompts} prompts", title=title)
     return _done(fig)

@@ -46,16 +46,50 @@ class FirstOrderCheck:
     measured: torch.Tensor  # (N,) L_val after the step on sample i alone, minus L_val before
     spearman: float
     sign_agreement: float  # fraction of moved samples where predicted and measured have the same sign
-    moved: int  # samples with a non-zero gradient, over which the two statistics are taken
+    moved: int  # samples whose step changes L_val measurably, over which the two statistics are taken
+    noise_floor: float  # `evaluation_noise`: a change below it is not resolved
 
 
-def compare(score: str, step: str, lr: float, predicted: torch.Tensor, measured: torch.Tensor) -> FirstOrderCheck:
-    # a sample with a (near-)zero gradient (advantage ~0, no KL) takes no measurable step: a prediction
-    # below 1e-4 of the largest is float noise in L_val, so it is left out of both statistics
-    moved = predicted.abs() > 1e-4 * predicted.abs().max()
+OWN_SCORE = {"sgd": "tracin", "adamw": "adam", "adamw_batch": "adam_batch"}  # each step kind's first-order score
+
+
+def resolvable(own_prediction: torch.Tensor, noise_floor: float) -> torch.Tensor:
+    """(N,) bool: samples whose step, by its own optimizer's first-order prediction, changes L_val by more
+    than the evaluation noise (a zero-advantage sample's step is 0 under SGD and a fresh AdamW)."""
+    return own_prediction.abs() > max(noise_floor, 1e-4 * own_prediction.abs().max().item())
+
+
+def compare(score: str, step: str, lr: float, predicted: torch.Tensor, measured: torch.Tensor,
+            moved: torch.Tensor, noise_floor: float = 0.0) -> FirstOrderCheck:
+    """Spearman and sign agreement of predicted against measured changes over the `moved` samples."""
     agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
     return FirstOrderCheck(score, step, lr, predicted, measured, spearman(predicted[moved], measured[moved]), agree,
-                           int(moved.sum()))
+                           int(moved.sum()), noise_floor)
+
+
+def evaluation_noise(model, val: ValidationSet, cfg: StepConfig, kind: str, val_grad: dict, length: float,
+                     draws: int = 4, seed: int = 0) -> float:
+    """The largest |change of L_val| after `draws` random steps of `length` orthogonal to grad L_val: steps
+    with no first-order effect, so what they measure is float32 noise of L_val (and a little curvature)."""
+    params = list(val_grad)
+    base = validation_loss_value(model, val, cfg, kind)
+    before = [p.detach().clone() for p in params]
+    g_norm2 = sum(val_grad[p].double().pow(2).sum() for p in params)
+    worst = 0.0
+    for k in range(draws):
+        gen = torch.Generator().manual_seed(seed + k)
+        d = {p: torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params}
+        along = sum((d[p] * val_grad[p].double()).sum() for p in params) / g_norm2
+        d = {p: d[p] - along * val_grad[p].double() for p in params}
+        scale = length / torch.sqrt(sum(t.pow(2).sum() for t in d.values()))
+        with torch.no_grad():
+            for p in params:
+                p.add_((scale * d[p]).to(p.dtype))
+        worst = max(worst, abs(validation_loss_value(model, val, cfg, kind) - base))
+        with torch.no_grad():
+            for p, b in zip(params, before):
+                p.copy_(b)
+    return worst
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -128,19 +162,47 @@ def first_order_checks(model, rollout: Rollout, logprobs: TokenLogProbs, advanta
                        pairs=(("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw"),
                               ("tracin", "adamw_batch"), ("adam_batch", "adamw_batch"))) -> list[FirstOrderCheck]:
     """Each (score, step kind) pair's predicted against measured changes. `lrs`: step kind -> lr
-    (default: 1e-3 for SGD, small enough for the first-order term to dominate; the step's own lr for AdamW)."""
+    (default: 1e-3 for SGD, small enough for the first-order term to dominate; the step's own lr for AdamW).
+    The statistics of a step kind are taken over the samples whose step is `resolvable` (by the step's own
+    first-order score, against `evaluation_noise` for a step as long as the longest SGD step), the same
+    samples for every score compared with that step kind."""
     lrs = {"sgd": 1e-3, "adamw": cfg.learning_rate, "adamw_batch": cfg.learning_rate, **(lrs or {})}
     train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg).gradients()
     _, val_grad = validation_gradient(model, val, cfg, kind)
+    longest = lrs["sgd"] * torch.sqrt(sum(g.double().flatten(1).pow(2).sum(1) for g in train_grads.values())).max().item()
+    noise = evaluation_noise(model, val, cfg, kind, val_grad, longest)
     decay = sum((val_grad[p].double() * p.detach().double()).sum() for p in train_grads).item()
-    scores = {s: scores_for(train_grads, val_grad, cfg, s) for s in {s for s, _ in pairs}}
-    measured = {k: single_sample_changes(model, train_grads, val, cfg, kind, k, lrs[k]) for k in {k for _, k in pairs}}
-    checks = []
-    for score, step in pairs:
+    steps = list(dict.fromkeys(k for _, k in pairs))
+    needed = dict.fromkeys([s for s, _ in pairs] + [OWN_SCORE[k] for k in steps])
+    scores = {s: scores_for(train_grads, val_grad, cfg, s) for s in needed}
+    measured = {k: single_sample_changes(model, train_grads, val, cfg, kind, k, lrs[k]) for k in steps}
+
+    def predicted(score: str, step: str) -> torch.Tensor:
         weight_decay = cfg.weight_decay * decay if step != "sgd" else 0.0  # AdamW also shrinks theta by lr * wd
-        predicted = -lrs[step] * (scores[score].float() + weight_decay)
-        checks.append(compare(score, step, lrs[step], predicted, measured[step]))
-    return checks
+        return -lrs[step] * (scores[score].float() + weight_decay)
+
+    moved = {k: resolvable(predicted(OWN_SCORE[k], k), noise) for k in steps}
+    return [compare(score, step, lrs[step], predicted(score, step), measured[step], moved[step], noise)
+            for score, step in pairs]
+
+
+def predicted_subset_change(train_grads: dict, val_grad: dict, keep: torch.Tensor, mask: torch.Tensor,
+                            cfg: StepConfig, optimizer: str, lr: float) -> float:
+    """First-order change of L_val for the step `selection_experiment` takes on the kept samples.
+    sgd: -lr * sum of their TracIn scores (their batch shares). adamw: `update` normalises the subset's loss
+    on its own (a uniform factor on the batch shares), clips, then a fresh AdamW: -lr * <g_val, U(clip(g_S))>.
+    train_grads {param: (N, *shape)}, mask (N, T)."""
+    if not len(keep):
+        return 0.0
+    g_sum = {p: g[keep].sum(0) for p, g in train_grads.items()}
+    if optimizer == "sgd":
+        return -lr * sum((g_sum[p].double() * val_grad[p].double()).sum() for p in g_sum).item()
+    weights = loss_weights(mask, cfg.loss_type, cfg.max_new_tokens)
+    factor = (loss_weights(mask[keep], cfg.loss_type, cfg.max_new_tokens).sum() / weights[keep].sum()).item()
+    state = warmed_state(list(g_sum), g_sum, "fresh", cfg.max_grad_norm)
+    scores = optimizer_influence({p: (factor * g).unsqueeze(0) for p, g in g_sum.items()}, val_grad, state,
+                                 cfg.max_grad_norm)
+    return -lr * scores.item()
 
 
 def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:
@@ -177,6 +239,7 @@ class SelectionResult:
     reward_delta: float  # mean over prompts of the paired change
     reward_ci_low: float  # 95% bootstrap interval of the paired change, over prompts
     reward_ci_high: float
+    reward_after_per_prompt: tuple[float, ...]  # mean reward of each test prompt after the step (paired seeds)
 
 
 def batch_share_gradient(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
@@ -266,9 +329,18 @@ def _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, c
         results.append(SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()),
                                        f"{val.name} ({val.prompt_set} prompts)", loss_before,
                                        validation_loss_value(model, val, cfg, kind), "test", before.reward,
-                                       after.reward, diffs.mean().item(), low, high))
+                                       after.reward, diffs.mean().item(), low, high,
+                                       tuple(after.per_prompt.tolist())))
         model.load_state_dict(saved)
     return results
+
+
+def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 1000, seed: int = 0):
+    """(mean, 95% low, 95% high) of reward after a minus reward after b, paired over the same test prompts
+    and sampling seeds: whether the two selections' steps differ beyond the sampling noise."""
+    from .evaluation import bootstrap_ci
+    diffs = torch.tensor(a.reward_after_per_prompt) - torch.tensor(b.reward_after_per_prompt)
+    return (diffs.mean().item(), *bootstrap_ci(diffs, resamples, seed))
 
 
 def influence_of_batch(model, run, cfg: StepConfig, val: ValidationSet, kind: str = "seqloss-lastadv") -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch
 from IPython.display import display
 
 from . import plots
-from .influence import PARAMETER_SETS, VAL_LOSSES, VAL_SOURCES, InfluenceChoice, InfluenceExplorer
+from .influence import (PARAMETER_SETS, VAL_ADVANTAGES, VAL_LOSSES, VAL_SOURCES, ZERO_TOLERANCE, InfluenceChoice,
+                        InfluenceExplorer, sign_fractions)
 from .config import PRESETS, StepConfig
 from .step import GRPOStep, StepRun
 from .tables import per_sample
@@ -142,21 +143,25 @@ class StepPanel:
 
 ENGINE_FIELDS = ["logprob_temperature", "kl_estimator", "beta"]  # StepConfig fields: re-run from their phase
 INFLUENCE_CHOICES = {"kind": list(VAL_LOSSES), "source": list(VAL_SOURCES), "size": [16, 64, 128],
-                     "param_set": list(PARAMETER_SETS)}
+                     "param_set": list(PARAMETER_SETS), "val_advantages": list(VAL_ADVANTAGES)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class InfluenceView:
     label: str
     scores: torch.Tensor
     recomputed: bool  # False: served from the cache (the sign flip never recomputes)
     seconds: float
+    kind: str = "seqloss-lastadv"  # the validation loss: scores of one kind share a scale
 
 
 def _label(cfg, choice: InfluenceChoice) -> str:
     sign = "flipped, " if choice.flip_sign else ""
-    fixes = "" if cfg.logprob_temperature else ", no T"
-    return f"{sign}{choice.kind}, {choice.source} {choice.size}, {choice.param_set}, {cfg.kl_estimator} b={cfg.beta:g}{fixes}"
+    source = "same batch" if choice.source == "same_batch" else f"{choice.source} {choice.size}"
+    advantages = "" if choice.kind == "seqloss-reward" else f" ({choice.val_advantages.replace('_', ' ')} A)"
+    kl = f"{cfg.kl_estimator} beta={cfg.beta:g}" if cfg.beta else "beta=0"
+    fixes = "" if cfg.logprob_temperature else ", no T fix"
+    return f"{sign}{choice.kind}, {source}{advantages}, {choice.param_set} params, {kl}{fixes}"
 
 
 class InfluencePanel:
@@ -181,7 +186,7 @@ class InfluencePanel:
         cached = self.explorer.is_cached(self.choice)
         scores = self.explorer.scores(self.choice)
         return InfluenceView(_label(self.explorer.step.cfg, self.choice), scores, not cached,
-                             time.perf_counter() - start)
+                             time.perf_counter() - start, self.choice.kind)
 
     def on_change(self, field: str, value) -> InfluenceView:
         if field in ENGINE_FIELDS:
@@ -201,13 +206,16 @@ class InfluencePanel:
 
     def redraw(self) -> None:
         v = self.current
+        signs = sign_fractions(v.scores)
         self.status.value = (f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
-                             f"fraction > 0 = {(v.scores > 0).float().mean():.2f}, mean = {v.scores.mean():.4g}")
+                             f"fraction > 0 = {signs['> 0']:.2f}, = 0 = {signs['= 0']:.2f} "
+                             f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}")
         self.out.clear_output(wait=True)
         with self.out:
             views = [self.previous, v] if self.previous is not None else [v]
+            same_scale = len({w.kind for w in views}) == 1
             fig = plots.influence_histograms({w.label: w.scores.numpy() for w in views}, bins=15,
-                                             title="influence of the same training samples")
+                                             title="influence of the same training samples", sharex=same_scale)
             display(fig)
             plt.close(fig)
 

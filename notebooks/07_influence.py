@@ -14,12 +14,18 @@
 # ---
 
 # %% [markdown]
-# # 07 · TracIn influence and its sign
+# # 07 · TracIn influence: its sign, its optimizer, its validation set
 #
-# influence_i = <grad L_train_i, grad L_val>. A gradient step of size lr on sample i changes the validation
-# loss by about -lr * influence_i, so influence > 0 means the step *lowers* L_val: it helps. Seed 000
-# argues that the sign of `-seq_logprob * advantage` is backwards and flips it; seed 001 finds the real
-# problem: a validation set of only top-reward samples has no contrast. Here both claims are measured.
+# influence_i = <g_train_i, grad L_val>, with g_train_i the gradient of sample i's share of the GRPO loss.
+# Under **SGD**, a step of size lr on sample i alone changes the validation loss by about -lr * influence_i
+# (first order), so influence > 0 means that step lowers L_val. The step's own optimizer is **AdamW**
+# (`update.py`), whose first step is about lr * sign(g): under it the prediction has to be measured, or the
+# gradient passed through AdamW's update map first (as LESS does). Seed 000 argues that the sign of
+# `-seq_logprob * advantage` is backwards and flips it; seed 001 blames a top-reward validation set with no
+# contrast. Both claims are measured here.
+#
+# Prompt sets are named and disjoint: the batch trains on `train` prompts, separate validation sets are
+# sampled on `validation` prompts, and every reward measured after an update is measured on `test` prompts.
 
 # %%
 from grpo_debug.notebook import setup
@@ -38,71 +44,130 @@ step = GRPOStep(cfg)
 run = step.run(cfg, until="loss")
 
 # %% [markdown]
-# ## The experiment that settles the sign
+# ## 1. What the first-order prediction predicts, optimizer by optimizer
 #
-# For every training sample: the predicted change of L_val (-lr x influence) against the change measured
-# after a real SGD step on that sample alone, the model restored in between. Validation = the batch itself.
+# For every training sample, one real step on that sample alone (the weights restored in between), against
+# a prediction of the change of L_val. A check of the Taylor expansion, nothing more:
+#
+# - **TracIn score, SGD step**: -lr * <g_val, g_i>, the identity TracIn rests on;
+# - **TracIn score, the step's AdamW** (clip the gradient norm, one AdamW step from a fresh state, the
+#   step's learning rate): what the selection experiments of the seeds silently assume;
+# - **AdamW-aware score, the step's AdamW**: -lr * <g_val, U(clip(g_i))>, U = AdamW's update map from a
+#   fresh state (m = v = 0), which is what `update.py` builds for every step;
+# - **from a warmed state** ("batch"): the state after one AdamW step on the batch gradient. LESS warms Adam
+#   with a short training run and reads m and v from its checkpoint; here the warm-up is the step itself,
+#   the state a second step would start from. Both the TracIn score and the warmed AdamW-aware score
+#   are compared with real AdamW steps from that state.
+#
+# Validation: a random set of 16 samples on validation prompts (advantages within their groups), and the
+# training batch itself.
 
 # %%
-from grpo_debug.influence import sign_experiment, validation_set
+import pandas as pd
 from grpo_debug import plots
-val = validation_set(step, "same_batch")
-args = (step.policy, run.rollout, run.logprobs, run.advantages.values, cfg, val)
-as_written = sign_experiment(*args, lr=1e-3)
-experiments = {"as written (-seq_logp * A)": as_written,
-               "seed-000 flip": as_written.flipped()}  # the same real steps; the flip negates the prediction
-for name, e in experiments.items():
-    print(f"{name:28s} Spearman {e.spearman:+.3f}  sign agreement {e.sign_agreement:.0%} over {e.moved} samples")
-assert experiments["as written (-seq_logp * A)"].sign_agreement >= 0.95
-assert experiments["seed-000 flip"].sign_agreement <= 0.1
-plots.sign_scatter(experiments)
+from grpo_debug.influence import InfluenceChoice, InfluenceExplorer, validation_set
+from grpo_debug.tracin_experiments import first_order_checks
+
+explorer = InfluenceExplorer(step, pool_size=128)  # one pool of 128 samples on validation prompts
+check_sets = {"random 16": validation_set(step, "random", 16, explorer.pool()),
+              "same batch": validation_set(step, "same_batch")}
+pairs = {"random 16": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw"), ("tracin", "adamw_batch"),
+                       ("adam_batch", "adamw_batch")],
+         "same batch": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")]}
+checks = {}
+for name, val in check_sets.items():
+    for c in first_order_checks(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg, val,
+                                pairs=pairs[name]):
+        checks[(name, c.score, c.step)] = c
+agreement = pd.DataFrame({k: {"lr": c.lr, "Spearman": c.spearman, "sign agreement": c.sign_agreement,
+                              "samples": c.moved} for k, c in checks.items()}).T.astype({"samples": int})
+agreement.index.names = ["validation", "score", "real step"]
+agreement
+
+# %%
+for name in check_sets:
+    sgd, tracin_adamw, aware = (checks[(name, s, k)] for s, k in [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")])
+    print(f"{name}: TracIn vs SGD steps Spearman {sgd.spearman:+.2f} (sign agreement {sgd.sign_agreement:.0%}); "
+          f"TracIn vs AdamW steps {tracin_adamw.spearman:+.2f}; AdamW-aware score vs AdamW steps {aware.spearman:+.2f}")
+    assert sgd.spearman >= 0.95 and sgd.sign_agreement == 1.0
+    assert aware.spearman > tracin_adamw.spearman
+warm = checks[("random 16", "adam_batch", "adamw_batch")]
+print(f"random 16, warmed AdamW: {(warm.measured < 0).float().mean():.0%} of the single-sample steps lower L_val; "
+      f"noise floor of L_val {warm.noise_floor:.1e}")
+plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, kind)]
+                    for name in ["random 16"] for score, kind in pairs[name]})
 
 # %% [markdown]
-# The loss as written is right: its influence predicts the real steps. The flip predicts the opposite of
-# what happens.
+# What the printed lines and the scatter say. TracIn's first-order identity holds for SGD steps: it ranks
+# single-sample SGD steps as they really happen (the assert). How far it carries over to the step's AdamW
+# depends on the validation set (the Spearman printed for each): a fresh AdamW step moves every coordinate
+# with a gradient by about lr, so the gradient's *magnitudes* no longer set the step. Passing each gradient
+# through AdamW's update map before the inner product ranks the real AdamW steps better than TracIn does,
+# on both sets (the second assert). From a warmed state the batch's momentum is part of every sample's
+# step (the printed fraction of such steps that lower L_val); the ranking is what to read there. The
+# statistics leave out samples whose step changes L_val by less than the noise floor of its evaluation
+# (measured with random steps that have no first-order effect), among them every zero-advantage sample.
+#
+# Seed 000's flip negates L_val, so it negates its gradient, every score and every prediction: on the same
+# real steps its agreement is the mirror image of the one above. That is an identity, not evidence about
+# which samples help. The test of the sign on the quantity the seed cares about, the reward, is section 3.
 
 # %% [markdown]
-# ## Influence under every toggle
+# ## 2. Influence under every toggle
 #
 # The panel shows the previous choice next to the current one, on the same 16 training samples. The sign
-# flip negates cached scores (no recomputation); the validation loss, set, size and parameter set
+# flip negates cached scores (no recomputation); the validation loss, set, size, advantages and parameter set
 # recompute the influence on the cached rollout; the temperature fix and the KL variant re-run the engine
-# from their phase and recompute. Sizes 16, 64 and 128 share one pool of 128 held-out samples.
+# from their phase, and the scores are recomputed only if they can change (with beta = 0 the KL estimator
+# multiplies nothing: served from the cache). Sizes 16, 64 and 128 share the pool of 128 samples. A score
+# whose size is within a tolerance of zero (relative to the largest) counts as zero, neither > 0 nor < 0:
+# zero-advantage samples have no gradient, and their scores are float noise.
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.influence import InfluenceChoice, InfluenceExplorer
 from grpo_debug.widgets import InfluencePanel
-explorer = InfluenceExplorer(step, pool_size=128)
 panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
 panel.widget()
 
 # %% [markdown]
 # ## The validation set decides what "helpful" means
 #
-# Each set's scores against the largest random set (128 held-out samples), as rank correlation, for both
-# validation losses.
+# Each set's scores against the largest random set (128 samples), as rank correlation, for both validation
+# losses. `val_advantages`: `per_group` keeps each validation sample's advantage within its own generation
+# group (the step's convention); `whole_set` normalises the set's rewards over the whole set as one group,
+# which is what seed 000 did (`compute_group_advantages(val_scores, 1)`).
 
 # %%
-import pandas as pd
 from scipy.stats import spearmanr
-sets = {"seqloss-lastadv": [("same_batch", 16), ("random", 16), ("random", 64), ("random", 128), ("topk", 16), ("topk", 64)],
-        "seqloss-reward": [("same_batch", 16), ("topk", 16)]}
+from grpo_debug.influence import ZERO_TOLERANCE, sign_fractions
+sets = {"seqloss-lastadv": [("same_batch", 16, "per_group"), ("random", 16, "per_group"), ("random", 64, "per_group"),
+                            ("random", 64, "whole_set"), ("random", 128, "per_group"), ("topk", 16, "per_group"),
+                            ("topk", 16, "whole_set"), ("topk", 64, "whole_set")],
+        "seqloss-reward": [("same_batch", 16, "per_group"), ("random", 64, "per_group"), ("topk", 16, "per_group")]}
 rows, panels = {}, {}
-reference = explorer.scores(InfluenceChoice(kind="seqloss-lastadv", source="random", size=128)).numpy()
+reference = explorer.scores(InfluenceChoice(source="random", size=128)).numpy()
 for kind, kind_sets in sets.items():
-    for source, size in kind_sets:
-        scores = explorer.scores(InfluenceChoice(kind=kind, source=source, size=size)).numpy()
-        val = validation_set(step, source, size, None if source == "same_batch" else explorer.pool())
-        rows[(kind, f"{source} {size}")] = {"val mean reward": val.rewards.mean().item(),
-                                            "fraction > 0": (scores > 0).mean(), "mean": scores.mean(),
-                                            "Spearman vs random 128": spearmanr(scores, reference).statistic}
-        if kind == "seqloss-lastadv" or source == "topk":
-            panels[f"{kind}, {source} {size}"] = scores
+    for source, size, advantages in kind_sets:
+        choice = InfluenceChoice(kind=kind, source=source, size=size, val_advantages=advantages)
+        scores = explorer.scores(choice)
+        val = explorer.validation_set(choice)
+        label = "same batch" if source == "same_batch" else f"{source} {size}"
+        fractions = sign_fractions(scores)
+        rows[(kind, label, advantages)] = {"val mean reward": val.rewards.mean().item(), "fraction > 0": fractions["> 0"],
+                                           "fraction = 0": fractions["= 0"], "mean": scores.mean().item(),
+                                           "Spearman vs random 128": spearmanr(scores.numpy(), reference).statistic}
+        if advantages == "per_group" or kind == "seqloss-lastadv" and source == "topk":
+            panels[f"{kind}, {label}, {advantages.replace('_', ' ')}"] = scores.numpy()
+print(f"'= 0': |score| <= {ZERO_TOLERANCE:g} x the largest |score| of the set")
 table = pd.DataFrame(rows).T
+table.index.names = ["validation loss", "set", "advantages"]
+top_k_reward = table.loc[("seqloss-lastadv", "topk 16", "per_group"), "val mean reward"]
+random_reward = table.loc[("seqloss-lastadv", "random 16", "per_group"), "val mean reward"]
+print(f"mean reward of the validation set: top-k 16 {top_k_reward:.3f}, random 16 {random_reward:.3f}")
+assert top_k_reward > random_reward
 table
 
 # %%
-plots.influence_histograms(panels, bins=12, title="influence of the 16 training samples")
+plots.influence_histograms(panels, bins=12, title="influence of the same 16 training samples, by validation set")
 
 # %% [markdown]
 # Parameter sets: all parameters, the transformer blocks only, and LoRA adapters (peft, B = 0 at the
@@ -114,75 +179,208 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(
                                                 all_params).statistic} for ps in ["all", "blocks", "lora"]}).T
 
 # %% [markdown]
-# ## Selection: one update on the chosen samples
+# ## 3. Seed 000's sign, settled on the reward
 #
-# Keep the samples with influence > 0, the top half, the bottom half or a random half (validation: random
-# 64), take one step of the same optimizer on them alone, and measure L_val and the held-out reward
-# (8 prompts x 4 samples, the same sampling seeds before and after: a small, noisy check).
+# Keep the samples with influence > 0 under the loss as written, and under seed 000's flipped sign (which
+# keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
+# prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
+# bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
+# set of 64, and with both optimizers: the step's AdamW, and SGD with the learning rate whose step on the
+# whole batch is as long as AdamW's (at AdamW's learning rate SGD would barely move). The other selection
+# strategies run on the random set in the same loop (section 4).
 
 # %%
-from grpo_debug.influence import selection_experiment
-val = validation_set(step, "random", 64, explorer.pool())
-results = selection_experiment(step, val, explorer.scores(InfluenceChoice(source="random", size=64)), eval_prompts=8)
-selection = pd.DataFrame([vars(r) for r in results]).set_index("strategy")
-selection["L_val change"] = selection.val_loss_after - selection.val_loss_before
+from grpo_debug.tracin_experiments import (OPTIMIZERS, SELECTIONS, held_out_baseline, matched_sgd_lr,
+                                           paired_contrast, selection_experiment)
+EVAL_PROMPTS = 16
+baseline = held_out_baseline(step, EVAL_PROMPTS)
+sgd_lr = matched_sgd_lr(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
+print(f"test prompts {EVAL_PROMPTS} x {cfg.eval_samples} samples; reward before {baseline.reward:.4f}; "
+      f"SGD lr {sgd_lr:.3g} (AdamW lr {cfg.learning_rate:g})")
+selection_sets = {"same batch": (InfluenceChoice(source="same_batch"), ("influence>0", "influence<0")),
+                  "random 64": (InfluenceChoice(source="random", size=64), SELECTIONS)}
+results = {}
+for name, (choice, strategies) in selection_sets.items():
+    val, scores = explorer.validation_set(choice), explorer.scores(choice)
+    for optimizer in OPTIMIZERS:
+        for r in selection_experiment(step, val, scores, strategies=strategies, optimizer=optimizer, sgd_lr=sgd_lr,
+                                      eval_prompts=EVAL_PROMPTS, baseline=baseline):
+            results[(name, optimizer, r.strategy)] = r
+
+# %%
+sign_rows, within_noise = {}, 0
+for name in selection_sets:
+    for optimizer in OPTIMIZERS:
+        right, flipped = results[(name, optimizer, "influence>0")], results[(name, optimizer, "influence<0")]
+        contrast = paired_contrast(right, flipped, cfg.bootstrap, cfg.seed)
+        within_noise += contrast[1] <= 0 <= contrast[2]
+        for sign, r in [("as written: influence > 0", right), ("seed-000 flip: influence < 0", flipped)]:
+            sign_rows[(name, optimizer, sign)] = {"selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
+                                                  "reward change": r.reward_delta, "95% low": r.reward_ci_low,
+                                                  "95% high": r.reward_ci_high}
+        sign_rows[(name, optimizer, "as written - flip (paired)")] = {"reward change": contrast[0], "95% low": contrast[1],
+                                                                      "95% high": contrast[2]}
+sign_table = pd.DataFrame(sign_rows).T
+sign_table.index.names = ["validation", "optimizer", "selection"]
+print(f"rewards on the {right.reward_prompts} prompts; validation sets: "
+      + ", ".join(sorted({r.val_set for r in results.values()})))
+print(f"as written vs flipped sign: {within_noise} of {2 * len(OPTIMIZERS)} paired contrasts have a 95% interval containing 0")
+sign_table
+
+# %%
+plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 'flipped'}": results[(name, opt, s)]
+                      for name in selection_sets for opt in OPTIMIZERS for s in ("influence>0", "influence<0")})
+
+# %% [markdown]
+# The table's last row per setting is the test of seed 000's claim: the reward after training on what the
+# loss as written selects, minus the reward after training on what the flipped sign selects, on the same
+# test prompts and sampling seeds. Where its interval contains 0 (counted above) the two signs make no
+# detectable difference to the reward on this many test prompts, whatever L_val does; where it excludes 0,
+# its sign says which selection did better. A selection of no sample takes no step: its change is 0 by
+# construction (the count of selected samples is in the table). L_val, the quantity the first-order check
+# is about, is the column to compare with section 1.
+
+# %% [markdown]
+# ## 4. Selection: one step on the chosen samples, each optimizer
+#
+# On the random set of 64: every strategy, both optimizers, L_val and the test-prompt reward. Next to the
+# measured change of L_val, its first-order prediction for the optimizer that took the step: TracIn's sum
+# of scores for SGD, the AdamW-aware score of the subset's gradient for AdamW, and TracIn's for AdamW
+# (the reading the seeds make).
+
+# %%
+import torch
+from grpo_debug.influence import per_sample_train_gradients, validation_gradient
+from grpo_debug.influence import signs
+from grpo_debug.tracin_experiments import predicted_subset_change
+choice = InfluenceChoice(source="random", size=64)
+train_full = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
+_, val_grad = validation_gradient(step.policy, explorer.validation_set(choice), cfg, "seqloss-lastadv")
+selection_rows = {}
+for optimizer in OPTIMIZERS:
+    for strategy in SELECTIONS:
+        r = results[("random 64", optimizer, strategy)]
+        keep = torch.tensor(r.selected, dtype=torch.long)
+        predict = lambda how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, cfg, how, r.lr)
+        selection_rows[(optimizer, strategy)] = {
+            "selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
+            "predicted (own optimizer)": predict(optimizer), "predicted (TracIn, as SGD)": predict("sgd"),
+            "reward change": r.reward_delta, "95% low": r.reward_ci_low, "95% high": r.reward_ci_high}
+del train_full
+selection = pd.DataFrame(selection_rows).T.astype({"selected": int})
+selection.index.names = ["optimizer", "strategy"]
+scores64 = explorer.scores(choice)
+for a, b in [("influence>0", "top_half"), ("influence<0", "bottom_half")]:
+    extra = set(results[("random 64", "adamw", b)].selected) ^ set(results[("random 64", "adamw", a)].selected)
+    print(f"{a} keeps {len(results[('random 64', 'adamw', a)].selected)} samples, {b} "
+          f"{len(results[('random 64', 'adamw', b)].selected)}; the samples only one of them keeps all have score 0 "
+          f"(no gradient, the same step): {bool((signs(scores64[sorted(extra)]) == 0).all())}")
+for optimizer in OPTIMIZERS:
+    own = spearmanr(selection.loc[optimizer, "predicted (own optimizer)"], selection.loc[optimizer, "L_val change"]).statistic
+    print(f"{optimizer}: Spearman of the own optimizer's first-order prediction vs the measured L_val change over the "
+          f"strategies {own:+.2f}")
+adamw_rows = selection.loc["adamw"]
+moved = adamw_rows["L_val change"].abs() > 0
+understated = (adamw_rows["L_val change"][moved] / adamw_rows["predicted (TracIn, as SGD)"][moved]).abs().min()
+print(f"adamw: TracIn's prediction read as an SGD step at AdamW's lr is at least {understated:.0f}x smaller than the "
+      f"measured change")
+assert understated > 1
 by = selection["L_val change"]
-print(f"top half {by['top_half']:+.4f} vs bottom half {by['bottom_half']:+.4f}")
-assert by["top_half"] < by["bottom_half"]
+for optimizer in OPTIMIZERS:
+    print(f"{optimizer}: L_val change top half {by[(optimizer, 'top_half')]:+.4f}, bottom half {by[(optimizer, 'bottom_half')]:+.4f}")
+assert by[("sgd", "top_half")] < by[("sgd", "bottom_half")]
 selection
 
 # %%
-plots.selection_results(results)
+plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS for s in SELECTIONS])
 
 # %% [markdown]
-# ## The same-batch self-term
+# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies says how
+# well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
+# changes need not follow a first-order prediction even where the order does. Under the step's AdamW,
+# TracIn's sum read as if the step were SGD misses the size by the printed factor. When influence > 0 and
+# the top half differ only by zero-score samples (printed), the two strategies take the same step: the
+# samples without a gradient add nothing to it.
+
+# %% [markdown]
+# ## 5. The same-batch self-term
 #
-# With validation = the training batch, influence_i includes <g_i, grad of sample i's own share of L_val>,
-# which is >= 0 for seqloss-lastadv (the two losses push sample i the same way): a bias upwards.
+# With validation = the training batch, influence_i contains <g_train_i, g_val_i>, the inner product with
+# sample i's *own* share of the validation loss. At step 0 with beta = 0 both gradients lie along
+# G_i = grad seq_logprob_i: g_train_i = c_train_i G_i with c_train_i = -A_i / (N T_i) under the grpo loss
+# (T_i: i's completion tokens, from the loss's per-sequence mean), and g_val_i = c_val_i G_i with
+# c_val_i = -A_i / N for seqloss-lastadv and -r_i / N for seqloss-reward. So
+# self_i = (c_val_i / c_train_i) ||g_train_i||^2:
+#
+# - seqloss-lastadv: self_i = T_i ||g_train_i||^2 >= 0 (not <g_i, g_i> / N: the 1/T_i of the loss stays);
+# - seqloss-reward: self_i = (r_i / A_i) T_i ||g_train_i||^2, of the sign of A_i * r_i: negative for a
+#   below-average sample with a positive reward, or an above-average one with a negative reward.
+#
+# The cell measures every self-term with hooks and checks it against that relation.
 
 # %%
-from grpo_debug.influence import influence_scores, per_sample_train_gradients, self_terms, validation_gradient
-train_grads = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
-val = validation_set(step, "same_batch")
-_, val_grad = validation_gradient(step.policy, val, cfg, "seqloss-lastadv")
-total = influence_scores(train_grads, val_grad)
-own = self_terms(step.policy, train_grads, val, cfg, "seqloss-lastadv")
-table = pd.DataFrame({"influence": total, "self term": own, "without self": total - own})
-print(f"self term >= 0 for all samples: {bool((own >= -1e-9).all())}; positive influence with self "
-      f"{(total > 0).float().mean():.0%}, without {((total - own) > 0).float().mean():.0%}")
-assert (own >= -1e-9).all()
-table.head(8)
+from grpo_debug.influence import (VAL_LOSSES, self_terms, self_terms_from_norms, signs, train_coefficients,
+                                  validation_coefficients)
+train_grads = explorer.train_gradients("all")
+same = validation_set(step, "same_batch")
+c_train = train_coefficients(run.advantages.values, run.logprobs.mask, cfg)
+squared = train_grads.squared_norms()
+self_rows, own_by_kind = {}, {}
+for kind in VAL_LOSSES:
+    own = self_terms(step.policy, train_grads, same, cfg, kind).double()
+    relation = self_terms_from_norms(squared, c_train, validation_coefficients(same, kind))
+    assert torch.allclose(own, relation, rtol=1e-3, atol=1e-6 * relation.abs().max().item())
+    total = explorer.scores(InfluenceChoice(kind=kind, source="same_batch")).double()
+    own_by_kind[kind] = own
+    self_rows[kind] = {"min self-term": own.min().item(), "self-terms < 0": int((signs(own) < 0).sum()),
+                       "self-term share of the summed influence": (own.sum() / total.sum()).item(),
+                       "influence > 0": (signs(total) > 0).float().mean().item(),
+                       "influence - self > 0": (signs(total - own) > 0).float().mean().item()}
+product_sign = torch.sign(run.advantages.values * run.rewards.total).long()
+reward_own = own_by_kind["seqloss-reward"]
+assert (signs(own_by_kind["seqloss-lastadv"]) >= 0).all()
+assert torch.equal(signs(reward_own)[signs(reward_own) != 0], product_sign[signs(reward_own) != 0])
+print(f"seqloss-lastadv: every self-term >= 0; seqloss-reward: {int((signs(reward_own) < 0).sum())} of "
+      f"{len(reward_own)} self-terms < 0 (min {reward_own.min():.3g}), each of the sign of A_i * r_i")
+pd.DataFrame(self_rows).T
 
 # %% [markdown]
-# Is the bias largest at small batches? The self-term is 1/N of a sample's own product, the cross
-# terms are 1/N of N - 1 products with the other samples; if those add up, the self-term's share shrinks as
-# N grows. The same measurement on a batch of 32 (8 prompts x 4 samples) next to the 16 above:
+# Is the bias largest at small batches? The self-term is one product per sample, the cross terms N - 1; if
+# those add up, the self-term's share shrinks as N grows. The same measurement (seqloss-lastadv) on a batch
+# of 32 (8 prompts x 4 samples) next to the 16 above:
 
 # %%
-bias = {16: {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
-             "positive with self": (total > 0).float().mean().item(),
-             "positive without": ((total - own) > 0).float().mean().item()}}
-for prompts in [8]:
-    c = cfg.replace(num_prompts=prompts)
-    r = step.run(c, until="loss")
-    same = validation_set(step, "same_batch")
-    grads = per_sample_train_gradients(step.policy, r.rollout, r.logprobs, r.advantages.values, c)
-    total = influence_scores(grads, validation_gradient(step.policy, same, c, "seqloss-lastadv")[1])
-    own = self_terms(step.policy, grads, same, c, "seqloss-lastadv")
-    assert (own >= -1e-9).all()
-    bias[r.rollout.num_samples] = {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
-                                   "positive with self": (total > 0).float().mean().item(),
-                                   "positive without": ((total - own) > 0).float().mean().item()}
+from grpo_debug.influence import influence_scores
+bias = {16: {"self-term share of the summed influence": self_rows["seqloss-lastadv"]["self-term share of the summed influence"],
+             "influence > 0": self_rows["seqloss-lastadv"]["influence > 0"],
+             "influence - self > 0": self_rows["seqloss-lastadv"]["influence - self > 0"]}}
+c = cfg.replace(num_prompts=8)
+r = step.run(c, until="loss")
+same32 = validation_set(step, "same_batch")
+grads = per_sample_train_gradients(step.policy, r.rollout, r.logprobs, r.advantages.values, c)
+total = influence_scores(grads, validation_gradient(step.policy, same32, c, "seqloss-lastadv")[1]).double()
+own = self_terms(step.policy, grads, same32, c, "seqloss-lastadv").double()
+assert (signs(own) >= 0).all()
+bias[r.rollout.num_samples] = {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
+                               "influence > 0": (signs(total) > 0).float().mean().item(),
+                               "influence - self > 0": (signs(total - own) > 0).float().mean().item()}
 run = step.run(cfg, until="loss")
+share16, share32 = (bias[n]["self-term share of the summed influence"] for n in (16, 32))
+print(f"self-term share of the summed influence: {share16:.2f} at 16 samples, {share32:.2f} at 32")
+assert share32 < share16 and share32 > 0.5
 pd.DataFrame(bias).T.rename_axis("batch size")
 
 # %% [markdown]
-# On the bundled model the self-term is about all of the summed influence at 16 samples and three
-# quarters of it at 32: the bias shrinks with the batch, slowly, because samples of different prompts have
-# nearly orthogonal gradients and the cross terms stay small. Same-batch influence mostly says "this sample
-# agrees with itself".
+# The printed shares: on the bundled model the self-term carries most of the summed same-batch influence
+# (the assert: more than half at both sizes), less at 32 samples than at 16. For seqloss-lastadv, same-batch
+# influence mostly says "this sample agrees with itself".
 
 # %% [markdown]
-# **What to notice.** The sign question is settled by measurement, not by argument. What changes the
-# histograms is the validation set: the same batch inflates every score by its self-term; a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs
-# likelier" (seed 001). Selecting by influence is only as good as the validation set behind it.
+# **What to notice.** The sign question splits in two. As a Taylor expansion it is settled by measurement
+# and holds for SGD; under the step's AdamW the optimizer-aware score ranks single-sample steps better than
+# TracIn on both validation sets, and the table in section 1 says by how much. On the reward, the quantity seed 000 cares about, section 3
+# counts how many of the paired contrasts between the two signs are within the sampling noise of this
+# many test prompts. What changes the histograms is the validation set: for seqloss-lastadv the same batch
+# adds a non-negative self-term to every score; for seqloss-reward the self-term takes the sign of A_i * r_i;
+# a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier"
+# (seed 001). Selecting by influence is only as good as the validation set and the optimizer behind it.
