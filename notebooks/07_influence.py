@@ -106,7 +106,8 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # on both sets (the second assert). From a warmed state the batch's momentum is part of every sample's
 # step (the printed fraction of such steps that lower L_val); the ranking is what to read there. The
 # statistics leave out samples whose step changes L_val by less than the noise floor of its evaluation
-# (measured with random steps that have no first-order effect), among them every zero-advantage sample.
+# (measured with random steps that have no first-order effect); under SGD and a fresh AdamW that includes
+# every zero-advantage sample, whose step is exactly zero.
 #
 # Seed 000's flip negates L_val, so it negates its gradient, every score and every prediction: on the same
 # real steps its agreement is the mirror image of the one above. That is an identity, not evidence about
@@ -134,7 +135,8 @@ panel.widget()
 # Each set's scores against the largest random set (128 samples), as rank correlation, for both validation
 # losses. `val_advantages`: `per_group` keeps each validation sample's advantage within its own generation
 # group (the step's convention); `whole_set` normalises the set's rewards over the whole set as one group,
-# which is what seed 000 did (`compute_group_advantages(val_scores, 1)`).
+# which is what seed 000 did (`compute_group_advantages(val_scores, 1)`) and what seed 001's proposed fix
+# does to its random set ("advantages = (reward - mean) / std" over all of it).
 
 # %%
 from scipy.stats import spearmanr
@@ -186,7 +188,7 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(
 # prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
 # bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
 # set of 64, and with both optimizers: the step's AdamW, and SGD with the learning rate whose step on the
-# whole batch is as long as AdamW's (at AdamW's learning rate SGD would barely move). The other selection
+# whole batch is as long as AdamW's (both learning rates are printed). The other selection
 # strategies run on the random set in the same loop (section 4).
 
 # %%
@@ -300,7 +302,8 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # changes need not follow a first-order prediction even where the order does. Under the step's AdamW,
 # TracIn's sum read as if the step were SGD misses the size by the printed factor. When influence > 0 and
 # the top half differ only by zero-score samples (printed), the two strategies take the same step: the
-# samples without a gradient add nothing to it.
+# samples without a gradient add nothing to it (exactly under SGD; under AdamW the subset's own loss
+# normalisation scales the gradient by a uniform factor, which AdamW's step almost ignores).
 
 # %% [markdown]
 # ## 5. The same-batch self-term
@@ -378,9 +381,9 @@ pd.DataFrame(bias).T.rename_axis("batch size")
 # %% [markdown]
 # **What to notice.** The sign question splits in two. As a Taylor expansion it is settled by measurement
 # and holds for SGD; under the step's AdamW the optimizer-aware score ranks single-sample steps better than
-# TracIn on both validation sets, and the table in section 1 says by how much. On the reward, the quantity seed 000 cares about, section 3
-# counts how many of the paired contrasts between the two signs are within the sampling noise of this
-# many test prompts. What changes the histograms is the validation set: for seqloss-lastadv the same batch
+# TracIn on both validation sets, and the table in section 1 says by how much. On the reward, the quantity
+# seed 000 cares about, section 3 counts how many of the paired contrasts between the two signs are within
+# the sampling noise of this many test prompts. What changes the histograms is the validation set: for seqloss-lastadv the same batch
 # adds a non-negative self-term to every score; for seqloss-reward the self-term takes the sign of A_i * r_i;
 # a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier"
 # (seed 001). Selecting by influence is only as good as the validation set and the optimizer behind it.
