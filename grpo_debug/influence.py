@@ -12,12 +12,12 @@ Validation losses (per sequence, averaged over the N_val sequences):
 
 The same-batch self-term (validation = the training batch, PPO's step_part_I). At step 0 (ratio 1, no
 clipping) with beta = 0, both of sample i's gradients lie along G_i = grad seq_logprob_i:
-  g_train_i = c_train_i G_i,  c_train_i = -A_i * (per-token loss weight of i)   (`train_coefficients`;
-              grpo: -A_i / (N T_i), T_i = i's completion tokens; reinforce_sum has no 1/T_i)
-  g_val_i   = c_val_i G_i,    c_val_i = -a_i / N (lastadv) or -r_i / N (reward) (`validation_coefficients`)
+  g_train_i = c_train_i G_i,  c_train_i = -A_i k_i, k_i = the weight of seq_logprob_i in i's loss share (grpo: 1 / (N T_i),
+              T_i = i's completion tokens; reinforce_sum: 1 / N)                   (`train_coefficients`)
+  g_val_i   = c_val_i G_i,    c_val_i = -a_i / N (lastadv) or -r_i / N (reward)   (`validation_coefficients`)
 so self_i = <g_train_i, g_val_i> = (c_val_i / c_train_i) ||g_train_i||^2. For seqloss-lastadv (a_i = A_i)
-the ratio is T_i / (N w_i) > 0 (grpo: exactly T_i): self_i = T_i ||g_train_i||^2 >= 0, not <g_i, g_i> / N.
-For seqloss-reward the ratio is r_i T_i / (A_i N w_i): self_i has the sign of A_i * r_i, negative for a
+the ratio is 1 / (N k_i) > 0 (grpo: exactly T_i): self_i = T_i ||g_train_i||^2 >= 0, not <g_i, g_i> / N.
+For seqloss-reward the ratio is r_i / (A_i N k_i): self_i has the sign of A_i * r_i, negative for a
 below-average sample with a positive reward or an above-average one with a negative reward.
 """
 
