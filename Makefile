@@ -65,10 +65,10 @@ test: setup
 	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600)
 
 data: setup
-	$(BIN)/python -m grpo_debug.data build
+	$(BIN)/python -m grpo_debug.chess.data build
 
 model: setup
-	$(BIN)/python -m grpo_debug.train_model
+	$(BIN)/python -m grpo_debug.chess.train_model
 
 evaluate: setup
-	$(BIN)/python -m grpo_debug.evaluate
+	$(BIN)/python -m grpo_debug.chess.quality

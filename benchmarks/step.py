@@ -21,7 +21,6 @@ import torch
 from common import PeakRSS, gpt2_124m_shape
 from grpo_debug.config import PHASES, StepConfig
 from grpo_debug.model import load_model
-from grpo_debug.rewards import RewardScorer
 from grpo_debug.step import GRPOStep
 
 STEP_PHASES = [p for p in PHASES if p != "evaluation"]
@@ -50,10 +49,10 @@ def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
     return {**timings, "loop_over_batched": round(timings["loop"] / timings["batched"], 2)}
 
 
-def trl_step_seconds(cfg: StepConfig, scorer: RewardScorer) -> float:
+def trl_step_seconds(cfg: StepConfig) -> float:
     from grpo_debug.trl_bridge import trl_trainer
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs
-        trainer = trl_trainer(cfg, tmp, scorer)
+        trainer = trl_trainer(cfg, tmp)
         t0 = time.perf_counter()
         trainer.train()
         return round(time.perf_counter() - t0, 3)
@@ -69,10 +68,10 @@ def profile_repeated(step: GRPOStep, cfg: StepConfig, repeats: int) -> dict:
     return {**out, "total_seconds": statistics.median(totals), "totals": totals}
 
 
-def bundled_model(scorer: RewardScorer, repeats: int) -> dict:
+def bundled_model(repeats: int) -> dict:
     report = {}
     bundled = StepConfig()
-    step = GRPOStep(bundled, scorer=scorer)
+    step = GRPOStep(bundled)
     profile_step(step, bundled)  # warm-up: first-call overheads out of the numbers
     report["bundled_8x8_mixed"] = profile_repeated(step, bundled, repeats)
     report["bundled_8x8_mixed_no_per_sample_norms"] = profile_repeated(
@@ -84,7 +83,7 @@ def bundled_model(scorer: RewardScorer, repeats: int) -> dict:
     # like for like: TRL computes no per-sample gradient norms
     trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
     ours = profile_repeated(step, trl_cfg, repeats)["total_seconds"]
-    theirs = trl_step_seconds(trl_cfg, scorer)
+    theirs = trl_step_seconds(trl_cfg)
     report["vs_trl_8x8_mixed"] = {"ours_seconds": ours, "trl_seconds": theirs, "ours_over_trl": round(ours / theirs, 2)}
     return report
 
@@ -97,15 +96,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    scorer = RewardScorer.bundled()
     report = {"threads": args.threads, "torch": torch.__version__}
 
     if not args.only_124m:
-        report.update(bundled_model(scorer, args.repeats))
+        report.update(bundled_model(args.repeats))
 
     if not args.skip_124m:
         shape_cfg = StepConfig(num_prompts=4, num_generations=4, max_new_tokens=80, task="mixed")
-        big = GRPOStep(shape_cfg, scorer=scorer, loaded=gpt2_124m_shape(load_model().tokenizer))
+        big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer))
         report["gpt2_124m_shape_4x4_80_tokens"] = profile_step(big, shape_cfg)
     print(json.dumps(report, indent=1))
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .loss import KL_ESTIMATORS, LOSS_TYPES
 from .paths import DEFAULT_MODEL
+from .task import REGISTERED_TASKS
 
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
 
@@ -30,9 +32,10 @@ MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
 GATHERS = ("per_position", "first_position")
 
 
-def _in(phase: str, default, help: str, choices: tuple | None = None, low: float | None = None,
+def _in(phase: str, default, help: str, choices: Sequence[str] | None = None, low: float | None = None,
         high: float | None = None, low_open: bool = False):
-    """A field of `phase`. `choices`: the allowed values; `low`/`high`: an allowed range (`low_open`: > low)."""
+    """A field of `phase`. `choices`: the allowed values (read at each check: the task names are those registered
+    then); `low`/`high`: an allowed range (`low_open`: > low)."""
     return field(default=default, metadata={"phase": phase, "help": help, "choices": choices, "low": low,
                                             "high": high, "low_open": low_open})
 
@@ -41,8 +44,9 @@ def _in(phase: str, default, help: str, choices: tuple | None = None, low: float
 class StepConfig:
     # --- rollout: B prompts x G samples
     model: str = _in("rollout", DEFAULT_MODEL, "bundled folder, any local folder, or a hub id")
-    task: str = _in("rollout", "mixed", "prompts: P: only, A: only, or alternating (the only one with left padding)",
-                    choices=("policy", "env", "mixed"))
+    task: str = _in("rollout", "mixed", "a registered task (`grpo_debug.task`): its prompt sets and reward functions; "
+                    "the bundled chess tasks: P: only, A: only, or alternating (the only one with left padding)",
+                    choices=REGISTERED_TASKS)
     num_prompts: int = _in("rollout", 8, "B, prompts per step", low=1)
     num_generations: int = _in("rollout", 8, "G, samples per prompt (a group needs at least 2)", low=2)
     temperature: float = _in("rollout", 0.7, "sampling temperature", low=0, low_open=True)

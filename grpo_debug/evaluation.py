@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import StepConfig
-from .prompts import prompts
+from .rewards import compute_rewards
 from .rollout import sample_completions
-from .rewards import RewardScorer, compute_rewards
+from .task import Task, as_task
 
 
 @dataclass
@@ -36,17 +36,17 @@ class Evaluation:
     seconds: float
 
 
-def eval_prompts(task: str, n: int) -> list[str]:
-    """Held-out test prompts (`prompts.prompts("test", task, n)`): never a training or validation prompt."""
-    return prompts("test", task, n)
+def eval_prompts(task: Task | str, n: int) -> list[str]:
+    """The task's held-out test prompts (`task.prompts("test", n)`): never a training or validation prompt."""
+    return as_task(task).prompts("test", n)
 
 
-def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, scorer: RewardScorer) -> EvalSide:
+def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task | str) -> EvalSide:
     completions = [c for group in sample_completions(model, tokenizer, prompts, cfg.eval_samples,
                                                      temperature=cfg.temperature, top_p=cfg.top_p,
                                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_000,
                                                      progress=False) for c in group]
-    rewards = compute_rewards(prompts, completions, cfg.eval_samples, scorer)
+    rewards = compute_rewards(prompts, completions, cfg.eval_samples, task)
     per_prompt = rewards.total.view(-1, cfg.eval_samples).mean(1)
     components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}
     return EvalSide(per_prompt.mean().item(), components, per_prompt, completions)
@@ -59,11 +59,11 @@ def bootstrap_ci(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tuple[fl
     return torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
 
 
-def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, scorer: RewardScorer) -> Evaluation:
+def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, task: Task | str) -> Evaluation:
     start = time.perf_counter()
-    prompts = eval_prompts(cfg.task, cfg.eval_prompts)
-    before = eval_side(before_model, tokenizer, prompts, cfg, scorer)
-    after = eval_side(after_model, tokenizer, prompts, cfg, scorer)
+    prompts = eval_prompts(task, cfg.eval_prompts)
+    before = eval_side(before_model, tokenizer, prompts, cfg, task)
+    after = eval_side(after_model, tokenizer, prompts, cfg, task)
     diffs = after.per_prompt - before.per_prompt
     low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
     return Evaluation(before=before, after=after, delta=diffs.mean().item(), ci_low=low, ci_high=high,

@@ -10,7 +10,6 @@ import torch
 from tqdm import tqdm
 
 from .config import StepConfig
-from .prompts import prompts as prompts_of
 from .shared_prompt import generate_per_prompt
 
 
@@ -57,8 +56,9 @@ def row_chunks(n: int, size: int = ROWS_PER_PASS) -> list[list[int]]:
 
 
 def step_prompts(task: str, n: int) -> list[str]:
-    """The step's training prompts (`prompts.prompts("train", task, n)`)."""
-    return prompts_of("train", task, n)
+    """The step's training prompts (the task's 'train' set)."""
+    from .task import load_task
+    return load_task(task).prompts("train", n)
 
 
 def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

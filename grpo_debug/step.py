@@ -20,8 +20,9 @@ from .evaluation import Evaluation, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs, scoring_kwargs
 from .loss import LossBreakdown, compute_loss, loss_kwargs
 from .model import LoadedModel, load_model
-from .rewards import RewardScorer, Rewards, compute_rewards
+from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
+from .task import Task, load_task
 from .update import StepResult, update
 
 
@@ -49,12 +50,12 @@ def _peak_rss_mb() -> float:
 
 
 class GRPOStep:
-    def __init__(self, cfg: StepConfig | None = None, scorer: RewardScorer | None = None,
+    def __init__(self, cfg: StepConfig | None = None, task: Task | None = None,
                  loaded: LoadedModel | None = None):
         self.cfg = cfg or StepConfig()
         self.loaded = loaded or load_model(self.cfg.model)
         self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
-        self.scorer = scorer or RewardScorer.bundled()
+        self.task = task or load_task(self.cfg.task)
         self.result = StepRun(self.cfg)
         self._policy_dirty = False
         self._scored_rollout, self._scored_with = None, None  # what the cached log-probs were scored on
@@ -71,8 +72,10 @@ class GRPOStep:
 
     def run(self, cfg: StepConfig | None = None, until: str = "evaluation") -> StepRun:
         cfg = cfg or self.cfg
+        if cfg.task != self.cfg.task:
+            self.task = load_task(cfg.task)
         if cfg.model != self.cfg.model:
-            self.__init__(cfg, self.scorer)
+            self.__init__(cfg, self.task)
         stop = PHASES.index(until)
         changed = cfg.first_changed_phase(self.result.config)
         missing = next((p for p in PHASES[:stop + 1] if getattr(self.result, p) is None), None)
@@ -92,7 +95,7 @@ class GRPOStep:
     # ---- phases: each reads the config and the results of earlier phases only
     def _rollout(self, cfg: StepConfig) -> Rollout:
         self.restore_policy()
-        return rollout(self.policy, self.loaded.tokenizer, cfg)
+        return rollout(self.policy, self.loaded.tokenizer, cfg, prompts=self.task.prompts("train", cfg.num_prompts))
 
     def _logprobs(self, cfg: StepConfig) -> TokenLogProbs:
         self.restore_policy()
@@ -106,7 +109,7 @@ class GRPOStep:
 
     def _rewards(self, cfg: StepConfig) -> Rewards:
         r = self.result.rollout
-        return compute_rewards(r.prompts, r.completions, r.num_generations, self.scorer)
+        return compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
 
     def _advantages(self, cfg: StepConfig) -> Advantages:
         return summarize_advantages(self.result.rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
@@ -122,7 +125,7 @@ class GRPOStep:
         return update(self.policy, self.result.rollout, self.result.logprobs, self.result.advantages.values, cfg)
 
     def _evaluation(self, cfg: StepConfig) -> Evaluation:
-        return evaluate_pair(self.loaded.reference, self.policy, self.loaded.tokenizer, cfg, self.scorer)
+        return evaluate_pair(self.loaded.reference, self.policy, self.loaded.tokenizer, cfg, self.task)
 
 
 def metrics(run: StepRun) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""Take the same set-up to TRL: a `GRPOConfig` from a `StepConfig`, the RookWorld reward as a `reward_funcs`
-entry, the step's prompts as a dataset, and a `GRPOTrainer` that scores absolute-position models right.
+"""Take the same set-up to TRL: a `GRPOConfig` from a `StepConfig`, the task's reward functions and weights as
+`reward_funcs` and `reward_weights` (they are TRL reward functions already), the task's train prompts as a
+dataset, and a `GRPOTrainer` that scores absolute-position models right.
 
 TRL 1.16 scores completions with `input_ids` and `attention_mask` only (`_get_per_token_logps_and_entropies`).
 A model with absolute position embeddings (GPT-2, RookWorld-LM-124M) then places a left-padded row at
@@ -15,8 +16,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import PRESET_FIELDS, StepConfig
-from .prompts import prompts
-from .rewards import RewardScorer
+from .task import Task, load_task
 
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
@@ -40,24 +40,11 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
     return out
 
 
-def rookworld_reward(scorer: RewardScorer | None = None):
-    """A TRL reward function: `f(prompts, completions, **kwargs) -> list[float]`, total reward per completion."""
-    scorer = scorer or RewardScorer.bundled()
-
-    def rookworld(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-        totals = [0.0] * len(completions)
-        for prompt in dict.fromkeys(prompts):  # one ground-truth lookup per prompt, as `compute_rewards`
-            rows = [i for i, p in enumerate(prompts) if p == prompt]
-            for i, score in zip(rows, scorer.score_group(prompt, [completions[i] for i in rows])):
-                totals[i] = score.total
-        return totals
-
-    return rookworld
-
-
-def prompt_dataset(cfg: StepConfig):
+def prompt_dataset(cfg: StepConfig, task: Task | None = None):
+    """The step's prompts (the task's first `cfg.num_prompts` train prompts) as TRL's `train_dataset`."""
     from datasets import Dataset
-    return Dataset.from_dict({"prompt": prompts("train", cfg.task, cfg.num_prompts)})
+    task = task or load_task(cfg.task)
+    return Dataset.from_dict({"prompt": task.prompts("train", cfg.num_prompts)})
 
 
 def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
@@ -102,14 +89,17 @@ class PositionIdsGRPOTrainer(GRPOTrainer):
             pass_position_ids(self.ref_model)
 
 
-def trl_trainer(cfg: StepConfig, output_dir: str, scorer: RewardScorer | None = None, **overrides) -> GRPOTrainer:
-    """A ready trainer on `cfg.model` with the RookWorld reward and the step's prompts: `PositionIdsGRPOTrainer`
-    when `cfg.position_ids` (the `fixed` preset), TRL's own `GRPOTrainer` when not (the `trl` preset)."""
+def trl_trainer(cfg: StepConfig, output_dir: str, task: Task | None = None, **overrides) -> GRPOTrainer:
+    """A ready trainer on `cfg.model` with the task's reward functions and weights (default: the task `cfg.task`)
+    and the step's prompts: `PositionIdsGRPOTrainer` when `cfg.position_ids` (the `fixed` preset), TRL's own
+    `GRPOTrainer` when not (the `trl` preset)."""
     from .model import load_model
     loaded = load_model(cfg.model)
+    task = task or load_task(cfg.task)
     trainer_class = PositionIdsGRPOTrainer if cfg.position_ids else GRPOTrainer
-    return trainer_class(model=loaded.name, reward_funcs=[rookworld_reward(scorer)],
-                         args=grpo_config(cfg, output_dir, **overrides), train_dataset=prompt_dataset(cfg),
-                         processing_class=loaded.tokenizer)
+    weights = {} if task.reward_weights is None else {"reward_weights": list(task.reward_weights)}
+    return trainer_class(model=loaded.name, reward_funcs=list(task.reward_funcs),
+                         args=grpo_config(cfg, output_dir, **{**weights, **overrides}),
+                         train_dataset=prompt_dataset(cfg, task), processing_class=loaded.tokenizer)
 
 

@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def scorer():
-    from grpo_debug.rewards import RewardScorer
-    scorer = RewardScorer.bundled()
+    from grpo_debug.chess.task import bundled_scorer
+    scorer = bundled_scorer()  # the one the registered chess tasks use
     yield scorer
     scorer.close()

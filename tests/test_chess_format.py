@@ -1,7 +1,7 @@
 import chess
 import pytest
 
-from grpo_debug.chess_format import (canonical_fen, env_completion, env_prompt, env_step, format_eval,
+from grpo_debug.chess.format import (canonical_fen, env_completion, env_prompt, env_step, format_eval,
                                      parse_env_completion, parse_env_prompt, parse_policy_completion,
                                      policy_completion, policy_prompt, same_position)
 

@@ -17,9 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from grpo_debug.advantages import compute_advantages, normalize_over_set, summarize_advantages
-from grpo_debug.chess_format import policy_completion
-from grpo_debug.engine import EngineNotFound, PositionError, Stockfish, _evals, find_stockfish
-from grpo_debug.rewards import RewardScorer, Score, compute_rewards
+from grpo_debug.chess.engine import EngineNotFound, PositionError, Stockfish, _evals, find_stockfish
+from grpo_debug.chess.format import policy_completion
+from grpo_debug.chess.rewards import RewardScorer, Score
+from grpo_debug.chess.task import rookworld_task
+from grpo_debug.rewards import compute_rewards
 
 DEPTH = 6
 UNSCORABLE = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
@@ -155,7 +157,7 @@ def test_invalid_positions_never_reach_the_engine():
 @pytest.mark.parametrize("fen, reason", [(MATE, "checkmate"), (STALEMATE, "stalemate")])
 def test_game_over_prompt_gets_the_documented_score(fen, reason):
     scorer = live_scorer()
-    rewards = compute_rewards([f"P: {fen} "], ["M: e1e2 E: 0 B: e1e2", "garbage"], 2, scorer)
+    rewards = compute_rewards([f"P: {fen} "], ["M: e1e2 E: 0 B: e1e2", "garbage"], 2, rookworld_task("policy", scorer))
     assert rewards.total.tolist() == [-1.0, -1.0]
     assert all(f"game over: {reason}" in error for error in rewards.errors)
     assert summarize_advantages(rewards.total, 2).values.tolist() == [0.0, 0.0]
@@ -175,10 +177,10 @@ def test_engine_lines_without_a_move_or_missing_moves_are_engine_errors():
 
 def test_two_engine_deaths_in_one_batch_change_no_score(reference):
     analyses, prompts, completions = reference
-    want = compute_rewards(prompts, completions, 2, live_scorer())
+    want = compute_rewards(prompts, completions, 2, rookworld_task("policy", live_scorer()))
     scorer = live_scorer()
     faulty(scorer.engine, kill, at={2, 4})  # the 2nd and 3rd positions' first attempts
-    got = within(60, compute_rewards, prompts, completions, 2, scorer)
+    got = within(60, compute_rewards, prompts, completions, 2, rookworld_task("policy", scorer))
     assert scorer.engine.restarts == 2
     assert_same_rewards(got, want)
     assert all(scorer.analyses[k].evals == a.evals for k, a in zip(scorer.analyses, analyses.values()))
@@ -187,10 +189,10 @@ def test_two_engine_deaths_in_one_batch_change_no_score(reference):
 
 def test_an_engine_that_dies_on_the_retry_too_costs_one_group_only(reference):
     _, prompts, completions = reference
-    want = compute_rewards(prompts, completions, 2, live_scorer())
+    want = compute_rewards(prompts, completions, 2, rookworld_task("policy", live_scorer()))
     scorer = live_scorer()
     faulty(scorer.engine, kill, at={2, 3})  # the 2nd position: first attempt and retry
-    got = within(60, compute_rewards, prompts, completions, 2, scorer)
+    got = within(60, compute_rewards, prompts, completions, 2, rookworld_task("policy", scorer))
     assert got.total[2:4].tolist() == [-1.0, -1.0]
     assert all(e.startswith("engine analysis failed") for e in got.errors[2:4])
     keep = [0, 1, 4, 5, 6, 7]
@@ -253,7 +255,7 @@ def test_scorer_is_a_context_manager():
 def test_a_script_scoring_live_exits_without_close():
     script = textwrap.dedent(f"""
         import time
-        from grpo_debug.rewards import RewardScorer
+        from grpo_debug.chess.rewards import RewardScorer
         scorer = RewardScorer(engine_depth=4)
         print(scorer.score("P: {LIVE[0]} ", "M: f1b5 E: 0.3 B: f1b5").total)
         print(time.time(), flush=True)
@@ -326,7 +328,7 @@ class ConstantScorer(RewardScorer):
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
 def test_non_finite_reward_is_refused_naming_the_sample(bad):
     with pytest.raises(ValueError, match=r"sample 3 \(prompt 1: 'P: b'\)"):
-        compute_rewards(["P: a", "P: b"], ["x"] * 4, 2, ConstantScorer([0.0, 1.0, 0.5, bad]))
+        compute_rewards(["P: a", "P: b"], ["x"] * 4, 2, rookworld_task("policy", ConstantScorer([0.0, 1.0, 0.5, bad])))
 
 
 def test_infinite_reward_is_refused_by_the_advantages_but_nan_is_ignored():

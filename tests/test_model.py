@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_debug import load_model
-from grpo_debug.data import load_split, policy_example
+from grpo_debug.chess.data import load_split, policy_example
 from grpo_debug.model import ModelUnavailable
 from grpo_debug.paths import DEFAULT_MODEL_DIR
 
@@ -55,4 +55,4 @@ def test_model_card_states_the_floor_metrics():
     for key in ["policy/parse_rate", "policy/best_move_legal", "policy/best_move_top5", "groups_nonzero_std",
                 "env/next_fen_exact"]:
         assert key in metrics
-    assert "python -m grpo_debug.evaluate" in text
+    assert "python -m grpo_debug.chess.quality" in text

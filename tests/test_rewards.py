@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_debug.chess_format import EnvOutcome, env_completion, policy_completion
-from grpo_debug.data import env_example, load_split, policy_example
-from grpo_debug.engine import PositionAnalysis, Stockfish
-from grpo_debug.rewards import RewardScorer, score_env, score_policy, EnvTruth
+from grpo_debug.chess.data import env_example, load_split, policy_example
+from grpo_debug.chess.engine import PositionAnalysis, Stockfish
+from grpo_debug.chess.format import EnvOutcome, env_completion, policy_completion
+from grpo_debug.chess.rewards import RewardScorer, score_env, score_policy
 
 POLICY_EVAL = load_split("policy_eval")
 ENV_EVAL = load_split("env_eval")
@@ -48,7 +48,7 @@ def test_perturbed_ground_truth_scores_lower():
             if completion is not None:
                 assert score_policy(analysis, completion).total < 1.0, name
     for record in ENV_EVAL[:100]:
-        truth = EnvTruth(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
+        truth = EnvOutcome(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
         fen, reward, terminated, truncated = truth.next_fen, truth.reward, truth.terminated, truth.truncated
         wrongs = [EnvOutcome(fen, reward, not terminated, truncated), EnvOutcome(fen, reward, terminated, not truncated),
                   EnvOutcome(fen, reward + 0.5, terminated, truncated),
@@ -78,7 +78,7 @@ def test_chess960_castling_spelling_is_illegal_not_a_crash():
 def test_other_en_passant_convention_is_not_a_wrong_board():
     board = chess.Board()
     board.push_uci("e2e4")
-    truth = EnvTruth(board.fen(), 0.001, False, False)
+    truth = EnvOutcome(board.fen(), 0.001, False, False)
     strict = env_completion(EnvOutcome(board.fen(en_passant="fen"), 0.001, False, False))
     assert score_env(truth, strict).total == 1.0
 
@@ -111,7 +111,7 @@ def test_any_policy_completion_gets_a_defined_score(record, text):
 @settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record=st.sampled_from(ENV_EVAL), text=ENV_TEXT)
 def test_any_env_completion_gets_a_defined_score(record, text):
-    truth = EnvTruth(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
+    truth = EnvOutcome(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
     score = score_env(truth, text)
     assert -1.0 <= score.total <= 1.0 and all(math.isfinite(v) for v in score.components.values())
     assert score.total < 1.0 or score.components["format"] == 1.0

@@ -1,8 +1,8 @@
 import chess
 import pytest
 
-from grpo_debug.data import env_example, load_split, policy_example
-from grpo_debug.tokenizer import train_tokenizer
+from grpo_debug.chess.data import env_example, load_split, policy_example
+from grpo_debug.chess.tokenizer import train_tokenizer
 
 LINES = [p + c for p, c in [policy_example(r) for r in load_split("policy_eval")[:300]]
          + [env_example(r) for r in load_split("env_eval")[:300]]]

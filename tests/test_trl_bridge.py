@@ -6,7 +6,8 @@ from trl import GRPOTrainer
 
 from grpo_debug.advantages import summarize_advantages
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import PositionIdsGRPOTrainer, grpo_config, no_trl_switch, rookworld_reward, trl_trainer
+from grpo_debug.chess.task import RookWorldReward, rookworld_task
+from grpo_debug.trl_bridge import PositionIdsGRPOTrainer, grpo_config, no_trl_switch, trl_trainer
 
 SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=104)
 
@@ -14,14 +15,14 @@ SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=104)
 def test_one_real_trl_step(tmp_path, scorer):
     cfg = StepConfig(**SMALL, beta=0.04)
     seen = []
-    reward = rookworld_reward(scorer)
+    reward = RookWorldReward(scorer)
 
     def recording(prompts, completions, **kwargs):
         values = reward(prompts, completions)
         seen.append(torch.tensor(values))
         return values
 
-    trainer = trl_trainer(cfg, str(tmp_path), scorer)
+    trainer = trl_trainer(cfg, str(tmp_path), rookworld_task(cfg.task, scorer))
     assert isinstance(trainer, PositionIdsGRPOTrainer)
     trainer.reward_funcs = [recording]
     trainer.reward_func_names = ["rookworld"]
@@ -55,7 +56,7 @@ def _sampler_and_recomputed(trainer_class, cfg, tmp_path, scorer):
             record.setdefault("inputs", inputs)
             return super()._compute_loss(model, inputs)
 
-    trainer = Recording(model=loaded.name, reward_funcs=[rookworld_reward(scorer)], train_dataset=prompt_dataset(cfg),
+    trainer = Recording(model=loaded.name, reward_funcs=[RookWorldReward(scorer)], train_dataset=prompt_dataset(cfg),
                         args=grpo_config(cfg, str(tmp_path)), processing_class=loaded.tokenizer)
 
     def keep_sampling_logits(module, args, kwargs, output):

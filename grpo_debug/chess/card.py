@@ -1,6 +1,6 @@
-"""Write the bundled model's card from measurements: `python -m grpo_debug.card [--metrics floors.json]`.
+"""Write the bundled model's card from measurements: `python -m grpo_debug.chess.card [--metrics floors.json]`.
 
-Without `--metrics` it runs `python -m grpo_debug.evaluate`'s measurement (200 + 200 held-out prompts,
+Without `--metrics` it runs `python -m grpo_debug.chess.quality`'s measurement (200 + 200 held-out prompts,
 8 samples each, seed 0) first. The card quotes the numbers as measured, the learning curve as logged.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from .evaluate import FLOORS, floor_metrics
-from .model import load_model
-from .paths import DATA_DIR, DEFAULT_MODEL_DIR
+from ..model import load_model
+from ..paths import DATA_DIR, DEFAULT_MODEL_DIR
+from .quality import FLOORS, floor_metrics
 
 
 def _curve_table(model_dir: Path) -> str:
@@ -33,7 +33,7 @@ def _runs(model_dir: Path) -> str:
     order rebuilds the model."""
     path = model_dir / "training_runs.jsonl"
     runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return "\n".join(f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.train_model --lr {r['lr']} "
+    return "\n".join(f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.chess.train_model --lr {r['lr']} "
                      f"--min-lr {r['min_lr']} --warmup-steps {r['warmup_steps']} --max-steps {r['max_steps']} "
                      f"--policy-fraction {r.get('policy_fraction', 0.5)} "
                      f"--eval-every {r['eval_every']} --metrics-every {r['metrics_every']} --stop-step {r['to_step']} "
@@ -65,7 +65,7 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
 
 - {n_params / 1e6:.2f}M parameters: {config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads,
   {config['n_positions']} positions; vocabulary {config['vocab_size']} (BPE with one token per board square, see
-  `grpo_debug/tokenizer.py`); {size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
+  `grpo_debug/chess/tokenizer.py`); {size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
 - Trained {step} steps of {cfg['batch_size']} samples (each run's P: share is its `--policy-fraction`, the rest
   A:), AdamW lr {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {minutes:.0f} minutes
   of training. Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and
@@ -83,7 +83,7 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
 
 ## Measured quality (held-out split)
 
-`python -m grpo_debug.evaluate --prompts 200 --samples 8 --seed 0`: 200 P: prompts of `policy_eval` and
+`python -m grpo_debug.chess.quality --prompts 200 --samples 8 --seed 0`: 200 P: prompts of `policy_eval` and
 200 A: prompts of `env_eval`, none seen in training, 8 samples each at temperature 0.7, top_p 0.95.
 
 | metric | measured | floor (issue 2) | |
@@ -108,8 +108,8 @@ on a quick subset (24 prompts x 4 samples per task, so noisier than the table ab
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.card", description=__doc__)
-    parser.add_argument("--metrics", type=Path, help="JSON printed by `python -m grpo_debug.evaluate`")
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.card", description=__doc__)
+    parser.add_argument("--metrics", type=Path, help="JSON printed by `python -m grpo_debug.chess.quality`")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,4 +1,4 @@
-"""Build and load the bundled RookWorld data: `python -m grpo_debug.data build`.
+"""Build and load the bundled RookWorld data: `python -m grpo_debug.chess.data build`.
 
 Positions come from two kinds of games, each seeded by its index so a rebuild gives the same files:
 - `selfplay`: Stockfish analyses every position (every legal move, fixed depth) and the game
@@ -26,10 +26,10 @@ from pathlib import Path
 import chess
 from tqdm import tqdm
 
-from .chess_format import (HISTORY_LENGTH, env_completion, env_prompt, env_step, policy_completion,
-                           policy_prompt, write_fen)
+from ..paths import DATA_DIR
 from .engine import PositionAnalysis, Stockfish
-from .paths import DATA_DIR
+from .format import (HISTORY_LENGTH, EnvOutcome, env_completion, env_prompt, env_step, policy_completion,
+                     policy_prompt, write_fen)
 
 
 @dataclass
@@ -256,7 +256,7 @@ def data_readme(manifest: dict) -> str:
     rows = "\n".join(f"| `{name}.jsonl.gz` | {count} |" for name, count in counts.items())
     return f"""# Bundled RookWorld data
 
-Built by `python -m grpo_debug.data build` (seed {cfg['seed']}, {manifest['build_seconds']:.0f} s on 2 cores) with
+Built by `python -m grpo_debug.chess.data build` (seed {cfg['seed']}, {manifest['build_seconds']:.0f} s on 2 cores) with
 {manifest['stockfish']}; `manifest.json` holds every setting. Rebuilding with the same settings gives the same files.
 
 | file | records |
@@ -299,7 +299,7 @@ def _count(values) -> dict[str, int]:
 def load_split(name: str, data_dir: Path = DATA_DIR) -> list[dict]:
     path = data_dir / f"{name}.jsonl.gz"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `python -m grpo_debug.data build`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m grpo_debug.chess.data build`")
     return read_jsonl(path)
 
 
@@ -311,13 +311,12 @@ def policy_example(record: dict) -> tuple[str, str]:
 
 
 def env_example(record: dict, separator: str = ",") -> tuple[str, str]:
-    from .chess_format import EnvOutcome
     outcome = EnvOutcome(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
     return env_prompt(record["fen"], record["move"], record["history"], separator), env_completion(outcome)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.data", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["build", "stats"])
     parser.add_argument("--out", type=Path, default=DATA_DIR)

@@ -149,6 +149,7 @@ def parse_env_prompt(prompt: str, separator: str = HISTORY_SEPARATOR) -> EnvProm
 
 @dataclass
 class EnvOutcome:
+    """The environment's answer to a move: what `env_step` returns and what an A: completion is scored against."""
     next_fen: str
     reward: float
     terminated: bool

@@ -1,4 +1,4 @@
-"""Quality floors of a RookWorld model on the held-out split: `python -m grpo_debug.evaluate`.
+"""Quality floors of a RookWorld model on the held-out split: `python -m grpo_debug.chess.quality`.
 
 Samples `--samples` completions per prompt (temperature 0.7, top_p 0.95, seeded) for `--prompts`
 P: prompts of `policy_eval` and as many A: prompts of `env_eval`, then reports:
@@ -20,11 +20,11 @@ import time
 import torch
 from tqdm import tqdm
 
-from .chess_format import parse_env_completion, parse_policy_completion, same_position
+from ..rollout import sample_completions
 from .data import env_example, load_split, policy_example
 from .engine import PositionAnalysis
-from .rewards import EnvTruth, score_env, score_policy
-from .rollout import sample_completions
+from .format import EnvOutcome, parse_env_completion, parse_policy_completion, same_position
+from .rewards import score_env, score_policy
 
 FLOORS = {"policy/parse_rate": 0.95, "policy/best_move_legal": 0.30, "policy/best_move_top5": 0.05,
           "groups_nonzero_std": 0.80, "env/next_fen_exact": 0.20}
@@ -58,7 +58,7 @@ def policy_metrics(records: list[dict], completions: list[list[str]]) -> dict[st
 def env_metrics(records: list[dict], completions: list[list[str]]) -> dict[str, float]:
     parse, exact, groups = [], [], []
     for record, samples in zip(records, completions):
-        truth = EnvTruth(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
+        truth = EnvOutcome(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
         rewards = []
         for text in samples:
             parsed = parse_env_completion(text)
@@ -88,8 +88,8 @@ def floor_metrics(model, tokenizer, num_prompts: int = 200, num_samples: int = 8
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .model import load_model
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.evaluate", description=__doc__,
+    from ..model import load_model
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.quality", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="folder or hub id (default: the bundled model)")
     parser.add_argument("--prompts", type=int, default=200)

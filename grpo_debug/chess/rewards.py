@@ -40,17 +40,15 @@ engine path that is not a UCI engine (`EngineNotFound`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import chess
-import torch
 from rapidfuzz.distance import Levenshtein
 
-from .chess_format import (canonical_fen, env_step, parse_env_completion, parse_env_prompt,
-                           parse_policy_completion, task_of)
-from .data import fen_key, load_split
+from .data import env_example, fen_key, load_split
 from .engine import EngineFailed, PositionAnalysis, PositionError, Stockfish, position_problem
+from .format import (EnvOutcome, canonical_fen, env_step, parse_env_completion, parse_env_prompt,
+                     parse_policy_completion, task_of)
 
 POLICY_WEIGHTS = {"best_move": 0.5, "candidates": 0.3, "evals": 0.2}
 ENV_WEIGHTS = {"fen": 0.6, "reward": 0.2, "terminated": 0.1, "truncated": 0.1}
@@ -63,14 +61,6 @@ class Score:
     total: float
     components: dict[str, float]
     error: str = ""
-
-
-@dataclass
-class EnvTruth:
-    next_fen: str
-    reward: float
-    terminated: bool
-    truncated: bool
 
 
 def _clamp(x: float) -> float:
@@ -130,7 +120,7 @@ def fen_similarity(predicted: str, truth: str) -> float:
     return Levenshtein.normalized_similarity(predicted, truth)
 
 
-def score_env(truth: EnvTruth, completion: str) -> Score:
+def score_env(truth: EnvOutcome, completion: str) -> Score:
     parsed = parse_env_completion(completion)
     if parsed.reward is None and parsed.terminated is None and not parsed.next_fen:
         components = {"fen": -1.0, "reward": -1.0, "terminated": -1.0, "truncated": -1.0, "format": 0.0}
@@ -152,13 +142,12 @@ def score_env(truth: EnvTruth, completion: str) -> Score:
 class RewardScorer:
     """Scores (prompt, completion) pairs of either task against bundled or live ground truth."""
     analyses: dict[str, PositionAnalysis] = field(default_factory=dict)
-    env_truths: dict[str, EnvTruth] = field(default_factory=dict)
+    env_truths: dict[str, EnvOutcome] = field(default_factory=dict)
     engine: Stockfish | None = None
     engine_depth: int = 10
 
     @classmethod
     def bundled(cls, splits: tuple[str, ...] = ("policy_eval", "policy_prompts", "env_eval"), **kwargs) -> "RewardScorer":
-        from .data import env_example
         scorer = cls(**kwargs)
         for split in splits:
             for record in load_split(split):
@@ -166,8 +155,8 @@ class RewardScorer:
                     scorer.add_analysis(PositionAnalysis.from_json(record))
                 else:
                     prompt, _ = env_example(record)
-                    scorer.env_truths[prompt] = EnvTruth(record["next_fen"], record["reward"],
-                                                         record["terminated"], record["truncated"])
+                    scorer.env_truths[prompt] = EnvOutcome(record["next_fen"], record["reward"],
+                                                           record["terminated"], record["truncated"])
         return scorer
 
     def add_analysis(self, analysis: PositionAnalysis) -> None:
@@ -189,7 +178,7 @@ class RewardScorer:
             self.add_analysis(self.engine.analyse(board))
         return self.analyses[key]
 
-    def env_truth_for(self, prompt: str) -> EnvTruth:
+    def env_truth_for(self, prompt: str) -> EnvOutcome:
         if prompt in self.env_truths:
             return self.env_truths[prompt]
         parsed = parse_env_prompt(prompt)
@@ -197,8 +186,7 @@ class RewardScorer:
             board = chess.Board(parsed.fen)
         except ValueError as e:
             raise ValueError(f"invalid FEN in A: prompt {parsed.fen!r}: {e}") from None
-        outcome = env_step(board, parsed.move)
-        return EnvTruth(outcome.next_fen, outcome.reward, outcome.terminated, outcome.truncated)
+        return env_step(board, parsed.move)
 
     def score(self, prompt: str, completion: str) -> Score:
         return self.score_group(prompt, [completion])[0]
@@ -226,31 +214,3 @@ class RewardScorer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------- phase 3 of the step
-
-
-@dataclass
-class Rewards:
-    total: torch.Tensor  # (N,) float32, what the advantages see
-    components: dict[str, torch.Tensor]  # name -> (N,), every component of every sample
-    errors: list[str]  # why a completion was malformed ("" when it parsed)
-    seconds: float
-
-
-def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, scorer: RewardScorer) -> Rewards:
-    """Score sample i against prompt i // num_generations. Components absent from a task are NaN."""
-    start = time.perf_counter()
-    G = num_generations
-    scores = [s for b in range(0, len(completions), G) for s in scorer.score_group(prompts[b // G], completions[b:b + G])]
-    names = list(dict.fromkeys(name for s in scores for name in s.components))
-    components = {name: torch.tensor([s.components.get(name, float("nan")) for s in scores]) for name in names}
-    total = torch.tensor([s.total for s in scores], dtype=torch.float32)
-    bad = (~torch.isfinite(total)).nonzero().flatten().tolist()
-    if bad:
-        i = bad[0]
-        raise ValueError(f"reward {total[i].item()} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}) and "
-                         f"{len(bad) - 1} more: every completion must get a finite score")
-    return Rewards(total=total, components=components, errors=[s.error for s in scores],
-                   seconds=time.perf_counter() - start)

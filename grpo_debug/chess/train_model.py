@@ -1,4 +1,4 @@
-"""Train the bundled RookWorld-format GPT-2 from scratch: `python -m grpo_debug.train_model`.
+"""Train the bundled RookWorld-format GPT-2 from scratch: `python -m grpo_debug.chess.train_model`.
 
 Seeded and resumable: the training state (model, optimizer, step, RNG) is saved every few minutes
 to `<out>/train_state.pt` and a run started again with the same `--out` continues from it. The
@@ -21,8 +21,8 @@ import torch
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from ..paths import DEFAULT_MODEL_DIR
 from .data import env_example, load_split, policy_example
-from .paths import DEFAULT_MODEL_DIR
 from .tokenizer import train_tokenizer
 
 
@@ -196,7 +196,7 @@ def train(cfg: TrainConfig) -> None:
                       "val_loss_policy": round(validation_loss(model, val_policy, pad), 4),
                       "val_loss_env": round(validation_loss(model, val_env, pad), 4)}
             if step % cfg.metrics_every == 0:
-                from .evaluate import floor_metrics
+                from .quality import floor_metrics
                 model.eval()
                 record.update(floor_metrics(model, tokenizer, num_prompts=24, num_samples=4, progress=False))
                 model.train()
@@ -215,7 +215,7 @@ def train(cfg: TrainConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.train_model", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.train_model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in vars(TrainConfig()).items():
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)

@@ -1,0 +1,98 @@
+"""Phase 3, rewards: the task's reward functions on every (prompt, completion), summed as TRL sums them.
+
+Sample i belongs to prompt i // G. Each reward function gets the prompts repeated once per completion, as
+in TRL's `_calculate_rewards`; a None reward becomes NaN. The total is TRL 1.16's default
+`multi_objective_aggregation="sum_then_normalize"` before its normalisation: the NaN-skipping sum over
+functions of weight * reward. What TRL only warns about is refused here, naming the sample and its prompt:
+an infinite reward, and a completion for which every function returned None (TRL gives it reward NaN
+and advantage 0; the advantages phase wants a number).
+
+Components, for the tables: what each function's `details` reports, else the function's own reward under
+its name; a component name two functions report is prefixed with the function's name (`name/component`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .task import Task, as_task
+
+
+@dataclass
+class Rewards:
+    total: torch.Tensor  # (N,) float32, what the advantages see
+    components: dict[str, torch.Tensor]  # name -> (N,), NaN where a component does not apply to a sample
+    errors: list[str]  # why a completion was malformed ("" when it parsed)
+    seconds: float
+    per_function: dict[str, torch.Tensor] = field(default_factory=dict)  # reward function -> (N,), NaN: None
+
+
+def _as_floats(values, what: str, n: int) -> torch.Tensor:
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"{what} returned {len(values)} values, but {n} were expected (one per completion)")
+    return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+
+
+def call_reward(func, name: str, prompts: list[str], completions: list[str]):
+    """(rewards (N,), components {name: (N,)}, errors [N]) of one reward function: its `details` when it has
+    one, else the function itself (its reward is then its one component)."""
+    n = len(completions)
+    details = getattr(func, "details", None)
+    if callable(details):
+        rewards, components, errors = details(prompts, completions)
+        if len(errors) != n:
+            raise ValueError(f"reward function {name!r} gave {len(errors)} errors for {n} completions")
+        components = {k: _as_floats(v, f"component {k!r} of {name!r}", n) for k, v in components.items()}
+        return _as_floats(rewards, f"reward function {name!r}", n), components, list(errors)
+    rewards = _as_floats(func(prompts=prompts, completions=completions), f"reward function {name!r}", n)
+    return rewards, {name: rewards}, [""] * n
+
+
+def _merge_components(reported: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    counts: dict[str, int] = {}
+    for components in reported.values():
+        for k in components:
+            counts[k] = counts.get(k, 0) + 1
+    return {(k if counts[k] == 1 else f"{func}/{k}"): v
+            for func, components in reported.items() for k, v in components.items()}
+
+
+def _merge_errors(per_function: dict[str, list[str]]) -> list[str]:
+    if len(per_function) == 1:
+        return next(iter(per_function.values()))
+    return ["; ".join(f"{name}: {e}" for name, errors in per_function.items() if (e := errors[i]))
+            for i in range(len(next(iter(per_function.values()))))]
+
+
+def _refuse_unusable(values: torch.Tensor, names: tuple[str, ...], prompts: list[str], G: int) -> None:
+    """values (N, F): an infinite reward, or a sample with no reward at all, is the task's bug: name it."""
+    infinite = torch.isinf(values).any(1).nonzero().flatten().tolist()
+    missing = torch.isnan(values).all(1).nonzero().flatten().tolist()
+    for bad, what in ((infinite, "an infinite reward"), (missing, "no reward (every reward function returned None)")):
+        if bad:
+            i = bad[0]
+            row = ", ".join(f"{name}={v:g}" for name, v in zip(names, values[i].tolist()))
+            raise ValueError(f"{what} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
+                             f"{len(bad) - 1} more samples: every completion must get a finite score")
+
+
+def compute_rewards(prompts: list[str], completions: list[str], num_generations: int,
+                    task: Task | str) -> Rewards:
+    """Score sample i against prompt i // num_generations with every reward function of `task`."""
+    start = time.perf_counter()
+    task, G = as_task(task), num_generations
+    if len(completions) != len(prompts) * G:
+        raise ValueError(f"{len(completions)} completions for {len(prompts)} prompts x {G} generations")
+    repeated = [prompts[i // G] for i in range(len(completions))]
+    per_function, reported, errors = {}, {}, {}
+    for name, func in zip(task.reward_names, task.reward_funcs):
+        per_function[name], reported[name], errors[name] = call_reward(func, name, repeated, completions)
+    values = torch.stack(list(per_function.values()), dim=1)  # (N, F)
+    _refuse_unusable(values, task.reward_names, prompts, G)
+    total = (values * torch.tensor(task.weights, dtype=torch.float32)).nansum(dim=1)
+    return Rewards(total=total, components=_merge_components(reported), errors=_merge_errors(errors),
+                   seconds=time.perf_counter() - start, per_function=per_function)
