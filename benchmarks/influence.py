@@ -20,11 +20,11 @@ import torch
 
 from common import PeakRSS, gpt2_124m_shape
 from grpo_debug.config import StepConfig
-from grpo_debug.influence import ValidationSet, batch_influence, validation_gradient, validation_set
+from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
 from grpo_debug.loss import loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
-from grpo_debug.step import GRPOStep
+from grpo_debug.step import GRPOStep, loss_spec_of, scoring_of
 from grpo_debug.update import chunk_loss
 
 
@@ -50,14 +50,14 @@ def influence_costs(step: GRPOStep, cfg: StepConfig, adam_aware: bool = False) -
     def plain_step():  # what `update` does without hooks
         model.zero_grad(set_to_none=True)
         for rows in row_chunks(r.num_samples):
-            chunk_loss(model, r, lp, adv, cfg, rows, weights).backward()
+            chunk_loss(model, r, lp, adv, scoring_of(cfg), loss_spec_of(cfg), rows, weights).backward()
         model.zero_grad(set_to_none=True)
 
     def naive_loop():
         scores = []
         for i in range(r.num_samples):
             model.zero_grad(set_to_none=True)
-            chunk_loss(model, r, lp, adv, cfg, [i], weights).backward()
+            chunk_loss(model, r, lp, adv, scoring_of(cfg), loss_spec_of(cfg), [i], weights).backward()
             scores.append(sum((p.grad.double() * val_grad[p].double()).sum() for p in params).item())
         model.zero_grad(set_to_none=True)
         return torch.tensor(scores)
@@ -68,8 +68,8 @@ def influence_costs(step: GRPOStep, cfg: StepConfig, adam_aware: bool = False) -
     slow, naive = measured(naive_loop)
     extra = {}
     if adam_aware:
-        from grpo_debug.influence import per_sample_train_gradients
-        from grpo_debug.tracin_experiments import scores_for
+        from grpo_debug.tracin.influence import per_sample_train_gradients
+        from grpo_debug.tracin.experiments import scores_for
         _, extra["adam_aware_score"] = measured(lambda: scores_for(
             per_sample_train_gradients(model, r, lp, adv, cfg).gradients(), val_grad, cfg, "adam"))
         extra["adam_aware_over_hook"] = round(extra["adam_aware_score"]["seconds"] / hook["seconds"], 2)

@@ -1,7 +1,8 @@
 """Time and peak memory per phase of one GRPO step: `python benchmarks/step.py [--threads N]`.
 
 Prints JSON: the bundled model at 8 prompts x 8 samples (mixed and policy-only prompts), the one-call
-vs per-prompt-loop generation ratio, our step vs one TRL GRPOTrainer step on the same configuration,
+vs per-prompt-loop generation ratio, the readable paths alone (`fast=False`), our step vs one TRL
+GRPOTrainer step on the same configuration,
 and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
 tokens. Bundled numbers are medians of `--repeats` fresh steps after a warm-up one. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
 """
@@ -21,7 +22,7 @@ import torch
 from common import PeakRSS, gpt2_124m_shape
 from grpo_debug.config import PHASES, StepConfig
 from grpo_debug.model import load_model
-from grpo_debug.step import GRPOStep
+from grpo_debug.step import GRPOStep, StepRun
 
 STEP_PHASES = [p for p in PHASES if p != "evaluation"]
 
@@ -29,11 +30,12 @@ STEP_PHASES = [p for p in PHASES if p != "evaluation"]
 def profile_step(step: GRPOStep, cfg: StepConfig) -> dict:
     """Run each phase once, fresh, timing it and its peak extra memory."""
     out = {}
-    step.result.rollout = None
+    fresh = StepRun(cfg)  # no cached phase: the first run starts from the rollout
     for phase in STEP_PHASES:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            step.run(cfg, until=phase)
+            step.run(cfg, until=phase, base=fresh)
+            fresh = None
             seconds = time.perf_counter() - t0
         out[phase] = {"seconds": round(seconds, 3), "peak_extra_mb": round(mem.mb, 1)}
     out["total_seconds"] = round(sum(v["seconds"] for v in out.values()), 3)
@@ -43,9 +45,8 @@ def profile_step(step: GRPOStep, cfg: StepConfig) -> dict:
 def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
     timings = {}
     for mode in ("batched", "loop"):
-        step.result.rollout = None
-        step.run(cfg.replace(generation=mode), until="rollout")
-        timings[mode] = round(step.result.rollout.seconds, 3)
+        run = step.run(cfg.replace(generation=mode), until="rollout", base=StepRun(cfg), remember=False)
+        timings[mode] = round(run.rollout.seconds, 3)
     return {**timings, "loop_over_batched": round(timings["loop"] / timings["batched"], 2)}
 
 
@@ -74,6 +75,7 @@ def bundled_model(repeats: int) -> dict:
     step = GRPOStep(bundled)
     profile_step(step, bundled)  # warm-up: first-call overheads out of the numbers
     report["bundled_8x8_mixed"] = profile_repeated(step, bundled, repeats)
+    report["bundled_8x8_mixed_readable"] = profile_repeated(step, bundled.replace(fast=False), repeats)  # fast paths off
     report["bundled_8x8_mixed_no_per_sample_norms"] = profile_repeated(
         step, bundled.replace(per_sample_grad_norms=False), repeats)
     policy_only = bundled.replace(task="policy", max_new_tokens=48)

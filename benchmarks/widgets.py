@@ -26,8 +26,8 @@ from IPython.core.pylabtools import print_figure
 from grpo_debug.config import PHASES, StepConfig, parse_overrides
 from grpo_debug.notebook import setup
 from grpo_debug.step import GRPOStep, StepRun
-from grpo_debug.tables import per_sample
-from grpo_debug.widgets import CHOICES, DEFAULT_FIELDS, FIGURES, SLIDERS, StepPanel, apply_change
+from grpo_debug.ui.tables import per_sample
+from grpo_debug.ui.widgets import CHOICES, DEFAULT_FIELDS, FIGURES, SLIDERS, StepPanel, apply_change
 
 TARGET_SECONDS = {"logprobs": 2.0, "advantages": 0.5, "loss": 0.5}  # by the first phase a field re-runs
 

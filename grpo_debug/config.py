@@ -22,14 +22,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .logprobs import GATHERS, MASKS
 from .loss import KL_ESTIMATORS, LOSS_TYPES
 from .paths import DEFAULT_MODEL
 from .task import REGISTERED_TASKS
 
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
 
-MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
-GATHERS = ("per_position", "first_position")
 
 
 def _in(phase: str, default, help: str, choices: Sequence[str] | None = None, low: float | None = None,
@@ -56,6 +55,8 @@ class StepConfig:
     seed: int = _in("rollout", 0, "sampling seed", low=0)
     generation: str = _in("rollout", "batched", "one generate call for B*G, or one call per prompt",
                           choices=("batched", "loop"))
+    fast: bool = _in("rollout", True, "the fast paths (grpo_debug/fast/): the same numbers to float rounding; "
+                     "false runs the readable functions only")
     pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 does (pad == eos); the bundled "
                              "tokenizer has its own <pad>")
     # --- log-probs of policy and reference

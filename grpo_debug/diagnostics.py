@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .logprobs import chunked_logps, scoring_kwargs
-from .step import GRPOStep, StepRun
+from .logprobs import chunked_logps
+from .step import GRPOStep, StepRun, scoring_of
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
@@ -57,6 +57,14 @@ class CompileComparison:
     def speedup(self) -> float:
         return self.eager_seconds / self.compiled_seconds
 
+    def __str__(self) -> str:
+        if self.error:
+            return f"torch.compile ({self.backend}) failed here: {self.error}"
+        return (f"{self.rows} rows scored. eager: first call {self.eager_first_seconds:.2f} s, then "
+                f"{self.eager_seconds:.3f} s; compiled ({self.backend}): first call {self.compiled_first_seconds:.1f} s "
+                f"(compilation), then {self.compiled_seconds:.3f} s, {self.speedup:.2f}x; "
+                f"max |eager - compiled| {self.max_abs_diff:.1e}")
+
 
 def _timed_calls(score, repeats: int) -> tuple[torch.Tensor, float, float]:
     """The result of the first call, its seconds and the median seconds of `repeats` more calls."""
@@ -80,14 +88,14 @@ def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend:
     """
     rollout = step.result.rollout or step.run(until="rollout").rollout
     rollout = rollout.rows(range(min(rows, rollout.num_samples)))
-    kwargs = {**scoring_kwargs(step.cfg), "dropout": False}
+    scoring = scoring_of(step.cfg).without_dropout()
     with torch.no_grad():
-        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, **kwargs), repeats)
+        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast), repeats)
         torch._dynamo.reset()
         try:
             compiled_policy = torch.compile(step.policy, backend=backend)
             compiled, compiled_first, compiled_seconds = _timed_calls(
-                lambda: chunked_logps(compiled_policy, rollout, **kwargs), repeats)
+                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast), repeats)
         except Exception as exc:  # no C++ compiler, an unsupported op, an unknown backend: a result, not a crash
             nan = float("nan")
             return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, nan, nan, nan,

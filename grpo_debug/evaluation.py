@@ -17,6 +17,9 @@ from .rollout import sample_completions
 from .task import Task, as_task
 
 
+EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
+
+
 @dataclass
 class EvalSide:
     reward: float
@@ -44,8 +47,8 @@ def eval_prompts(task: Task | str, n: int) -> list[str]:
 def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task | str) -> EvalSide:
     completions = [c for group in sample_completions(model, tokenizer, prompts, cfg.eval_samples,
                                                      temperature=cfg.temperature, top_p=cfg.top_p,
-                                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 10_000,
-                                                     progress=False) for c in group]
+                                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + EVAL_SEED_OFFSET,
+                                                     progress=False, fast=cfg.fast) for c in group]
     rewards = compute_rewards(prompts, completions, cfg.eval_samples, task)
     per_prompt = rewards.total.view(-1, cfg.eval_samples).mean(1)
     components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}

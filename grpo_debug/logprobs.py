@@ -1,8 +1,8 @@
 """Phase 2, log-probs: per-token log-probs of the sampled completions under policy and reference.
 
-Each pitfall of the seeds is one argument: temperature left out (seed 004), the completion mask
-(seed 004 drops the EOS; with pad == eos a value-based mask cannot tell them apart), dropout on
-while scoring, no position_ids on left-padded rows, bfloat16, and the seed-003 gather.
+Each pitfall is one field of `Scoring`: the temperature left out, the completion mask (a value mask
+cannot tell the EOS from padding when pad == eos), dropout on while scoring, no position_ids on
+left-padded rows, bfloat16, and a gather that reads every token from the first position.
 """
 
 from __future__ import annotations
@@ -14,14 +14,34 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import GATHERS, MASKS, StepConfig
 from .rollout import ROWS_PER_PASS, Rollout, row_chunks
-from .shared_prompt import shared_prompt_cache
+
+MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
+GATHERS = ("per_position", "first_position")
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How completions are scored. `temperature=None` scores at T=1 whatever the sampler used."""
+    temperature: float | None
+    position_ids: bool = True
+    dropout: bool = False
+    dtype: str = "float32"
+    gather: str = "per_position"
+    mask: str = "keep_first_eos"
+
+    @property
+    def score_after_eos(self) -> bool:
+        """Whether the columns after the EOS are scored (only a mask that counts them needs them)."""
+        return self.mask == "all_positions"
+
+    def without_dropout(self) -> "Scoring":
+        return dataclasses.replace(self, dropout=False)
 
 
 @dataclass
 class TokenLogProbs:
-    policy: torch.Tensor  # (N, C) detached: the "old" log-probs of the step
+    policy: torch.Tensor  # (N, C) detached: the "old" log-probs of the step; 0 after the EOS unless PAD is scored
     reference: torch.Tensor  # (N, C)
     mask: torch.Tensor  # (N, C) float, 1 on scored completion tokens
     sampler_gap: torch.Tensor  # (N, C) |sampler (temperature only) - recomputed policy| on the TRL mask
@@ -69,104 +89,85 @@ def _mode(model, train: bool):
         model.train(was)
 
 
-def _trim(rollout: Rollout, left: bool, right: bool) -> tuple[Rollout, int]:
-    """Drop columns that no scored number depends on: left padding every row shares (only when
-    position_ids are passed, else the padding shifts positions: that is the pitfall) and completion
-    columns after every row's EOS (only when the mask zeroes them). Returns the rollout and the
-    number of completion columns dropped on the right."""
-    first = int(rollout.prompt_mask.any(0).int().argmax()) if left else 0
-    width = int(rollout.completion_lengths.max()) if right else rollout.completion_ids.shape[1]
-    trimmed = dataclasses.replace(rollout, prompt_ids=rollout.prompt_ids[:, first:],
-                                  prompt_mask=rollout.prompt_mask[:, first:],
-                                  completion_ids=rollout.completion_ids[:, :width])
-    return trimmed, rollout.completion_ids.shape[1] - width
-
-
-def _prompt_is_shared(model, rollout: Rollout, position_ids: bool, dtype: str) -> bool:
-    """No-grad scoring of rows that all share one prompt (a group) in float32 without dropout."""
-    ids, mask = rollout.prompt_ids, rollout.prompt_mask
-    return (not torch.is_grad_enabled() and not model.training and position_ids and dtype == "float32"
-            and ids.shape[0] > 1 and ids.shape[1] > 1 and bool((ids == ids[:1]).all()) and bool((mask == mask[:1]).all()))
-
-
-def _logits_after_shared_prompt(model, kwargs: dict, rollout: Rollout, P: int, C: int) -> torch.Tensor:
-    """The prompt's keys and values computed once for the group, as the rollout does: the same logits
-    (to float rounding) for a fraction of the work when prompts are longer than completions."""
-    cache = shared_prompt_cache(model, rollout.prompt_ids[:1], rollout.prompt_mask[:1], rollout.num_samples, C)
-    return model(input_ids=kwargs["input_ids"][:, P - 1:P + C - 1], attention_mask=kwargs["attention_mask"][:, :P + C - 1],
-                 position_ids=kwargs["position_ids"][:, P - 1:P + C - 1], past_key_values=cache, use_cache=True).logits
-
-
-def per_token_logps(model, rollout: Rollout, *, temperature: float | None, position_ids: bool = True,
-                    dropout: bool = False, dtype: str = "float32", gather: str = "per_position",
-                    score_after_eos: bool = False) -> torch.Tensor:
-    """(N, C) log-prob of each completion token; differentiable when called with grad enabled.
-
-    The logits at position t predict token t+1, so the completion's C tokens are scored by the logits
-    of positions P-1 ... P+C-2. Padding nothing depends on is not fed to the model (23% fewer tokens
-    on the mixed task); `score_after_eos` keeps the columns after the EOS (a mask that counts PAD).
-    """
-    rollout, dropped = _trim(rollout, left=position_ids, right=not score_after_eos)
+def model_inputs(rollout: Rollout, position_ids: bool) -> dict[str, torch.Tensor]:
+    """(N, P + C) prompt + completion ids and mask; position_ids counted from the mask, as `generate` does."""
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     attention_mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if position_ids:
-        kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return inputs
+
+
+def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:
+    """(N, C, V) logits that score the completion: position t predicts token t + 1, so the C completion
+    tokens are scored by positions P-1 ... P+C-2."""
+    if scoring.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {scoring.dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    with _mode(model, dropout), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        if _prompt_is_shared(model, rollout, position_ids, dtype):
-            logits = _logits_after_shared_prompt(model, kwargs, rollout, P, C)
-        else:
-            logits = model(**kwargs).logits[:, P - 1:P + C - 1]
+    with _mode(model, scoring.dropout), torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"):
+        return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1:P + C - 1]
+
+
+def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor:
+    """(N, C) log-prob of each completion token from its (N, C, V) logits."""
     logits = logits.float()
-    if temperature is not None:
-        logits = logits / temperature
+    if scoring.temperature is not None:
+        logits = logits / scoring.temperature
     logps = logits.log_softmax(-1)
-    if gather == "per_position":
-        chosen = logps.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
-    elif gather == "first_position":  # seed 003: lp.gather(1, tokens.unsqueeze(0)) reads every token from row 0
-        chosen = logps[:, :1, :].expand(-1, C, -1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
-    else:
-        raise ValueError(f"gather must be one of {GATHERS}, got {gather!r}")
-    return torch.nn.functional.pad(chosen, (0, dropped))
+    if scoring.gather == "per_position":
+        return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    if scoring.gather == "first_position":  # lp.gather(1, tokens.unsqueeze(0)) on one sequence reads row 0 only
+        return logps[:, :1, :].expand_as(logps).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    raise ValueError(f"gather must be one of {GATHERS}, got {scoring.gather!r}")
 
 
-def chunked_logps(model, rollout: Rollout, **kwargs) -> torch.Tensor:
-    """`per_token_logps` a few rows at a time (no grad), cut along groups so that each piece shares its prompt."""
+def per_token_logps(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:
+    """(N, C) log-prob of each completion token, one forward over prompt + completion; differentiable
+    when called with grad enabled."""
+    return token_logps(completion_logits(model, rollout, scoring), rollout.completion_ids, scoring)
+
+
+def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
+    """`per_token_logps`, or its fast twin (`fast.scoring`): the same numbers to float rounding."""
+    if fast:
+        from .fast.scoring import per_token_logps_fast
+        return per_token_logps_fast(model, rollout, scoring)
+    return per_token_logps(model, rollout, scoring)
+
+
+def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
+    """(N, C) log-probs a few rows at a time (no grad), cut along groups so that each piece shares its prompt."""
     G = rollout.num_generations
     size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
-    return torch.cat([per_token_logps(model, rollout.rows(rows), **kwargs) for rows in row_chunks(rollout.num_samples, size)])
+    return torch.cat([score_rows(model, rollout.rows(rows), scoring, fast)
+                      for rows in row_chunks(rollout.num_samples, size)])
 
 
-def scoring_kwargs(cfg: StepConfig) -> dict:
-    return {"temperature": cfg.temperature if cfg.logprob_temperature else None, "position_ids": cfg.position_ids,
-            "dropout": cfg.dropout, "dtype": cfg.dtype, "gather": cfg.gather, "score_after_eos": cfg.mask == "all_positions"}
-
-
-def compute_logprobs(policy, reference, rollout: Rollout, cfg: StepConfig, seed: int = 0,
-                     reference_is_policy: bool = False, scored: TokenLogProbs | None = None) -> TokenLogProbs:
-    """Policy scored as `cfg` says; the reference always in eval mode, as TRL keeps it (no dropout).
+def compute_logprobs(policy, reference, rollout: Rollout, scoring: Scoring, *, seed: int = 0,
+                     reference_is_policy: bool = False, scored: TokenLogProbs | None = None,
+                     fast: bool = True) -> TokenLogProbs:
+    """Policy scored as `scoring` says; the reference always in eval mode, as TRL keeps it (no dropout).
 
     `reference_is_policy=True` (step 0: the reference is a frozen copy of these very weights) reuses the
     policy's log-probs for the reference when dropout is off: the same weights on the same inputs give
-    the same numbers, so the second forward is skipped. `scored`: log-probs of this rollout scored with
-    the same `scoring_kwargs` (only the mask changed), reused without any forward.
+    the same numbers, so the second forward is skipped. `scored`: log-probs of this rollout scored the
+    same way except for the mask, reused without any forward.
     """
     start = time.perf_counter()
     torch.manual_seed(seed)  # dropout masks, when dropout is on
-    kwargs = scoring_kwargs(cfg)
     with torch.no_grad():
         if scored is not None:
             policy_logps, reference_logps = scored.policy, scored.reference
         else:
-            policy_logps = chunked_logps(policy, rollout, **kwargs)
-            if reference_is_policy and not cfg.dropout:
+            policy_logps = chunked_logps(policy, rollout, scoring, fast)
+            if reference_is_policy and not scoring.dropout:
                 reference_logps = policy_logps.clone()
             else:
-                reference_logps = chunked_logps(reference, rollout, **{**kwargs, "dropout": False})
-    mask = completion_mask(rollout, cfg.mask)
+                reference_logps = chunked_logps(reference, rollout, scoring.without_dropout(), fast)
+            kept = completion_mask(rollout, "all_positions" if scoring.score_after_eos else "keep_first_eos")
+            policy_logps, reference_logps = policy_logps * kept, reference_logps * kept  # after the EOS: 0
+    mask = completion_mask(rollout, scoring.mask)
     trl_mask = completion_mask(rollout, "keep_first_eos")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask
     top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()

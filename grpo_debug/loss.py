@@ -24,6 +24,7 @@ not 0 when advantages correlate with lengths; every gradient is non-zero. Judge 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -60,11 +61,18 @@ def per_token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, old_logps: torch.
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
-def loss_kwargs(cfg) -> dict:
-    """compute_loss's keyword arguments from a StepConfig (its loss-phase fields)."""
-    return {"loss_type": cfg.loss_type, "beta": cfg.beta, "kl_estimator": cfg.kl_estimator,
-            "epsilon_low": cfg.epsilon_low, "epsilon_high": cfg.epsilon_high,
-            "max_completion_length": cfg.max_new_tokens}
+@dataclass(frozen=True)
+class LossSpec:
+    """`compute_loss`'s settings: `compute_loss(..., **spec.kwargs())`."""
+    loss_type: str = "grpo"
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    max_completion_length: int | None = None
+
+    def kwargs(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

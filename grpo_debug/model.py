@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .paths import DEFAULT_MODEL, HUB_MODEL
+from .paths import DEFAULT_MODEL, DEFAULT_MODEL_DIR, HUB_MODEL
 
 
 class ModelUnavailable(RuntimeError):
@@ -66,7 +66,8 @@ def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype
     if Path(name).expanduser().exists():
         name = str(Path(name).expanduser())
     elif name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise ModelUnavailable(f"no model folder at {name!r}. The bundled model is {DEFAULT_MODEL}; "
+        origin = " (from GRPO_DEBUG_MODEL)" if name_or_path is None and os.environ.get("GRPO_DEBUG_MODEL") else ""
+        raise ModelUnavailable(f"no model folder at {name!r}{origin}. The bundled model is {DEFAULT_MODEL_DIR}; "
                                f"a hub id looks like {HUB_MODEL!r}.")
     try:
         tokenizer, policy = _from_pretrained(name, dtype, local_files_only=True)

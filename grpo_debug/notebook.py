@@ -19,3 +19,10 @@ def setup(threads: int = 1) -> None:
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5
     matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def show_source(*functions) -> None:
+    """Print the code of the functions a notebook is about: the readable path, not the fast one."""
+    import inspect
+    for function in functions:
+        print(inspect.getsource(function))

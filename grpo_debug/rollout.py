@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .config import StepConfig
-from .shared_prompt import generate_per_prompt
+from .fast.shared_prompt import generate_per_prompt
 
 
 @dataclass
@@ -55,12 +54,6 @@ def row_chunks(n: int, size: int = ROWS_PER_PASS) -> list[list[int]]:
     return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
 
-def step_prompts(task: str, n: int) -> list[str]:
-    """The step's training prompts (the task's 'train' set)."""
-    from .task import load_task
-    return load_task(task).prompts("train", n)
-
-
 def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     is_eos = completion_ids == eos_id
     finished = is_eos.any(dim=1)
@@ -69,21 +62,29 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, prompts: list[str], cfg: StepConfig, pad_id: int):
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    G = cfg.num_generations
-    out = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], G, cfg.max_new_tokens,
-                              do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-                              pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
-                              output_scores=True, output_logits=True, return_dict_in_generate=True)
-    input_ids, attention_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
-    prompt_len = enc["input_ids"].shape[1]
-    completion_ids = out.sequences[:, prompt_len:]
-    scores = torch.stack(out.scores, dim=1).float()  # processed: / temperature, top_p -> -inf
-    logits = torch.stack(out.logits, dim=1).float()  # raw
+def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_generations: int, *,
+           max_new_tokens: int, temperature: float, top_p: float, pad_token_id: int, eos_token_id: int,
+           fast: bool = True):
+    """`num_generations` samples of each left-padded prompt (B, P): one `generate` call on the prompts
+    repeated G times, rows grouped by prompt. Returns the (B*G, P) prompt ids and mask, the (B*G, C)
+    completion ids, and each sampled token's log-prob under the sampler (temperature and top_p) and under
+    the temperature alone (what a recomputation can match). `fast`: the same call with each prompt's keys
+    and values computed once per group (`fast.shared_prompt`)."""
+    G = num_generations
+    input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                  pad_token_id=pad_token_id, eos_token_id=eos_token_id, output_scores=True, output_logits=True,
+                  return_dict_in_generate=True)
+    if fast:
+        out = generate_per_prompt(model, input_ids[::G], attention_mask[::G], G, **kwargs)
+    else:
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    completion_ids = out.sequences[:, input_ids.shape[1]:]
     chosen = completion_ids.unsqueeze(-1)
+    scores = torch.stack(out.scores, dim=1).float()  # what was sampled from: / temperature, top_p -> -inf
+    logits = torch.stack(out.logits, dim=1).float()  # raw
     sampler = scores.log_softmax(-1).gather(-1, chosen).squeeze(-1)
-    temperature_only = (logits / cfg.temperature).log_softmax(-1).gather(-1, chosen).squeeze(-1)
+    temperature_only = (logits / temperature).log_softmax(-1).gather(-1, chosen).squeeze(-1)
     return input_ids, attention_mask, completion_ids, sampler, temperature_only
 
 
@@ -100,8 +101,9 @@ def _pad_left(tensors: list[torch.Tensor], value: int) -> torch.Tensor:
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *, temperature: float = 0.7,
                        top_p: float = 0.95, max_new_tokens: int = 128, seed: int = 0,
-                       batch_prompts: int = 16, progress: bool = True) -> list[list[str]]:
-    """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk."""
+                       batch_prompts: int = 16, progress: bool = True, fast: bool = True) -> list[list[str]]:
+    """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk (texts
+    only: no scores kept, so it also fits a large vocabulary)."""
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"
@@ -111,34 +113,43 @@ def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *
         torch.manual_seed(seed + start)
         chunk = prompts[start:start + batch_prompts]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, max_new_tokens,
-                                        do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        if fast:
+            generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, **kwargs)
+        else:
+            generated = model.generate(input_ids=enc["input_ids"].repeat_interleave(num_samples, 0),
+                                       attention_mask=enc["attention_mask"].repeat_interleave(num_samples, 0), **kwargs)
         texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         out.extend(texts[i * num_samples:(i + 1) * num_samples] for i in range(len(chunk)))
     model.train(was_training)
     return out
 
 
-def rollout(model, tokenizer, cfg: StepConfig, prompts: list[str] | None = None) -> Rollout:
-    """Sample G completions for each of B prompts, model in eval mode, seeded.
+def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_new_tokens: int,
+            temperature: float, top_p: float, seed: int, pad_with_eos: bool = True, generation: str = "batched",
+            fast: bool = True) -> Rollout:
+    """Sample `num_generations` completions for each prompt, model in eval mode, seeded.
 
     `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
-    `"loop"` makes one call per prompt, as the seed-003 script does, for the speed comparison.
+    `"loop"` makes one call per prompt, for the speed comparison. `pad_with_eos` pads completions with
+    the EOS token, as a GPT-2 tokenizer without a pad token does under TRL (pad == eos).
     """
-    prompts = prompts if prompts is not None else step_prompts(cfg.task, cfg.num_prompts)
-    pad_id = tokenizer.eos_token_id if cfg.pad_with_eos else tokenizer.pad_token_id
+    pad_id = tokenizer.eos_token_id if pad_with_eos else tokenizer.pad_token_id
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"
     start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    if cfg.generation == "batched":
-        parts = [_generate(model, tokenizer, prompts, cfg, pad_id)]
-    elif cfg.generation == "loop":
-        parts = [_generate(model, tokenizer, [p], cfg, pad_id) for p in prompts]
-    else:
-        raise ValueError(f"generation must be 'batched' or 'loop', got {cfg.generation!r}")
+    torch.manual_seed(seed)
+    if generation not in ("batched", "loop"):
+        raise ValueError(f"generation must be 'batched' or 'loop', got {generation!r}")
+    batches = [prompts] if generation == "batched" else [[p] for p in prompts]
+    parts = []
+    for batch in batches:
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+        parts.append(sample(model, enc["input_ids"], enc["attention_mask"], num_generations,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, fast=fast))
     seconds = time.perf_counter() - start
     model.train(was_training)
     prompt_ids = _pad_left([p[0] for p in parts], tokenizer.pad_token_id)
@@ -150,7 +161,7 @@ def rollout(model, tokenizer, cfg: StepConfig, prompts: list[str] | None = None)
     sampler = _pad_right([p[3] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
     temperature_only = _pad_right([p[4] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    G = cfg.num_generations
+    G = num_generations
     identical = [b for b in range(len(prompts)) if len(set(completions[b * G:(b + 1) * G])) == 1]
     return Rollout(prompts=prompts, completions=completions, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                    completion_ids=completion_ids, completion_lengths=lengths, finished=finished,

@@ -1,13 +1,15 @@
-"""One GRPO step, phase by phase, with each phase's result kept.
+"""One GRPO step, phase by phase: `GRPOStep.run(cfg)` returns a new frozen `StepRun` on every call.
 
-`GRPOStep.run(cfg)` re-runs only the phases at and after the first one whose config fields changed,
-on the same cached rollout; the policy is restored to its pre-update weights before any phase that
-reads it is re-run.
+Only the phases at and after the first one whose config fields changed are re-run; the results of the
+phases before it are shared with the previous run, not copied. This is the one module that turns a
+`StepConfig` into the phases' arguments (`scoring_of`, `loss_spec_of`, `optimization_of`); the phase
+functions themselves take tensors, a model and plain values.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import resource
 import time
 from dataclasses import dataclass, field
@@ -17,22 +19,22 @@ import torch
 from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
-from .logprobs import TokenLogProbs, compute_logprobs, scoring_kwargs
-from .loss import LossBreakdown, compute_loss, loss_kwargs
+from .logprobs import Scoring, TokenLogProbs, compute_logprobs
+from .loss import LossBreakdown, LossSpec, compute_loss
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .task import Task, load_task
-from .update import StepResult, update
+from .update import Optimization, StepResult, update
 
 
-@dataclass
+@dataclass(frozen=True)
 class PhaseTiming:
     seconds: float
     peak_rss_mb: float  # process peak resident memory after the phase (monotone; CPU)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepRun:
     config: StepConfig
     rollout: Rollout | None = None
@@ -42,7 +44,28 @@ class StepRun:
     loss: LossBreakdown | None = None
     update: StepResult | None = None
     evaluation: Evaluation | None = None
-    timings: dict[str, PhaseTiming] = field(default_factory=dict)
+    timings: dict[str, PhaseTiming] = field(default_factory=dict)  # every phase result's own timing
+    rerun: tuple[str, ...] = ()  # the phases this run computed; the others are the previous run's
+    prompt_set: str = "train"  # the task's prompt set the rollout sampled
+
+
+def scoring_of(cfg: StepConfig) -> Scoring:
+    return Scoring(temperature=cfg.temperature if cfg.logprob_temperature else None, position_ids=cfg.position_ids,
+                   dropout=cfg.dropout, dtype=cfg.dtype, gather=cfg.gather, mask=cfg.mask)
+
+
+def loss_spec_of(cfg: StepConfig) -> LossSpec:
+    return LossSpec(loss_type=cfg.loss_type, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+                    epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens)
+
+
+def optimization_of(cfg: StepConfig) -> Optimization:
+    return Optimization(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+
+
+def _scoring_key(scoring: Scoring) -> Scoring:
+    """What the scored numbers depend on: every scoring field but the mask, except whether it scores PAD."""
+    return dataclasses.replace(scoring, mask="all_positions" if scoring.score_after_eos else "keep_first_eos")
 
 
 def _peak_rss_mb() -> float:
@@ -50,82 +73,107 @@ def _peak_rss_mb() -> float:
 
 
 class GRPOStep:
-    def __init__(self, cfg: StepConfig | None = None, task: Task | None = None,
-                 loaded: LoadedModel | None = None):
+    """A model, its frozen reference, a task (prompts and reward functions), and the last `StepRun`."""
+
+    def __init__(self, cfg: StepConfig | None = None, task: Task | None = None, loaded: LoadedModel | None = None):
         self.cfg = cfg or StepConfig()
+        self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
         self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
-        self.task = task or load_task(self.cfg.task)
         self.result = StepRun(self.cfg)
         self._policy_dirty = False
-        self._scored_rollout, self._scored_with = None, None  # what the cached log-probs were scored on
-        self.last_rerun: list[str] = []
 
     @property
     def policy(self):
         return self.loaded.policy
+
+    @property
+    def last_rerun(self) -> list[str]:
+        return list(self.result.rerun)
 
     def restore_policy(self) -> None:
         if self._policy_dirty:
             self.policy.load_state_dict(self.initial_state)
             self._policy_dirty = False
 
-    def run(self, cfg: StepConfig | None = None, until: str = "evaluation") -> StepRun:
+    def run(self, cfg: StepConfig | None = None, until: str = "evaluation", base: StepRun | None = None,
+            prompt_set: str = "train", remember: bool = True) -> StepRun:
+        """A new StepRun of `cfg` up to phase `until`, re-using `base`'s (default: the last run's) results of
+        the phases before the first one `cfg` changes. `prompt_set`: the task's prompts to sample (the
+        validation pool of TracIn is the same phases on "validation"); `remember=False` leaves `result`
+        (the run later calls start from) as it was."""
         cfg = cfg or self.cfg
-        if cfg.task != self.cfg.task:
-            self.task = load_task(cfg.task)
-        if cfg.model != self.cfg.model:
-            self.__init__(cfg, self.task)
+        if cfg.model != self.cfg.model or cfg.task != self.cfg.task:
+            self.__init__(cfg, None if cfg.task != self.cfg.task else self.task)
+        base = base or self.result
         stop = PHASES.index(until)
-        changed = cfg.first_changed_phase(self.result.config)
-        missing = next((p for p in PHASES[:stop + 1] if getattr(self.result, p) is None), None)
+        changed = "rollout" if prompt_set != base.prompt_set else cfg.first_changed_phase(base.config)
+        missing = next((p for p in PHASES[:stop + 1] if getattr(base, p) is None), None)
         due = [p for p in (changed, missing) if p is not None]
-        start = min(due, key=PHASES.index) if due else None
-        self.last_rerun = [] if start is None else list(PHASES[PHASES.index(start):stop + 1])
-        self.cfg = cfg
-        self.result.config = cfg
-        for phase in self.last_rerun:
+        start = PHASES.index(min(due, key=PHASES.index)) if due else stop + 1
+        done = {p: getattr(base, p) for p in PHASES[:start]}
+        timings = {p: t for p, t in base.timings.items() if p in done}
+        for phase in PHASES[start:stop + 1]:
             t0 = time.perf_counter()
-            setattr(self.result, phase, getattr(self, f"_{phase}")(cfg))
-            self.result.timings[phase] = PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())
-        for phase in PHASES[stop + 1:]:
-            setattr(self.result, phase, None)
-        return self.result
+            done[phase] = PHASE_FUNCTIONS[phase](self, cfg, done, base, prompt_set)
+            timings[phase] = PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())
+        run = StepRun(cfg, **{p: done.get(p) for p in PHASES[:stop + 1]}, timings=timings,
+                      rerun=tuple(PHASES[start:stop + 1]), prompt_set=prompt_set)
+        if remember:
+            self.cfg, self.result = cfg, run
+        return run
 
-    # ---- phases: each reads the config and the results of earlier phases only
-    def _rollout(self, cfg: StepConfig) -> Rollout:
-        self.restore_policy()
-        return rollout(self.policy, self.loaded.tokenizer, cfg, prompts=self.task.prompts("train", cfg.num_prompts))
 
-    def _logprobs(self, cfg: StepConfig) -> TokenLogProbs:
-        self.restore_policy()
-        previous, rollout = self.result.logprobs, self.result.rollout
-        same_scoring = (previous is not None and self._scored_rollout is rollout
-                        and self._scored_with == scoring_kwargs(cfg))  # e.g. only the mask changed
-        result = compute_logprobs(self.policy, self.loaded.reference, rollout, cfg, reference_is_policy=True,
-                                  scored=previous if same_scoring else None)
-        self._scored_rollout, self._scored_with = rollout, scoring_kwargs(cfg)
-        return result
+# ---- phases: each reads the config and the results of earlier phases (`done`) only; `base` is the run the
+# new one starts from (the log-probs reuse its scoring when only the mask changed)
 
-    def _rewards(self, cfg: StepConfig) -> Rewards:
-        r = self.result.rollout
-        return compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
+def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rollout:
+    step.restore_policy()
+    return rollout(step.policy, step.loaded.tokenizer, step.task.prompts(prompt_set, cfg.num_prompts),
+                   num_generations=cfg.num_generations,
+                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                   pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast)
 
-    def _advantages(self, cfg: StepConfig) -> Advantages:
-        return summarize_advantages(self.result.rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
-    def _loss(self, cfg: StepConfig) -> LossBreakdown:
-        lp = self.result.logprobs
-        return compute_loss(lp.policy, lp.policy, lp.reference, self.result.advantages.values, lp.mask,
-                            **loss_kwargs(cfg))
+def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
+    step.restore_policy()
+    scoring = scoring_of(cfg)
+    same_scoring = (base.logprobs is not None and base.rollout is done["rollout"]
+                    and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring))  # e.g. only the mask changed
+    return compute_logprobs(step.policy, step.loaded.reference, done["rollout"], scoring, reference_is_policy=True,
+                            scored=base.logprobs if same_scoring else None, fast=cfg.fast)
 
-    def _update(self, cfg: StepConfig) -> StepResult:
-        self.restore_policy()
-        self._policy_dirty = True
-        return update(self.policy, self.result.rollout, self.result.logprobs, self.result.advantages.values, cfg)
 
-    def _evaluation(self, cfg: StepConfig) -> Evaluation:
-        return evaluate_pair(self.loaded.reference, self.policy, self.loaded.tokenizer, cfg, self.task)
+def run_rewards(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
+    r = done["rollout"]
+    return compute_rewards(r.prompts, r.completions, r.num_generations, step.task)
+
+
+def run_advantages(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:
+    return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
+
+
+def run_loss(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
+    lp = done["logprobs"]
+    return compute_loss(lp.policy, lp.policy, lp.reference, done["advantages"].values, lp.mask,
+                        **loss_spec_of(cfg).kwargs())
+
+
+def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
+    step.restore_policy()
+    step._policy_dirty = True
+    return update(step.policy, done["rollout"], done["logprobs"], done["advantages"].values, scoring_of(cfg),
+                  loss_spec_of(cfg), optimization_of(cfg), per_sample_grad_norms=cfg.per_sample_grad_norms,
+                  fast=cfg.fast)
+
+
+def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
+    return evaluate_pair(step.loaded.reference, step.policy, step.loaded.tokenizer, cfg, step.task)
+
+
+PHASE_FUNCTIONS = {"rollout": run_rollout, "logprobs": run_logprobs, "rewards": run_rewards,
+                   "advantages": run_advantages, "loss": run_loss, "update": run_update,
+                   "evaluation": run_evaluation}
 
 
 def metrics(run: StepRun) -> dict[str, float]:

@@ -44,7 +44,7 @@ assert not any(p.requires_grad for p in reference.parameters())
 # reward, and whether the game ended (terminated) or the move was illegal (truncated).
 
 # %%
-from grpo_debug.data import env_example, load_split, policy_example
+from grpo_debug.chess.data import env_example, load_split, policy_example
 
 for prompt, truth in [policy_example(load_split("policy_eval")[0]), env_example(load_split("env_eval")[0])]:
     print(prompt + "|" + truth)
@@ -52,23 +52,25 @@ for prompt, truth in [policy_example(load_split("policy_eval")[0]), env_example(
 # %% [markdown]
 # ## Baseline: mean reward on held-out prompts
 #
-# 32 held-out prompts (16 P:, 16 A:), 4 samples each at temperature 0.7. The reward is in [-1, 1]; its
-# components are documented in `grpo_debug/rewards.py`.
+# The task's held-out test prompts, a few samples each at the step's temperature (printed below). The
+# reward is in [-1, 1]; its components are documented in `grpo_debug/chess/rewards.py`.
 
 # %%
 import pandas as pd
 from grpo_debug.config import StepConfig
-from grpo_debug.evaluation import eval_prompts, eval_side
-from grpo_debug.rewards import RewardScorer
+from grpo_debug.evaluation import eval_side
+from grpo_debug.task import load_task
 
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-scorer = RewardScorer.bundled()
-baseline = eval_side(policy, tokenizer, eval_prompts(cfg.task, cfg.eval_prompts), cfg, scorer)
+task = load_task(cfg.task)  # the bundled RookWorld task: prompt sets and reward functions
+prompts = task.prompts("test", cfg.eval_prompts)
+print(f"{len(prompts)} test prompts ({sum(p.startswith('P:') for p in prompts)} P:, "
+      f"{sum(p.startswith('A:') for p in prompts)} A:), {cfg.eval_samples} samples each at temperature {cfg.temperature}")
+baseline = eval_side(policy, tokenizer, prompts, cfg, task)
 print(f"mean reward {baseline.reward:.4f}")
 pd.Series(baseline.components, name="mean").to_frame()
 
 # %%
-prompts = eval_prompts(cfg.task, cfg.eval_prompts)
 rows = [{"task": prompts[i // cfg.eval_samples][:2], "completion": c[:70]} for i, c in enumerate(baseline.completions)]
 pd.DataFrame(rows).head(8)
 

@@ -20,6 +20,15 @@
 # cache, model in eval mode, seeded), and keeps the sampler's own log-probability of every sampled token,
 # so phase 2 can check that recomputing them gives the same numbers.
 
+# %% [markdown]
+# The sampling itself, the readable path (`StepConfig.fast`, on by default, computes each prompt's keys and
+# values once per group instead: the same samples, tested):
+
+# %%
+from grpo_debug.notebook import show_source
+from grpo_debug.rollout import sample
+show_source(sample)
+
 # %%
 from grpo_debug.notebook import setup
 setup()  # one torch thread: the same numbers on every run

@@ -32,6 +32,16 @@
 # The last row of the table is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig`: the
 # `trl` preset (dropout on, no position_ids, loss dapo, beta 0).
 
+# %% [markdown]
+# The computation, readable path: one forward over prompt + completion, the logits of position t scoring
+# token t + 1, divided by the temperature, then `log_softmax` and a gather. Each pitfall is one field of
+# `Scoring`.
+
+# %%
+from grpo_debug.logprobs import completion_logits, per_token_logps, token_logps
+from grpo_debug.notebook import show_source
+show_source(per_token_logps, completion_logits, token_logps)
+
 # %%
 from grpo_debug.notebook import setup
 setup()  # one torch thread: the same numbers on every run
@@ -51,7 +61,7 @@ print(f"every fix on: max |sampler - recomputed| = {run.logprobs.max_sampler_gap
 assert run.logprobs.max_sampler_gap < 1e-4
 
 # %%
-from grpo_debug.tables import compare_variants
+from grpo_debug.ui.tables import compare_variants
 
 pitfalls = {"every fix on": {}, "temperature not applied": {"logprob_temperature": False},
             "dropout on": {"dropout": True}, "no position_ids": {"position_ids": False},
@@ -63,7 +73,7 @@ table = compare_variants(step, pitfalls, until="loss",
 table
 
 # %%
-from grpo_debug import plots
+from grpo_debug.ui import plots
 plots.gap_by_toggle(table["logps/max_sampler_gap"].to_dict())
 
 # %%
@@ -93,9 +103,8 @@ r = step.result.rollout
 per_row = {"task": [p[:2] for i, p in enumerate(r.prompts) for _ in range(r.num_generations)],
            "left padding": (r.prompt_mask == 0).sum(1).tolist()}
 for name in ["no position_ids", "dropout on", "TRL 1.16 as shipped"]:
-    lp = step.run(cfg.replace(**pitfalls[name]), until="logprobs").logprobs
+    lp = step.run(cfg.replace(**pitfalls[name]), until="logprobs", remember=False).logprobs  # same rollout
     per_row[name] = lp.sampler_gap.max(1).values.tolist()
-step.run(cfg, until="loss")
 rows = pd.DataFrame(per_row)
 padded = rows["left padding"] > 0
 print(f"{padded.sum()} of {len(rows)} rows are left-padded ({', '.join(sorted(set(rows.task[padded])))} prompts)")
@@ -108,10 +117,8 @@ assert rows["no position_ids"][padded].min() > 1.0 and rows["no position_ids"][~
 rows.groupby(["task", "left padding"]).max().round(4)
 
 # %%
-run = step.run(cfg.replace(position_ids=False), until="logprobs")
-fig = plots.logprob_gap_heatmap(run.logprobs, "no position_ids: |sampler - recomputed|")
-step.run(cfg, until="loss")
-fig
+run = step.run(cfg.replace(position_ids=False), until="logprobs", remember=False)
+plots.logprob_gap_heatmap(run.logprobs, "no position_ids: |sampler - recomputed|")
 
 # %% [markdown]
 # The fix outside this notebook: `grpo_debug.trl_bridge.PositionIdsGRPOTrainer` is a drop-in `GRPOTrainer`

@@ -21,6 +21,14 @@
 # listed move), format. Weights 0.5 / 0.3 / 0.2 as the public RookWorld trainer. The A: reward checks the
 # next FEN (as a position, so either en-passant convention counts), the reward value and the two flags.
 # Bundled positions carry an evaluation of every legal move, so scoring needs no engine.
+#
+# The engine sees a task only through its prompt sets and TRL-style reward functions
+# (`f(prompts, completions) -> list[float]`, with weights); the rewards phase sums them as TRL does:
+
+# %%
+from grpo_debug.notebook import show_source
+from grpo_debug.rewards import compute_rewards
+show_source(compute_rewards)
 
 # %%
 from grpo_debug.notebook import setup
@@ -37,15 +45,15 @@ from grpo_debug.step import GRPOStep
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
 step = GRPOStep(cfg)
 run = step.run(cfg, until="rewards")
-from grpo_debug.tables import per_sample
+from grpo_debug.ui.tables import per_sample
 table = per_sample(run)
-from grpo_debug.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
+from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
 print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)
 table[["group", "completion", "reward", "rewards/best_move", "rewards/candidates", "rewards/evals",
        "rewards/fen", "rewards/reward"]].head(16)
 
 # %%
-from grpo_debug import plots
+from grpo_debug.ui import plots
 plots.rewards_per_group(run.rewards, cfg.num_generations)
 
 # %% [markdown]
@@ -53,9 +61,9 @@ plots.rewards_per_group(run.rewards, cfg.num_generations)
 
 # %%
 import pandas as pd
-from grpo_debug.data import load_split, policy_example
-from grpo_debug.engine import PositionAnalysis
-from grpo_debug.rewards import score_policy
+from grpo_debug.chess.data import load_split, policy_example
+from grpo_debug.chess.engine import PositionAnalysis
+from grpo_debug.chess.rewards import score_policy
 
 record = load_split("policy_eval")[0]
 analysis = PositionAnalysis.from_json(record)
@@ -77,7 +85,7 @@ pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_p
 
 # %%
 import chess
-from grpo_debug.engine import Stockfish
+from grpo_debug.chess.engine import Stockfish
 
 with Stockfish(depth=8) as engine:
     live = engine.analyse(chess.Board(record["fen"]))

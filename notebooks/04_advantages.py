@@ -43,11 +43,11 @@ print("advantages summed per group:", [round(s, 6) for s in sums.tolist()])
 assert sums.abs().max() < 1e-4
 
 # %%
-from grpo_debug import plots
+from grpo_debug.ui import plots
 plots.advantages_bars(adv, cfg.num_generations)
 
 # %%
-from grpo_debug.tables import compare_variants
+from grpo_debug.ui.tables import compare_variants
 scales = compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "batch"},
                                  "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
                           until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",

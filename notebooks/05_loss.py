@@ -42,15 +42,14 @@ assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
 print(f"grpo loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
 
 # %%
-from grpo_debug.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
+from grpo_debug.ui.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
 variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
 table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy", "loss/kl"])
 for name, changes in variants.items():
-    run = step.run(cfg.replace(**changes), until="loss")
+    run = step.run(cfg.replace(**changes), until="loss", remember=False)  # on the same rollout and log-probs
     table.loc[name, "|d loss / d logp|"] = gradient_of_loss_wrt_logps(run, run.config).norm().item()
     if not name.startswith("reinforce"):
         table.loc[name, "-sum A_i w_i"] = loss_value_at_ratio_one(run)
-step.run(cfg, until="loss")
 table
 
 # %% [markdown]
@@ -94,12 +93,10 @@ assert list(check.index[check["value biased"]]) == ["k2"]
 # dropout on (phase 2's pitfall) makes them differ, and the estimators disagree token by token.
 
 # %%
-from grpo_debug import plots
-run = step.run(cfg.replace(dropout=True), until="loss")
-fig = plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask,
-                         title="per-token KL with dropout on while scoring")
-step.run(cfg, until="loss")
-fig
+from grpo_debug.ui import plots
+run = step.run(cfg.replace(dropout=True), until="loss", remember=False)
+plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask,
+                   title="per-token KL with dropout on while scoring", chosen=cfg.kl_estimator)
 
 # %% [markdown]
 # **What to notice.** k1's gradient is zero in expectation (it pulls nowhere); plain k3 has an unbiased

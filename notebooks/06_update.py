@@ -20,6 +20,15 @@
 # AdamW step; then the same held-out test prompts are sampled with the same seeds before and after, and the
 # paired difference gets a bootstrap confidence interval.
 
+# %% [markdown]
+# The update, readable path: the batch loss's backward a few rows at a time, then one backward per sample
+# for the per-sample gradient norms (`StepConfig.fast` gets them from layer hooks in the same backward).
+
+# %%
+from grpo_debug.notebook import show_source
+from grpo_debug.update import backward, per_sample_norms, update
+show_source(update, backward, per_sample_norms)
+
 # %%
 from grpo_debug.notebook import setup
 setup()  # one torch thread: the same numbers on every run
@@ -40,7 +49,7 @@ print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}
 assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3
 
 # %%
-from grpo_debug import plots
+from grpo_debug.ui import plots
 plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 
 # %% [markdown]

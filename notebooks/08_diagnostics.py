@@ -41,11 +41,11 @@ print(triage_zero_loss(run))
 # Now the real failure: every group gets the same reward (a constant reward function).
 
 # %%
-import copy
+import dataclasses
 import torch
 from grpo_debug.advantages import summarize_advantages
-broken = copy.copy(run)
-broken.advantages = summarize_advantages(torch.full((run.rollout.num_samples,), 0.5), cfg.num_generations)
+broken = dataclasses.replace(run, advantages=summarize_advantages(torch.full((run.rollout.num_samples,), 0.5),
+                                                                  cfg.num_generations))
 print(triage_zero_loss(broken))
 assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).startswith("NORMAL")
 
@@ -57,16 +57,16 @@ assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).
 
 # %% tags=["nbval-ignore-output"]
 import pandas as pd
-from grpo_debug import plots
+from grpo_debug.ui import plots
 print(pd.DataFrame({"seconds": {k: round(v.seconds, 2) for k, v in run.timings.items()},
                     "peak RSS after (MB)": {k: round(v.peak_rss_mb) for k, v in run.timings.items()}}))
 plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
 
 # %% tags=["nbval-ignore-output"]
-step.result.rollout = None
-batched = step.run(cfg.replace(generation="batched"), until="rollout").rollout.seconds
-step.result.rollout = None
-loop = step.run(cfg.replace(generation="loop"), until="rollout").rollout.seconds
+from grpo_debug.step import StepRun
+fresh = StepRun(cfg)  # a run with no cached phase: each rollout below is sampled anew
+batched = step.run(cfg.replace(generation="batched"), until="rollout", base=fresh, remember=False).rollout.seconds
+loop = step.run(cfg.replace(generation="loop"), until="rollout", base=fresh, remember=False).rollout.seconds
 print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; ratio {loop / batched:.2f}")
 
 # %% [markdown]

@@ -35,30 +35,29 @@ cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4)
 step = GRPOStep(cfg)
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.widgets import StepPanel
+from grpo_debug.ui.widgets import StepPanel
 panel = StepPanel(step)
 panel.widget()
 
 # %%
-from grpo_debug.widgets import apply_change
+from grpo_debug.ui.widgets import apply_change
 result = apply_change(step, "kl_estimator", "k2")
 print("re-ran:", result.rerun)
 assert result.rerun == ["loss"]
 result = apply_change(step, "mask", "drop_eos_and_pad")
 print("re-ran:", result.rerun)
 assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollout
-restored = step.run(cfg, until="loss")
-print("back to", restored.config.mask, restored.config.kl_estimator)
+print("the dashboard's step now:", step.cfg.mask, step.cfg.kl_estimator)
 
 # %%
-from grpo_debug.tables import compare_variants
+from grpo_debug.ui.tables import compare_variants
 from grpo_debug.config import PRESETS
 table = compare_variants(step, {"every fix on": {}, "T not applied": {"logprob_temperature": False},
                                 "dropout": {"dropout": True}, "EOS dropped": {"mask": "drop_eos_and_pad"},
                                 "k1": {"kl_estimator": "k1"}, "batch scale": {"scale_rewards": "batch"},
                                 "dr_grpo": {"loss_type": "dr_grpo"}, "TRL 1.16 as shipped": PRESETS["trl"]},
-                         until="loss", columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std",
-                                                "kl", "loss"])
+                         base=cfg, until="loss",
+                         columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std", "kl", "loss"])
 moved = table.index[(table["loss"] - table.loc["every fix on", "loss"]).abs() > 1e-6].tolist()
 print("rows whose loss differs from every fix on:", ", ".join(moved))
 assert "dropout" in moved and "TRL 1.16 as shipped" not in moved

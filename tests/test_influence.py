@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.influence import (ValidationSet, _val_share, batch_influence, influence_scores,
+from grpo_debug.tracin.influence import (ValidationSet, _val_share, batch_influence, influence_scores,
                                   per_sample_train_gradients, validation_gradient)
 from grpo_debug.step import GRPOStep
 from test_per_sample import naive_per_sample_gradients
@@ -63,7 +63,7 @@ def test_same_batch_self_term_follows_the_derived_relation(setup, naive_train, k
     """g_val_i = (c_val_i / c_train_i) g_train_i for every sample with a gradient, so the self-term is
     that ratio times ||g_train_i||^2: >= 0 for seqloss-lastadv (ratio T_i under grpo), of the sign of
     A_i * r_i for seqloss-reward (negative for some samples of this batch)."""
-    from grpo_debug.influence import self_terms, self_terms_from_norms, train_coefficients, validation_coefficients
+    from grpo_debug.tracin.influence import self_terms, self_terms_from_norms, train_coefficients, validation_coefficients
     step, run, val = setup
     model = step.policy
     g_train = naive_train
@@ -92,7 +92,7 @@ def test_same_batch_self_term_follows_the_derived_relation(setup, naive_train, k
 
 
 def test_train_coefficients_refuse_a_kl_term(setup):
-    from grpo_debug.influence import train_coefficients
+    from grpo_debug.tracin.influence import train_coefficients
     _, run, _ = setup
     with pytest.raises(ValueError, match="beta"):
         train_coefficients(run.advantages.values, run.logprobs.mask, CFG.replace(beta=0.04))
@@ -100,7 +100,7 @@ def test_train_coefficients_refuse_a_kl_term(setup):
 
 def test_adam_direction_is_torch_adamw_step():
     """Fresh and warmed states, with clipping: the update map against torch's AdamW doing the steps."""
-    from grpo_debug.optimizer_influence import adam_direction, clip_by_total_norm, warmed_state
+    from grpo_debug.tracin.optimizer import adam_direction, clip_by_total_norm, warmed_state
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(4, generator=g))]
     batch = {p: torch.randn(p.shape, generator=g) for p in params}
@@ -127,7 +127,7 @@ def test_adam_direction_is_torch_adamw_step():
 def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, score):
     """scores_for(..., 'adam'|'adam_batch') against <g_val, theta_before - theta_after> of torch's AdamW at
     lr 1 on a copy of the weights, sample by sample (the batch warm-up step taken by torch too)."""
-    from grpo_debug.tracin_experiments import scores_for
+    from grpo_debug.tracin.experiments import scores_for
     step, run, val = setup
     model = step.policy
     train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG).gradients()
@@ -155,7 +155,7 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
 def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
     """A real SGD step of lr 1e-4 on each sample alone changes L_val by -lr * influence_i to 5% (the
     second-order term) plus 5e-6 (float32 noise of L_val ~ 1.7, measured ~3e-6 here)."""
-    from grpo_debug.tracin_experiments import first_order_checks
+    from grpo_debug.tracin.experiments import first_order_checks
     step, run, val = setup
     (check,) = first_order_checks(step.policy, run.rollout, run.logprobs, run.advantages.values, CFG, val,
                                   lrs={"sgd": 1e-4}, pairs=(("tracin", "sgd"),))
@@ -173,21 +173,21 @@ def test_flip_sign_negates_the_validation_gradient_exactly(setup):
 
 
 def test_validation_pool_and_test_prompts_are_disjoint(setup):
-    from grpo_debug.influence import validation_set
-    from grpo_debug.tracin_experiments import held_out_prompts
+    from grpo_debug.tracin.influence import validation_set
+    from grpo_debug.tracin.experiments import held_out_prompts
     step, run, _ = setup
     step.run(CFG, until="loss")
     for source in ("random", "topk"):
         val = validation_set(step, source, 4)
         assert val.prompt_set == "validation" and val.name == f"{source} 4"
         used = set(val.rollout.prompts)
-        assert used and used.isdisjoint(held_out_prompts(CFG, 256)) and used.isdisjoint(run.rollout.prompts)
-    assert set(run.rollout.prompts).isdisjoint(held_out_prompts(CFG, 256))
+        assert used and used.isdisjoint(held_out_prompts(step, 256)) and used.isdisjoint(run.rollout.prompts)
+    assert set(run.rollout.prompts).isdisjoint(held_out_prompts(step, 256))
 
 
 def test_validation_advantages_per_group_and_whole_set(setup):
     from grpo_debug.advantages import compute_advantages
-    from grpo_debug.influence import validation_pool, validation_set
+    from grpo_debug.tracin.influence import validation_pool, validation_set
     step, run, _ = setup
     pool = validation_pool(step, 16)
     for source in ("random", "topk"):
@@ -204,8 +204,8 @@ def test_validation_advantages_per_group_and_whole_set(setup):
 
 
 def test_sign_tolerance_counts_float_noise_as_zero():
-    from grpo_debug.influence import sign_fractions, signs
-    from grpo_debug.tracin_experiments import select
+    from grpo_debug.tracin.influence import sign_fractions, signs
+    from grpo_debug.tracin.experiments import select
     scores = torch.tensor([0.3, -0.1, 1e-12, 2.0, -5.0, 1.0, -3e-11])
     assert signs(scores).tolist() == [1, -1, 0, 1, -1, 1, 0]
     assert sign_fractions(scores) == pytest.approx({"> 0": 3 / 7, "= 0": 2 / 7, "< 0": 2 / 7})
@@ -214,7 +214,7 @@ def test_sign_tolerance_counts_float_noise_as_zero():
 
 
 def test_selection_strategies_keep_what_they_say():
-    from grpo_debug.tracin_experiments import select
+    from grpo_debug.tracin.experiments import select
     scores = torch.tensor([0.3, -0.1, 0.0, 2.0, -5.0, 1.0])
     assert select(scores, "all").tolist() == [0, 1, 2, 3, 4, 5]
     assert select(scores, "influence>0").tolist() == [0, 3, 5]
@@ -227,8 +227,8 @@ def test_selection_strategies_keep_what_they_say():
 
 
 def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
-    from grpo_debug.influence import validation_set
-    from grpo_debug.tracin_experiments import held_out_baseline, influence_of_batch, selection_experiment
+    from grpo_debug.tracin.influence import validation_set
+    from grpo_debug.tracin.experiments import held_out_baseline, influence_of_batch, selection_experiment
     step, run, _ = setup
     step.run(CFG, until="loss")
     val = validation_set(step, "random", 16)
@@ -247,7 +247,7 @@ def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
 
 
 def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
-    from grpo_debug.influence import InfluenceChoice, InfluenceExplorer, score_key
+    from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer, score_key
     assert score_key(CFG) == score_key(CFG.replace(kl_estimator="k1", learning_rate=1.0, eval_prompts=2))
     assert score_key(CFG.replace(beta=0.1)) != score_key(CFG.replace(beta=0.1, kl_estimator="k1"))
     cfg = CFG.replace(num_prompts=2)
@@ -268,7 +268,7 @@ def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
 @pytest.mark.parametrize("param_set", ["all", "blocks", "lora"])
 def test_influence_equals_naive_for_every_parameter_set(setup, model_kind, param_set):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from grpo_debug.influence import lora_model, parameter_set
+    from grpo_debug.tracin.influence import lora_model, parameter_set
     step, run, val = setup
     model = step.policy
     if model_kind == "random_gpt2":

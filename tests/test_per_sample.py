@@ -6,15 +6,16 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
-from grpo_debug.per_sample import PerSampleGradients, SampleGradients
-from grpo_debug.step import GRPOStep
+from grpo_debug.tracin.per_sample import PerSampleGradients, SampleGradients
+from grpo_debug.step import GRPOStep, loss_spec_of, optimization_of, scoring_of
 from grpo_debug.update import chunk_loss
 
 
 def _share(model, run, cfg, rows):
     """These samples' share of the batch loss (the batch normalisation held fixed)."""
     weights = loss_weights(run.logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    return chunk_loss(model, run.rollout, run.logprobs, run.advantages.values, cfg, rows, weights)
+    return chunk_loss(model, run.rollout, run.logprobs, run.advantages.values, scoring_of(cfg), loss_spec_of(cfg), rows,
+                      weights)
 
 
 def naive_per_sample_gradients(model, run, cfg):
@@ -65,7 +66,7 @@ def test_hooks_equal_the_naive_reference(model_kind, beta, loss_type):
 def test_ghost_products_equal_building_the_gradients():
     """Gram ("ghost") inner products against materialised ones, for every pairing of dense and lookup
     factors that a tied embedding / LM head produces, and the dot with a vector."""
-    from grpo_debug.per_sample import Outer, inner
+    from grpo_debug.tracin.per_sample import Outer, inner
     g = torch.Generator().manual_seed(0)
     N, T, S, V, d = 3, 7, 5, 11, 4
     head = Outer(torch.randn(N, T, V, generator=g), torch.randn(N, T, d, generator=g), V)
@@ -84,7 +85,7 @@ def test_ghost_products_equal_building_the_gradients():
 def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(call_with):
     """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path.
     GPT-2 builds (1, T) position ids itself here, with token ids or with embeddings passed in."""
-    from grpo_debug.per_sample import Outer, _ghost_is_cheaper
+    from grpo_debug.tracin.per_sample import Outer, _ghost_is_cheaper
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=48, n_layer=1, n_head=2)).eval()
     ids = torch.randint(0, 4000, (3, 12))
@@ -122,7 +123,8 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     after = {}
     for norms in (False, True):
         model.load_state_dict(start)
-        result = update(model, run.rollout, run.logprobs, run.advantages.values, cfg.replace(per_sample_grad_norms=norms))
+        result = update(model, run.rollout, run.logprobs, run.advantages.values, scoring_of(cfg), loss_spec_of(cfg),
+                        optimization_of(cfg), per_sample_grad_norms=norms)
         after[norms] = ({k: v.clone() for k, v in model.state_dict().items()}, result)
     model.load_state_dict(start)
     assert torch.allclose(after[True][1].per_sample_grad_norms.double(), naive, rtol=1e-5)

@@ -126,23 +126,8 @@ def test_per_prompt_loop_generation_scores_like_one_call():
     assert run.logprobs.max_sampler_gap < 1e-4
 
 
-@pytest.mark.parametrize("mask", ["keep_first_eos", "all_positions"])
-def test_a_group_scored_once_through_its_shared_prompt_matches_the_full_forward(step, mask):
-    """No-grad scoring computes a group's prompt once and repeats its keys and values; the log-probs match
-    the full forward to float rounding, also with the columns after EOS (mask "all_positions")."""
-    import grpo_debug.logprobs as logprobs
-    group = step.result.rollout.rows(list(range(SMALL.num_generations)))
-    kwargs = logprobs.scoring_kwargs(SMALL.replace(mask=mask))
-    with torch.no_grad():
-        assert logprobs._prompt_is_shared(step.policy, logprobs._trim(group, True, True)[0], True, "float32")
-        shared = logprobs.per_token_logps(step.policy, group, **kwargs)
-    full = logprobs.per_token_logps(step.policy, group, **kwargs).detach()  # with grad: the full forward
-    assert shared.shape == full.shape
-    assert torch.allclose(shared, full, atol=2e-5)
-
-
 def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step):
-    from grpo_debug.tables import per_sample
+    from grpo_debug.ui.tables import per_sample
     run = step.run(SMALL, until="loss")
     table = per_sample(run)
     tasks = {p[:2] for p in run.rollout.prompts}

@@ -116,15 +116,15 @@ def test_trl_preset_dropout_is_trl_train_mode_forward(trl_step, dtype):
     """Dropout on (and bf16 autocast, TRL's resolved default): the same computation as TRL's train-mode
     forward, with the same seed and the same batch shape (dropout masks and bf16 rounding depend on both)."""
     from trl_probes import trl_per_token_logps
-    from grpo_debug.logprobs import completion_mask, per_token_logps
+    from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
     cfg, r = trl_step.cfg, trl_step.result.rollout
     mask = completion_mask(r, cfg.mask)
     trl_logps, _ = trl_per_token_logps(trl_step.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, mask,
                                        cfg.temperature, bf16=dtype == "bfloat16", train=True, seed=7)
     torch.manual_seed(7)
     with torch.no_grad():
-        ours = per_token_logps(trl_step.policy, r, temperature=cfg.temperature, position_ids=False, dropout=True,
-                               dtype=dtype, score_after_eos=True)
+        ours = per_token_logps(trl_step.policy, r, Scoring(temperature=cfg.temperature, position_ids=False,
+                                                           dropout=True, dtype=dtype))
     assert ((ours - trl_logps).abs() * mask).max() <= 1e-5
 
 

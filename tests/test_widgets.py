@@ -4,7 +4,7 @@ import pytest
 
 from grpo_debug.config import StepConfig
 from grpo_debug.step import GRPOStep
-from grpo_debug.widgets import DEFAULT_FIELDS, StepPanel, apply_change, make_control
+from grpo_debug.ui.widgets import DEFAULT_FIELDS, StepPanel, apply_change, make_control
 
 CFG = StepConfig(num_prompts=4, num_generations=4)
 
@@ -44,8 +44,8 @@ def test_panel_callback_redraws(step):
 
 def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     import torch
-    from grpo_debug.influence import InfluenceChoice, InfluenceExplorer
-    from grpo_debug.widgets import InfluencePanel
+    from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer
+    from grpo_debug.ui.widgets import InfluencePanel
     cfg = CFG.replace(beta=0.0)
     s = GRPOStep(cfg)
     s.run(cfg, until="loss")
@@ -63,7 +63,7 @@ def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     no_temperature = panel.on_change("logprob_temperature", False)
     assert no_temperature.recomputed and s.result.rollout is rollout and not s.cfg.logprob_temperature
     assert not torch.equal(no_temperature.scores, topk.scores)
-    assert len(panel.controls) == 1 + 4 + 3
+    assert len(panel.controls) == 1 + 5 + 3
     shown = panel.current
     assert panel.on_change("size", 128) is shown and "needs more than the pool" in panel.status.value  # topk 128 of 32
     assert panel.choice.size == 16
@@ -81,6 +81,7 @@ def test_a_mask_change_reuses_the_scored_logprobs(step):
 
 
 def test_preset_menu_switches_every_loss_side_field_and_shows_it(step):
+    step.run(CFG, until="loss")
     panel = StepPanel(step)
     assert panel.preset.value == "fixed"
     panel.preset.value = "trl"

@@ -9,11 +9,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .advantages import Advantages
-from .evaluation import Evaluation
-from .logprobs import TokenLogProbs
-from .loss import KL_ESTIMATORS, per_token_kl
-from .rewards import Rewards
+from ..advantages import Advantages
+from ..evaluation import Evaluation
+from ..logprobs import TokenLogProbs
+from ..loss import KL_ESTIMATORS, per_token_kl
+from ..rewards import Rewards
 
 
 def _done(fig):
@@ -64,13 +64,15 @@ def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recompute
 
 
 def kl_per_token(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, sample: int = 0,
-                 title: str = "per-token KL estimates"):
+                 title: str = "per-token KL estimates", chosen: str | None = None):
+    """Every estimator on one sample's tokens; `chosen` (the loss's estimator) drawn thick."""
     length = int(mask[sample].sum())
     fig, ax = plt.subplots(figsize=(8, 3))
     for estimator in KL_ESTIMATORS:
         values = per_token_kl(logps[sample:sample + 1], ref_logps[sample:sample + 1], None, estimator)[0, :length]
-        ax.plot(values.numpy(), label=estimator, marker=".", lw=1)
-    ax.set(xlabel="completion token", ylabel="estimate", title=title)
+        label = f"{estimator} (in the loss)" if estimator == chosen else estimator
+        ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
+    ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=f"{title}, sample {sample}")
     ax.legend()
     return _done(fig)
 
@@ -133,7 +135,7 @@ def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_v
     """checks: name -> FirstOrderCheck (tracin_experiments). Where the score is the step's own first-order
     prediction the diagonal marks a perfect one; otherwise only the ranking and the signs can agree, and
     each axis keeps its own scale."""
-    from .tracin_experiments import OWN_SCORE
+    from ..tracin.experiments import OWN_SCORE
     fig, axes = _grid(len(checks), size=(3.8, 3.4))
     for ax, (name, c) in zip(axes, checks.items()):
         ax.scatter(c.predicted.numpy(), c.measured.numpy(), s=14)

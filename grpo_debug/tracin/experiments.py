@@ -21,15 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import StepConfig
+from ..config import StepConfig
 from .influence import (ValidationSet, influence_scores, per_sample_train_gradients, signs, validation_gradient,
                         validation_loss_value)
-from .logprobs import TokenLogProbs
-from .loss import loss_weights
-from .optimizer_influence import (BETAS, EPS, adam_direction, clip_by_total_norm, optimizer_influence, sample,
+from ..logprobs import TokenLogProbs
+from ..loss import loss_weights
+from .optimizer import (BETAS, EPS, adam_direction, clip_by_total_norm, optimizer_influence, sample,
                                   warmed_state)
-from .rollout import Rollout, row_chunks
-from .update import chunk_loss
+from ..rollout import Rollout, row_chunks
+from ..step import loss_spec_of, optimization_of, scoring_of
+from ..update import DROPOUT_SEED, chunk_loss
 
 STEP_KINDS = ("sgd", "adamw", "adamw_batch")
 SCORES = ("tracin", "adam", "adam_batch")
@@ -248,9 +249,10 @@ def batch_share_gradient(model, rollout: Rollout, logprobs: TokenLogProbs, advan
     params = [p for p in model.parameters() if p.requires_grad]
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
     grads = [torch.zeros_like(p) for p in params]
-    torch.manual_seed(0)
+    torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(len(keep)):
-        share = chunk_loss(model, rollout, logprobs, advantages, cfg, keep[rows].tolist(), weights)
+        share = chunk_loss(model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), keep[rows].tolist(),
+                           weights, cfg.fast)
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
     return dict(zip(params, grads))
@@ -266,10 +268,9 @@ def matched_sgd_lr(model, rollout: Rollout, logprobs: TokenLogProbs, advantages:
     return cfg.learning_rate * norm(adam) / norm(g)
 
 
-def held_out_prompts(cfg: StepConfig, n: int) -> list[str]:
-    """The prompts every reward after an update is measured on (the named 'test' set)."""
-    from .prompts import prompts
-    return prompts("test", cfg.task, n)
+def held_out_prompts(step, n: int) -> list[str]:
+    """The prompts every reward after an update is measured on (the task's named 'test' set)."""
+    return step.task.prompts("test", n)
 
 
 def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: str = "seqloss-lastadv",
@@ -294,19 +295,19 @@ def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: s
 
 def held_out_baseline(step, eval_prompts: int = 16):
     """EvalSide of the step's own weights on the first `eval_prompts` test prompts."""
-    from .evaluation import eval_side
+    from ..evaluation import eval_side
     step.restore_policy()
     cfg = step.cfg.replace(eval_prompts=eval_prompts)
-    return eval_side(step.policy, step.loaded.tokenizer, held_out_prompts(cfg, eval_prompts), cfg, step.scorer)
+    return eval_side(step.policy, step.loaded.tokenizer, held_out_prompts(step, eval_prompts), cfg, step.task)
 
 
 def _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, cfg, baseline, saved):
-    from .evaluation import bootstrap_ci, eval_side
-    from .update import update
+    from ..evaluation import bootstrap_ci, eval_side
+    from ..update import update
     model, run = step.policy, step.result
     r, lp, adv = run.rollout, run.logprobs, run.advantages.values
-    prompts = held_out_prompts(cfg, cfg.eval_prompts)
-    before = baseline if baseline is not None else eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
+    prompts = held_out_prompts(step, cfg.eval_prompts)
+    before = baseline if baseline is not None else eval_side(model, step.loaded.tokenizer, prompts, cfg, step.task)
     if len(before.per_prompt) != len(prompts):
         raise ValueError(f"baseline has {len(before.per_prompt)} prompts, the experiment {len(prompts)}")
     lr = cfg.learning_rate if optimizer == "adamw" else sgd_lr or matched_sgd_lr(model, r, lp, adv, cfg)
@@ -316,14 +317,15 @@ def _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, c
         keep = select(scores, strategy, cfg.seed)
         after = before
         if len(keep) and optimizer == "adamw":
-            update(model, r.rows(keep), lp.rows(keep), adv[keep], cfg)
+            update(model, r.rows(keep), lp.rows(keep), adv[keep], scoring_of(cfg), loss_spec_of(cfg),
+                   optimization_of(cfg), per_sample_grad_norms=False, fast=cfg.fast)
         elif len(keep):
             grads = batch_share_gradient(model, r, lp, adv, cfg, keep)
             with torch.no_grad():
                 for p, g in grads.items():
                     p.sub_(lr * g)
         if len(keep):
-            after = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.scorer)
+            after = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.task)
         diffs = after.per_prompt - before.per_prompt
         low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
         results.append(SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()),
@@ -338,7 +340,7 @@ def _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, c
 def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 1000, seed: int = 0):
     """(mean, 95% low, 95% high) of reward after a minus reward after b, paired over the same test prompts
     and sampling seeds: whether the two selections' steps differ beyond the sampling noise."""
-    from .evaluation import bootstrap_ci
+    from ..evaluation import bootstrap_ci
     diffs = torch.tensor(a.reward_after_per_prompt) - torch.tensor(b.reward_after_per_prompt)
     return (diffs.mean().item(), *bootstrap_ci(diffs, resamples, seed))
 

@@ -31,12 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import PHASES, StepConfig
-from .logprobs import TokenLogProbs, per_token_logps, scoring_kwargs
-from .loss import loss_weights
-from .per_sample import PerSampleGradients, SampleGradients, conv1d_weights, no_autograd_for
-from .rollout import ROWS_PER_PASS, Rollout, row_chunks
-from .update import chunk_loss
+from ..config import PHASES, StepConfig
+from ..logprobs import TokenLogProbs, score_rows
+from ..loss import loss_weights
+from ..fast.backward import conv1d_weights, no_autograd_for
+from .per_sample import PerSampleGradients, SampleGradients
+from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
+from ..step import loss_spec_of, scoring_of
+from ..update import DROPOUT_SEED, chunk_loss
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 PARAMETER_SETS = ("all", "blocks", "lora")
@@ -100,7 +102,7 @@ def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.T
 def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
     """(N,) the set's rewards normalised over the whole set as ONE group of N. Seed 000 does this to its
     validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
-    from .advantages import normalize_over_set
+    from ..advantages import normalize_over_set
     return normalize_over_set(rewards, scale_rewards)
 
 
@@ -115,24 +117,20 @@ class ValidationSet:
     val_advantages: str = "per_group"
 
 
+VALIDATION_SEED_OFFSET = 1  # the validation pool samples with seed + 1: other draws than the step's
+
+
 def validation_pool(step, size: int) -> ValidationSet:
     """`size` fresh samples (size / G prompts of the 'validation' set, G each) from the step's own
     weights, advantages within their groups; random and top-k sets are cut from it."""
-    from .advantages import compute_advantages
-    from .logprobs import compute_logprobs
-    from .prompts import prompts
-    from .rewards import compute_rewards
-    from .rollout import rollout
+    from ..step import StepRun
     cfg = step.cfg
     if size % cfg.num_generations:
         raise ValueError(f"a pool of {size} samples is not a multiple of G={cfg.num_generations}")
-    step.restore_policy()  # the step's own weights, not the updated ones
-    r = rollout(step.policy, step.loaded.tokenizer, cfg.replace(seed=cfg.seed + 1),
-                prompts("validation", cfg.task, size // cfg.num_generations))
-    rewards = compute_rewards(r.prompts, r.completions, r.num_generations, step.scorer).total
-    logprobs = compute_logprobs(step.policy, step.loaded.reference, r, cfg, reference_is_policy=True)
-    return ValidationSet(r, logprobs, compute_advantages(rewards, cfg.num_generations, cfg.scale_rewards), rewards,
-                         f"pool {size}", "validation", "per_group")
+    pool_cfg = cfg.replace(seed=cfg.seed + VALIDATION_SEED_OFFSET, num_prompts=size // cfg.num_generations)
+    run = step.run(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)
+    return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total, f"pool {size}",
+                         "validation", "per_group")
 
 
 def validation_set(step, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None,
@@ -168,7 +166,7 @@ def validation_set(step, source: str = "same_batch", size: int = 64, pool: Valid
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
     """These rows' share of L_val (the mean over all N_val sequences)."""
-    logps = per_token_logps(model, val.rollout.rows(rows), **scoring_kwargs(cfg))
+    logps = score_rows(model, val.rollout.rows(rows), scoring_of(cfg), cfg.fast)
     per_seq = validation_loss(logps, val.logprobs.mask[rows], val.advantages[rows], val.rewards[rows], kind, flip_sign)
     return per_seq.sum() / val.rollout.num_samples
 
@@ -177,7 +175,7 @@ def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, f
     """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says, 8 rows at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
     total, grads = 0.0, [torch.zeros_like(p) for p in params]
-    torch.manual_seed(0)
+    torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(val.rollout.num_samples):
         share = _val_share(model, val, cfg, kind, rows, flip_sign)
         total += share.item()
@@ -199,7 +197,7 @@ def same_prompt_chunks(rollout: Rollout, size: int = ROWS_PER_PASS) -> list[list
 def validation_loss_value(model, val: ValidationSet, cfg: StepConfig, kind: str = "seqloss-lastadv") -> float:
     """L_val (unflipped: the quantity a helpful step lowers), no grad."""
     with torch.no_grad():
-        torch.manual_seed(0)
+        torch.manual_seed(DROPOUT_SEED)
         return sum(_val_share(model, val, cfg, kind, rows).item() for rows in same_prompt_chunks(val.rollout))
 
 
@@ -207,7 +205,7 @@ def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfi
     """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
     <g_train_i, g_val_i>: the part of influence_i that says "a step on i helps i". Measured with hooks."""
     chunks = []
-    torch.manual_seed(0)
+    torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(val.rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture():
@@ -245,12 +243,13 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
     """The hooks of one backward per 8 rows of the GRPO loss (the batch's normalisation kept). No summed
     gradient is needed, so autograd skips the Conv1D weights' (a third of the backward's work)."""
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    torch.manual_seed(0)
+    torch.manual_seed(DROPOUT_SEED)
     skipped = conv1d_weights(model)
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture(), no_autograd_for(skipped):
-            chunk_loss(model, rollout, logprobs, advantages, cfg, rows, weights).backward()
+            chunk_loss(model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), rows, weights,
+                       cfg.fast).backward()
         yield hooks
     model.zero_grad(set_to_none=True)
 

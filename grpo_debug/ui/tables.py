@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from .config import StepConfig
-from .loss import compute_loss, loss_kwargs
-from .step import GRPOStep, StepRun, metrics
+from ..config import StepConfig
+from ..loss import compute_loss
+from ..step import GRPOStep, StepRun, loss_spec_of, metrics
 
 
 def per_sample(run: StepRun) -> pd.DataFrame:
@@ -34,14 +34,14 @@ def per_sample(run: StepRun) -> pd.DataFrame:
 
 def compare_variants(step: GRPOStep, variants: dict[str, dict], base: StepConfig | None = None,
                      until: str = "loss", columns: list[str] | None = None) -> pd.DataFrame:
-    """Each variant (a dict of StepConfig changes) run on the cached rollout; one row per variant."""
-    base = base or step.cfg
+    """Each variant (a dict of StepConfig changes) run from the same base run (its cached rollout); one row
+    per variant. The step's current run stays the base run."""
+    base_run = step.run(base or step.cfg, until=until)
     rows = {}
     for name, changes in variants.items():
-        run = step.run(base.replace(**changes), until=until)
+        run = step.run(base_run.config.replace(**changes), until=until, base=base_run, remember=False)
         values = {k: v for k, v in metrics(run).items() if not k.startswith("time/")}
         rows[name] = {k: values.get(k, float("nan")) for k in columns} if columns else values
-    step.run(base, until=until)
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -49,7 +49,7 @@ def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
     """d loss / d logp per token: what the backward pass sends into the model, even when the loss is ~0."""
     lp = run.logprobs
     logps = lp.policy.clone().requires_grad_(True)
-    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, **loss_kwargs(cfg)).loss
+    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, **loss_spec_of(cfg).kwargs()).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad
 
@@ -58,6 +58,6 @@ def loss_value_at_ratio_one(run: StepRun) -> float:
     """The policy term's value at ratio 1 from the advantages and lengths alone: -sum_i A_i * w_i, with w_i
     the total weight the loss type gives sample i's tokens (grpo: 1/N, so ~0 for centred advantages;
     bnpo/dapo: T_i / sum T; dr_grpo: T_i / (N * max_completion_length))."""
-    from .loss import loss_weights
+    from ..loss import loss_weights
     weights = loss_weights(run.logprobs.mask, run.config.loss_type, run.config.max_new_tokens).sum(-1)
     return -(run.advantages.values * weights).sum().item()

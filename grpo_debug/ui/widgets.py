@@ -14,10 +14,10 @@ import torch
 from IPython.display import display
 
 from . import plots
-from .influence import (PARAMETER_SETS, VAL_ADVANTAGES, VAL_LOSSES, VAL_SOURCES, ZERO_TOLERANCE, InfluenceChoice,
+from ..tracin.influence import (PARAMETER_SETS, VAL_ADVANTAGES, VAL_LOSSES, VAL_SOURCES, ZERO_TOLERANCE, InfluenceChoice,
                         InfluenceExplorer, sign_fractions)
-from .config import PRESETS, StepConfig
-from .step import GRPOStep, StepRun
+from ..config import PRESETS, StepConfig
+from ..step import GRPOStep, StepRun
 from .tables import per_sample
 
 CHOICES = {f.name: list(f.metadata["choices"]) for f in dataclasses.fields(StepConfig) if f.metadata["choices"]}
@@ -47,14 +47,18 @@ def apply_preset(step: GRPOStep, name: str, until: str = "loss") -> ChangeResult
     return ChangeResult(run, list(step.last_rerun), time.perf_counter() - start)
 
 
+LABEL = {"description_width": "initial"}  # the whole field name, never "scale_rew..."
+
+
 def make_control(field: str, value) -> W.Widget:
     if field in CHOICES:
-        return W.Dropdown(options=CHOICES[field], value=value, description=field)
+        return W.Dropdown(options=CHOICES[field], value=value, description=field, style=LABEL)
     if field in SLIDERS:
         lo, hi, step = SLIDERS[field]
-        return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=field, continuous_update=False)
+        return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=field, continuous_update=False,
+                             style=LABEL)
     if isinstance(value, bool):
-        return W.Checkbox(value=value, description=field)
+        return W.Checkbox(value=value, description=field, style=LABEL)
     raise ValueError(f"no widget for StepConfig field {field!r}")
 
 
@@ -68,8 +72,8 @@ def summary(run: StepRun) -> dict[str, float]:
 FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn only when that result changed
     "logprob gap": ("logprobs", lambda run: plots.logprob_gap_heatmap(run.logprobs)),
     "advantages": ("advantages", lambda run: plots.advantages_bars(run.advantages, run.rollout.num_generations)),
-    "kl per token": ("logprobs", lambda run: plots.kl_per_token(run.logprobs.policy, run.logprobs.reference,
-                                                                run.logprobs.mask)),
+    "kl per token": ("loss", lambda run: plots.kl_per_token(run.logprobs.policy, run.logprobs.reference,
+                                                            run.logprobs.mask, chosen=run.config.kl_estimator)),
 }
 
 

@@ -1,0 +1,1 @@
+"""What a person sees: matplotlib figures (`plots`), pandas tables (`tables`), ipywidgets panels (`widgets`)."""

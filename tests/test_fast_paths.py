@@ -1,0 +1,89 @@
+"""Every fast path against its readable twin: the same attention, samples, log-probs, norms and step."""
+
+import pytest
+import torch
+
+from grpo_debug.config import StepConfig
+from grpo_debug.model import load_model
+from grpo_debug.rollout import rollout
+from grpo_debug.fast.shared_prompt import shared_prompt_attention
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+
+def test_attention_over_a_shared_prompt_equals_sdpa():
+    g = torch.Generator().manual_seed(0)
+    B, G, H, Q, D, prompt_len, filled, length = 3, 4, 2, 5, 8, 6, 9, 12
+    key = torch.randn(B, 1, H, length, D, generator=g).expand(-1, G, -1, -1, -1).clone()
+    value = torch.randn(B, 1, H, length, D, generator=g).expand(-1, G, -1, -1, -1).clone()
+    own = torch.randn(B, G, H, length - prompt_len, D, generator=g)  # each sample's own keys after the prompt
+    key[..., prompt_len:, :], value[..., prompt_len:, :] = own, own.flip(-1)
+    key, value = key.flatten(0, 1), value.flatten(0, 1)
+    query = torch.randn(B * G, H, Q, D, generator=g)
+    mask = torch.ones(B * G, 1, Q, length, dtype=torch.bool)
+    mask[:, :, :, filled:] = False  # the static cache's unfilled tail
+    mask[:G, :, :, :2] = False  # the first prompt's left padding
+    mask[:, :, torch.arange(Q).unsqueeze(1) + prompt_len < torch.arange(length)] = False  # causal among new tokens
+
+    class Layer(torch.nn.Module):
+        pass
+    layer = Layer()
+    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=D ** -0.5)
+    layer._shared_prompt = (prompt_len, G)
+    shared, _ = shared_prompt_attention(layer, query, key, value, mask, scaling=D ** -0.5)
+    assert shared.shape == expected.shape
+    assert torch.allclose(shared, expected, atol=1e-6)
+
+
+def _sample(fast, **overrides):
+    from grpo_debug.task import load_task
+    cfg = StepConfig(num_prompts=3, num_generations=4, max_new_tokens=48, task="mixed", **overrides)
+    policy, _, tokenizer = load_model()
+    prompts = load_task(cfg.task).prompts("train", cfg.num_prompts)
+    return policy, rollout(policy, tokenizer, prompts, num_generations=cfg.num_generations,
+                           max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                           seed=cfg.seed, fast=fast)
+
+
+def test_rollout_samples_the_same_tokens_fast_and_readable():
+    policy, fast = _sample(True)
+    _, plain = _sample(False)
+    assert policy.config._attn_implementation == "sdpa"  # handed back
+    assert torch.equal(fast.completion_ids, plain.completion_ids)
+    assert torch.allclose(fast.sampler_logps, plain.sampler_logps, atol=1e-4)
+    assert (fast.sampler_logps - plain.sampler_logps).abs().max() > 0  # the two paths really differ in rounding
+
+
+@pytest.mark.parametrize("scoring", [dict(), dict(mask="all_positions"), dict(position_ids=False),
+                                     dict(dtype="bfloat16"), dict(gather="first_position")], ids=str)
+def test_fast_scoring_equals_the_readable_forward(scoring):
+    """Trimmed padding, and a group's prompt computed once (no grad): the same log-probs as one plain forward."""
+    from grpo_debug.fast.scoring import per_token_logps_fast, prompt_is_shared, trim
+    from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
+    policy, r = _sample(True)
+    spec = Scoring(temperature=0.7, **scoring)
+    scored = completion_mask(r, "all_positions" if spec.score_after_eos else "keep_first_eos")
+    tolerance = 0.1 if spec.dtype == "bfloat16" else 2e-5  # bf16 rounding depends on the batch's shape
+    with torch.no_grad():
+        for rows in ([0, 1, 2, 3], list(range(r.num_samples))):  # one group (its prompt shared), and mixed groups
+            part = r.rows(rows)
+            fast = per_token_logps_fast(policy, part, spec)
+            plain = per_token_logps(policy, part, spec)
+            assert fast.shape == plain.shape
+            assert ((fast - plain).abs() * scored[rows]).max() <= tolerance
+        assert prompt_is_shared(policy, trim(r.rows([0, 1, 2, 3]), True, True)[0], Scoring(temperature=0.7))
+
+
+def test_fast_update_equals_the_readable_one():
+    """Per-sample norms from hooks in the one backward (Conv1D weights' gradient summed from them) against
+    one backward per sample; the total gradient and the step against plain autograd."""
+    from grpo_debug.step import GRPOStep
+    cfg = StepConfig(num_prompts=2, num_generations=3, max_new_tokens=40, learning_rate=1e-3)
+    step = GRPOStep(cfg)
+    fast = step.run(cfg, until="update")
+    readable = step.run(cfg.replace(fast=False), until="update")
+    assert torch.equal(fast.rollout.completion_ids, readable.rollout.completion_ids)
+    assert torch.allclose(fast.logprobs.policy, readable.logprobs.policy, atol=2e-5)
+    assert torch.allclose(fast.update.per_sample_grad_norms, readable.update.per_sample_grad_norms, rtol=1e-4, atol=1e-7)
+    assert fast.update.grad_norm == pytest.approx(readable.update.grad_norm, rel=1e-5)
+    assert fast.update.update_norm == pytest.approx(readable.update.update_norm, rel=1e-3)
+    assert fast.loss.loss.item() == pytest.approx(readable.loss.loss.item(), abs=1e-6)
