@@ -64,9 +64,9 @@ run = step.run(cfg, until="loss")
 
 # %%
 import pandas as pd
-from grpo_debug import plots
-from grpo_debug.influence import InfluenceChoice, InfluenceExplorer, validation_set
-from grpo_debug.tracin_experiments import first_order_checks
+from grpo_debug.ui import plots
+from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer, validation_set
+from grpo_debug.tracin.experiments import first_order_checks
 
 explorer = InfluenceExplorer(step, pool_size=128)  # one pool of 128 samples on validation prompts
 check_sets = {"random 16": validation_set(step, "random", 16, explorer.pool()),
@@ -125,7 +125,7 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # zero-advantage samples have no gradient, and their scores are float noise.
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.widgets import InfluencePanel
+from grpo_debug.ui.widgets import InfluencePanel
 panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
 panel.widget()
 
@@ -140,7 +140,7 @@ panel.widget()
 
 # %%
 from scipy.stats import spearmanr
-from grpo_debug.influence import ZERO_TOLERANCE, sign_fractions
+from grpo_debug.tracin.influence import ZERO_TOLERANCE, sign_fractions
 sets = {"seqloss-lastadv": [("same_batch", 16, "per_group"), ("random", 16, "per_group"), ("random", 64, "per_group"),
                             ("random", 64, "whole_set"), ("random", 128, "per_group"), ("topk", 16, "per_group"),
                             ("topk", 16, "whole_set"), ("topk", 64, "whole_set")],
@@ -192,7 +192,7 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(
 # strategies run on the random set in the same loop (section 4).
 
 # %%
-from grpo_debug.tracin_experiments import (OPTIMIZERS, SELECTIONS, held_out_baseline, matched_sgd_lr,
+from grpo_debug.tracin.experiments import (OPTIMIZERS, SELECTIONS, held_out_baseline, matched_sgd_lr,
                                            paired_contrast, selection_experiment)
 EVAL_PROMPTS = 16
 baseline = held_out_baseline(step, EVAL_PROMPTS)
@@ -252,9 +252,9 @@ plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 
 
 # %%
 import torch
-from grpo_debug.influence import per_sample_train_gradients, validation_gradient
-from grpo_debug.influence import signs
-from grpo_debug.tracin_experiments import predicted_subset_change
+from grpo_debug.tracin.influence import per_sample_train_gradients, validation_gradient
+from grpo_debug.tracin.influence import signs
+from grpo_debug.tracin.experiments import predicted_subset_change
 choice = InfluenceChoice(source="random", size=64)
 train_full = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
 _, val_grad = validation_gradient(step.policy, explorer.validation_set(choice), cfg, "seqloss-lastadv")
@@ -322,7 +322,7 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # The cell measures every self-term with hooks and checks it against that relation.
 
 # %%
-from grpo_debug.influence import (VAL_LOSSES, self_terms, self_terms_from_norms, signs, train_coefficients,
+from grpo_debug.tracin.influence import (VAL_LOSSES, self_terms, self_terms_from_norms, signs, train_coefficients,
                                   validation_coefficients)
 train_grads = explorer.train_gradients("all")
 same = validation_set(step, "same_batch")
@@ -353,7 +353,7 @@ pd.DataFrame(self_rows).T
 # of 32 (8 prompts x 4 samples) next to the 16 above:
 
 # %%
-from grpo_debug.influence import influence_scores
+from grpo_debug.tracin.influence import influence_scores
 bias = {16: {"self-term share of the summed influence": self_rows["seqloss-lastadv"]["self-term share of the summed influence"],
              "influence > 0": self_rows["seqloss-lastadv"]["influence > 0"],
              "influence - self > 0": self_rows["seqloss-lastadv"]["influence - self > 0"]}}

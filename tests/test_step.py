@@ -149,3 +149,18 @@ def test_cli_runs_each_preset_and_reports_its_sampler_gap(tmp_path, preset):
     gap = data["metrics"]["logps/max_sampler_gap"]
     assert data["config"]["loss_type"] == ("dapo" if preset == "trl" else "grpo")
     assert (gap > 1.0) if preset == "trl" else (gap < 1e-4)  # TRL's scoring shifts the left-padded rows
+
+
+def test_every_run_is_a_new_frozen_run_and_a_later_run_leaves_it_alone(step):
+    import dataclasses
+    a = step.run(SMALL, until="loss")
+    loss_a, logps_a = a.loss.loss.clone(), a.logprobs.policy.clone()
+    b = step.run(SMALL.replace(beta=0.3, mask="all_positions"), until="loss")
+    assert a is not b and step.run(SMALL, until="loss") is not a
+    assert b.rollout is a.rollout and b.rerun == ("logprobs", "rewards", "advantages", "loss")  # shared, not copied
+    assert torch.equal(a.loss.loss, loss_a) and torch.equal(a.logprobs.policy, logps_a)
+    assert a.config == SMALL and b.config.beta == 0.3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.loss = None
+    side = step.run(SMALL.replace(beta=0.5), until="loss", remember=False)
+    assert step.result.config != side.config  # a side run leaves the step's current run as it was
