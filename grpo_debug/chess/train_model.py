@@ -128,11 +128,17 @@ def sample_batch(policy: list[Example], env: list[Example], cfg: TrainConfig, rn
             for _ in range(cfg.batch_size)]
 
 
-def train(cfg: TrainConfig) -> None:
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    state_path = out / "train_state.pt"
+@dataclass
+class TrainingData:
+    tokenizer: PreTrainedTokenizerFast
+    policy: list[Example]
+    env: list[Example]
+    val_policy: list[Example]
+    val_env: list[Example]
+
+
+def load_training_data(cfg: TrainConfig, out: Path) -> TrainingData:
+    """The tokenizer (trained once, then reused from `out`) and the encoded train and validation examples."""
     train_pairs = {"policy": text_examples("policy_train"), "env": text_examples("env_train")}
     if (out / "tokenizer.json").exists():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
@@ -140,76 +146,103 @@ def train(cfg: TrainConfig) -> None:
         lines = [p + c for pairs in train_pairs.values() for p, c in pairs[:40000]]
         tokenizer = train_tokenizer(lines, cfg.vocab_size)
         tokenizer.save_pretrained(out)
-    pad = tokenizer.pad_token_id
-    policy = encode(tokenizer, train_pairs["policy"], cfg.n_positions)
-    env = encode(tokenizer, train_pairs["env"], cfg.n_positions)
-    val_policy = encode(tokenizer, text_examples("policy_eval")[:200], cfg.n_positions)
-    val_env = encode(tokenizer, text_examples("env_eval")[:200], cfg.n_positions)
-    print(f"train: {len(policy)} P: and {len(env)} A: examples; tokenizer vocab {len(tokenizer)}")
+    data = TrainingData(tokenizer, encode(tokenizer, train_pairs["policy"], cfg.n_positions),
+                        encode(tokenizer, train_pairs["env"], cfg.n_positions),
+                        encode(tokenizer, text_examples("policy_eval")[:200], cfg.n_positions),
+                        encode(tokenizer, text_examples("env_eval")[:200], cfg.n_positions))
+    print(f"train: {len(data.policy)} P: and {len(data.env)} A: examples; tokenizer vocab {len(tokenizer)}")
+    return data
 
+
+def save_state(path: Path, model, optimizer, rng: random.Random, step: int, seconds: float, cfg: TrainConfig,
+               tokenizer) -> None:
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "step": step, "trained_seconds": seconds,
+                "config": asdict(cfg)}, path / "train_state.pt")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def restore_state(path: Path, model, optimizer, rng: random.Random) -> tuple[int, float]:
+    """(step, trained seconds) of a saved run, its weights, optimizer and random states loaded; (0, 0) if none."""
+    state_path = path / "train_state.pt"
+    if not state_path.exists():
+        return 0, 0.0
+    state = torch.load(state_path, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    rng.setstate(state["rng"])
+    torch.set_rng_state(state["torch_rng"])
+    print(f"resumed at step {state['step']} ({state['trained_seconds'] / 60:.1f} min trained)")
+    return state["step"], state["trained_seconds"]
+
+
+def train_step(model, optimizer, batch: dict[str, torch.Tensor], lr: float, bf16_autocast: bool) -> float:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
+        loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def evaluation_record(model, data: TrainingData, cfg: TrainConfig, step: int, seconds: float, loss: float) -> dict:
+    """Validation losses every `eval_every` steps, the quality floors every `metrics_every`."""
+    pad = data.tokenizer.pad_token_id
+    record = {"step": step, "minutes": round(seconds / 60, 2), "train_loss": round(loss, 4),
+              "val_loss_policy": round(validation_loss(model, data.val_policy, pad), 4),
+              "val_loss_env": round(validation_loss(model, data.val_env, pad), 4)}
+    if step % cfg.metrics_every == 0:
+        from .quality import floor_metrics
+        model.eval()
+        record.update(floor_metrics(model, data.tokenizer, num_prompts=24, num_samples=4, progress=False))
+        model.train()
+    return record
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def train(cfg: TrainConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_training_data(cfg, out)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg, data.tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
-    step, trained_seconds = 0, 0.0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        rng.setstate(state["rng"])
-        torch.set_rng_state(state["torch_rng"])
-        step, trained_seconds = state["step"], state["trained_seconds"]
-        print(f"resumed at step {step} ({trained_seconds / 60:.1f} min trained)")
+    step, trained_seconds = restore_state(out, model, optimizer, rng)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-
-    def save() -> None:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
-                    "torch_rng": torch.get_rng_state(), "step": step, "trained_seconds": trained_seconds,
-                    "config": asdict(cfg)}, state_path)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-
-    def log(record: dict) -> None:
-        with open(out / "learning_curve.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-
     model.train()
     run_start = last_save = time.time()
     bar = tqdm(total=cfg.max_steps, initial=step, desc="train", mininterval=10)
     start_step, last_step = step, cfg.stop_step or cfg.max_steps
     while step < min(cfg.max_steps, last_step) and time.time() - run_start < cfg.minutes * 60:
         t0 = time.time()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            loss = model(**collate(sample_batch(policy, env, cfg, rng), pad)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        batch = collate(sample_batch(data.policy, data.env, cfg, rng), data.tokenizer.pad_token_id)
+        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.bf16_autocast)
         step += 1
         trained_seconds += time.time() - t0
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if step % cfg.eval_every == 0:
-            record = {"step": step, "minutes": round(trained_seconds / 60, 2), "train_loss": round(loss.item(), 4),
-                      "val_loss_policy": round(validation_loss(model, val_policy, pad), 4),
-                      "val_loss_env": round(validation_loss(model, val_env, pad), 4)}
-            if step % cfg.metrics_every == 0:
-                from .quality import floor_metrics
-                model.eval()
-                record.update(floor_metrics(model, tokenizer, num_prompts=24, num_samples=4, progress=False))
-                model.train()
-            log(record)
+            record = evaluation_record(model, data, cfg, step, trained_seconds, loss)
+            append_jsonl(out / "learning_curve.jsonl", record)
             tqdm.write(json.dumps(record))
         if time.time() - last_save > cfg.save_every_minutes * 60:
-            save()
+            save_state(out, model, optimizer, rng, step, trained_seconds, cfg, data.tokenizer)
             last_save = time.time()
-    save()
-    with open(out / "training_runs.jsonl", "a") as f:  # what the model card quotes to reproduce the model
-        f.write(json.dumps({"from_step": start_step, "to_step": step, "lr": cfg.lr, "min_lr": cfg.min_lr,
-                            "warmup_steps": cfg.warmup_steps, "max_steps": cfg.max_steps,
-                            "policy_fraction": cfg.policy_fraction, "eval_every": cfg.eval_every, "metrics_every": cfg.metrics_every}) + "\n")
+    save_state(out, model, optimizer, rng, step, trained_seconds, cfg, data.tokenizer)
+    append_jsonl(out / "training_runs.jsonl", {  # what the model card quotes to reproduce the model
+        "from_step": start_step, "to_step": step, "lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
+        "max_steps": cfg.max_steps, "policy_fraction": cfg.policy_fraction, "eval_every": cfg.eval_every,
+        "metrics_every": cfg.metrics_every})
     bar.close()
     print(f"stopped at step {step}, {trained_seconds / 60:.1f} min of training; saved to {out}")
 
