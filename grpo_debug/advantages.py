@@ -74,7 +74,7 @@ def normalize_over_set(rewards: torch.Tensor, scale_rewards: str = "group", std_
     return compute_advantages(rewards.flatten(), rewards.numel(), scale_rewards, std_floor)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Advantages:
     values: torch.Tensor  # (N,)
     group_mean: torch.Tensor  # (B,)

@@ -20,7 +20,7 @@ from .task import Task, as_task
 EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalSide:
     reward: float
     components: dict[str, float]
@@ -28,7 +28,7 @@ class EvalSide:
     completions: list[str]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Evaluation:
     before: EvalSide
     after: EvalSide

@@ -39,7 +39,7 @@ class Scoring:
         return dataclasses.replace(self, dropout=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenLogProbs:
     policy: torch.Tensor  # (N, C) detached: the "old" log-probs of the step; 0 after the EOS unless PAD is scored
     reference: torch.Tensor  # (N, C)

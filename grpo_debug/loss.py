@@ -33,7 +33,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mea
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_corrected")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossBreakdown:
     loss: torch.Tensor  # scalar to backpropagate
     policy_loss: torch.Tensor  # scalar, the loss with beta = 0 under the same normalisation

@@ -21,7 +21,7 @@ import torch
 from .task import Task, as_task
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rewards:
     total: torch.Tensor  # (N,) float32, what the advantages see
     components: dict[str, torch.Tensor]  # name -> (N,), NaN where a component does not apply to a sample

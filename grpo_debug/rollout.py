@@ -12,7 +12,7 @@ from tqdm import tqdm
 from .fast.shared_prompt import generate_per_prompt
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
     prompts: list[str]  # B prompts; sample i belongs to prompt i // G
     completions: list[str]  # B*G decoded completions (special tokens removed)
