@@ -6,7 +6,7 @@ validation gradient (one summed vector), the hook method (one backward with laye
 sample's factored gradient dotted with the validation gradient; no per-sample gradient is built)
 and the naive loop (one backward per sample, its full gradient dotted with the validation gradient).
 Targets (issue 5): hook method within 2x a plain step; at least 3x faster than the naive loop.
-For the bundled model also the AdamW-aware score (optimizer_influence.py), which builds every per-sample
+For the bundled model also the AdamW-aware score (tracin/optimizer.py), which builds every per-sample
 gradient because AdamW's update map is not linear (skipped for the 124M shape: 64 x 124M floats).
 """
 
@@ -24,7 +24,7 @@ from grpo_debug.tracin.influence import ValidationSet, batch_influence, validati
 from grpo_debug.loss import loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
-from grpo_debug.step import GRPOStep, loss_spec_of, scoring_of
+from grpo_debug.step import GRPOStep, StepRun, loss_spec_of, scoring_of
 from grpo_debug.update import chunk_loss
 
 
@@ -36,10 +36,10 @@ def measured(fn) -> tuple[object, dict]:
     return out, {"seconds": round(seconds, 3), "peak_extra_mb": round(mem.mb, 1)}
 
 
-def influence_costs(step: GRPOStep, cfg: StepConfig, adam_aware: bool = False) -> dict:
-    run = step.run(cfg, until="loss")
-    model, r, lp, adv = step.policy, run.rollout, run.logprobs, run.advantages.values
-    val = validation_set(step, "same_batch")
+def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
+    """The costs on `run` (a StepRun up to the loss) of `model`, the weights that produced it."""
+    cfg, r, lp, adv = run.config, run.rollout, run.logprobs, run.advantages.values
+    val = validation_set(run, "same_batch")
     synthetic = bool((adv == 0).all())  # a random-weight model's completions all score alike: no signal
     if synthetic:  # the cost does not depend on the values; give every sample a gradient to compare
         adv = torch.randn(r.num_samples, generator=torch.Generator().manual_seed(0))
@@ -89,11 +89,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = StepConfig(beta=0.0)
-    report = {"threads": args.threads, "bundled_8x8_mixed": influence_costs(GRPOStep(cfg), cfg, adam_aware=True)}
+    bundled = GRPOStep(cfg)
+    report = {"threads": args.threads,
+              "bundled_8x8_mixed": influence_costs(bundled.policy, bundled.run(cfg, until="loss"), adam_aware=True)}
     if not args.skip_124m:
         shape_cfg = cfg.replace(max_new_tokens=80)
         big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer))
-        report["gpt2_124m_shape_8x8_80_tokens"] = influence_costs(big, shape_cfg)
+        report["gpt2_124m_shape_8x8_80_tokens"] = influence_costs(big.policy, big.run(shape_cfg, until="loss"))
     print(json.dumps(report, indent=1))
 
 

@@ -173,34 +173,35 @@ def test_flip_sign_negates_the_validation_gradient_exactly(setup):
 
 
 def test_validation_pool_and_test_prompts_are_disjoint(setup):
-    from grpo_debug.tracin.influence import validation_set
-    from grpo_debug.tracin.experiments import held_out_prompts
+    from grpo_debug.tracin.influence import validation_pool, validation_set
     step, run, _ = setup
-    step.run(CFG, until="loss")
+    test_prompts = set(step.task.prompts("test", 256))
     for source in ("random", "topk"):
-        val = validation_set(step, source, 4)
+        val = validation_set(run, source, 4, validation_pool(step.run, CFG, 8))
         assert val.prompt_set == "validation" and val.name == f"{source} 4"
         used = set(val.rollout.prompts)
-        assert used and used.isdisjoint(held_out_prompts(step, 256)) and used.isdisjoint(run.rollout.prompts)
-    assert set(run.rollout.prompts).isdisjoint(held_out_prompts(step, 256))
+        assert used and used.isdisjoint(test_prompts) and used.isdisjoint(run.rollout.prompts)
+    assert set(run.rollout.prompts).isdisjoint(test_prompts)
+    with pytest.raises(ValueError, match="pool"):
+        validation_set(run, "random", 4)
 
 
 def test_validation_advantages_per_group_and_whole_set(setup):
     from grpo_debug.advantages import compute_advantages
     from grpo_debug.tracin.influence import validation_pool, validation_set
     step, run, _ = setup
-    pool = validation_pool(step, 16)
+    pool = validation_pool(step.run, CFG, 16)
     for source in ("random", "topk"):
-        per_group = validation_set(step, source, 8, pool, "per_group")
-        whole = validation_set(step, source, 8, pool, "whole_set")
+        per_group = validation_set(run, source, 8, pool, "per_group")
+        whole = validation_set(run, source, 8, pool, "whole_set")
         assert torch.equal(per_group.rewards, whole.rewards)
         assert torch.allclose(whole.advantages, compute_advantages(whole.rewards, 8)) and whole.advantages.sum().abs() < 1e-4
-    random = validation_set(step, "random", 8, pool, "per_group")
+    random = validation_set(run, "random", 8, pool, "per_group")
     assert torch.allclose(random.advantages, compute_advantages(random.rewards, CFG.num_generations))
-    same = validation_set(step, "same_batch", val_advantages="per_group")
+    same = validation_set(run, "same_batch", val_advantages="per_group")
     assert torch.equal(same.advantages, run.advantages.values)
     with pytest.raises(ValueError, match="val_advantages"):
-        validation_set(step, "random", 8, pool, "one_group")
+        validation_set(run, "random", 8, pool, "one_group")
 
 
 def test_sign_tolerance_counts_float_noise_as_zero():
@@ -227,41 +228,45 @@ def test_selection_strategies_keep_what_they_say():
 
 
 def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
-    from grpo_debug.tracin.influence import validation_set
+    from grpo_debug.tracin.influence import validation_pool, validation_set
     from grpo_debug.tracin.experiments import held_out_baseline, influence_of_batch, selection_experiment
     step, run, _ = setup
-    step.run(CFG, until="loss")
-    val = validation_set(step, "random", 16)
-    scores = influence_of_batch(step.policy, run, CFG, val)
-    weights = [p.detach().clone() for p in step.policy.parameters()]
-    baseline = held_out_baseline(step, 4)
+    model, tokenizer = step.policy, step.loaded.tokenizer
+    val = validation_set(run, "random", 16, validation_pool(step.run, CFG, 16))
+    scores = influence_of_batch(model, run, CFG, val)
+    weights = [p.detach().clone() for p in model.parameters()]
+    baseline = held_out_baseline(model, tokenizer, step.task, CFG, 4)
     for optimizer in ("sgd", "adamw"):
-        results = {r.strategy: r for r in selection_experiment(step, val, scores, strategies=("top_half", "bottom_half"),
+        results = {r.strategy: r for r in selection_experiment(model, run, tokenizer, step.task, val, scores,
+                                                               strategies=("top_half", "bottom_half"),
                                                                optimizer=optimizer, eval_prompts=4, baseline=baseline)}
         top, bottom = results["top_half"], results["bottom_half"]
         assert top.val_loss_after < bottom.val_loss_after and top.val_loss_after < top.val_loss_before, optimizer
         assert top.reward_prompts == "test" and top.val_set == "random 16 (validation prompts)"
         assert top.optimizer == optimizer and (top.lr == CFG.learning_rate) == (optimizer == "adamw")
         assert top.reward_ci_low <= top.reward_delta <= top.reward_ci_high
-    assert all(torch.equal(a, b) for a, b in zip(weights, step.policy.parameters()))  # restored
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # restored
 
 
 def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
-    from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer, score_key
+    from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, InfluenceExplorer, score_key
     assert score_key(CFG) == score_key(CFG.replace(kl_estimator="k1", learning_rate=1.0, eval_prompts=2))
     assert score_key(CFG.replace(beta=0.1)) != score_key(CFG.replace(beta=0.1, kl_estimator="k1"))
     cfg = CFG.replace(num_prompts=2)
     step = GRPOStep(cfg)
-    step.run(cfg, until="loss")
-    explorer = InfluenceExplorer(step, pool_size=8)
+    run = step.run(cfg, until="loss")
+    cache = InfluenceCache(step.run, pool_size=8)
     choice = InfluenceChoice(source="random", size=8)
-    first = explorer.scores(choice)
-    step.run(cfg.replace(kl_estimator="k1"), until="loss")  # beta = 0: the estimator multiplies nothing
-    assert explorer.is_cached(choice) and torch.equal(explorer.scores(choice), first)
-    step.run(cfg.replace(kl_estimator="k1", beta=0.1), until="loss")
-    assert not explorer.is_cached(choice)
-    assert not torch.equal(explorer.scores(choice), first)  # k1's gradient at step 0 is beta * grad logp
-    assert torch.equal(explorer.scores(dataclasses.replace(choice, flip_sign=True)), -explorer.scores(choice))
+    first = cache.scores(step.policy, run, choice)
+    k1 = step.run(cfg.replace(kl_estimator="k1"), until="loss")  # beta = 0: the estimator multiplies nothing
+    assert cache.is_cached(k1, choice) and torch.equal(cache.scores(step.policy, k1, choice), first)
+    k1_beta = step.run(cfg.replace(kl_estimator="k1", beta=0.1), until="loss")
+    assert not cache.is_cached(k1_beta, choice)
+    assert not torch.equal(cache.scores(step.policy, k1_beta, choice), first)  # k1's gradient at step 0 is beta * grad logp
+    flipped = dataclasses.replace(choice, flip_sign=True)
+    assert torch.equal(cache.scores(step.policy, k1_beta, flipped), -cache.scores(step.policy, k1_beta, choice))
+    explorer = InfluenceExplorer(step, cache=cache)  # the panel's entry: follows the step's current run
+    assert explorer.is_cached(choice) and torch.equal(explorer.scores(choice), cache.scores(step.policy, k1_beta, choice))
 
 
 @pytest.mark.parametrize("model_kind", ["bundled", "random_gpt2"])

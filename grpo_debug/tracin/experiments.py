@@ -7,7 +7,7 @@
      adamw         clip, then one AdamW step from a fresh state       (what update.py does)
      adamw_batch   the same from the state after an AdamW step on the batch gradient
    Predictions ("scores"): tracin <g_val, g_i>; adam / adam_batch <g_val, U(clip(g_i); state)>
-   (optimizer_influence.py). Predicted change = -lr * score.
+   (tracin/optimizer.py). Predicted change = -lr * score.
 2. Selection: keep the samples a strategy selects, take one step (SGD or the step's AdamW) on them only,
    then measure L_val and the held-out reward on the 'test' prompts (paired sampling seeds, bootstrap
    95% interval over prompts). "influence<0" is what "influence>0" keeps under seed 000's flipped sign:
@@ -268,73 +268,73 @@ def matched_sgd_lr(model, rollout: Rollout, logprobs: TokenLogProbs, advantages:
     return cfg.learning_rate * norm(adam) / norm(g)
 
 
-def held_out_prompts(step, n: int) -> list[str]:
-    """The prompts every reward after an update is measured on (the task's named 'test' set)."""
-    return step.task.prompts("test", n)
+def held_out_baseline(model, tokenizer, task, cfg: StepConfig, eval_prompts: int = 16):
+    """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling settings of `cfg`)."""
+    from ..evaluation import eval_prompts as test_prompts, eval_side
+    return eval_side(model, tokenizer, test_prompts(task, eval_prompts), cfg.replace(eval_prompts=eval_prompts), task)
 
 
-def selection_experiment(step, val: ValidationSet, scores: torch.Tensor, kind: str = "seqloss-lastadv",
-                         strategies=SELECTIONS, optimizer: str = "adamw", sgd_lr: float | None = None,
-                         eval_prompts: int = 16, baseline=None) -> list[SelectionResult]:
-    """For each strategy: one step on the selected samples only, then L_val and the test-prompt reward
-    against the same model before (`baseline`: an EvalSide of the step's weights on the same prompts, to
-    share across calls). adamw: `update.update` on the subset (clip + a fresh AdamW, the step's lr).
-    sgd: the kept samples' shares of the batch loss, lr `sgd_lr` (default `matched_sgd_lr`). The
-    policy is restored after."""
+def selection_experiment(model, run, tokenizer, task, val: ValidationSet, scores: torch.Tensor,
+                         kind: str = "seqloss-lastadv", strategies=SELECTIONS, optimizer: str = "adamw",
+                         sgd_lr: float | None = None, eval_prompts: int = 16, baseline=None) -> list[SelectionResult]:
+    """For each strategy: one step of `model` on the selected samples of `run` (the StepRun `model`
+    produced) only, then L_val and the test-prompt reward against the same model before (`baseline`: an
+    EvalSide of `held_out_baseline` on the same prompts, to share across calls). adamw: `update.update` on
+    the subset (clip + a fresh AdamW, the step's lr). sgd: the kept samples' shares of the batch loss, lr
+    `sgd_lr` (default `matched_sgd_lr`). The weights are restored after each strategy."""
+    from ..evaluation import eval_prompts as test_prompts
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    step.restore_policy()
-    model = step.policy
-    cfg = step.cfg.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
+    cfg = run.config.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
     saved = copy.deepcopy(model.state_dict())
+    evaluate = lambda: held_out_baseline(model, tokenizer, task, cfg, eval_prompts)
     try:
-        return _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, cfg, baseline, saved)
+        before = baseline if baseline is not None else evaluate()
+        prompts = len(test_prompts(task, eval_prompts))
+        if len(before.per_prompt) != prompts:
+            raise ValueError(f"baseline has {len(before.per_prompt)} prompts, the experiment {prompts}")
+        lr = cfg.learning_rate if optimizer == "adamw" else \
+            sgd_lr or matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
+        loss_before = validation_loss_value(model, val, cfg, kind)
+        results = []
+        for strategy in strategies:
+            keep = select(scores, strategy, cfg.seed)
+            step_on_selection(model, run, keep, optimizer, lr, cfg)
+            after = evaluate() if len(keep) else before
+            results.append(selection_result(strategy, optimizer, lr, keep, val, cfg, before, after, loss_before,
+                                            validation_loss_value(model, val, cfg, kind)))
+            model.load_state_dict(saved)
+        return results
     finally:
         model.load_state_dict(saved)
 
 
-def held_out_baseline(step, eval_prompts: int = 16):
-    """EvalSide of the step's own weights on the first `eval_prompts` test prompts."""
-    from ..evaluation import eval_side
-    step.restore_policy()
-    cfg = step.cfg.replace(eval_prompts=eval_prompts)
-    return eval_side(step.policy, step.loaded.tokenizer, held_out_prompts(step, eval_prompts), cfg, step.task)
-
-
-def _select_and_update(step, val, scores, kind, strategies, optimizer, sgd_lr, cfg, baseline, saved):
-    from ..evaluation import bootstrap_ci, eval_side
+def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float, cfg: StepConfig) -> None:
+    """One step on the kept samples of `run` only (none kept: no step). adamw: `update.update` on the subset;
+    sgd: minus lr times the kept samples' gradients of their shares of the batch loss."""
     from ..update import update
-    model, run = step.policy, step.result
     r, lp, adv = run.rollout, run.logprobs, run.advantages.values
-    prompts = held_out_prompts(step, cfg.eval_prompts)
-    before = baseline if baseline is not None else eval_side(model, step.loaded.tokenizer, prompts, cfg, step.task)
-    if len(before.per_prompt) != len(prompts):
-        raise ValueError(f"baseline has {len(before.per_prompt)} prompts, the experiment {len(prompts)}")
-    lr = cfg.learning_rate if optimizer == "adamw" else sgd_lr or matched_sgd_lr(model, r, lp, adv, cfg)
-    loss_before = validation_loss_value(model, val, cfg, kind)
-    results = []
-    for strategy in strategies:
-        keep = select(scores, strategy, cfg.seed)
-        after = before
-        if len(keep) and optimizer == "adamw":
-            update(model, r.rows(keep), lp.rows(keep), adv[keep], scoring_of(cfg), loss_spec_of(cfg),
-                   optimization_of(cfg), per_sample_grad_norms=False, fast=cfg.fast)
-        elif len(keep):
-            grads = batch_share_gradient(model, r, lp, adv, cfg, keep)
-            with torch.no_grad():
-                for p, g in grads.items():
-                    p.sub_(lr * g)
-        if len(keep):
-            after = eval_side(model, step.loaded.tokenizer, prompts, cfg, step.task)
-        diffs = after.per_prompt - before.per_prompt
-        low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
-        results.append(SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()),
-                                       f"{val.name} ({val.prompt_set} prompts)", loss_before,
-                                       validation_loss_value(model, val, cfg, kind), "test", before.reward,
-                                       after.reward, diffs.mean().item(), low, high,
-                                       tuple(after.per_prompt.tolist())))
-        model.load_state_dict(saved)
-    return results
+    if not len(keep):
+        return
+    if optimizer == "adamw":
+        update(model, r.rows(keep), lp.rows(keep), adv[keep], scoring_of(cfg), loss_spec_of(cfg),
+               optimization_of(cfg), per_sample_grad_norms=False, fast=cfg.fast)
+        return
+    grads = batch_share_gradient(model, r, lp, adv, cfg, keep)
+    with torch.no_grad():
+        for p, g in grads.items():
+            p.sub_(lr * g)
+
+
+def selection_result(strategy: str, optimizer: str, lr: float, keep: torch.Tensor, val: ValidationSet,
+                     cfg: StepConfig, before, after, loss_before: float, loss_after: float) -> SelectionResult:
+    """The paired reward change over the test prompts (bootstrap interval) next to L_val before and after."""
+    from ..evaluation import bootstrap_ci
+    diffs = after.per_prompt - before.per_prompt
+    low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
+    return SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()), f"{val.name} ({val.prompt_set} prompts)",
+                           loss_before, loss_after, "test", before.reward, after.reward, diffs.mean().item(), low,
+                           high, tuple(after.per_prompt.tolist()))
 
 
 def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 1000, seed: int = 0):

@@ -4,7 +4,7 @@ influence_i = <g_train_i, grad L_val>, g_train_i = the gradient of sample i's sh
 An SGD step of size lr on sample i alone changes L_val by about -lr * influence_i (first order), so
 influence > 0 means "an SGD step on i lowers L_val", whatever the sign convention inside L_val, as long as
 L_val is a loss to minimise. The step's real optimizer is AdamW, whose step is not -lr * g: see
-`optimizer_influence.py` and the measurements in `tracin_experiments.py`.
+`tracin/optimizer.py` and the measurements in `tracin/experiments.py`.
 
 Validation losses (per sequence, averaged over the N_val sequences):
   seqloss-lastadv   -seq_logprob * advantage     (advantages: `VAL_ADVANTAGES`)
@@ -113,55 +113,73 @@ class ValidationSet:
     advantages: torch.Tensor  # (N_val,)
     rewards: torch.Tensor  # (N_val,)
     name: str = "same_batch"  # e.g. "random 64"
-    prompt_set: str = "train"  # the named prompt set (`prompts.py`) its prompts come from
+    prompt_set: str = "train"  # the task's named prompt set its prompts come from
     val_advantages: str = "per_group"
 
 
 VALIDATION_SEED_OFFSET = 1  # the validation pool samples with seed + 1: other draws than the step's
 
 
-def validation_pool(step, size: int) -> ValidationSet:
-    """`size` fresh samples (size / G prompts of the 'validation' set, G each) from the step's own
-    weights, advantages within their groups; random and top-k sets are cut from it."""
-    from ..step import StepRun
-    cfg = step.cfg
+def pool_config(cfg: StepConfig, size: int) -> StepConfig:
+    """The config of a pool of `size` samples: size / G prompts, G samples each, sampled with seed + 1."""
     if size % cfg.num_generations:
         raise ValueError(f"a pool of {size} samples is not a multiple of G={cfg.num_generations}")
-    pool_cfg = cfg.replace(seed=cfg.seed + VALIDATION_SEED_OFFSET, num_prompts=size // cfg.num_generations)
-    run = step.run(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)
+    return cfg.replace(seed=cfg.seed + VALIDATION_SEED_OFFSET, num_prompts=size // cfg.num_generations)
+
+
+def validation_pool(run_phases, cfg: StepConfig, size: int) -> ValidationSet:
+    """`size` fresh samples (size / G prompts of the 'validation' set, G each) from the step's own
+    weights, advantages within their groups; random and top-k sets are cut from it. `run_phases` is
+    `GRPOStep.run` (e.g. `step.run`): the pool is the step's own phases rollout..advantages on the
+    'validation' prompts, run aside (the step's current run is left as it was)."""
+    from ..step import StepRun
+    pool_cfg = pool_config(cfg, size)
+    run = run_phases(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)
     return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total, f"pool {size}",
                          "validation", "per_group")
 
 
-def validation_set(step, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None,
+def same_batch_set(run) -> ValidationSet:
+    """The training batch itself as validation set (PPO's step_part_I), with the step's own advantages."""
+    return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
+
+
+def pool_rows(pool: ValidationSet, source: str, size: int, num_generations: int) -> torch.Tensor:
+    """The pool's rows a set keeps. random: the first `size` (whole groups); topk: the `size` best by
+    reward of the pool's first 2 x size (seed 000/001: all good samples, no contrast)."""
+    needed = size * (2 if source == "topk" else 1)
+    if source not in VAL_SOURCES or needed % num_generations:
+        raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={num_generations}")
+    if needed > pool.rollout.num_samples:
+        raise ValueError(f"a {source} set of {size} needs a pool of {needed}, got {pool.rollout.num_samples}")
+    if source == "random":
+        return torch.arange(size)
+    return pool.rewards[:needed].argsort(descending=True)[:size].sort().values
+
+
+def validation_set(run, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None,
                    val_advantages: str = "per_group") -> ValidationSet:
-    """same_batch: the training batch itself (PPO's step_part_I). random: the first `size` samples of a
-    pool on 'validation' prompts (whole groups). topk: the `size` best by reward of the pool's first
-    2 x size (seed 000/001: all good samples, no contrast). `val_advantages`: 'per_group' keeps each
-    sample's advantage within its own generation group (for same_batch: the step's advantages);
-    'whole_set' normalises the set's rewards over the set as one group, as seed 000 did."""
+    """A validation set for the step's `run` (a StepRun). same_batch: the training batch itself. random
+    and topk: cut from `pool` (a `validation_pool` on 'validation' prompts; see `pool_rows`).
+    `val_advantages`: 'per_group' keeps each sample's advantage within its own generation group (for
+    same_batch: the step's advantages); 'whole_set' normalises the set's rewards over the set as one
+    group, as seed 000 did."""
     if val_advantages not in VAL_ADVANTAGES:
         raise ValueError(f"val_advantages must be one of {VAL_ADVANTAGES}, got {val_advantages!r}")
+    if source not in VAL_SOURCES:
+        raise ValueError(f"source must be one of {VAL_SOURCES}, got {source!r}")
     if source == "same_batch":
-        run = step.result
-        full = ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total)
-        keep, prompt_set = torch.arange(run.rollout.num_samples), "train"
+        full, keep = same_batch_set(run), torch.arange(run.rollout.num_samples)
+    elif pool is None:
+        raise ValueError(f"a {source} set is cut from a pool: pass pool=validation_pool(step.run, cfg, size)")
     else:
-        needed = size * (2 if source == "topk" else 1)
-        if source not in VAL_SOURCES or needed % step.cfg.num_generations:
-            raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={step.cfg.num_generations}")
-        full = pool if pool is not None else validation_pool(step, needed)
-        if needed > full.rollout.num_samples:
-            raise ValueError(f"a {source} set of {size} needs a pool of {needed}, got {full.rollout.num_samples}")
-        keep = torch.arange(size) if source == "random" else \
-            full.rewards[:needed].argsort(descending=True)[:size].sort().values
-        prompt_set = full.prompt_set
+        full, keep = pool, pool_rows(pool, source, size, run.config.num_generations)
     rewards = full.rewards[keep]
     advantages = full.advantages[keep] if val_advantages == "per_group" else \
-        whole_set_advantages(rewards, step.cfg.scale_rewards)
+        whole_set_advantages(rewards, run.config.scale_rewards)
     name = "same_batch" if source == "same_batch" else f"{source} {size}"
-    return ValidationSet(full.rollout.rows(keep), full.logprobs.rows(keep), advantages, rewards, name, prompt_set,
-                         val_advantages)
+    return ValidationSet(full.rollout.rows(keep), full.logprobs.rows(keep), advantages, rewards, name,
+                         full.prompt_set, val_advantages)
 
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
@@ -313,63 +331,97 @@ def score_key(cfg: StepConfig) -> tuple:
     return tuple(kv for kv in fields if not (cfg.beta == 0 and kv[0] == "kl_estimator"))
 
 
-class InfluenceExplorer:
-    """Influence of the step's cached samples under any InfluenceChoice. Scores are cached per
-    (`score_key(step config)`, choice without the sign): flipping the sign negates L_val, hence its
-    gradient, so it negates cached scores instead of recomputing. One pool per `pool_key` serves every set."""
+class InfluenceCache:
+    """Influence of a step's cached samples under any InfluenceChoice, for a `(model, run)` pair: `model`
+    the weights that produced `run` (a StepRun up to the loss). Scores are cached per
+    (`score_key(run.config)`, choice without the sign): flipping the sign negates L_val, hence its
+    gradient, so it negates cached scores instead of recomputing. One pool per `pool_key` serves every set;
+    `run_phases` (`GRPOStep.run`) samples it (`validation_pool`)."""
 
-    def __init__(self, step, pool_size: int = 128):
-        self.step, self.pool_size = step, pool_size
+    def __init__(self, run_phases, pool_size: int = 128):
+        self.run_phases, self.pool_size = run_phases, pool_size
         self._scores: dict = {}
         self._train: dict = {}  # (score key, parameter set) -> the batch's factored per-sample gradients
         self._pools: dict = {}
         self._lora = None
 
-    def pool(self) -> ValidationSet:
-        key = pool_key(self.step.cfg)
+    def pool(self, cfg: StepConfig) -> ValidationSet:
+        key = pool_key(cfg)
         if key not in self._pools:
-            self._pools = {key: validation_pool(self.step, self.pool_size)}  # one config kept
+            self._pools = {key: validation_pool(self.run_phases, cfg, self.pool_size)}  # one config kept
         return self._pools[key]
 
-    def _model(self, param_set: str):
-        self.step.restore_policy()
+    def model_for(self, model, param_set: str):
+        """`model` itself, or for 'lora' its LoRA copy (rebuilt when the model is another object)."""
         if param_set != "lora":
-            return self.step.policy
-        if self._lora is None or self._lora[0] is not self.step.policy:  # rebuilt when the model is reloaded
-            self._lora = (self.step.policy, lora_model(self.step.policy))
+            return model
+        if self._lora is None or self._lora[0] is not model:
+            self._lora = (model, lora_model(model))
         return self._lora[1]
 
-    def _key(self, choice: InfluenceChoice) -> tuple:
-        return score_key(self.step.cfg), dataclasses.replace(choice, flip_sign=False)
+    def _key(self, run, choice: InfluenceChoice) -> tuple:
+        return score_key(run.config), dataclasses.replace(choice, flip_sign=False)
 
-    def is_cached(self, choice: InfluenceChoice) -> bool:
-        return self._key(choice) in self._scores
+    def is_cached(self, run, choice: InfluenceChoice) -> bool:
+        return self._key(run, choice) in self._scores
 
-    def validation_set(self, choice: InfluenceChoice) -> ValidationSet:
+    def validation_set(self, run, choice: InfluenceChoice) -> ValidationSet:
         if choice.source not in VAL_SOURCES or choice.size * (2 if choice.source == "topk" else 1) > self.pool_size:
             raise ValueError(f"{choice.source} {choice.size} needs more than the pool of {self.pool_size}")
-        pool = None if choice.source == "same_batch" else self.pool()
-        return validation_set(self.step, choice.source, choice.size, pool, choice.val_advantages)
+        pool = None if choice.source == "same_batch" else self.pool(run.config)
+        return validation_set(run, choice.source, choice.size, pool, choice.val_advantages)
 
-    def train_gradients(self, param_set: str = "all") -> SampleGradients:
+    def train_gradients(self, model, run, param_set: str = "all") -> SampleGradients:
         """The batch's factored per-sample gradients (one backward serves every validation set)."""
-        cfg, run = self.step.cfg, self.step.result
-        train_key = (score_key(cfg), param_set)
+        train_key = (score_key(run.config), param_set)
         if train_key not in self._train:
             self._train = {k: v for k, v in self._train.items() if k[0] == train_key[0]}  # memory: one config
-            model = self._model(param_set)
-            with parameter_set(model, param_set):
-                self._train[train_key] = per_sample_train_gradients(model, run.rollout, run.logprobs,
-                                                                    run.advantages.values, cfg)
+            scored = self.model_for(model, param_set)
+            with parameter_set(scored, param_set):
+                self._train[train_key] = per_sample_train_gradients(scored, run.rollout, run.logprobs,
+                                                                    run.advantages.values, run.config)
         return self._train[train_key]
 
-    def scores(self, choice: InfluenceChoice) -> torch.Tensor:
-        key = self._key(choice)
+    def scores(self, model, run, choice: InfluenceChoice) -> torch.Tensor:
+        key = self._key(run, choice)
         if key not in self._scores:
-            val = self.validation_set(choice)
-            train = self.train_gradients(choice.param_set)
-            model = self._model(choice.param_set)
-            with parameter_set(model, choice.param_set):
-                _, val_grad = validation_gradient(model, val, self.step.cfg, choice.kind)
+            val = self.validation_set(run, choice)
+            train = self.train_gradients(model, run, choice.param_set)
+            scored = self.model_for(model, choice.param_set)
+            with parameter_set(scored, choice.param_set):
+                _, val_grad = validation_gradient(scored, val, run.config, choice.kind)
             self._scores[key] = influence_scores(train, val_grad)
         return -self._scores[key] if choice.flip_sign else self._scores[key]
+
+
+class InfluenceExplorer:
+    """The notebook- and panel-facing entry (`ui.widgets.InfluencePanel`): an `InfluenceCache` that follows
+    a GRPOStep's current run, `(step.policy, step.result)`, so that the panel's engine toggles (which re-run
+    the step) show the new run's scores. Pass `cache` to share one cache with a notebook's own calls."""
+
+    def __init__(self, step, pool_size: int = 128, cache: InfluenceCache | None = None):
+        self.step = step
+        self.cache = cache or InfluenceCache(step.run, pool_size)
+
+    @property
+    def pool_size(self) -> int:
+        return self.cache.pool_size
+
+    def _current(self):
+        self.step.restore_policy()
+        return self.step.policy, self.step.result
+
+    def pool(self) -> ValidationSet:
+        return self.cache.pool(self.step.result.config)
+
+    def is_cached(self, choice: InfluenceChoice) -> bool:
+        return self.cache.is_cached(self.step.result, choice)
+
+    def validation_set(self, choice: InfluenceChoice) -> ValidationSet:
+        return self.cache.validation_set(self.step.result, choice)
+
+    def train_gradients(self, param_set: str = "all") -> SampleGradients:
+        return self.cache.train_gradients(*self._current(), param_set)
+
+    def scores(self, choice: InfluenceChoice) -> torch.Tensor:
+        return self.cache.scores(*self._current(), choice)
