@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +127,46 @@ def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *
     return out
 
 
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode (no dropout) inside the block; its own mode back after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def sample_batches(model, tokenizer, prompts: list[str], num_generations: int, generation: str, pad_id: int,
+                   **sampling) -> list[tuple]:
+    """One `sample` call for all prompts ("batched", KV cache) or one per prompt ("loop")."""
+    batches = [prompts] if generation == "batched" else [[p] for p in prompts]
+    parts = []
+    for batch in batches:
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+        parts.append(sample(model, enc["input_ids"], enc["attention_mask"], num_generations, pad_token_id=pad_id,
+                            eos_token_id=tokenizer.eos_token_id, **sampling))
+    return parts
+
+
+def cut_after_eos(parts: list[tuple], pad_id: int, eos_id: int):
+    """The parts' completions padded to one width, every position after the first EOS set to PAD and its
+    log-probs to 0. Returns completion ids, lengths, finished, sampler and temperature-only log-probs."""
+    completion_ids = _pad_right([p[2] for p in parts], pad_id)
+    lengths, finished = _lengths(completion_ids, eos_id)
+    after_eos = torch.arange(completion_ids.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)
+    sampler = _pad_right([p[3] for p in parts], 0.0).masked_fill(after_eos, 0.0)
+    temperature_only = _pad_right([p[4] for p in parts], 0.0).masked_fill(after_eos, 0.0)
+    return completion_ids.masked_fill(after_eos, pad_id), lengths, finished, sampler, temperature_only
+
+
+def identical_groups(completions: list[str], num_generations: int) -> list[int]:
+    """Prompts whose G completions are all the same text (no reward contrast possible)."""
+    G = num_generations
+    return [b for b in range(len(completions) // G) if len(set(completions[b * G:(b + 1) * G])) == 1]
+
+
 def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_new_tokens: int,
             temperature: float, top_p: float, seed: int, pad_with_eos: bool = True, generation: str = "batched",
             fast: bool = True) -> Rollout:
@@ -135,36 +176,22 @@ def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_n
     `"loop"` makes one call per prompt, for the speed comparison. `pad_with_eos` pads completions with
     the EOS token, as a GPT-2 tokenizer without a pad token does under TRL (pad == eos).
     """
-    pad_id = tokenizer.eos_token_id if pad_with_eos else tokenizer.pad_token_id
-    was_training = model.training
-    model.eval()
-    tokenizer.padding_side = "left"
-    start = time.perf_counter()
-    torch.manual_seed(seed)
     if generation not in ("batched", "loop"):
         raise ValueError(f"generation must be 'batched' or 'loop', got {generation!r}")
-    batches = [prompts] if generation == "batched" else [[p] for p in prompts]
-    parts = []
-    for batch in batches:
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
-        parts.append(sample(model, enc["input_ids"], enc["attention_mask"], num_generations,
-                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, fast=fast))
-    seconds = time.perf_counter() - start
-    model.train(was_training)
-    prompt_ids = _pad_left([p[0] for p in parts], tokenizer.pad_token_id)
-    prompt_mask = _pad_left([p[1] for p in parts], 0)
-    completion_ids = _pad_right([p[2] for p in parts], pad_id)
-    lengths, finished = _lengths(completion_ids, tokenizer.eos_token_id)
-    positions = torch.arange(completion_ids.shape[1]).unsqueeze(0)
-    completion_ids = completion_ids.masked_fill(positions >= lengths.unsqueeze(1), pad_id)
-    sampler = _pad_right([p[3] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
-    temperature_only = _pad_right([p[4] for p in parts], 0.0).masked_fill(positions >= lengths.unsqueeze(1), 0.0)
+    pad_id = tokenizer.eos_token_id if pad_with_eos else tokenizer.pad_token_id
+    tokenizer.padding_side = "left"
+    with eval_mode(model):
+        start = time.perf_counter()
+        torch.manual_seed(seed)
+        parts = sample_batches(model, tokenizer, prompts, num_generations, generation, pad_id,
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, fast=fast)
+        seconds = time.perf_counter() - start
+    completion_ids, lengths, finished, sampler, temperature_only = cut_after_eos(parts, pad_id, tokenizer.eos_token_id)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    G = num_generations
-    identical = [b for b in range(len(prompts)) if len(set(completions[b * G:(b + 1) * G])) == 1]
-    return Rollout(prompts=prompts, completions=completions, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                   completion_ids=completion_ids, completion_lengths=lengths, finished=finished,
-                   sampler_logps=sampler, sampler_logps_temperature_only=temperature_only, num_generations=G,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id, identical_groups=identical,
-                   seconds=seconds)
+    return Rollout(prompts=prompts, completions=completions,
+                   prompt_ids=_pad_left([p[0] for p in parts], tokenizer.pad_token_id),
+                   prompt_mask=_pad_left([p[1] for p in parts], 0), completion_ids=completion_ids,
+                   completion_lengths=lengths, finished=finished, sampler_logps=sampler,
+                   sampler_logps_temperature_only=temperature_only, num_generations=num_generations,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id,
+                   identical_groups=identical_groups(completions, num_generations), seconds=seconds)

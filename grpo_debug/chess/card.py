@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -40,34 +41,41 @@ def _runs(model_dir: Path) -> str:
                      f"--minutes 1000`" for i, r in enumerate(runs))
 
 
-def render(metrics: dict, model_dir: Path = DEFAULT_MODEL_DIR) -> str:
+class ModelFacts(NamedTuple):
+    """What the card quotes about the model and its training, read from its folder."""
+    train: dict  # the training config of train_state.pt
+    step: int
+    minutes: float
+    arch: dict  # config.json
+    n_params: int  # lm_head is tied to the token embedding: counted once
+    size_mb: float
+    manifest: dict  # the bundled data's manifest.json
+
+
+def model_facts(model_dir: Path) -> ModelFacts:
     state = torch.load(model_dir / "train_state.pt", weights_only=False, map_location="cpu")
-    cfg, step, minutes = state["config"], state["step"], state["trained_seconds"] / 60
-    config = json.loads((model_dir / "config.json").read_text())
-    n_params = sum(v.numel() for k, v in state["model"].items() if k != "lm_head.weight")
-    size_mb = sum(p.stat().st_size for p in model_dir.iterdir() if p.name != "train_state.pt") / 2**20
-    manifest = json.loads((DATA_DIR / "manifest.json").read_text())
-    floors = "\n".join(f"| `{k}` | {metrics[k]:.4f} | {v} | {'met' if metrics[k] >= v else 'NOT met'} |"
-                       for k, v in FLOORS.items())
-    missing = [k for k, v in FLOORS.items() if metrics[k] < v]
-    unmet = (f"**Not finished**: this checkpoint does not meet {', '.join(f'`{k}`' for k in missing)}."
-             if missing else "Every floor is met.")
-    if "groups_nonzero_std" in missing:
-        unmet += (f" Groups with a non-zero reward std: P: {metrics['policy/groups_nonzero_std']:.1%}, A: "
-                  f"{metrics['env/groups_nonzero_std']:.1%}. An environment model that predicts the next position right "
-                  "gives all 8 samples the same answer, so its A: group carries no GRPO signal; the A: share falls as "
-                  "`env/next_fen_exact` rises.")
+    return ModelFacts(train=state["config"], step=state["step"], minutes=state["trained_seconds"] / 60,
+                      arch=json.loads((model_dir / "config.json").read_text()),
+                      n_params=sum(v.numel() for k, v in state["model"].items() if k != "lm_head.weight"),
+                      size_mb=sum(p.stat().st_size for p in model_dir.iterdir() if p.name != "train_state.pt") / 2**20,
+                      manifest=json.loads((DATA_DIR / "manifest.json").read_text()))
+
+
+def _about(model_dir: Path) -> str:
+    """The model, how it was trained (the runs as commands) and on what data."""
+    m = model_facts(model_dir)
+    cfg, config, manifest = m.train, m.arch, m.manifest
     return f"""# rookworld-tiny
 
 A GPT-2 (`GPT2LMHeadModel`) trained from scratch on the bundled RookWorld-format data, so that
 grpo-debug runs offline. It stands in for `jrahn/RookWorld-LM-124M`: same text formats (P: policy,
 A: environment), same architecture family, same dropout (0.1), much smaller and much weaker.
 
-- {n_params / 1e6:.2f}M parameters: {config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads,
+- {m.n_params / 1e6:.2f}M parameters: {config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads,
   {config['n_positions']} positions; vocabulary {config['vocab_size']} (BPE with one token per board square, see
-  `grpo_debug/chess/tokenizer.py`); {size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
-- Trained {step} steps of {cfg['batch_size']} samples (each run's P: share is its `--policy-fraction`, the rest
-  A:), AdamW lr {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {minutes:.0f} minutes
+  `grpo_debug/chess/tokenizer.py`); {m.size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
+- Trained {m.step} steps of {cfg['batch_size']} samples (each run's P: share is its `--policy-fraction`, the rest
+  A:), AdamW lr {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {m.minutes:.0f} minutes
   of training. Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and
   data order, and follows the cosine of its own `--max-steps`, so it can raise the learning rate where it resumes):
 {_runs(model_dir)}
@@ -79,16 +87,38 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
 - Data: `data/` ({manifest['counts']['policy_train']} P: positions, {manifest['counts']['env_train']} A: transitions;
   {manifest['stockfish']}), see `data/README.md`.
 - Reproduce: the runs above in order, from an empty folder (`--out`), with the tokenizer trained first by
-  the same command (same seed, same data order; one thread).
+  the same command (same seed, same data order; one thread)."""
 
-## Measured quality (held-out split)
+
+def _floors_table(metrics: dict) -> str:
+    return "\n".join(f"| `{k}` | {metrics[k]:.4f} | {v} | {'met' if metrics[k] >= v else 'NOT met'} |"
+                     for k, v in FLOORS.items())
+
+
+def _verdict(metrics: dict) -> str:
+    """Whether every floor is met; if the groups with a reward std are too few, why."""
+    missing = [k for k, v in FLOORS.items() if metrics[k] < v]
+    if not missing:
+        return "Every floor is met."
+    verdict = f"**Not finished**: this checkpoint does not meet {', '.join(f'`{k}`' for k in missing)}."
+    if "groups_nonzero_std" in missing:
+        verdict += (f" Groups with a non-zero reward std: P: {metrics['policy/groups_nonzero_std']:.1%}, A: "
+                    f"{metrics['env/groups_nonzero_std']:.1%}. An environment model that predicts the next position "
+                    "right gives all 8 samples the same answer, so its A: group carries no GRPO signal; the A: share "
+                    "falls as `env/next_fen_exact` rises.")
+    return verdict
+
+
+def _quality(metrics: dict) -> str:
+    """The held-out measurement against the floors, with every number of the run."""
+    return f"""## Measured quality (held-out split)
 
 `python -m grpo_debug.chess.quality --prompts 200 --samples 8 --seed 0`: 200 P: prompts of `policy_eval` and
 200 A: prompts of `env_eval`, none seen in training, 8 samples each at temperature 0.7, top_p 0.95.
 
 | metric | measured | floor (issue 2) | |
 |---|---|---|---|
-{floors}
+{_floors_table(metrics)}
 
 All numbers of that run:
 
@@ -96,15 +126,21 @@ All numbers of that run:
 {json.dumps(metrics, indent=1)}
 ```
 
-{unmet}
+{_verdict(metrics)}"""
 
-## Learning curve
+
+def _learning_curve(model_dir: Path) -> str:
+    return f"""## Learning curve
 
 Validation loss per completion token on 200 + 200 held-out examples; the floor metrics every 1000 steps
 on a quick subset (24 prompts x 4 samples per task, so noisier than the table above).
 
-{_curve_table(model_dir)}
-"""
+{_curve_table(model_dir)}"""
+
+
+def render(metrics: dict, model_dir: Path = DEFAULT_MODEL_DIR) -> str:
+    """The model card: what the model is, its measured quality, its learning curve."""
+    return f"{_about(model_dir)}\n\n{_quality(metrics)}\n\n{_learning_curve(model_dir)}\n"
 
 
 def main(argv: list[str] | None = None) -> None:
