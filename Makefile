@@ -20,31 +20,34 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
+# $(call apt_install,PRESENT,PACKAGE,NAME,HINT): nothing if the shell test PRESENT passes; as root with apt-get,
+# install Debian's PACKAGE; otherwise run HINT (echo lines saying how to install NAME) and fail.
+define apt_install
+@if $(1); then \
+  :; \
+elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+  echo "installing $(3) from Debian's $(2) package"; \
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
+else \
+  $(4) \
+  exit 1; \
+fi
+endef
+
+STOCKFISH_PRESENT = command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ] || [ -n "$$STOCKFISH_PATH" ]
+STOCKFISH_HINT = echo "Stockfish is missing. Install it with 'sudo apt-get install stockfish' (Debian/Ubuntu),"; \
+  echo "'conda install -c conda-forge stockfish', or set STOCKFISH_PATH to the binary.";
+
 stockfish:
-	@if command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ] || [ -n "$$STOCKFISH_PATH" ]; then \
-	  :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing Stockfish from Debian's stockfish package"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stockfish; \
-	else \
-	  echo "Stockfish is missing. Install it with 'sudo apt-get install stockfish' (Debian/Ubuntu),"; \
-	  echo "'conda install -c conda-forge stockfish', or set STOCKFISH_PATH to the binary."; \
-	  exit 1; \
-	fi
+	$(call apt_install,$(STOCKFISH_PRESENT),stockfish,Stockfish,$(STOCKFISH_HINT))
 
 # Headless browser for tests/test_browser.py (driven by the Python playwright package, which is
 # pointed at /usr/bin/chromium; `playwright install` is never used).
+CHROMIUM_HINT = echo "Chromium is missing (tests/test_browser.py needs /usr/bin/chromium)."; \
+  echo "Install it with 'sudo apt-get install chromium' (Debian) or run 'make setup' as root.";
+
 chromium:
-	@if [ -x /usr/bin/chromium ]; then \
-	  :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing Chromium from Debian's chromium package"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	else \
-	  echo "Chromium is missing (tests/test_browser.py needs /usr/bin/chromium)."; \
-	  echo "Install it with 'sudo apt-get install chromium' (Debian) or run 'make setup' as root."; \
-	  exit 1; \
-	fi
+	$(call apt_install,[ -x /usr/bin/chromium ],chromium,Chromium,$(CHROMIUM_HINT))
 
 setup: $(STAMP) stockfish chromium
 
