@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .logprobs import GATHERS, MASKS
-from .loss import KL_ESTIMATORS, LOSS_TYPES
+from .loss import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, SAMPLER_CORRECTION_MODES
 from .paths import DEFAULT_MODEL
 from .task import REGISTERED_TASKS
 
@@ -70,6 +70,8 @@ class StepConfig:
     dtype: str = _in("logprobs", "float32", "scoring precision (bfloat16: autocast)", choices=("float32", "bfloat16"))
     gather: str = _in("logprobs", "per_position", "which logits score token t: those of position t-1, or the first "
                       "completion position's for every token", choices=GATHERS)
+    mask_truncated_completions: bool = _in("logprobs", False, "TRL's option: completions that never produced an "
+                                           "EOS get no loss (DAPO's overlong filtering)")
     # --- advantages
     scale_rewards: str = _in("advantages", "group", "TRL's scale_rewards: divide by the group's std, the batch's, "
                              "or not at all", choices=("group", "batch", "none"))
@@ -81,8 +83,41 @@ class StepConfig:
     kl_estimator: str = _in("loss", "k3", "per-token KL estimate (k3_corrected: k3 times the ratio, TRL's "
                             "use_bias_correction_kl)", choices=KL_ESTIMATORS)
     epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
-    epsilon_high: float = _in("loss", 0.2, "PPO clip, upper", low=0)
+    epsilon_high: float = _in("loss", 0.2, "PPO clip, upper (cispo: the cap on the weight, TRL recommends 5.0)",
+                              low=0)
+    delta: float | None = _in("loss", None, "two-sided clipping (INTELLECT-2): cap the ratio at delta when the "
+                              "advantage is negative; none: off (TRL's default)", low=0, low_open=True)
+    importance_sampling_level: str = _in("loss", "token", "the ratio per token, or one per sequence: exp of the "
+                                         "mean log-ratio (GSPO)", choices=IMPORTANCE_SAMPLING_LEVELS)
+    top_entropy_quantile: float = _in("loss", 1.0, "train only on this top fraction of tokens by entropy "
+                                      "(1: every token)", low=0, high=1)
+    off_policy_mask_threshold: float | None = _in("loss", None, "drop negative-advantage sequences whose mean "
+                                                  "log(sampler / policy) is above this (DeepSeek-V3.2); none: off",
+                                                  low=0)
+    entropy_coef: float = _in("loss", 0.0, "entropy bonus: subtract coef x mean token entropy from the loss")
+    sapo_temperature_pos: float = _in("loss", 1.0, "sapo's gate temperature for positive advantages", low=0,
+                                      low_open=True)
+    sapo_temperature_neg: float = _in("loss", 1.05, "sapo's gate temperature for other advantages", low=0,
+                                      low_open=True)
+    vespo_k_pos: float = _in("loss", 2.0, "vespo's power k for A >= 0", low=0)
+    vespo_lambda_pos: float = _in("loss", 3.0, "vespo's decay lambda for A >= 0", low=0)
+    vespo_k_neg: float = _in("loss", 3.0, "vespo's power k for A < 0", low=0)
+    vespo_lambda_neg: float = _in("loss", 2.0, "vespo's decay lambda for A < 0", low=0)
+    vllm_importance_sampling_correction: bool = _in(
+        "loss", False, "weight each token by pi_old / pi_sampler, the sampler's log-probs standing in for vLLM's "
+        "(TRL: default true, acting only when use_vllm=True; off here, as in TRL without vLLM)")
+    vllm_importance_sampling_mode: str = _in("loss", "sequence_mask", "per token or per sequence; clamp the ratio "
+                                             "(truncate) or zero it outside the bounds (mask)",
+                                             choices=SAMPLER_CORRECTION_MODES)
+    vllm_importance_sampling_clip_min: float | None = _in("loss", None, "lower bound of the sampler ratio "
+                                                          "(none: no bound)", low=0)
+    vllm_importance_sampling_clip_max: float | None = _in("loss", 3.0, "upper bound of the sampler ratio "
+                                                          "(none: no bound)", low=0)
+    gradient_accumulation_steps: int = _in("loss", 1, "micro-batches per optimizer step", low=1)
+    steps_per_generation: int | None = _in("loss", None, "micro-batches the B*G samples are split into (none: "
+                                           "gradient_accumulation_steps, as TRL)", low=1)
     # --- update
+    num_iterations: int = _in("update", 1, "mu: optimizer passes over the same rollout, each re-scoring it", low=1)
     learning_rate: float = _in("update", 1e-4, "AdamW learning rate", low=0)
     max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)", low=0)
     weight_decay: float = _in("update", 0.0, "AdamW weight decay", low=0)
@@ -95,6 +130,12 @@ class StepConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
+        _check_batch_layout(self)
+
+    @property
+    def micro_batches(self) -> int:
+        """S: the B*G samples are split into this many micro-batches (TRL's steps_per_generation)."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
 
     def replace(self, **changes) -> "StepConfig":
         return dataclasses.replace(self, **changes)
@@ -131,38 +172,54 @@ class StepConfig:
         return next((p for p in PHASES if p in changed), None)
 
 
+BATCH_LAYOUT_FIELDS = ("gradient_accumulation_steps", "steps_per_generation")  # kept by presets, like B and G
 PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(StepConfig)
-                      if f.metadata["phase"] in ("logprobs", "advantages", "loss"))
+                      if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS)
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},
     "trl": {"loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
             "position_ids": False, "dtype": "float32", "logprob_temperature": True, "mask": "keep_first_eos",
             "gather": "per_position", "scale_rewards": "group", "std_floor": 0.0, "epsilon_low": 0.2,
-            "epsilon_high": 0.2},
+            "epsilon_high": 0.2, "mask_truncated_completions": False, "delta": None, "importance_sampling_level": "token",
+            "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "entropy_coef": 0.0,
+            "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
+            "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
+            # TRL's default is True, but it acts only with use_vllm=True: a default trainer does not correct
+            "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
+            "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
 }
+
+
+def _base_type(f: dataclasses.Field) -> tuple[str, bool]:
+    """("int" | "float" | "str" | "bool", whether None is allowed) from the annotation."""
+    return f.type.replace(" | None", ""), f.type.endswith("| None")
 
 
 def _allowed(f: dataclasses.Field) -> str:
     m = f.metadata
+    base, optional = _base_type(f)
     if m["choices"]:
         return "one of " + ", ".join(m["choices"])
-    if f.type == "bool":
+    if base == "bool":
         return "true or false"
     low = "" if m["low"] is None else f"{'>' if m['low_open'] else '>='} {m['low']:g}"
     high = "" if m["high"] is None else f"<= {m['high']:g}"
-    kind = "an integer" if f.type == "int" else "a number" if f.type == "float" else "a string"
-    return " ".join(filter(None, [kind, low, "and" if low and high else "", high]))
+    kind = "an integer" if base == "int" else "a number" if base == "float" else "a string"
+    return " ".join(filter(None, [kind, low, "and" if low and high else "", high, "or none" if optional else ""]))
 
 
 def _check(f: dataclasses.Field, value) -> None:
     m, ok = f.metadata, True
-    if f.type == "bool":
+    base, optional = _base_type(f)
+    if value is None and optional:
+        return
+    if base == "bool":
         ok = isinstance(value, bool)
-    elif f.type == "int":
+    elif base == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif f.type == "float":
+    elif base == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    elif f.type == "str":
+    elif base == "str":
         ok = isinstance(value, str)
     if ok and m["choices"]:
         ok = value in m["choices"]
@@ -172,6 +229,22 @@ def _check(f: dataclasses.Field, value) -> None:
         ok = value <= m["high"]
     if not ok:
         raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {_allowed(f)}")
+
+
+def _check_batch_layout(cfg: "StepConfig") -> None:
+    """TRL's constraints between fields: the micro-batches split the B*G samples evenly, and each optimizer
+    step takes whole micro-batches of this one generation."""
+    N, S, GA = cfg.num_prompts * cfg.num_generations, cfg.micro_batches, cfg.gradient_accumulation_steps
+    if N % S:
+        raise ValueError(f"StepConfig.steps_per_generation = {S} is not allowed: it must divide the "
+                         f"num_prompts x num_generations = {N} samples")
+    if S % GA:
+        raise ValueError(f"StepConfig.gradient_accumulation_steps = {GA} is not allowed: it must divide "
+                         f"steps_per_generation = {S} (an optimizer step cannot span two generations here)")
+    if cfg.loss_type == "vespo" and cfg.vllm_importance_sampling_correction and \
+            cfg.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
+        raise ValueError(f"StepConfig.vllm_importance_sampling_mode = {cfg.vllm_importance_sampling_mode!r} is not "
+                         "allowed with loss_type='vespo': it must be token_truncate or token_mask (as TRL requires)")
 
 
 def describe_fields() -> str:
@@ -189,12 +262,15 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def parse_value(key: str, text: str):
     """One `key=value` value from the command line, typed by the field; a bad value names the key."""
     f = StepConfig.__dataclass_fields__[key]
-    if f.type == "bool":
+    base, optional = _base_type(f)
+    if optional and text.lower() in ("none", "null", ""):
+        return None
+    if base == "bool":
         if text.lower() not in _TRUE + _FALSE:
             raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be true or false")
         return text.lower() in _TRUE
     try:
-        return {"int": int, "float": float}.get(f.type, str)(text)
+        return {"int": int, "float": float}.get(base, str)(text)
     except ValueError:
         raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {_allowed(f)}") from None
 

@@ -29,6 +29,7 @@ class Scoring:
     dtype: str = "float32"
     gather: str = "per_position"
     mask: str = "keep_first_eos"
+    mask_truncated_completions: bool = False  # TRL's option: completions with no EOS get no loss
 
     @property
     def score_after_eos(self) -> bool:
@@ -44,6 +45,7 @@ class TokenLogProbs:
     policy: torch.Tensor  # (N, C) detached: the "old" log-probs of the step; 0 after the EOS unless PAD is scored
     reference: torch.Tensor  # (N, C)
     mask: torch.Tensor  # (N, C) float, 1 on scored completion tokens
+    entropies: torch.Tensor  # (N, C) entropy of the policy's next-token distribution (at the scoring temperature)
     sampler_gap: torch.Tensor  # (N, C) |sampler (temperature only) - recomputed policy| on the TRL mask
     max_sampler_gap: float
     top_p_gap: float  # max |sampler with top_p - sampler temperature-only|: what no recomputation removes
@@ -54,7 +56,8 @@ class TokenLogProbs:
         """The same samples as `Rollout.rows(index)`."""
         index = torch.as_tensor(index).flatten()
         return dataclasses.replace(self, policy=self.policy[index], reference=self.reference[index],
-                                   mask=self.mask[index], sampler_gap=self.sampler_gap[index])
+                                   mask=self.mask[index], entropies=self.entropies[index],
+                                   sampler_gap=self.sampler_gap[index])
 
 
 def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Tensor:
@@ -89,13 +92,18 @@ def _mode(model, train: bool):
         model.train(was)
 
 
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, L) position of each token counted over the attended ones, as `generate` numbers a left-padded row."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def model_inputs(rollout: Rollout, position_ids: bool) -> dict[str, torch.Tensor]:
     """(N, P + C) prompt + completion ids and mask; position_ids counted from the mask, as `generate` does."""
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     attention_mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if position_ids:
-        inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        inputs["position_ids"] = positions_from_mask(attention_mask)
     return inputs
 
 
@@ -122,26 +130,52 @@ def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Sco
     raise ValueError(f"gather must be one of {GATHERS}, got {scoring.gather!r}")
 
 
+def token_entropies(logits: torch.Tensor, scoring: Scoring, grad: bool = False) -> torch.Tensor:
+    """(N, C) entropy -sum_v p log p of each position's next-token distribution (TRL's `entropy`); no
+    gradient unless `grad` (only an entropy bonus needs one)."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        logits = logits.float()
+        if scoring.temperature is not None:
+            logits = logits / scoring.temperature
+        logps = logits.log_softmax(-1)
+        return -(logps.exp() * logps).sum(-1)
+
+
+def per_token_logps_and_entropies(model, rollout: Rollout, scoring: Scoring,
+                                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, C) log-prob of each completion token and (N, C) entropy at its position, one forward over
+    prompt + completion; the log-probs are differentiable when called with grad enabled."""
+    logits = completion_logits(model, rollout, scoring)
+    return token_logps(logits, rollout.completion_ids, scoring), token_entropies(logits, scoring, entropy_grad)
+
+
 def per_token_logps(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:
-    """(N, C) log-prob of each completion token, one forward over prompt + completion; differentiable
-    when called with grad enabled."""
+    """(N, C) log-prob of each completion token (`per_token_logps_and_entropies` without the entropies)."""
     return token_logps(completion_logits(model, rollout, scoring), rollout.completion_ids, scoring)
 
 
-def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
-    """`per_token_logps`, or its fast twin (`fast.scoring`): the same numbers to float rounding."""
+def score_rows_and_entropies(model, rollout: Rollout, scoring: Scoring, fast: bool = True,
+                             entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`per_token_logps_and_entropies`, or its fast twin (`fast.scoring`): the same numbers to float rounding."""
     if fast:
-        from .fast.scoring import per_token_logps_fast
-        return per_token_logps_fast(model, rollout, scoring)
-    return per_token_logps(model, rollout, scoring)
+        from .fast.scoring import per_token_logps_and_entropies_fast
+        return per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad)
+    return per_token_logps_and_entropies(model, rollout, scoring, entropy_grad)
 
 
-def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
-    """(N, C) log-probs a few rows at a time (no grad), cut along groups so that each piece shares its prompt."""
+def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
+    """(N, C) log-probs only (`score_rows_and_entropies`)."""
+    return score_rows_and_entropies(model, rollout, scoring, fast)[0]
+
+
+def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, C) log-probs and (N, C) entropies a few rows at a time (no grad), cut along groups so that each
+    piece shares its prompt."""
     G = rollout.num_generations
     size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
-    return torch.cat([score_rows(model, rollout.rows(rows), scoring, fast)
-                      for rows in row_chunks(rollout.num_samples, size)])
+    pieces = [score_rows_and_entropies(model, rollout.rows(rows), scoring, fast)
+              for rows in row_chunks(rollout.num_samples, size)]
+    return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
 def compute_logprobs(policy, reference, rollout: Rollout, scoring: Scoring, *, seed: int = 0,
@@ -158,22 +192,24 @@ def compute_logprobs(policy, reference, rollout: Rollout, scoring: Scoring, *, s
     torch.manual_seed(seed)  # dropout masks, when dropout is on
     with torch.no_grad():
         if scored is not None:
-            policy_logps, reference_logps = scored.policy, scored.reference
+            policy_logps, reference_logps, entropies = scored.policy, scored.reference, scored.entropies
         else:
-            policy_logps = chunked_logps(policy, rollout, scoring, fast)
+            policy_logps, entropies = chunked_logps(policy, rollout, scoring, fast)
             if reference_is_policy and not scoring.dropout:
                 reference_logps = policy_logps.clone()
             else:
-                reference_logps = chunked_logps(reference, rollout, scoring.without_dropout(), fast)
+                reference_logps = chunked_logps(reference, rollout, scoring.without_dropout(), fast)[0]
             kept = completion_mask(rollout, "all_positions" if scoring.score_after_eos else "keep_first_eos")
-            policy_logps, reference_logps = policy_logps * kept, reference_logps * kept  # after the EOS: 0
+            policy_logps, reference_logps, entropies = policy_logps * kept, reference_logps * kept, entropies * kept
     mask = completion_mask(rollout, scoring.mask)
+    if scoring.mask_truncated_completions:
+        mask = mask * rollout.finished.unsqueeze(1).float()
     trl_mask = completion_mask(rollout, "keep_first_eos")
     gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask
     top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()
     eos_positions = (rollout.completion_lengths - 1).unsqueeze(1)
     eos_in_mask = mask.gather(1, eos_positions).squeeze(1)[rollout.finished]
-    return TokenLogProbs(policy=policy_logps, reference=reference_logps, mask=mask, sampler_gap=gap,
+    return TokenLogProbs(policy=policy_logps, reference=reference_logps, mask=mask, entropies=entropies, sampler_gap=gap,
                          max_sampler_gap=gap.max().item(), top_p_gap=top_p_gap.item(),
                          eos_kept=eos_in_mask.mean().item() if len(eos_in_mask) else float("nan"),
                          seconds=time.perf_counter() - start)

@@ -20,7 +20,7 @@ from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
 from .logprobs import Scoring, TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown, LossSpec, compute_loss
+from .loss import LossBreakdown, LossSpec, compute_loss, sampler_importance_ratio, sampler_metrics
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
@@ -51,12 +51,25 @@ class StepRun:
 
 def scoring_of(cfg: StepConfig) -> Scoring:
     return Scoring(temperature=cfg.temperature if cfg.logprob_temperature else None, position_ids=cfg.position_ids,
-                   dropout=cfg.dropout, dtype=cfg.dtype, gather=cfg.gather, mask=cfg.mask)
+                   dropout=cfg.dropout, dtype=cfg.dtype, gather=cfg.gather, mask=cfg.mask,
+                   mask_truncated_completions=cfg.mask_truncated_completions)
 
 
 def loss_spec_of(cfg: StepConfig) -> LossSpec:
-    return LossSpec(loss_type=cfg.loss_type, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-                    epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, max_completion_length=cfg.max_new_tokens)
+    """Every LossSpec field is the StepConfig field of the same name, but max_completion_length
+    (max_new_tokens) and steps_per_generation (resolved: None means gradient_accumulation_steps)."""
+    names = [f.name for f in dataclasses.fields(LossSpec) if f.name not in ("max_completion_length",
+                                                                            "steps_per_generation")]
+    return LossSpec(**{k: getattr(cfg, k) for k in names}, max_completion_length=cfg.max_new_tokens,
+                    steps_per_generation=cfg.micro_batches)
+
+
+def needs_old_logps(cfg: StepConfig) -> bool:
+    """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
+    first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
+    the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
+    return (cfg.gradient_accumulation_steps % (cfg.micro_batches * cfg.num_iterations) != 0
+            or cfg.vllm_importance_sampling_correction)
 
 
 def optimization_of(cfg: StepConfig) -> Optimization:
@@ -153,18 +166,37 @@ def run_advantages(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, p
     return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
 
+def sampler_correction(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> tuple[torch.Tensor | None, dict]:
+    """TRL's vLLM importance-sampling ratio pi_old / pi_sampler and its sampling/* metrics, the rollout's
+    own sampler log-probs (temperature and top_p applied, as vLLM's processed log-probs) standing in for
+    vLLM's; (None, {}) when the correction is off."""
+    if not cfg.vllm_importance_sampling_correction:
+        return None, {}
+    ratio = sampler_importance_ratio(lp.policy, rollout.sampler_logps, lp.mask, cfg.vllm_importance_sampling_mode,
+                                     cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max)
+    return ratio, sampler_metrics(lp.policy, rollout.sampler_logps, lp.mask, ratio)
+
+
 def run_loss(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
-    lp = done["logprobs"]
-    return compute_loss(lp.policy, lp.policy, lp.reference, done["advantages"].values, lp.mask,
-                        **loss_spec_of(cfg).kwargs())
+    """The loss of the whole batch at the weights that scored it (the first micro-batch's view when S = 1)."""
+    lp, rollout = done["logprobs"], done["rollout"]
+    ratio, sampling = sampler_correction(cfg, rollout, lp)
+    corrected = cfg.vllm_importance_sampling_correction
+    breakdown = compute_loss(lp.policy, lp.policy, lp.reference, done["advantages"].values, lp.mask,
+                             entropies=lp.entropies, sampler_logps=rollout.sampler_logps if corrected else None,
+                             sampler_ratio=ratio, **dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1,
+                                                                        steps_per_generation=1).kwargs())
+    return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)
 
 
 def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
     step.restore_policy()
     step._policy_dirty = True
-    return update(step.policy, done["rollout"], done["logprobs"], done["advantages"].values, scoring_of(cfg),
-                  loss_spec_of(cfg), optimization_of(cfg), per_sample_grad_norms=cfg.per_sample_grad_norms,
-                  fast=cfg.fast)
+    lp = done["logprobs"]
+    return update(step.policy, done["rollout"], lp, done["advantages"].values, scoring_of(cfg),
+                  loss_spec_of(cfg), optimization_of(cfg), old_logps=lp.policy if needs_old_logps(cfg) else None,
+                  sampler_ratio=done["loss"].sampler_ratio, num_iterations=cfg.num_iterations,
+                  per_sample_grad_norms=cfg.per_sample_grad_norms, fast=cfg.fast)
 
 
 def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
@@ -200,7 +232,9 @@ def metrics(run: StepRun) -> dict[str, float]:
         out.update({"loss": loss.loss.item(), "loss/policy": loss.policy_loss.item(), "loss/kl": loss.kl_loss.item(),
                     **loss.metrics})
     if upd is not None:
-        out.update({"grad_norm": upd.grad_norm, "update_norm": upd.update_norm})
+        out.update({"grad_norm": upd.grad_norm, "update_norm": upd.update_norm,
+                    "optimizer_steps": float(upd.optimizer_steps)})
+        out.update(update_metrics(upd))
         if len(upd.per_sample_grad_norms):
             out["per_sample_grad_norm/max"] = upd.per_sample_grad_norms.max().item()
     if run.evaluation is not None:
@@ -209,4 +243,17 @@ def metrics(run: StepRun) -> dict[str, float]:
                     "eval/delta": ev.delta, "eval/delta_ci_low": ev.ci_low, "eval/delta_ci_high": ev.ci_high})
     for phase, timing in run.timings.items():
         out[f"time/{phase}_s"] = timing.seconds
+    return out
+
+
+def update_metrics(upd: StepResult) -> dict[str, float]:
+    """What TRL logs over the optimizer steps of this generation (every micro-batch's metrics averaged, as
+    TRL's log does with logging_steps = those steps), and the same per pass under `iteration_k/`."""
+    out = {}
+    keys = upd.iterations[0].metrics.keys()
+    for k in keys:
+        out[k] = sum(it.metrics[k] for it in upd.iterations) / len(upd.iterations)
+    for i, it in enumerate(upd.iterations, start=1):
+        out.update({f"iteration_{i}/{k}": v for k, v in it.metrics.items()})
+        out[f"iteration_{i}/grad_norm"] = it.grad_norms[0]
     return out

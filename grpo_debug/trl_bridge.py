@@ -16,14 +16,20 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import PRESET_FIELDS, StepConfig
+from .logprobs import positions_from_mask
+from .loss import TRL_LOSS_TYPES
 from .task import Task, load_task
 
-TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
+# StepConfig fields that are GRPOConfig fields of the same name
+SAME_NAME = ("beta", "loss_type", "epsilon_high", "scale_rewards", "delta", "importance_sampling_level",
+             "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef", "sapo_temperature_pos",
+             "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
+             "mask_truncated_completions", "num_iterations", "gradient_accumulation_steps")
 # StepConfig fields that TRL has a switch for (translated in `grpo_config`); the rest of the preset fields
-# are fixed in TRL, to the `trl` preset's value, and `position_ids` is this module's trainer class.
-TRL_SWITCHES = ("dropout", "dtype", "scale_rewards", "loss_type", "beta", "kl_estimator", "epsilon_low",
-                "epsilon_high", "position_ids")
+# are fixed in TRL, to the `trl` preset's value, and `position_ids` is this module's trainer class. The
+# sampler correction acts in TRL only with vLLM, which this bridge does not run.
+TRL_SWITCHES = SAME_NAME + ("dropout", "dtype", "kl_estimator", "epsilon_low", "position_ids")
 
 
 def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
@@ -54,12 +60,14 @@ def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
         raise ValueError(f"TRL has no switch for {unsupported}: these pitfalls exist only in grpo-debug")
     args = dict(
         output_dir=output_dir, use_cpu=True, bf16=cfg.dtype == "bfloat16", report_to="none", save_strategy="no",
-        per_device_train_batch_size=cfg.num_prompts * cfg.num_generations, num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.num_prompts * cfg.num_generations // cfg.micro_batches,
+        steps_per_generation=cfg.micro_batches, num_generations=cfg.num_generations,
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-        scale_rewards=cfg.scale_rewards, use_bias_correction_kl=cfg.kl_estimator == "k3_corrected",
+        **{k: getattr(cfg, k) for k in SAME_NAME}, epsilon=cfg.epsilon_low,
+        use_bias_correction_kl=cfg.kl_estimator == "k3_corrected",
         learning_rate=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
-        disable_dropout=not cfg.dropout, gradient_checkpointing=False, seed=cfg.seed, max_steps=1,
+        disable_dropout=not cfg.dropout, gradient_checkpointing=False, seed=cfg.seed,
+        max_steps=cfg.num_iterations * cfg.micro_batches // cfg.gradient_accumulation_steps,
         logging_steps=1, dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0)
     args.update(overrides)
     return GRPOConfig(**args)
@@ -70,7 +78,7 @@ def _positions_from_mask(module, args, kwargs):
     the positions generation used."""
     mask = kwargs.get("attention_mask")
     if mask is not None and kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None:
-        kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        kwargs["position_ids"] = positions_from_mask(mask)
     return args, kwargs
 
 

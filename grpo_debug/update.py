@@ -1,7 +1,18 @@
-"""Phase 6, update: backward, gradient norms (total and per sample), clipping, one AdamW step.
+"""Phase 6, update: num_iterations passes over the rollout, each split into micro-batches, AdamW steps.
 
-The readable path: the batch loss's backward a few rows at a time (the gradients add up), then, if asked,
-each sample's gradient norm from one more backward of that sample's share alone. The fast path
+TRL 1.16's loop over one generation batch of N = B*G samples: they are split into S micro-batches
+(`steps_per_generation`; TRL shuffles the rows first, here they stay in order, so that the tables line up);
+every GA micro-batches (`gradient_accumulation_steps`) the summed gradient is clipped and one AdamW step
+is taken; and the whole is repeated mu times (`num_iterations`), each pass re-scoring the same completions
+with the weights as they are by then. From the second optimizer step on, pi (the policy being trained)
+differs from pi_old (the weights that scored the rollout), the ratio leaves 1 and clipping bites.
+
+`old_logps` is what TRL computes once at generation time when some optimizer step of this batch is not
+the first (GA % (S * mu) != 0) or when it corrects for the sampler; otherwise None, and each micro-batch's
+own log-probs, detached, stand in (the ratio is then exactly 1, whatever dropout does).
+
+The readable path backpropagates a micro-batch a few rows at a time (the gradients add up), then, if
+asked, each sample's gradient norm from one more backward of that sample's share alone. The fast path
 (`fast=True`) gets every per-sample norm from the same backward through layer hooks
 (`per_sample.PerSampleGradients`), with the Conv1D weights' batch gradient summed from their per-sample
 gradients; tested equal to the readable path in `tests/test_fast_paths.py`.
@@ -16,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from .fast.backward import conv1d_weights, no_autograd_for, norms_and_batch_gradient
-from .logprobs import Scoring, TokenLogProbs, score_rows
-from .loss import LossSpec, compute_loss, loss_weights
+from .logprobs import Scoring, TokenLogProbs, score_rows_and_entropies
+from .loss import LossBreakdown, LossSpec, compute_loss, loss_weights
 from .rollout import Rollout, row_chunks
 from .tracin.per_sample import PerSampleGradients
 
@@ -32,71 +43,171 @@ class Optimization:
 
 
 @dataclass(frozen=True)
+class Iteration:
+    """One pass of the optimizer over the rollout (one of TRL's num_iterations)."""
+    logps: torch.Tensor  # (N, C) the log-probs this pass took its loss on, detached
+    entropies: torch.Tensor  # (N, C)
+    ratio: torch.Tensor  # (N, C) per-token pi / pi_old
+    importance_weight: torch.Tensor  # (N, C) token level, (N, 1) sequence level
+    clipped: torch.Tensor  # (N, C) bool: tokens whose gradient clipping cut
+    trained: torch.Tensor  # (N, C) tokens with a gradient (mask x off-policy mask x entropy mask)
+    per_token_loss: torch.Tensor  # (N, C)
+    losses: tuple[float, ...]  # the backpropagated value of each optimizer step
+    grad_norms: tuple[float, ...]  # one per optimizer step, before clipping
+    metrics: dict[str, float]  # TRL names, mean over the micro-batches (as TRL's log averages them)
+
+
+@dataclass(frozen=True)
 class StepResult:
-    loss: float  # the value backpropagated (TRL: `loss`)
-    grad_norm: float  # total gradient norm before clipping (TRL: `grad_norm`)
+    loss: float  # the first optimizer step's backpropagated value (TRL: `loss`)
+    grad_norm: float  # its total gradient norm before clipping (TRL: `grad_norm`)
     clipped: bool
-    per_sample_grad_norms: torch.Tensor  # (N,) norm of each sample's gradient of its share of the loss
-    update_norm: float  # ||theta_after - theta_before||
+    per_sample_grad_norms: torch.Tensor  # (N,) first pass: each sample's gradient norm of its share of the loss
+    update_norm: float  # ||theta_after - theta_before|| over every optimizer step
     seconds: float
+    iterations: tuple[Iteration, ...] = ()
+    optimizer_steps: int = 1
+
+
+def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]]:
+    """S lists of rows, in order."""
+    size = num_samples // steps_per_generation
+    return [list(range(start, start + size)) for start in range(0, num_samples, size)]
+
+
+def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
+           loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool, old_logps, sampler_ratio,
+           entropy_tokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """These rows' share of their micro-batch's loss (its normalisation `weights`, (N, C)), gradients
+    flowing, and their (rows, C) log-probs and entropies."""
+    logps, entropies = score_rows_and_entropies(model, rollout.rows(rows), scoring, fast,
+                                                entropy_grad=loss.entropy_coef != 0)
+    part = compute_loss(logps, None if old_logps is None else old_logps[rows], logprobs.reference[rows],
+                        advantages[rows], logprobs.mask[rows], entropies=entropies,
+                        sampler_ratio=None if sampler_ratio is None else sampler_ratio[rows],
+                        weights=weights[rows], entropy_tokens=entropy_tokens, **loss.kwargs())
+    return part.loss, logps.detach(), entropies.detach()
 
 
 def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
-               loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool = True) -> torch.Tensor:
-    """These rows' share of the batch loss (the batch's normalisation `weights`, (N, C)), gradients flowing."""
-    logps = score_rows(model, rollout.rows(rows), scoring, fast)
-    per_token = compute_loss(logps, logprobs.policy[rows], logprobs.reference[rows], advantages[rows],
-                             logprobs.mask[rows], **loss.kwargs()).per_token_loss
-    return (per_token * weights[rows]).sum()
+               loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool = True, *,
+               old_logps: torch.Tensor | None = None, sampler_ratio: torch.Tensor | None = None,
+               entropy_tokens: float | None = None) -> torch.Tensor:
+    """These rows' share of the loss whose normalisation is `weights` (N, C), gradients flowing."""
+    return _chunk(model, rollout, logprobs, advantages, scoring, loss, rows, weights, fast, old_logps,
+                  sampler_ratio, entropy_tokens)[0]
 
 
-def per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights) -> torch.Tensor:
-    """(N,) each sample's gradient norm of its share of the loss: one backward per sample (readable, slow)."""
+def per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows=None,
+                     **context) -> torch.Tensor:
+    """(len(rows),) each sample's gradient norm of its share of the loss: one backward per sample (readable, slow)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norms = []
-    for i in range(rollout.num_samples):
+    for i in (range(rollout.num_samples) if rows is None else rows):
         torch.manual_seed(DROPOUT_SEED + i)
         grads = torch.autograd.grad(chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights,
-                                               fast=False), params, allow_unused=True)
+                                               fast=False, **context), params, allow_unused=True)
         norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
     return torch.stack(norms).float()
 
 
-def backward(model, rollout, logprobs, advantages, scoring, loss, weights, norms: bool, fast: bool):
-    """Accumulate the batch loss's gradient in `.grad`; returns its value and the (N,) per-sample norms
-    (empty when not asked for)."""
-    value, per_sample = 0.0, []
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: list[int]
+    value: float  # its backpropagated loss
+    logps: torch.Tensor  # (rows, C)
+    entropies: torch.Tensor  # (rows, C)
+    per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
+
+
+def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int], *, old_logps=None,
+             sampler_ratio=None, num_items_in_batch=None, norms: bool = False, fast: bool = True) -> MicroBatch:
+    """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time (the whole micro-batch
+    at once under top_entropy_quantile < 1: its entropy quantile is over the micro-batch)."""
+    mask = logprobs.mask
+    weights = torch.zeros_like(mask)
+    weights[rows] = loss_weights(mask[rows], loss.loss_type, loss.max_completion_length,
+                                 num_items_in_batch=num_items_in_batch,
+                                 gradient_accumulation_steps=loss.gradient_accumulation_steps,
+                                 steps_per_generation=loss.steps_per_generation)
+    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio,
+                   entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0))
+    pieces = [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
     hooked = norms and fast
     built = conv1d_weights(model) if hooked else []
-    torch.manual_seed(DROPOUT_SEED)
-    for rows in row_chunks(rollout.num_samples):
+    value, logps, entropies, per_sample = 0.0, [], [], []
+    for piece in pieces:
         hooks = PerSampleGradients(model)
         with hooks.capture() if hooked else contextlib.nullcontext(), no_autograd_for(built):
-            share = chunk_loss(model, rollout, logprobs, advantages, scoring, loss, rows, weights, fast)
+            share, lp, ent = _chunk(model, rollout, logprobs, advantages, scoring, loss, piece, weights, fast,
+                                    **context)
             share.backward()
         value += share.item()
+        logps.append(lp)
+        entropies.append(ent)
         if hooked:
             per_sample.append(norms_and_batch_gradient(hooks, built))
     if norms and not fast:
-        per_sample.append(per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights))
-    return value, torch.cat(per_sample) if per_sample else torch.tensor([])
+        per_sample.append(per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows,
+                                           **context))
+    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies),
+                      torch.cat(per_sample) if per_sample else torch.tensor([]))
+
+
+def iteration_record(passes: list[MicroBatch], losses: list[float], grad_norms: list[float], logprobs, advantages,
+                     loss: LossSpec, old_logps, sampler_ratio, num_items_in_batch) -> Iteration:
+    """What one pass did, recomputed from its detached log-probs, micro-batch by micro-batch as TRL logs it."""
+    parts: list[LossBreakdown] = []
+    for mb in passes:
+        r = mb.rows
+        parts.append(compute_loss(mb.logps, None if old_logps is None else old_logps[r], logprobs.reference[r],
+                                  advantages[r], logprobs.mask[r], entropies=mb.entropies,
+                                  sampler_ratio=None if sampler_ratio is None else sampler_ratio[r],
+                                  num_items_in_batch=num_items_in_batch, **loss.kwargs()))
+    cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
+    keys = parts[0].metrics.keys()
+    return Iteration(logps=torch.cat([mb.logps for mb in passes]), entropies=torch.cat([mb.entropies for mb in passes]),
+                     ratio=cat("ratio"), importance_weight=cat("importance_weight"), clipped=cat("clipped"),
+                     trained=cat("trained"), per_token_loss=cat("per_token_loss"),
+                     losses=tuple(losses), grad_norms=tuple(grad_norms),
+                     metrics={k: sum(p.metrics[k] for p in parts) / len(parts) for k in keys})
 
 
 def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
-           loss: LossSpec, optimization: Optimization, *, per_sample_grad_norms: bool = True,
+           loss: LossSpec, optimization: Optimization, *, old_logps: torch.Tensor | None = None,
+           sampler_ratio: torch.Tensor | None = None, num_iterations: int = 1, per_sample_grad_norms: bool = True,
            fast: bool = True) -> StepResult:
-    """One AdamW step on the batch loss; `advantages` is (N,), the log-probs (N, C)."""
+    """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
+    (N, C) or None (on-policy), `sampler_ratio` (N, C) or (N, 1) or None."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=optimization.learning_rate, weight_decay=optimization.weight_decay)
-    optimizer.zero_grad(set_to_none=True)
-    weights = loss_weights(logprobs.mask, loss.loss_type, loss.max_completion_length)
-    value, norms = backward(model, rollout, logprobs, advantages, scoring, loss, weights, per_sample_grad_norms, fast)
     max_norm = optimization.max_grad_norm if optimization.max_grad_norm > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-    optimizer.step()
+    S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
+    batches = micro_batches(rollout.num_samples, S)
+    num_items = logprobs.mask.sum()
+    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, num_items_in_batch=num_items)
+    torch.manual_seed(DROPOUT_SEED)
+    iterations, norms = [], torch.tensor([])
+    for it in range(num_iterations):
+        passes, losses, grad_norms = [], [], []
+        for window in range(0, S, GA):
+            optimizer.zero_grad(set_to_none=True)
+            done = [backward(model, rollout, logprobs, advantages, scoring, loss, rows, norms=per_sample_grad_norms
+                             and it == 0, fast=fast, **context) for rows in batches[window:window + GA]]
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
+            optimizer.step()
+            passes += done
+            losses.append(sum(mb.value for mb in done))
+        if it == 0 and per_sample_grad_norms:
+            norms = torch.cat([mb.per_sample_grad_norms for mb in passes])
+        iterations.append(iteration_record(passes, losses, grad_norms, logprobs, advantages, loss, old_logps,
+                                           sampler_ratio, num_items))
     optimizer.zero_grad(set_to_none=True)
     update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
-    return StepResult(loss=value, grad_norm=grad_norm, clipped=grad_norm > max_norm,
-                      per_sample_grad_norms=norms, update_norm=update_norm, seconds=time.perf_counter() - start)
+    first = iterations[0]
+    return StepResult(loss=first.losses[0], grad_norm=first.grad_norms[0],
+                      clipped=first.grad_norms[0] > max_norm, per_sample_grad_norms=norms, update_norm=update_norm,
+                      seconds=time.perf_counter() - start, iterations=tuple(iterations),
+                      optimizer_steps=num_iterations * (S // GA))

@@ -130,6 +130,18 @@ def test_trl_preset_is_what_a_default_grpo_config_sets(tmp_path):
     assert defaults.bf16 and trl.dtype == "float32"  # TRL resolves bf16=None to True; the preset keeps float32
     assert trl.scale_rewards == defaults.scale_rewards and trl.epsilon_low == defaults.epsilon
     assert trl.epsilon_high == (defaults.epsilon_high or defaults.epsilon)
+    from grpo_debug.trl_bridge import SAME_NAME
+    for name in SAME_NAME:
+        if name not in ("loss_type", "beta", "scale_rewards", "epsilon_high"):
+            assert getattr(trl, name) == getattr(defaults, name), name
+    assert trl.gradient_accumulation_steps == defaults.gradient_accumulation_steps
+    assert trl.micro_batches == defaults.steps_per_generation
+    for name in ("mode", "clip_min", "clip_max"):
+        key = f"vllm_importance_sampling_{name}"
+        assert getattr(trl, key) == getattr(defaults, key), key
+    # TRL's correction defaults to True but acts only with use_vllm=True; a default trainer does not correct
+    assert defaults.vllm_importance_sampling_correction and not defaults.use_vllm
+    assert not trl.vllm_importance_sampling_correction
 
 
 def GRPOConfig_defaults():

@@ -25,8 +25,9 @@ def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Te
     """The prompts' keys and values (all but the last token, which `generate` feeds) computed once per
     prompt and repeated for each of its samples. A static cache because a growing one re-copies itself
     every token."""
+    from ..logprobs import positions_from_mask  # (logprobs imports rollout, which imports this module)
     cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` counts; padding keys are masked
+    positions = positions_from_mask(attention_mask)  # padding keys are masked
     model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
           past_key_values=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:  # transformers' StaticLayer has no batch_repeat_interleave
