@@ -1,4 +1,4 @@
-"""One call at the top of every notebook: the same numbers on every run."""
+"""One call at the top of every notebook: the same numbers on every run (`setup`), and the step to walk (`open_step`)."""
 
 import warnings
 
@@ -19,6 +19,17 @@ def setup(threads: int = 1) -> None:
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5
     matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def open_step(model: str | None = None, **fields):
+    """`setup()`, then the step a notebook walks: (cfg, step), cfg = `StepConfig(model=..., **fields)` on the
+    bundled model unless `model` names another (a folder, or a hub name where the hub is reachable)."""
+    from .config import StepConfig
+    from .paths import DEFAULT_MODEL
+    from .step import GRPOStep
+    setup()
+    cfg = StepConfig(model=model or DEFAULT_MODEL, **fields)
+    return cfg, GRPOStep(cfg)
 
 
 def show_source(*functions) -> None:

@@ -31,19 +31,13 @@ from grpo_debug.rewards import compute_rewards
 show_source(compute_rewards)
 
 # %%
-from grpo_debug.notebook import setup
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+cfg, step = open_step(MODEL)  # setup() first: one torch thread, the same numbers on every run
 
 # %%
-from grpo_debug.config import StepConfig
-from grpo_debug.paths import DEFAULT_MODEL
-from grpo_debug.step import GRPOStep
-
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-step = GRPOStep(cfg)
 run = step.run(cfg, until="rewards")
 from grpo_debug.ui.tables import per_sample
 table = per_sample(run)

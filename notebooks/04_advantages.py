@@ -22,19 +22,13 @@
 # full-size advantages (phantom advantages): `std_floor` clamps the std from below.
 
 # %%
-from grpo_debug.notebook import setup
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+cfg, step = open_step(MODEL)  # setup() first: one torch thread, the same numbers on every run
 
 # %%
-from grpo_debug.config import StepConfig
-from grpo_debug.paths import DEFAULT_MODEL
-from grpo_debug.step import GRPOStep
-
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-step = GRPOStep(cfg)
 run = step.run(cfg, until="advantages")
 adv = run.advantages
 print(f"reward {adv.reward:.4f}, reward_std {adv.reward_std:.4f}, frac_reward_zero_std {adv.frac_reward_zero_std:.3f}")
