@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from .logprobs import chunked_logps
-from .step import GRPOStep, StepRun, scoring_of
+from .config import StepConfig
+from .step import GRPOStep, StepRun, metrics, scoring_of
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
@@ -31,9 +32,15 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
     if loss_type == "grpo":
         why = ("under grpo at ratio 1 the policy term is -mean_i(A_i) over sequences, and advantages centred "
                "per group sum to 0, so the value is ~0 whatever the model does")
-    elif loss_type in ("bnpo", "dapo", "dr_grpo"):
+    elif loss_type in ("bnpo", "dapo", "dr_grpo", "luspo"):
         why = (f"under {loss_type} at ratio 1 the policy term is -sum_i(A_i * T_i) / normaliser (T_i: scored "
                "tokens of sample i): it is 0 only when advantages do not correlate with lengths")
+    elif loss_type == "sapo":
+        why = ("under sapo at ratio 1 each token's term is -2 A / tau, averaged per sequence then over sequences: "
+               "~0 for centred advantages, off by the two temperatures' difference")
+    elif loss_type in ("cispo", "vespo"):
+        why = (f"under {loss_type} the policy term is -weight * A * logp per token (the weight detached): its "
+               "value is sized by the log-probs, not a sign of learning")
     else:
         why = f"under {loss_type} the value is -A * sum(logp), sized by the log-probs, not a sign of learning"
     verdict = "~0" if abs(value) < tol else "not 0"
@@ -90,15 +97,57 @@ def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend:
     rollout = rollout.rows(range(min(rows, rollout.num_samples)))
     scoring = scoring_of(step.cfg).without_dropout()
     with torch.no_grad():
-        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast), repeats)
+        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast)[0], repeats)
         torch._dynamo.reset()
         try:
             compiled_policy = torch.compile(step.policy, backend=backend)
             compiled, compiled_first, compiled_seconds = _timed_calls(
-                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast), repeats)
+                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast)[0], repeats)
         except Exception as exc:  # no C++ compiler, an unsupported op, an unknown backend: a result, not a crash
             nan = float("nan")
             return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, nan, nan, nan,
                                      f"{type(exc).__name__}: {exc}")
     return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, compiled_first,
                              compiled_seconds, (eager - compiled).abs().max().item())
+
+
+NULL_STEP_VARIANTS = {
+    "fixed, fast paths": {},
+    "fixed, readable paths": {"fast": False},
+    "fixed, bfloat16 scoring": {"dtype": "bfloat16"},
+    "dropout on": {"dropout": True},
+    "trl preset": "trl",
+}
+
+
+def null_step(step: GRPOStep, variants: dict[str, dict | str] | None = None, base: StepConfig | None = None):
+    """The same rollout optimised with learning rate 0 and num_iterations = 2: the weights never change, so
+    any ratio != 1, clipped token or KL is numerics (or dropout) alone, the floor a real failure must clear.
+
+    One row per variant (a dict of StepConfig changes, or a preset name): for each pass, the largest
+    |log ratio| and its standard deviation over the scored tokens, TRL's clip_ratio/region_mean, and the
+    k3 estimate of KL(pi_old || pi) between the rollout-time scoring and the pass's own.
+    """
+    import pandas as pd
+    base = base or step.cfg
+    base_run = step.run(base, until="advantages")
+    rows = {}
+    for name, change in (variants or NULL_STEP_VARIANTS).items():
+        cfg = base.with_preset(change) if isinstance(change, str) else base.replace(**change)
+        cfg = cfg.replace(learning_rate=0.0, num_iterations=2, per_sample_grad_norms=False)
+        run = step.run(cfg, until="update", base=base_run, remember=False)
+        rows[name] = null_step_row(run)
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def null_step_row(run: StepRun) -> dict[str, float]:
+    mask, old = run.logprobs.mask.bool(), run.logprobs.policy
+    row = {}
+    for i, it in enumerate(run.update.iterations, start=1):
+        log_ratio = (it.logps - old)[mask]
+        row[f"pass {i}: max |log ratio|"] = log_ratio.abs().max().item()
+        row[f"pass {i}: std log ratio"] = log_ratio.std().item()
+        row[f"pass {i}: clip_ratio/region_mean"] = it.metrics.get("clip_ratio/region_mean", float("nan"))
+        row[f"pass {i}: KL(old || new) k3"] = (torch.exp(log_ratio) - log_ratio - 1).mean().item()
+    row["update_norm"] = run.update.update_norm
+    return row
