@@ -36,11 +36,15 @@ MODEL = None
 
 # %%
 from grpo_debug.config import StepConfig
+from grpo_debug.model import load_model
 from grpo_debug.paths import DEFAULT_MODEL
 from grpo_debug.step import GRPOStep
+from grpo_debug.task import load_task
 
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4, beta=0.0)
-step = GRPOStep(cfg)
+task, loaded = load_task(cfg.task), load_model(cfg.model)
+model, tokenizer = loaded.policy, loaded.tokenizer
+step = GRPOStep(cfg, task, loaded)  # runs the phases; every influence function below takes (model, run, ...)
 run = step.run(cfg, until="loss")
 
 # %% [markdown]
@@ -65,24 +69,24 @@ run = step.run(cfg, until="loss")
 # %%
 import pandas as pd
 from grpo_debug.ui import plots
-from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer, validation_set
+from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, validation_set
 from grpo_debug.tracin.experiments import first_order_checks
 
-explorer = InfluenceExplorer(step, pool_size=128)  # one pool of 128 samples on validation prompts
-check_sets = {"random 16": validation_set(step, "random", 16, explorer.pool()),
-              "same batch": validation_set(step, "same_batch")}
+influence = InfluenceCache(step.run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
+check_sets = {"random 16": validation_set(run, "random", 16, influence.pool(cfg)),
+              "same batch": validation_set(run, "same_batch")}
 pairs = {"random 16": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw"), ("tracin", "adamw_batch"),
                        ("adam_batch", "adamw_batch")],
          "same batch": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")]}
 checks = {}
 for name, val in check_sets.items():
-    for c in first_order_checks(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg, val,
+    for c in first_order_checks(model, run.rollout, run.logprobs, run.advantages.values, cfg, val,
                                 pairs=pairs[name]):
         checks[(name, c.score, c.step)] = c
 agreement = pd.DataFrame({k: {"lr": c.lr, "Spearman": c.spearman, "sign agreement": c.sign_agreement,
                               "samples": c.moved} for k, c in checks.items()}).T.astype({"samples": int})
 agreement.index.names = ["validation", "score", "real step"]
-agreement
+agreement[["Spearman", "sign agreement", "samples"]]
 
 # %%
 for name in check_sets:
@@ -125,7 +129,9 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # zero-advantage samples have no gradient, and their scores are float noise.
 
 # %% tags=["nbval-ignore-output"]
+from grpo_debug.tracin.influence import InfluenceExplorer
 from grpo_debug.ui.widgets import InfluencePanel
+explorer = InfluenceExplorer(step, cache=influence)  # the panel follows the step's current run; same cache
 panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
 panel.widget()
 
@@ -146,12 +152,12 @@ sets = {"seqloss-lastadv": [("same_batch", 16, "per_group"), ("random", 16, "per
                             ("topk", 16, "whole_set"), ("topk", 64, "whole_set")],
         "seqloss-reward": [("same_batch", 16, "per_group"), ("random", 64, "per_group"), ("topk", 16, "per_group")]}
 rows, panels = {}, {}
-reference = explorer.scores(InfluenceChoice(source="random", size=128)).numpy()
+reference = influence.scores(model, run, InfluenceChoice(source="random", size=128)).numpy()
 for kind, kind_sets in sets.items():
     for source, size, advantages in kind_sets:
         choice = InfluenceChoice(kind=kind, source=source, size=size, val_advantages=advantages)
-        scores = explorer.scores(choice)
-        val = explorer.validation_set(choice)
+        scores = influence.scores(model, run, choice)
+        val = influence.validation_set(run, choice)
         label = "same batch" if source == "same_batch" else f"{source} {size}"
         fractions = sign_fractions(scores)
         rows[(kind, label, advantages)] = {"val mean reward": val.rewards.mean().item(), "fraction > 0": fractions["> 0"],
@@ -166,7 +172,7 @@ top_k_reward = table.loc[("seqloss-lastadv", "topk 16", "per_group"), "val mean 
 random_reward = table.loc[("seqloss-lastadv", "random 16", "per_group"), "val mean reward"]
 print(f"mean reward of the validation set: top-k 16 {top_k_reward:.3f}, random 16 {random_reward:.3f}")
 assert top_k_reward > random_reward
-table
+table[["val mean reward", "fraction > 0", "fraction = 0", "Spearman vs random 128"]]
 
 # %%
 plots.influence_histograms(panels, bins=12, title="influence of the same 16 training samples, by validation set")
@@ -176,8 +182,9 @@ plots.influence_histograms(panels, bins=12, title="influence of the same 16 trai
 # start as peft initialises it, so only the B matrices carry a gradient).
 
 # %%
-all_params = explorer.scores(InfluenceChoice(source="random", size=16)).numpy()
-pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(source="random", size=16, param_set=ps)).numpy(),
+all_params = influence.scores(model, run, InfluenceChoice(source="random", size=16)).numpy()
+pd.DataFrame({ps: {"Spearman vs all": spearmanr(influence.scores(model, run, InfluenceChoice(source="random", size=16,
+                                                                                           param_set=ps)).numpy(),
                                                 all_params).statistic} for ps in ["all", "blocks", "lora"]}).T
 
 # %% [markdown]
@@ -195,18 +202,18 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(explorer.scores(InfluenceChoice(
 from grpo_debug.tracin.experiments import (OPTIMIZERS, SELECTIONS, held_out_baseline, matched_sgd_lr,
                                            paired_contrast, selection_experiment)
 EVAL_PROMPTS = 16
-baseline = held_out_baseline(step, EVAL_PROMPTS)
-sgd_lr = matched_sgd_lr(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
+baseline = held_out_baseline(model, tokenizer, task, cfg, EVAL_PROMPTS)
+sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
 print(f"test prompts {EVAL_PROMPTS} x {cfg.eval_samples} samples; reward before {baseline.reward:.4f}; "
       f"SGD lr {sgd_lr:.3g} (AdamW lr {cfg.learning_rate:g})")
 selection_sets = {"same batch": (InfluenceChoice(source="same_batch"), ("influence>0", "influence<0")),
                   "random 64": (InfluenceChoice(source="random", size=64), SELECTIONS)}
 results = {}
 for name, (choice, strategies) in selection_sets.items():
-    val, scores = explorer.validation_set(choice), explorer.scores(choice)
+    val, scores = influence.validation_set(run, choice), influence.scores(model, run, choice)
     for optimizer in OPTIMIZERS:
-        for r in selection_experiment(step, val, scores, strategies=strategies, optimizer=optimizer, sgd_lr=sgd_lr,
-                                      eval_prompts=EVAL_PROMPTS, baseline=baseline):
+        for r in selection_experiment(model, run, tokenizer, task, val, scores, strategies=strategies,
+                                      optimizer=optimizer, sgd_lr=sgd_lr, eval_prompts=EVAL_PROMPTS, baseline=baseline):
             results[(name, optimizer, r.strategy)] = r
 
 # %%
@@ -256,8 +263,8 @@ from grpo_debug.tracin.influence import per_sample_train_gradients, validation_g
 from grpo_debug.tracin.influence import signs
 from grpo_debug.tracin.experiments import predicted_subset_change
 choice = InfluenceChoice(source="random", size=64)
-train_full = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
-_, val_grad = validation_gradient(step.policy, explorer.validation_set(choice), cfg, "seqloss-lastadv")
+train_full = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
+_, val_grad = validation_gradient(model, influence.validation_set(run, choice), cfg, "seqloss-lastadv")
 selection_rows = {}
 for optimizer in OPTIMIZERS:
     for strategy in SELECTIONS:
@@ -271,7 +278,7 @@ for optimizer in OPTIMIZERS:
 del train_full
 selection = pd.DataFrame(selection_rows).T.astype({"selected": int})
 selection.index.names = ["optimizer", "strategy"]
-scores64 = explorer.scores(choice)
+scores64 = influence.scores(model, run, choice)
 for a, b in [("influence>0", "top_half"), ("influence<0", "bottom_half")]:
     extra = set(results[("random 64", "adamw", b)].selected) ^ set(results[("random 64", "adamw", a)].selected)
     print(f"{a} keeps {len(results[('random 64', 'adamw', a)].selected)} samples, {b} "
@@ -324,16 +331,16 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # %%
 from grpo_debug.tracin.influence import (VAL_LOSSES, self_terms, self_terms_from_norms, signs, train_coefficients,
                                   validation_coefficients)
-train_grads = explorer.train_gradients("all")
-same = validation_set(step, "same_batch")
+train_grads = influence.train_gradients(model, run, "all")
+same = validation_set(run, "same_batch")
 c_train = train_coefficients(run.advantages.values, run.logprobs.mask, cfg)
 squared = train_grads.squared_norms()
 self_rows, own_by_kind = {}, {}
 for kind in VAL_LOSSES:
-    own = self_terms(step.policy, train_grads, same, cfg, kind).double()
+    own = self_terms(model, train_grads, same, cfg, kind).double()
     relation = self_terms_from_norms(squared, c_train, validation_coefficients(same, kind))
     assert torch.allclose(own, relation, rtol=1e-3, atol=1e-6 * relation.abs().max().item())
-    total = explorer.scores(InfluenceChoice(kind=kind, source="same_batch")).double()
+    total = influence.scores(model, run, InfluenceChoice(kind=kind, source="same_batch")).double()
     own_by_kind[kind] = own
     self_rows[kind] = {"min self-term": own.min().item(), "self-terms < 0": int((signs(own) < 0).sum()),
                        "self-term share of the summed influence": (own.sum() / total.sum()).item(),
@@ -358,16 +365,15 @@ bias = {16: {"self-term share of the summed influence": self_rows["seqloss-lasta
              "influence > 0": self_rows["seqloss-lastadv"]["influence > 0"],
              "influence - self > 0": self_rows["seqloss-lastadv"]["influence - self > 0"]}}
 c = cfg.replace(num_prompts=8)
-r = step.run(c, until="loss")
-same32 = validation_set(step, "same_batch")
-grads = per_sample_train_gradients(step.policy, r.rollout, r.logprobs, r.advantages.values, c)
-total = influence_scores(grads, validation_gradient(step.policy, same32, c, "seqloss-lastadv")[1]).double()
-own = self_terms(step.policy, grads, same32, c, "seqloss-lastadv").double()
+r = step.run(c, until="loss", remember=False)  # a side run: the step (and the panel above) stay on the 16
+same32 = validation_set(r, "same_batch")
+grads = per_sample_train_gradients(model, r.rollout, r.logprobs, r.advantages.values, c)
+total = influence_scores(grads, validation_gradient(model, same32, c, "seqloss-lastadv")[1]).double()
+own = self_terms(model, grads, same32, c, "seqloss-lastadv").double()
 assert (signs(own) >= 0).all()
 bias[r.rollout.num_samples] = {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
                                "influence > 0": (signs(total) > 0).float().mean().item(),
                                "influence - self > 0": (signs(total - own) > 0).float().mean().item()}
-run = step.run(cfg, until="loss")
 share16, share32 = (bias[n]["self-term share of the summed influence"] for n in (16, 32))
 print(f"self-term share of the summed influence: {share16:.2f} at 16 samples, {share32:.2f} at 32")
 assert share32 < share16 and share32 > 0.5
