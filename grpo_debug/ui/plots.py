@@ -192,3 +192,63 @@ def reward_changes(rows: dict, title: str = "change of the test-prompt reward (9
     ax.invert_yaxis()
     ax.set(xlabel=f"reward after - before, paired over {rows[labels[0]].reward_prompts} prompts", title=title)
     return _done(fig)
+
+
+def ratio_histograms(ratios: dict[str, torch.Tensor], epsilon_low: float, epsilon_high: float,
+                     delta: float | None = None, bins: int = 40, title: str = "pi / pi_old per scored token"):
+    """One panel per pass: the per-token ratios (flattened, scored tokens only) on a log axis, the clip
+    bounds 1 - epsilon_low and 1 + epsilon_high (and delta) drawn."""
+    fig, axes = _grid(len(ratios), ncols=3, size=(4.2, 3.0))
+    for ax, (name, values) in zip(axes, ratios.items()):
+        logs = torch.log(values.clamp(min=1e-12)).numpy()
+        ax.hist(logs, bins=bins, color="C0", alpha=0.8)
+        ax.set_yscale("log")
+        for bound, label in [(1 - epsilon_low, "1 - eps_low"), (1 + epsilon_high, "1 + eps_high")] + \
+                ([(delta, "delta")] if delta else []):
+            ax.axvline(np.log(bound), color="C3", ls="--", lw=1)
+            ax.text(np.log(bound), ax.get_ylim()[1], label, rotation=90, va="top", ha="right", fontsize=7)
+        ax.set(xlabel="log ratio", ylabel="tokens", title=name)
+    fig.suptitle(title)
+    return _done(fig)
+
+
+def gradient_by_ratio(curves: dict[str, dict[str, np.ndarray]], ratios: np.ndarray, epsilon_low: float,
+                      epsilon_high: float, title: str = "d loss / d logp of one token against its ratio"):
+    """`curves[loss_type][sign]`: the gradient one token receives at each ratio, sign "A = +1" or "A = -1"."""
+    signs = list(next(iter(curves.values())))
+    fig, axes = _grid(len(signs), ncols=2, size=(5.0, 3.4))
+    for ax, sign in zip(axes, signs):
+        for name, by_sign in curves.items():
+            ax.plot(ratios, by_sign[sign], label=name, lw=1.5)
+        for bound in (1 - epsilon_low, 1 + epsilon_high):
+            ax.axvline(bound, color="grey", ls=":", lw=1)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set(xlabel="ratio pi / pi_old", ylabel="d loss / d logp", title=sign, xscale="log")
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.suptitle(title)
+    return _done(fig)
+
+
+def sequence_vs_token_ratios(token_ratio: torch.Tensor, sequence_ratio: torch.Tensor, mask: torch.Tensor,
+                             rows: int = 16, title: str = "GSPO: one ratio per sequence against its tokens' ratios"):
+    """Each sequence's token ratios (dots) and its sequence ratio exp(mean log ratio) (a bar)."""
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for i in range(min(rows, token_ratio.shape[0])):
+        values = token_ratio[i][mask[i].bool()].numpy()
+        ax.scatter(np.full(len(values), i), values, s=6, alpha=0.4, color="C0")
+        ax.hlines(sequence_ratio[i].item(), i - 0.35, i + 0.35, color="C3", lw=2)
+    ax.set(yscale="log", xlabel="sequence", ylabel="ratio", title=title)
+    ax.scatter([], [], s=6, color="C0", label="token ratio")
+    ax.plot([], [], color="C3", lw=2, label="sequence ratio")
+    ax.legend(fontsize=8)
+    return _done(fig)
+
+
+def sampler_weights_by_mode(weights: dict[str, torch.Tensor], title: str = "importance-sampling weight pi_old / pi_sampler"):
+    """One histogram per correction mode (token modes: scored tokens; sequence modes: one per sequence)."""
+    fig, axes = _grid(len(weights), ncols=4, size=(3.4, 2.8))
+    for ax, (mode, values) in zip(axes, weights.items()):
+        ax.hist(values.numpy(), bins=30, color="C2")
+        ax.set(title=mode, xlabel="weight", ylabel="count", yscale="log")
+    fig.suptitle(title)
+    return _done(fig)
