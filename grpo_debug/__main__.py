@@ -42,11 +42,18 @@ def report(run: StepRun) -> str:
     out += ["5. loss", _line("loss", loss.loss.item(), f"{cfg.loss_type}; its value says little: judge the step by grad_norm"),
             _line("policy term", loss.policy_loss.item()), _line("beta * KL term", loss.kl_loss.item()),
             _line("kl", loss.metrics["kl"], f"{cfg.kl_estimator}, 0 at step 0 unless scoring differs")]
-    out += [_line(k, v) for k, v in loss.metrics.items() if k.startswith("clip_ratio")]
+    out += [_line("entropy", loss.metrics["entropy"], "mean over scored tokens, nats")]
+    out += [_line(k, v) for k, v in loss.metrics.items() if k.startswith(("clip_ratio", "sampling/", "cispo", "vespo"))]
     if upd is not None:
-        out += ["6. update", _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
+        out += ["6. update", _line("optimizer steps", upd.optimizer_steps,
+                                   f"num_iterations={cfg.num_iterations} x steps_per_generation={cfg.micro_batches} "
+                                   f"/ gradient_accumulation_steps={cfg.gradient_accumulation_steps}"),
+                _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
                 _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
                 _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
+                *[_line(f"pass {i}: {k}", it.metrics[k], "0 on-policy" if i == 1 else "")
+                  for i, it in enumerate(upd.iterations, start=1) for k in ("clip_ratio/region_mean", "kl")
+                  if k in it.metrics and len(upd.iterations) > 1],
                 _line("max per-sample grad norm", upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms)
                       else float("nan"), "from layer hooks, one backward")]
     if ev is not None:
