@@ -252,3 +252,17 @@ def sampler_weights_by_mode(weights: dict[str, torch.Tensor], title: str = "impo
         ax.set(title=mode, xlabel="weight", ylabel="count", yscale="log")
     fig.suptitle(title)
     return _done(fig)
+
+
+def token_entropies(entropies: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor, samples: list[int],
+                    title: str = "entropy of the next-token distribution, per completion token"):
+    """Each chosen sample's per-token entropy; the tokens `kept` (e.g. the top-entropy mask) marked."""
+    fig, ax = plt.subplots(figsize=(9, 3))
+    for i in samples:
+        length = int(mask[i].sum())
+        line, = ax.plot(entropies[i, :length].numpy(), lw=1, label=f"sample {i}")
+        marked = kept[i, :length].nonzero()[:, 0].numpy()
+        ax.scatter(marked, entropies[i, marked].numpy(), color=line.get_color(), s=14)
+    ax.set(xlabel="completion token", ylabel="entropy (nats)", title=title + " (dots: trained tokens)")
+    ax.legend(fontsize=8)
+    return _done(fig)
