@@ -195,7 +195,9 @@ def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, promp
     lp = done["logprobs"]
     return update(step.policy, done["rollout"], lp, done["advantages"].values, scoring_of(cfg),
                   loss_spec_of(cfg), optimization_of(cfg), old_logps=lp.policy if needs_old_logps(cfg) else None,
-                  sampler_ratio=done["loss"].sampler_ratio, num_iterations=cfg.num_iterations,
+                  sampler_ratio=done["loss"].sampler_ratio,
+                  sampler_logps=done["rollout"].sampler_logps if cfg.vllm_importance_sampling_correction else None,
+                  num_iterations=cfg.num_iterations,
                   per_sample_grad_norms=cfg.per_sample_grad_norms, fast=cfg.fast)
 
 

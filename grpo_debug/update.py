@@ -77,7 +77,7 @@ def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]
 
 def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
            loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool, old_logps, sampler_ratio,
-           entropy_tokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           entropy_tokens, sampler_logps=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """These rows' share of their micro-batch's loss (its normalisation `weights`, (N, C)), gradients
     flowing, and their (rows, C) log-probs and entropies."""
     logps, entropies = score_rows_and_entropies(model, rollout.rows(rows), scoring, fast,
@@ -85,6 +85,7 @@ def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     part = compute_loss(logps, None if old_logps is None else old_logps[rows], logprobs.reference[rows],
                         advantages[rows], logprobs.mask[rows], entropies=entropies,
                         sampler_ratio=None if sampler_ratio is None else sampler_ratio[rows],
+                        sampler_logps=None if sampler_logps is None else sampler_logps[rows],
                         weights=weights[rows], entropy_tokens=entropy_tokens, **loss.kwargs())
     return part.loss, logps.detach(), entropies.detach()
 
@@ -92,10 +93,10 @@ def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
 def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
                loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool = True, *,
                old_logps: torch.Tensor | None = None, sampler_ratio: torch.Tensor | None = None,
-               entropy_tokens: float | None = None) -> torch.Tensor:
+               entropy_tokens: float | None = None, sampler_logps: torch.Tensor | None = None) -> torch.Tensor:
     """These rows' share of the loss whose normalisation is `weights` (N, C), gradients flowing."""
     return _chunk(model, rollout, logprobs, advantages, scoring, loss, rows, weights, fast, old_logps,
-                  sampler_ratio, entropy_tokens)[0]
+                  sampler_ratio, entropy_tokens, sampler_logps)[0]
 
 
 def per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows=None,
@@ -121,7 +122,8 @@ class MicroBatch:
 
 
 def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int], *, old_logps=None,
-             sampler_ratio=None, num_items_in_batch=None, norms: bool = False, fast: bool = True) -> MicroBatch:
+             sampler_ratio=None, sampler_logps=None, num_items_in_batch=None, norms: bool = False,
+             fast: bool = True) -> MicroBatch:
     """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time (the whole micro-batch
     at once under top_entropy_quantile < 1: its entropy quantile is over the micro-batch)."""
     mask = logprobs.mask
@@ -130,7 +132,7 @@ def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int
                                  num_items_in_batch=num_items_in_batch,
                                  gradient_accumulation_steps=loss.gradient_accumulation_steps,
                                  steps_per_generation=loss.steps_per_generation)
-    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio,
+    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps,
                    entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0))
     pieces = [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
     hooked = norms and fast
@@ -155,7 +157,7 @@ def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int
 
 
 def iteration_record(passes: list[MicroBatch], losses: list[float], grad_norms: list[float], logprobs, advantages,
-                     loss: LossSpec, old_logps, sampler_ratio, num_items_in_batch) -> Iteration:
+                     loss: LossSpec, old_logps, sampler_ratio, sampler_logps, num_items_in_batch) -> Iteration:
     """What one pass did, recomputed from its detached log-probs, micro-batch by micro-batch as TRL logs it."""
     parts: list[LossBreakdown] = []
     for mb in passes:
@@ -163,6 +165,7 @@ def iteration_record(passes: list[MicroBatch], losses: list[float], grad_norms: 
         parts.append(compute_loss(mb.logps, None if old_logps is None else old_logps[r], logprobs.reference[r],
                                   advantages[r], logprobs.mask[r], entropies=mb.entropies,
                                   sampler_ratio=None if sampler_ratio is None else sampler_ratio[r],
+                                  sampler_logps=None if sampler_logps is None else sampler_logps[r],
                                   num_items_in_batch=num_items_in_batch, **loss.kwargs()))
     cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
     keys = parts[0].metrics.keys()
@@ -175,10 +178,11 @@ def iteration_record(passes: list[MicroBatch], losses: list[float], grad_norms: 
 
 def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
            loss: LossSpec, optimization: Optimization, *, old_logps: torch.Tensor | None = None,
-           sampler_ratio: torch.Tensor | None = None, num_iterations: int = 1, per_sample_grad_norms: bool = True,
-           fast: bool = True) -> StepResult:
+           sampler_ratio: torch.Tensor | None = None, sampler_logps: torch.Tensor | None = None,
+           num_iterations: int = 1, per_sample_grad_norms: bool = True, fast: bool = True) -> StepResult:
     """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
-    (N, C) or None (on-policy), `sampler_ratio` (N, C) or (N, 1) or None."""
+    (N, C) or None (on-policy); `sampler_ratio` ((N, C) or (N, 1)) and `sampler_logps` (N, C) when the
+    sampler correction is on."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
@@ -187,7 +191,8 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
     batches = micro_batches(rollout.num_samples, S)
     num_items = logprobs.mask.sum()
-    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, num_items_in_batch=num_items)
+    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps,
+                   num_items_in_batch=num_items)
     torch.manual_seed(DROPOUT_SEED)
     iterations, norms = [], torch.tensor([])
     for it in range(num_iterations):
@@ -202,8 +207,7 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
             losses.append(sum(mb.value for mb in done))
         if it == 0 and per_sample_grad_norms:
             norms = torch.cat([mb.per_sample_grad_norms for mb in passes])
-        iterations.append(iteration_record(passes, losses, grad_norms, logprobs, advantages, loss, old_logps,
-                                           sampler_ratio, num_items))
+        iterations.append(iteration_record(passes, losses, grad_norms, logprobs, advantages, loss, **context))
     optimizer.zero_grad(set_to_none=True)
     update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
     first = iterations[0]
