@@ -1,8 +1,10 @@
-"""Time and peak memory per phase of one GRPO step: `python benchmarks/step.py [--threads N]`.
+"""Time and peak memory per phase of one GRPO step:
+`python benchmarks/step.py [--threads N] [--skip-124m | --only-124m | --only-num-iterations]`.
 
 Prints JSON: the bundled model at 8 prompts x 8 samples (mixed and policy-only prompts), the one-call
-vs per-prompt-loop generation ratio, the readable paths alone (`fast=False`), our step vs one TRL
-GRPOTrainer step on the same configuration,
+vs per-prompt-loop generation ratio, the readable paths alone (`fast=False`), the cost of
+num_iterations = 2 against 1 (the update phase and the whole step; the two alternate, fresh steps each),
+our step vs one TRL GRPOTrainer step on the same configuration,
 and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
 tokens. Bundled numbers are medians of `--repeats` fresh steps after a warm-up one. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
 """
@@ -69,6 +71,25 @@ def profile_repeated(step: GRPOStep, cfg: StepConfig, repeats: int) -> dict:
     return {**out, "total_seconds": statistics.median(totals), "totals": totals}
 
 
+def num_iterations_cost(step: GRPOStep, cfg: StepConfig, repeats: int, mu: int = 2) -> dict:
+    """The update phase and the whole step at num_iterations = 1 and `mu`: medians of `repeats` fresh steps
+    each, the two alternating (so that a slow stretch of the machine hits both), and the ratios."""
+    runs = {1: [], mu: []}
+    for _ in range(repeats):
+        for m in runs:
+            runs[m].append(profile_step(step, cfg.replace(num_iterations=m)))
+    out = {}
+    for m, profiles in runs.items():
+        out[f"num_iterations_{m}"] = {"update_seconds": statistics.median(p["update"]["seconds"] for p in profiles),
+                                      "total_seconds": statistics.median(p["total_seconds"] for p in profiles),
+                                      "updates": [p["update"]["seconds"] for p in profiles],
+                                      "totals": [p["total_seconds"] for p in profiles]}
+    one, more = out["num_iterations_1"], out[f"num_iterations_{mu}"]
+    out["update_ratio"] = round(more["update_seconds"] / one["update_seconds"], 2)
+    out["step_ratio"] = round(more["total_seconds"] / one["total_seconds"], 2)
+    return out
+
+
 def bundled_model(repeats: int) -> dict:
     report = {}
     bundled = StepConfig()
@@ -81,6 +102,7 @@ def bundled_model(repeats: int) -> dict:
     policy_only = bundled.replace(task="policy", max_new_tokens=48)
     report["bundled_8x8_policy"] = profile_repeated(step, policy_only, repeats)
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
+    report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, repeats)
 
     # like for like: TRL computes no per-sample gradient norms
     trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
@@ -95,10 +117,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-124m", action="store_true")
     parser.add_argument("--only-124m", action="store_true")
+    parser.add_argument("--only-num-iterations", action="store_true",
+                        help="only num_iterations = 2 against 1 on the bundled model, default config")
     parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     report = {"threads": args.threads, "torch": torch.__version__}
+
+    if args.only_num_iterations:
+        bundled = StepConfig()
+        step = GRPOStep(bundled)
+        profile_step(step, bundled)  # warm-up
+        report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, args.repeats)
+        print(json.dumps(report, indent=1))
+        return
 
     if not args.only_124m:
         report.update(bundled_model(args.repeats))

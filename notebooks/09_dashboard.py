@@ -18,6 +18,12 @@
 #
 # Each control is a `StepConfig` field; a change re-runs only the phases after the one it belongs to, on
 # the same cached rollout, and redraws. Below the panel, the same comparisons as static tables.
+#
+# The panel also holds TRL 1.16's off-policy controls: `num_iterations` (mu, optimizer passes over one
+# rollout), the clip range `epsilon_low`/`epsilon_high`, `delta` ("off" is None), the
+# `importance_sampling_level`, the sampler correction (`vllm_importance_sampling_correction` and its mode)
+# and `top_entropy_quantile`. Since `num_iterations` is read by the update, the panel runs the update too,
+# and its status line shows each pass's `clip_ratio/region_mean` and `entropy` (TRL's names).
 
 # %%
 from grpo_debug.notebook import setup
@@ -69,3 +75,51 @@ table
 # beta times a large KL enters the loss. TRL's preset has the same dropout but beta 0, so its loss stays
 # near 0. Another loss type changes the value at step 0 only by -sum_i A_i w_i (notebook 05), which is
 # near 0 in this small batch.
+
+# %% [markdown]
+# ## The off-policy controls, pass by pass
+#
+# With one pass the policy that is trained is the one that scored the rollout: the ratio is 1 and the clip
+# range, `delta` and the importance-sampling level change nothing. With `num_iterations=2` the second pass
+# re-scores the rollout with the weights the first optimizer step left, and they act. A change of
+# `num_iterations` re-runs the update alone; a change of a loss-side field re-runs the loss and the update.
+
+# %%
+from grpo_debug.ui.widgets import summary
+step.run(cfg, until="update")
+result = apply_change(step, "num_iterations", 2, until="update")
+print("num_iterations=2 re-ran:", result.rerun)
+assert result.rerun == ["update"]
+result = apply_change(step, "epsilon_high", 0.28, until="update")
+print("epsilon_high=0.28 re-ran:", result.rerun)
+assert result.rerun == ["loss", "update"] and result.run.logprobs is step.result.logprobs
+shown = summary(result.run)
+print({k: round(v, 4) for k, v in shown.items() if k == "entropy" or k.startswith("iteration_")})
+assert shown["iteration_1/clip_ratio/region_mean"] == 0.0
+result = apply_change(step, "epsilon_high", cfg.epsilon_high, until="update")
+
+# %%
+mu2 = cfg.replace(num_iterations=2)
+columns = ["iteration_1/clip_ratio/region_mean", "iteration_2/clip_ratio/low_mean", "iteration_2/clip_ratio/high_mean",
+           "iteration_2/clip_ratio/region_mean", "iteration_2/entropy", "iteration_1/grad_norm", "iteration_2/grad_norm"]
+passes = compare_variants(step, {"mu=2": {}, "epsilon_high 0.28": {"epsilon_high": 0.28},
+                                 "epsilon 0.1": {"epsilon_low": 0.1, "epsilon_high": 0.1},
+                                 "delta 1.5": {"delta": 1.5}, "sequence-level ratio": {"importance_sampling_level": "sequence"},
+                                 "top 20% entropy": {"top_entropy_quantile": 0.2},
+                                 "sampler correction": {"vllm_importance_sampling_correction": True}},
+                          base=mu2, until="update", columns=columns)
+assert (passes["iteration_1/clip_ratio/region_mean"] == 0).all()
+assert passes.loc["epsilon_high 0.28", "iteration_2/clip_ratio/high_mean"] <= passes.loc["mu=2", "iteration_2/clip_ratio/high_mean"]
+assert passes.loc["epsilon 0.1", "iteration_2/clip_ratio/region_mean"] >= passes.loc["mu=2", "iteration_2/clip_ratio/region_mean"]
+assert passes.loc["sequence-level ratio", "iteration_2/clip_ratio/region_mean"] <= passes.loc["mu=2", "iteration_2/clip_ratio/region_mean"]
+assert passes.loc["top 20% entropy", "iteration_1/grad_norm"] != passes.loc["mu=2", "iteration_1/grad_norm"]
+passes.round(4)
+
+# %% [markdown]
+# **What to notice.** The first pass clips nothing in every row: it is on-policy. In the second, a wider
+# `epsilon_high` clips fewer tokens above the range and a narrower range clips more. The sequence-level
+# ratio (GSPO) averages the log-ratios over each completion, and a sequence's mean moves less than its
+# tokens do, so it clips no more than the token-level ratio. Training on the top 20% of tokens by entropy
+# changes the first pass's gradient, but hardly which tokens the second pass clips: AdamW's first step
+# moves every weight by about the learning rate, whatever the gradient's size. The sampler correction changes
+# little here, since the sampler's log-probs and the recomputed ones agree (the gap printed in the panel).

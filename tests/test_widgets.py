@@ -3,8 +3,10 @@
 import pytest
 
 from grpo_debug.config import StepConfig
+from grpo_debug.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTION_MODES
 from grpo_debug.step import GRPOStep
-from grpo_debug.ui.widgets import DEFAULT_FIELDS, StepPanel, apply_change, make_control
+from grpo_debug.ui.widgets import (DEFAULT_FIELDS, OFF, OFF_POLICY_FIELDS, PITFALL_FIELDS, StepPanel, apply_change,
+                                   make_control, panel_until, summary, config_value, widget_value)
 
 CFG = StepConfig(num_prompts=4, num_generations=4)
 
@@ -32,11 +34,13 @@ def test_a_change_reruns_from_its_phase_on_the_cached_rollout(step, field, value
 def test_every_default_field_has_a_control():
     for field in DEFAULT_FIELDS:
         control = make_control(field, getattr(CFG, field))
-        assert control.value == getattr(CFG, field)
+        assert control.value == widget_value(field, getattr(CFG, field))
+        assert config_value(field, control.value) == getattr(CFG, field)
 
 
 def test_panel_callback_redraws(step):
-    panel = StepPanel(step)
+    panel = StepPanel(step, fields=PITFALL_FIELDS)  # no update-phase control: the panel stops at the loss
+    assert panel.until == "loss"
     panel.controls["beta"].value = 0.3  # fires on_change through the widget
     assert step.cfg.beta == 0.3 and "re-ran <b>loss</b>" in panel.status.value
     panel.controls["beta"].value = CFG.beta
@@ -90,4 +94,100 @@ def test_preset_menu_switches_every_loss_side_field_and_shows_it(step):
     panel.controls["beta"].value = 0.1
     assert panel.preset.value == "custom"
     panel.preset.value = "fixed"
+    assert step.cfg == CFG
+
+
+# ---- the off-policy controls: the default panel has num_iterations, so it runs the update too
+
+@pytest.fixture(scope="module")
+def panel(step):
+    step.run(CFG, until="loss")
+    return StepPanel(step)
+
+
+def test_the_off_policy_controls_take_their_options_from_the_config():
+    assert set(OFF_POLICY_FIELDS) <= set(DEFAULT_FIELDS) and "loss_type" in DEFAULT_FIELDS
+    assert panel_until(DEFAULT_FIELDS) == "update" and panel_until(PITFALL_FIELDS) == "loss"
+    values = lambda control: [v for _, v in control.options]
+    assert values(make_control("loss_type", "grpo")) == list(LOSS_TYPES)
+    assert values(make_control("importance_sampling_level", "token")) == list(IMPORTANCE_SAMPLING_LEVELS)
+    assert values(make_control("vllm_importance_sampling_mode", "sequence_mask")) == list(SAMPLER_CORRECTION_MODES)
+    delta = make_control("delta", None)
+    assert delta.value == OFF and values(delta)[0] == OFF and len(values(delta)) > 1
+    for value in values(delta)[1:]:
+        assert StepConfig(delta=value).delta == value  # every offered value is allowed
+    assert make_control("delta", 3.0).value == 3.0  # a value off the menu is added to it
+    fields = StepConfig.__dataclass_fields__
+    for name in ("epsilon_low", "top_entropy_quantile"):  # the slider spans the field's allowed range
+        control = make_control(name, getattr(CFG, name))
+        assert (control.min, control.max) == (fields[name].metadata["low"], fields[name].metadata["high"])
+    mu = make_control("num_iterations", 1)
+    assert type(mu).__name__ == "IntSlider" and mu.min == 1 and mu.max >= 2
+    assert type(make_control("vllm_importance_sampling_correction", False)).__name__ == "Checkbox"
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("num_iterations", 2, 2), ("epsilon_low", 0.1, 0.1), ("epsilon_high", 0.28, 0.28), ("delta", 1.5, 1.5),
+    ("importance_sampling_level", "sequence", "sequence"), ("vllm_importance_sampling_correction", True, True),
+    ("vllm_importance_sampling_mode", "token_truncate", "token_truncate"), ("top_entropy_quantile", 0.5, 0.5),
+    ("loss_type", "cispo", "cispo")])
+def test_an_off_policy_control_sets_its_field_and_reruns_only_what_it_touches(panel, field, value, expected):
+    step = panel.step
+    before = step.result
+    assert before.update is not None and step.cfg == CFG
+    panel.controls[field].value = value  # through the widget
+    run = step.result
+    assert getattr(step.cfg, field) == expected and step.cfg == CFG.replace(**{field: expected})
+    assert run.rollout is before.rollout and run.logprobs is before.logprobs and run.advantages is before.advantages
+    if field == "num_iterations":  # read by the update only: the loss is the previous run's
+        assert list(run.rerun) == ["update"] and run.loss is before.loss
+        assert len(run.update.iterations) == 2
+    else:
+        assert list(run.rerun) == ["loss", "update"] and run.loss is not before.loss
+    assert run.update is not before.update and f"re-ran <b>{', '.join(run.rerun)}</b>" in panel.status.value
+    panel.controls[field].value = make_control(field, getattr(CFG, field)).value  # back
+    assert step.cfg == CFG
+
+
+def test_delta_off_is_none(panel):
+    step = panel.step
+    panel.controls["delta"].value = 2.0
+    assert step.cfg.delta == 2.0
+    panel.controls["delta"].value = OFF
+    assert step.cfg.delta is None and step.cfg == CFG
+    assert panel.on_change("delta", None) is not None and step.last_rerun == []  # None itself: nothing changed
+
+
+def test_the_summary_shows_entropy_and_the_clip_ratio_of_each_pass(panel):
+    step = panel.step
+    panel.controls["num_iterations"].value = 2
+    shown = summary(step.result)
+    assert shown["entropy"] > 0 and "entropy = " in panel.status.value
+    assert shown["iteration_1/clip_ratio/region_mean"] == 0.0  # the first pass is on-policy: ratio 1
+    assert shown["iteration_2/clip_ratio/region_mean"] > 0
+    assert "iteration_2/clip_ratio/region_mean" in panel.status.value
+    wide = panel.on_change("epsilon_high", 4.0)  # a wider clip range cuts fewer tokens in the second pass
+    assert wide.rerun == ["loss", "update"]
+    assert summary(wide.run)["iteration_2/clip_ratio/region_mean"] < shown["iteration_2/clip_ratio/region_mean"]
+    cispo = panel.on_change("loss_type", "cispo")  # cispo logs its own clip ratio
+    assert "iteration_2/cispo_clip_ratio" in summary(cispo.run)
+    panel.on_change("loss_type", CFG.loss_type)
+    panel.on_change("epsilon_high", CFG.epsilon_high)
+    panel.controls["num_iterations"].value = 1
+    assert step.cfg == CFG and list(summary(step.result)) == [k for k in shown if not k.startswith("iteration_2")]
+
+
+def test_a_refused_combination_keeps_the_config_and_says_why(panel):
+    step = panel.step
+    panel.controls["loss_type"].value = "vespo"
+    before = step.result
+    panel.controls["vllm_importance_sampling_correction"].value = True  # vespo needs a token-level mode
+    assert "token_truncate or token_mask" in panel.status.value and "nothing re-ran" in panel.status.value
+    assert step.result is before and not step.cfg.vllm_importance_sampling_correction
+    assert panel.controls["vllm_importance_sampling_correction"].value is False  # the control went back
+    panel.controls["vllm_importance_sampling_mode"].value = "token_mask"
+    panel.controls["vllm_importance_sampling_correction"].value = True
+    assert step.cfg.vllm_importance_sampling_correction and step.last_rerun == ["loss", "update"]
+    for field in ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "loss_type"):
+        panel.controls[field].value = getattr(CFG, field)
     assert step.cfg == CFG

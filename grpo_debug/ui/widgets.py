@@ -1,10 +1,18 @@
 """ipywidgets controls bound to StepConfig fields, and for TracIn to InfluenceChoice fields. The
 callbacks are plain functions (unit-tested): a change builds a new config, re-runs only the phases after the one the field belongs to, on the
-cached rollout, and redraws."""
+cached rollout, and redraws.
+
+Each control's options come from the field's metadata: a dropdown of its `choices`, a slider over its
+allowed range (`low`/`high`; an upper end is set here where the field has none), a checkbox for a bool, and
+for a field that may be None (`delta`) a dropdown whose first entry "off" stands for None. A panel with an
+update-phase control (`num_iterations`) runs the update too, so that the off-policy controls (the clip
+range, delta, the importance-sampling level) act on something: at the loss phase pi == pi_old and the
+ratio is exactly 1; from the second optimizer pass on it is not."""
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import time
 from dataclasses import dataclass, replace
 
@@ -20,10 +28,52 @@ from ..config import PRESETS, StepConfig
 from ..step import GRPOStep, StepRun
 from .tables import per_sample
 
+FIELDS = StepConfig.__dataclass_fields__
 CHOICES = {f.name: list(f.metadata["choices"]) for f in dataclasses.fields(StepConfig) if f.metadata["choices"]}
-SLIDERS = {"beta": (0.0, 0.5, 0.01), "std_floor": (0.0, 0.5, 0.01)}
+
+
+def _range(name: str, step: float, high: float | None = None) -> tuple[float, float, float]:
+    """(min, max, step) of a slider: the field's allowed range, `high` where the field has no upper bound."""
+    m = FIELDS[name].metadata
+    return m["low"], m["high"] if m["high"] is not None else high, step
+
+
+SLIDERS = {"beta": (0.0, 0.5, 0.01), "std_floor": (0.0, 0.5, 0.01),
+           "epsilon_low": _range("epsilon_low", 0.01),
+           "epsilon_high": _range("epsilon_high", 0.01, high=5.0),  # 5: TRL's recommendation for cispo
+           "top_entropy_quantile": _range("top_entropy_quantile", 0.05),
+           "num_iterations": _range("num_iterations", 1, high=4)}  # mu: each pass costs about one update
+OFF = "off"  # the menu entry of None in a field that may be None
+OPTIONAL = {"delta": [1.25, 1.5, 2.0, 4.0]}  # offered after "off" (delta > 0; TRL suggests > 1 + epsilon_high)
 TOGGLES = ["logprob_temperature", "dropout", "position_ids"]
-DEFAULT_FIELDS = TOGGLES + ["mask", "dtype", "gather", "scale_rewards", "std_floor", "loss_type", "kl_estimator", "beta"]
+PITFALL_FIELDS = TOGGLES + ["mask", "dtype", "gather", "scale_rewards", "std_floor", "loss_type", "kl_estimator",
+                            "beta"]
+OFF_POLICY_FIELDS = ["num_iterations", "epsilon_low", "epsilon_high", "delta", "importance_sampling_level",
+                     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "top_entropy_quantile"]
+DEFAULT_FIELDS = PITFALL_FIELDS + OFF_POLICY_FIELDS
+
+
+def may_be_none(field: str) -> bool:
+    return FIELDS[field].type.endswith("| None")
+
+
+def options(field: str) -> list:
+    """The config values a dropdown offers (None first where the field may be None)."""
+    if field in CHOICES:
+        return list(CHOICES[field])
+    if field in OPTIONAL:
+        return [None, *OPTIONAL[field]] if may_be_none(field) else list(OPTIONAL[field])
+    raise ValueError(f"StepConfig field {field!r} has no menu")
+
+
+def widget_value(field: str, value):
+    """The control's value of a config value: "off" for None."""
+    return OFF if value is None and may_be_none(field) else value
+
+
+def config_value(field: str, value):
+    """The config value of a control's value: None for "off"."""
+    return None if isinstance(value, str) and value == OFF and may_be_none(field) else value
 
 
 @dataclass
@@ -51,22 +101,40 @@ LABEL = {"description_width": "initial"}  # the whole field name, never "scale_r
 
 
 def make_control(field: str, value) -> W.Widget:
-    if field in CHOICES:
-        return W.Dropdown(options=CHOICES[field], value=value, description=field, style=LABEL)
+    """The field's widget showing `value` (a config value)."""
+    if field in CHOICES or field in OPTIONAL:
+        values = options(field)
+        if value not in values:  # e.g. delta=3.0 from the command line: offered too
+            values = [v for v in values if v is None] + sorted([v for v in values if v is not None] + [value])
+        labels = [(OFF if v is None else v if isinstance(v, str) else f"{v:g}", widget_value(field, v)) for v in values]
+        return W.Dropdown(options=labels, value=widget_value(field, value), description=field, style=LABEL)
     if field in SLIDERS:
         lo, hi, step = SLIDERS[field]
-        return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=field, continuous_update=False,
-                             style=LABEL)
+        slider = W.IntSlider if FIELDS[field].type == "int" else W.FloatSlider
+        return slider(value=value, min=lo, max=max(hi, value), step=step, description=field,
+                      continuous_update=False, style=LABEL)
     if isinstance(value, bool):
         return W.Checkbox(value=value, description=field, style=LABEL)
     raise ValueError(f"no widget for StepConfig field {field!r}")
 
 
+ITERATION_METRICS = ("clip_ratio/region_mean", "cispo_clip_ratio", "entropy")  # TRL's names, those the loss type logs
+
+
 def summary(run: StepRun) -> dict[str, float]:
+    """The panel's numbers; with the update, each optimizer pass's clip ratio and entropy (`iteration_k/`,
+    TRL's metric names): the first pass is on-policy (ratio 1), the clip range bites from the second."""
     lp, adv, loss = run.logprobs, run.advantages, run.loss
-    return {"max |sampler - recomputed|": lp.max_sampler_gap, "EOS inside mask": lp.eos_kept,
-            "reward": adv.reward, "frac_reward_zero_std": adv.frac_reward_zero_std,
-            "max |advantage|": adv.max_abs_advantage, "loss": loss.loss.item(), "kl": loss.metrics["kl"]}
+    out = {"max |sampler - recomputed|": lp.max_sampler_gap, "EOS inside mask": lp.eos_kept,
+           "reward": adv.reward, "frac_reward_zero_std": adv.frac_reward_zero_std,
+           "max |advantage|": adv.max_abs_advantage, "loss": loss.loss.item(), "kl": loss.metrics["kl"]}
+    if "entropy" in loss.metrics:
+        out["entropy"] = loss.metrics["entropy"]
+    if run.update is not None:
+        for k, iteration in enumerate(run.update.iterations, start=1):
+            out.update({f"iteration_{k}/{name}": iteration.metrics[name] for name in ITERATION_METRICS
+                        if name in iteration.metrics})
+    return out
 
 
 FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn only when that result changed
@@ -77,12 +145,18 @@ FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn onl
 }
 
 
-class StepPanel:
-    """Every toggle in one panel; results redrawn below it after each change."""
+def panel_until(fields: list[str]) -> str:
+    """The last phase a panel runs: the update when one of its fields is read by the update, else the loss."""
+    return "update" if any(StepConfig.phase_of(f) == "update" for f in fields) else "loss"
 
-    def __init__(self, step: GRPOStep, fields: list[str] = DEFAULT_FIELDS, until: str = "loss"):
-        self.step, self.until = step, until
-        step.run(step.cfg, until=until)
+
+class StepPanel:
+    """Every toggle in one panel; results redrawn below it after each change. `until`: the last phase each
+    change runs (default: `panel_until(fields)`)."""
+
+    def __init__(self, step: GRPOStep, fields: list[str] = DEFAULT_FIELDS, until: str | None = None):
+        self.step, self.until = step, until or panel_until(fields)
+        step.run(step.cfg, until=self.until)
         self.controls = {f: make_control(f, getattr(step.cfg, f)) for f in fields}
         self.preset = W.Dropdown(options=[*PRESETS, "custom"], value=step.cfg.preset_name() or "custom",
                                  description="preset")
@@ -96,9 +170,16 @@ class StepPanel:
         self.redraw(ChangeResult(step.result, [], 0.0))
 
     def on_change(self, field: str, value) -> ChangeResult | None:
+        """Apply a control's value (None where the config refuses it: the control goes back, the status
+        says why, nothing re-runs)."""
         if self._syncing:
             return None
-        result = apply_change(self.step, field, value, self.until)
+        try:
+            result = apply_change(self.step, field, config_value(field, value), self.until)
+        except ValueError as error:  # e.g. vespo with a sequence-level sampler correction
+            self._show_config()
+            self.status.value = f"<b>{html.escape(str(error))}</b>; nothing re-ran"
+            return None
         self._show_config()
         self.redraw(result)
         return result
@@ -116,7 +197,12 @@ class StepPanel:
         self._syncing = True
         try:
             for field, control in self.controls.items():
-                control.value = getattr(self.step.cfg, field)
+                value = widget_value(field, getattr(self.step.cfg, field))
+                if isinstance(control, W.Dropdown) and value not in [v for _, v in control.options]:  # set elsewhere
+                    control.options = make_control(field, getattr(self.step.cfg, field)).options
+                elif isinstance(control, (W.FloatSlider, W.IntSlider)) and value > control.max:
+                    control.max = value
+                control.value = value
             self.preset.value = self.step.cfg.preset_name() or "custom"
         finally:
             self._syncing = False
