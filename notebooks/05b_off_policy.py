@@ -252,6 +252,16 @@ for rho in (1.0, 0.5, 0.2):
     kept = high_entropy_mask(lp.entropies, lp.mask, rho)
     print(f"top_entropy_quantile {rho}: {kept.sum().item() / lp.mask.sum().item():.3f} of the scored tokens trained, "
           f"their mean entropy {lp.entropies[kept].mean().item():.3f} nats")
+top = high_entropy_mask(lp.entropies, lp.mask, 0.2)
+share = (lp.entropies * top).sum().item() / (lp.entropies * lp.mask).sum().item()
+print(f"the top 20% of tokens by entropy hold {share:.2f} of the batch's total entropy")
+plots.token_entropies(lp.entropies, lp.mask, top, [0, 8, 16])
+
+# %% [markdown]
+# The tokens rho = 0.2 trains on, in the text (between « and »): the rest are near-deterministic.
+
+# %%
+marked_completions(two, top, step.loaded.tokenizer, [0, 8, 16, 24])
 
 # %% [markdown]
 # ## The null step: the floor under every number above
@@ -281,3 +291,16 @@ print(f"largest |log ratio| with identical weights: readable {f['fixed, readable
 # 02), cancels in the ratio. None of them clips a token. Dropout alone, left on as TRL leaves it, moves log-probs by whole nats between two forwards of the
 # same weights: with mu > 1 (or any off-policy correction) that noise is read as a policy change, clips
 # tokens and inflates the KL, before a single weight has moved.
+
+# %% [markdown]
+# ## Try it
+#
+# mu, the clip range, delta, the loss type, the importance-sampling level, the sampler correction and its
+# mode, and the top-entropy quantile, on this notebook's rollout. A change re-runs only what it touches: a
+# loss-side control the loss and the update, `num_iterations` the update alone; the rollout and its
+# scoring stay cached. The panel shows each optimizer pass's clip ratio and entropy.
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug.ui.widgets import OFF_POLICY_FIELDS, StepPanel
+panel = StepPanel(step, fields=["loss_type"] + OFF_POLICY_FIELDS)
+panel.widget()
