@@ -113,6 +113,7 @@ assert passes.loc["epsilon_high 0.28", "iteration_2/clip_ratio/high_mean"] <= pa
 assert passes.loc["epsilon 0.1", "iteration_2/clip_ratio/region_mean"] >= passes.loc["mu=2", "iteration_2/clip_ratio/region_mean"]
 assert passes.loc["sequence-level ratio", "iteration_2/clip_ratio/region_mean"] <= passes.loc["mu=2", "iteration_2/clip_ratio/region_mean"]
 assert passes.loc["top 20% entropy", "iteration_1/grad_norm"] != passes.loc["mu=2", "iteration_1/grad_norm"]
+step.run(cfg, until="update")  # the panel above goes on from the notebook's config (mu = 1), not from mu2
 passes.round(4)
 
 # %% [markdown]
