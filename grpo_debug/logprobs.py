@@ -164,8 +164,11 @@ def score_rows_and_entropies(model, rollout: Rollout, scoring: Scoring, fast: bo
 
 
 def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
-    """(N, C) log-probs only (`score_rows_and_entropies`)."""
-    return score_rows_and_entropies(model, rollout, scoring, fast)[0]
+    """(N, C) log-probs only: `per_token_logps` or its fast twin, no entropy computed."""
+    if fast:
+        from .fast.scoring import per_token_logps_fast
+        return per_token_logps_fast(model, rollout, scoring)
+    return per_token_logps(model, rollout, scoring)
 
 
 def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
