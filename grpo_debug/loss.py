@@ -265,7 +265,7 @@ def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps:
         per_sample = per_sample - s.entropy_coef * (entropies * acting).sum(-1) / tokens / s.gradient_accumulation_steps
     low, high = clip_regions(clip_weight, A, s)
     clipped = (low | high) & mask.bool() if s.loss_type in CLIPPED_LOSS_TYPES else torch.zeros_like(mask, dtype=torch.bool)
-    metrics = loss_metrics(s, mask, kl if ref_logps is not None else None, entropies, clip_weight, A, phi)
+    metrics = loss_metrics(s, mask, kl if ref_logps is not None else None, entropies, clip_weight, A, phi, low, high)
     return LossBreakdown(loss=per_sample.sum(), policy_loss=(pg * mask * weights).sum(),
                          kl_loss=(s.beta * kl * mask * weights).sum(), per_token_loss=per_token,
                          per_token_kl=kl * mask, per_sample_loss=per_sample, ratio=torch.exp(logps - old),
@@ -290,8 +290,10 @@ def _sequence_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def loss_metrics(s: LossSpec, mask: torch.Tensor, kl: torch.Tensor | None, entropies: torch.Tensor | None,
-                 clip_weight: torch.Tensor, A: torch.Tensor, phi: torch.Tensor | None) -> dict[str, float]:
-    """The numbers TRL's `_compute_loss` logs, under its names (kl is logged here whatever beta)."""
+                 clip_weight: torch.Tensor, A: torch.Tensor, phi: torch.Tensor | None, low: torch.Tensor,
+                 high: torch.Tensor) -> dict[str, float]:
+    """The numbers TRL's `_compute_loss` logs, under its names (kl is logged here whatever beta); `low` and
+    `high` are `clip_regions` of `clip_weight`."""
     out = {}
     if kl is not None:
         out["kl"] = _global_mean(kl.detach(), mask)
@@ -299,7 +301,7 @@ def loss_metrics(s: LossSpec, mask: torch.Tensor, kl: torch.Tensor | None, entro
         out["entropy"] = _global_mean(entropies.detach(), mask)
     weight = clip_weight.detach()
     if s.loss_type in CLIPPED_LOSS_TYPES:
-        low, high = (r.float() for r in clip_regions(weight, A, s))
+        low, high = low.float(), high.float()
         out.update({"clip_ratio/low_mean": _global_mean(low, mask), "clip_ratio/high_mean": _global_mean(high, mask),
                     "clip_ratio/region_mean": _global_mean(torch.maximum(low, high), mask),
                     "clip_ratio/low_min": torch.nan_to_num(_sequence_means(low, mask), nan=math.inf).min().item(),
