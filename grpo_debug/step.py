@@ -25,7 +25,7 @@ from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .task import Task, load_task
-from .update import Optimization, StepResult, update
+from .update import Iteration, Optimization, StepResult, new_optimizer, reevaluate_passes, update
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,9 @@ class GRPOStep:
         self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
         self.result = StepRun(self.cfg)
         self._policy_dirty = False
+        self.at_reference = True  # the policy's starting weights are the reference's (False once trained)
+        self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
+        self._last_optimizer: torch.optim.Optimizer | None = None
 
     @property
     def policy(self):
@@ -108,6 +111,36 @@ class GRPOStep:
         if self._policy_dirty:
             self.policy.load_state_dict(self.initial_state)
             self._policy_dirty = False
+
+    def advance(self) -> None:
+        """Training: the weights the last run's update left become the next step's start (the reference
+        stays the initial model), and the AdamW that took the step carries on, as TRL's optimizer does
+        from one generation batch to the next. Every cached phase result is dropped."""
+        self.optimizer = self._last_optimizer or self.optimizer
+        self.start_from_current_weights()
+
+    def start_from_current_weights(self, optimizer_state: dict | None = None) -> None:
+        """The policy's weights as they are now become the step's start (a resumed training run loads
+        them from a checkpoint first), with an AdamW restored from `optimizer_state` where given."""
+        self.initial_state = copy.deepcopy(self.policy.state_dict())
+        self._policy_dirty = False
+        self.at_reference = False
+        if optimizer_state is not None:
+            self.optimizer = new_optimizer(self.policy, optimization_of(self.cfg))
+            self.optimizer.load_state_dict(optimizer_state)
+        self.result = StepRun(self.cfg)
+
+    def update_rows(self, keep: torch.Tensor) -> StepRun:
+        """The last run with its update taken on the kept samples only (TracIn-selected GRPO): their loss
+        normalised over themselves, as the seeds' trainers did."""
+        run = self.result
+        done = {"rollout": run.rollout.rows(keep), "logprobs": run.logprobs.rows(keep),
+                "advantages": dataclasses.replace(run.advantages, values=run.advantages.values[keep])}
+        t0 = time.perf_counter()
+        result = run_update(self, run.config, done, run, run.prompt_set)
+        timings = {**run.timings, "update": PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())}
+        self.result = dataclasses.replace(run, update=result, timings=timings, rerun=("update",))
+        return self.result
 
     def run(self, cfg: StepConfig | None = None, until: str = "evaluation", base: StepRun | None = None,
             prompt_set: str = "train", remember: bool = True) -> StepRun:
@@ -142,7 +175,9 @@ class GRPOStep:
 
 def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rollout:
     step.restore_policy()
-    return rollout(step.policy, step.loaded.tokenizer, step.task.prompts(prompt_set, cfg.num_prompts),
+    offset = cfg.prompt_offset if prompt_set == "train" else 0
+    prompts = step.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
+    return rollout(step.policy, step.loaded.tokenizer, prompts,
                    num_generations=cfg.num_generations,
                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                    pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast)
@@ -153,7 +188,8 @@ def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, pro
     scoring = scoring_of(cfg)
     same_scoring = (base.logprobs is not None and base.rollout is done["rollout"]
                     and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring))  # e.g. only the mask changed
-    return compute_logprobs(step.policy, step.loaded.reference, done["rollout"], scoring, reference_is_policy=True,
+    return compute_logprobs(step.policy, step.loaded.reference, done["rollout"], scoring,
+                            reference_is_policy=step.at_reference,
                             scored=base.logprobs if same_scoring else None, fast=cfg.fast)
 
 
@@ -190,15 +226,39 @@ def run_loss(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_
 
 
 def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
+    """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`)
+    with the AdamW carried from the previous steps."""
     step.restore_policy()
     step._policy_dirty = True
     lp = done["logprobs"]
+    step._last_optimizer = step.optimizer or new_optimizer(step.policy, optimization_of(cfg))
     return update(step.policy, done["rollout"], lp, done["advantages"].values, scoring_of(cfg),
-                  loss_spec_of(cfg), optimization_of(cfg), old_logps=lp.policy if needs_old_logps(cfg) else None,
-                  sampler_ratio=done["loss"].sampler_ratio,
-                  sampler_logps=done["rollout"].sampler_logps if cfg.vllm_importance_sampling_correction else None,
+                  loss_spec_of(cfg), optimization_of(cfg), **update_context(cfg, done["rollout"], lp),
+                  optimizer=step._last_optimizer,
                   num_iterations=cfg.num_iterations,
                   per_sample_grad_norms=cfg.per_sample_grad_norms, fast=cfg.fast)
+
+
+def update_context(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> dict:
+    """The tensors `update` takes besides the rollout: pi_old's log-probs (or None) and the sampler's."""
+    corrected = cfg.vllm_importance_sampling_correction
+    return dict(old_logps=lp.policy if needs_old_logps(cfg) else None,
+                sampler_ratio=sampler_correction(cfg, rollout, lp)[0],
+                sampler_logps=rollout.sampler_logps if corrected else None)
+
+
+def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:
+    """The optimizer passes of `run.update` as they would read under `cfg`, recomputed from the log-probs
+    each pass scored (no model call), where `cfg` changes loss-phase fields only and that is exact
+    (`update.reevaluate_passes`: every pass but the last sends the same token gradients under both); else None.
+    At mu = 2 with pass 1 on-policy, the clip range and delta qualify; beta or the loss type do not."""
+    changed = [f.name for f in dataclasses.fields(StepConfig) if getattr(cfg, f.name) != getattr(run.config, f.name)]
+    if run.update is None or not all(StepConfig.phase_of(f) == "loss" for f in changed):
+        return None
+    lp, num_items = run.logprobs, run.logprobs.mask.sum()
+    sides = [(loss_spec_of(c), {**update_context(c, run.rollout, lp), "num_items_in_batch": num_items})
+             for c in (run.config, cfg)]
+    return reevaluate_passes(run.update, lp, run.advantages.values, *sides)
 
 
 def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:

@@ -69,6 +69,11 @@ class StepResult:
     optimizer_steps: int = 1
 
 
+def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optimization.learning_rate,
+                             weight_decay=optimization.weight_decay)
+
+
 def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]]:
     """S lists of rows, in order."""
     size = num_samples // steps_per_generation
@@ -156,37 +161,85 @@ def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int
                       torch.cat(per_sample) if per_sample else torch.tensor([]))
 
 
-def iteration_record(passes: list[MicroBatch], losses: list[float], grad_norms: list[float], logprobs, advantages,
-                     loss: LossSpec, old_logps, sampler_ratio, sampler_logps, num_items_in_batch) -> Iteration:
-    """What one pass did, recomputed from its detached log-probs, micro-batch by micro-batch as TRL logs it."""
-    parts: list[LossBreakdown] = []
-    for mb in passes:
-        r = mb.rows
-        parts.append(compute_loss(mb.logps, None if old_logps is None else old_logps[r], logprobs.reference[r],
-                                  advantages[r], logprobs.mask[r], entropies=mb.entropies,
-                                  sampler_ratio=None if sampler_ratio is None else sampler_ratio[r],
-                                  sampler_logps=None if sampler_logps is None else sampler_logps[r],
-                                  num_items_in_batch=num_items_in_batch, **loss.kwargs()))
+def micro_batch_losses(logps: torch.Tensor, entropies: torch.Tensor, logprobs: TokenLogProbs,
+                       advantages: torch.Tensor, loss: LossSpec, *, old_logps=None, sampler_ratio=None,
+                       sampler_logps=None, num_items_in_batch=None) -> list[LossBreakdown]:
+    """Each micro-batch's loss as `backward` takes it (its normalisation, its entropy quantile), from a
+    pass's (N, C) log-probs and entropies, which may require grad; the model is not run."""
+    mask, pick = logprobs.mask, lambda t, rows: None if t is None else t[rows]
+    parts = []
+    for rows in micro_batches(len(mask), loss.steps_per_generation):
+        weights = loss_weights(mask[rows], loss.loss_type, loss.max_completion_length,
+                               num_items_in_batch=num_items_in_batch,
+                               gradient_accumulation_steps=loss.gradient_accumulation_steps,
+                               steps_per_generation=loss.steps_per_generation)
+        parts.append(compute_loss(logps[rows], pick(old_logps, rows), logprobs.reference[rows], advantages[rows],
+                                  mask[rows], entropies=entropies[rows], sampler_ratio=pick(sampler_ratio, rows),
+                                  sampler_logps=pick(sampler_logps, rows), weights=weights,
+                                  entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
+                                  **loss.kwargs()))
+    return parts
+
+
+def iteration_record(logps: torch.Tensor, entropies: torch.Tensor, losses: list[float], grad_norms: list[float],
+                     logprobs, advantages, loss: LossSpec, **context) -> Iteration:
+    """What one pass did, recomputed from its detached (N, C) log-probs, micro-batch by micro-batch as TRL logs it."""
+    parts = micro_batch_losses(logps, entropies, logprobs, advantages, loss, **context)
     cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
     keys = parts[0].metrics.keys()
-    return Iteration(logps=torch.cat([mb.logps for mb in passes]), entropies=torch.cat([mb.entropies for mb in passes]),
+    return Iteration(logps=logps, entropies=entropies,
                      ratio=cat("ratio"), importance_weight=cat("importance_weight"), clipped=cat("clipped"),
                      trained=cat("trained"), per_token_loss=cat("per_token_loss"),
                      losses=tuple(losses), grad_norms=tuple(grad_norms),
                      metrics={k: sum(p.metrics[k] for p in parts) / len(parts) for k in keys})
 
 
+def token_gradients(it: Iteration, logprobs, advantages, loss: LossSpec, **context) -> tuple[torch.Tensor, ...]:
+    """(N, C) d loss / d logp and d loss / d entropy of each token in one pass: all the model's backward
+    receives, so two specs with equal token gradients take the same optimizer step."""
+    logps, entropies = it.logps.clone().requires_grad_(True), it.entropies.clone().requires_grad_(True)
+    total = sum(p.loss for p in micro_batch_losses(logps, entropies, logprobs, advantages, loss, **context))
+    return tuple(torch.zeros_like(x) if g is None else g
+                 for x, g in zip((logps, entropies), torch.autograd.grad(total, (logps, entropies), allow_unused=True)))
+
+
+def reevaluate_passes(result: StepResult, logprobs, advantages, before: tuple[LossSpec, dict],
+                      after: tuple[LossSpec, dict]) -> tuple[Iteration, ...] | None:
+    """The passes of `result` (taken under the loss spec and context `before`) recomputed under `after`
+    from the log-probs each pass scored, without running the model; None where that is not exact.
+    Pass k+1 scores the weights the first k passes left, which are the same when every earlier pass sends
+    the same token gradients under both specs (e.g. a clip range changed while every earlier ratio was 1).
+    The last pass's step is not re-taken: its grad_norms are NaN, its losses recomputed."""
+    for it in result.iterations[:-1]:
+        old, new = (token_gradients(it, logprobs, advantages, spec, **ctx) for spec, ctx in (before, after))
+        if not all(torch.equal(a, b) for a, b in zip(old, new)):
+            return None
+    spec, context = after
+    GA, passes = spec.gradient_accumulation_steps, []
+    for k, it in enumerate(result.iterations):
+        values = [p.loss.item() for p in micro_batch_losses(it.logps, it.entropies, logprobs, advantages, spec,
+                                                            **context)]
+        losses = [sum(values[w:w + GA]) for w in range(0, len(values), GA)]
+        last = k == len(result.iterations) - 1
+        grad_norms = [float("nan")] * len(losses) if last else list(it.grad_norms)
+        passes.append(iteration_record(it.logps, it.entropies, losses, grad_norms, logprobs, advantages, spec,
+                                       **context))
+    return tuple(passes)
+
+
 def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
            loss: LossSpec, optimization: Optimization, *, old_logps: torch.Tensor | None = None,
            sampler_ratio: torch.Tensor | None = None, sampler_logps: torch.Tensor | None = None,
-           num_iterations: int = 1, per_sample_grad_norms: bool = True, fast: bool = True) -> StepResult:
+           num_iterations: int = 1, per_sample_grad_norms: bool = True, fast: bool = True,
+           optimizer: torch.optim.Optimizer | None = None) -> StepResult:
     """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
     (N, C) or None (on-policy); `sampler_ratio` ((N, C) or (N, 1)) and `sampler_logps` (N, C) when the
-    sampler correction is on."""
+    sampler correction is on. `optimizer`: an AdamW over the model's parameters carried from earlier
+    steps (training); None: a fresh one (`new_optimizer`)."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
-    optimizer = torch.optim.AdamW(params, lr=optimization.learning_rate, weight_decay=optimization.weight_decay)
+    optimizer = optimizer or new_optimizer(model, optimization)
     max_norm = optimization.max_grad_norm if optimization.max_grad_norm > 0 else float("inf")
     S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
     batches = micro_batches(rollout.num_samples, S)
@@ -207,7 +260,9 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
             losses.append(sum(mb.value for mb in done))
         if it == 0 and per_sample_grad_norms:
             norms = torch.cat([mb.per_sample_grad_norms for mb in passes])
-        iterations.append(iteration_record(passes, losses, grad_norms, logprobs, advantages, loss, **context))
+        iterations.append(iteration_record(torch.cat([mb.logps for mb in passes]),
+                                           torch.cat([mb.entropies for mb in passes]), losses, grad_norms,
+                                           logprobs, advantages, loss, **context))
     optimizer.zero_grad(set_to_none=True)
     update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
     first = iterations[0]

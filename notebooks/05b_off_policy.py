@@ -296,9 +296,11 @@ print(f"largest |log ratio| with identical weights: readable {f['fixed, readable
 # ## Try it
 #
 # mu, the clip range, delta, the loss type, the importance-sampling level, the sampler correction and its
-# mode, and the top-entropy quantile, on this notebook's rollout. A change re-runs only what it touches: a
-# loss-side control the loss and the update, `num_iterations` the update alone; the rollout and its
-# scoring stay cached. The panel shows each optimizer pass's clip ratio and entropy.
+# mode, and the top-entropy quantile, on this notebook's rollout. A change re-runs only what it touches:
+# `num_iterations` the update alone; at mu >= 2 the clip range and delta the loss, with the passes re-read
+# from their cached log-probs (pass 1 is on-policy, so they cannot move what pass 2 scores), any other
+# loss-side control the loss and the update; at mu = 1 the loss alone. The rollout and its scoring stay
+# cached. The panel shows each optimizer pass's clip ratio and entropy.
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.ui.widgets import OFF_POLICY_FIELDS, StepPanel

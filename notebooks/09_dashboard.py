@@ -22,8 +22,12 @@
 # The panel also holds TRL 1.16's off-policy controls: `num_iterations` (mu, optimizer passes over one
 # rollout), the clip range `epsilon_low`/`epsilon_high`, `delta` ("off" is None), the
 # `importance_sampling_level`, the sampler correction (`vllm_importance_sampling_correction` and its mode)
-# and `top_entropy_quantile`. Since `num_iterations` is read by the update, the panel runs the update too,
-# and its status line shows each pass's `clip_ratio/region_mean` and `entropy` (TRL's names).
+# and `top_entropy_quantile`. With `num_iterations` at 2 or more the panel runs the update too, and its
+# status line shows each pass's `clip_ratio/region_mean` and `entropy` (TRL's names); at 1 the only pass is
+# on-policy (ratio exactly 1, every clip ratio 0), so the panel stops at the loss. A change of the clip range
+# or `delta` then re-reads the passes' cached log-probs instead of re-running them: the first pass is
+# on-policy, so they cannot change the weights the second pass scores (checked per change:
+# `grpo_debug.step.passes_under` re-reads only where every earlier pass's token gradients are unchanged).
 
 # %%
 from grpo_debug.notebook import setup
@@ -37,7 +41,8 @@ from grpo_debug.config import StepConfig
 from grpo_debug.paths import DEFAULT_MODEL
 from grpo_debug.step import GRPOStep
 
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4)
+cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4,
+                 per_sample_grad_norms=False)  # shown in notebook 06, not here: the update skips them
 step = GRPOStep(cfg)
 
 # %% tags=["nbval-ignore-output"]

@@ -1,6 +1,9 @@
 """Widget callbacks are plain functions: they re-run only what a field touches, within the latency targets."""
 
+import math
+
 import pytest
+import torch
 
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTION_MODES
@@ -97,7 +100,7 @@ def test_preset_menu_switches_every_loss_side_field_and_shows_it(step):
     assert step.cfg == CFG
 
 
-# ---- the off-policy controls: the default panel has num_iterations, so it runs the update too
+# ---- the off-policy controls: the default panel has num_iterations, so it runs the update once mu >= 2
 
 @pytest.fixture(scope="module")
 def panel(step):
@@ -108,6 +111,8 @@ def panel(step):
 def test_the_off_policy_controls_take_their_options_from_the_config():
     assert set(OFF_POLICY_FIELDS) <= set(DEFAULT_FIELDS) and "loss_type" in DEFAULT_FIELDS
     assert panel_until(DEFAULT_FIELDS) == "update" and panel_until(PITFALL_FIELDS) == "loss"
+    assert panel_until(DEFAULT_FIELDS, CFG) == "loss"  # mu = 1: one on-policy pass, nothing for the clip range
+    assert panel_until(DEFAULT_FIELDS, CFG.replace(num_iterations=2)) == "update"
     values = lambda control: [v for _, v in control.options]
     assert values(make_control("loss_type", "grpo")) == list(LOSS_TYPES)
     assert values(make_control("importance_sampling_level", "token")) == list(IMPORTANCE_SAMPLING_LEVELS)
@@ -134,7 +139,7 @@ def test_the_off_policy_controls_take_their_options_from_the_config():
 def test_an_off_policy_control_sets_its_field_and_reruns_only_what_it_touches(panel, field, value, expected):
     step = panel.step
     before = step.result
-    assert before.update is not None and step.cfg == CFG
+    assert before.update is None and step.cfg == CFG and panel.until == "loss"  # mu = 1
     panel.controls[field].value = value  # through the widget
     run = step.result
     assert getattr(step.cfg, field) == expected and step.cfg == CFG.replace(**{field: expected})
@@ -143,9 +148,33 @@ def test_an_off_policy_control_sets_its_field_and_reruns_only_what_it_touches(pa
         assert list(run.rerun) == ["update"] and run.loss is before.loss
         assert len(run.update.iterations) == 2
     else:
-        assert list(run.rerun) == ["loss", "update"] and run.loss is not before.loss
-    assert run.update is not before.update and f"re-ran <b>{', '.join(run.rerun)}</b>" in panel.status.value
+        assert list(run.rerun) == ["loss"] and run.loss is not before.loss and run.update is None
+    assert f"re-ran <b>{', '.join(run.rerun)}</b>" in panel.status.value
     panel.controls[field].value = make_control(field, getattr(CFG, field)).value  # back
+    assert step.cfg == CFG
+
+
+@pytest.mark.parametrize("field,value", [("epsilon_high", 4.0), ("epsilon_low", 0.01), ("delta", 1.01)])
+def test_at_mu_2_a_clip_range_change_rereads_the_passes_exactly(panel, field, value):
+    """Pass 1 is on-policy, so the clip range cannot change what pass 2 scores: the panel re-reads the
+    passes' cached log-probs, and every number equals a full re-run of the update."""
+    step = panel.step
+    panel.controls["num_iterations"].value = 2
+    result = panel.on_change(field, value)
+    assert result.rerun == ["loss", "passes re-read"] and result.run.update is None
+    full = step.run(step.cfg, until="update", remember=False)
+    for reread, taken in zip(result.passes, full.update.iterations, strict=True):
+        assert reread.metrics == pytest.approx(taken.metrics, abs=1e-7)
+        assert torch.equal(reread.clipped, taken.clipped) and torch.equal(reread.logps, taken.logps)
+        assert reread.losses == pytest.approx(taken.losses, rel=1e-6)
+    assert all(math.isnan(g) for g in result.passes[-1].grad_norms)  # the last step itself is not re-taken
+    assert summary(result.run, result.passes)["iteration_2/clip_ratio/region_mean"] == \
+        full.update.iterations[1].metrics["clip_ratio/region_mean"]
+    beta = panel.on_change("beta", 0.1)  # pass 1's gradient changes: pass 2 scores other weights
+    assert beta.rerun == ["loss", "update"] and beta.passes is None
+    panel.on_change("beta", CFG.beta)
+    panel.on_change(field, getattr(CFG, field))
+    panel.controls["num_iterations"].value = 1
     assert step.cfg == CFG
 
 
@@ -167,14 +196,15 @@ def test_the_summary_shows_entropy_and_the_clip_ratio_of_each_pass(panel):
     assert shown["iteration_2/clip_ratio/region_mean"] > 0
     assert "iteration_2/clip_ratio/region_mean" in panel.status.value
     wide = panel.on_change("epsilon_high", 4.0)  # a wider clip range cuts fewer tokens in the second pass
-    assert wide.rerun == ["loss", "update"]
-    assert summary(wide.run)["iteration_2/clip_ratio/region_mean"] < shown["iteration_2/clip_ratio/region_mean"]
+    assert wide.rerun == ["loss", "passes re-read"]
+    assert summary(wide.run, wide.passes)["iteration_2/clip_ratio/region_mean"] < \
+        shown["iteration_2/clip_ratio/region_mean"]
     cispo = panel.on_change("loss_type", "cispo")  # cispo logs its own clip ratio
     assert "iteration_2/cispo_clip_ratio" in summary(cispo.run)
     panel.on_change("loss_type", CFG.loss_type)
     panel.on_change("epsilon_high", CFG.epsilon_high)
     panel.controls["num_iterations"].value = 1
-    assert step.cfg == CFG and list(summary(step.result)) == [k for k in shown if not k.startswith("iteration_2")]
+    assert step.cfg == CFG and list(summary(step.result)) == [k for k in shown if not k.startswith("iteration_")]
 
 
 def test_a_refused_combination_keeps_the_config_and_says_why(panel):
@@ -187,7 +217,7 @@ def test_a_refused_combination_keeps_the_config_and_says_why(panel):
     assert panel.controls["vllm_importance_sampling_correction"].value is False  # the control went back
     panel.controls["vllm_importance_sampling_mode"].value = "token_mask"
     panel.controls["vllm_importance_sampling_correction"].value = True
-    assert step.cfg.vllm_importance_sampling_correction and step.last_rerun == ["loss", "update"]
+    assert step.cfg.vllm_importance_sampling_correction and step.last_rerun == ["loss"]  # mu = 1: no update
     for field in ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "loss_type"):
         panel.controls[field].value = getattr(CFG, field)
     assert step.cfg == CFG

@@ -5,9 +5,11 @@ cached rollout, and redraws.
 Each control's options come from the field's metadata: a dropdown of its `choices`, a slider over its
 allowed range (`low`/`high`; an upper end is set here where the field has none), a checkbox for a bool, and
 for a field that may be None (`delta`) a dropdown whose first entry "off" stands for None. A panel with an
-update-phase control (`num_iterations`) runs the update too, so that the off-policy controls (the clip
-range, delta, the importance-sampling level) act on something: at the loss phase pi == pi_old and the
-ratio is exactly 1; from the second optimizer pass on it is not."""
+update-phase control (`num_iterations`) runs the update too once num_iterations >= 2, so that the
+off-policy controls (the clip range, delta, the importance-sampling level) act on something: in the first
+pass pi == pi_old and the ratio is exactly 1 (every clip ratio 0, as the loss phase shows); from the second
+pass on it is not. A change of the clip range or delta then re-reads the passes' cached log-probs instead
+of re-running them, where that is exact (`step.passes_under`)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from . import plots
 from ..tracin.influence import (PARAMETER_SETS, VAL_ADVANTAGES, VAL_LOSSES, VAL_SOURCES, ZERO_TOLERANCE, InfluenceChoice,
                         InfluenceExplorer, sign_fractions)
 from ..config import PRESETS, StepConfig
-from ..step import GRPOStep, StepRun
+from ..step import GRPOStep, StepRun, passes_under
+from ..update import Iteration
 from .tables import per_sample
 
 FIELDS = StepConfig.__dataclass_fields__
@@ -81,6 +84,7 @@ class ChangeResult:
     run: StepRun
     rerun: list[str]
     seconds: float
+    passes: tuple[Iteration, ...] | None = None  # the update's passes when re-read, not re-run (`passes_under`)
 
 
 def apply_change(step: GRPOStep, field: str, value, until: str = "loss") -> ChangeResult:
@@ -121,17 +125,19 @@ def make_control(field: str, value) -> W.Widget:
 ITERATION_METRICS = ("clip_ratio/region_mean", "cispo_clip_ratio", "entropy")  # TRL's names, those the loss type logs
 
 
-def summary(run: StepRun) -> dict[str, float]:
-    """The panel's numbers; with the update, each optimizer pass's clip ratio and entropy (`iteration_k/`,
-    TRL's metric names): the first pass is on-policy (ratio 1), the clip range bites from the second."""
+def summary(run: StepRun, passes: tuple[Iteration, ...] | None = None) -> dict[str, float]:
+    """The panel's numbers; with the update (or its `passes` re-read), each optimizer pass's clip ratio and
+    entropy (`iteration_k/`, TRL's metric names): the first pass is on-policy (ratio 1), the clip range
+    bites from the second."""
     lp, adv, loss = run.logprobs, run.advantages, run.loss
     out = {"max |sampler - recomputed|": lp.max_sampler_gap, "EOS inside mask": lp.eos_kept,
            "reward": adv.reward, "frac_reward_zero_std": adv.frac_reward_zero_std,
            "max |advantage|": adv.max_abs_advantage, "loss": loss.loss.item(), "kl": loss.metrics["kl"]}
     if "entropy" in loss.metrics:
         out["entropy"] = loss.metrics["entropy"]
-    if run.update is not None:
-        for k, iteration in enumerate(run.update.iterations, start=1):
+    passes = passes if passes is not None else run.update.iterations if run.update is not None else ()
+    if passes:
+        for k, iteration in enumerate(passes, start=1):
             out.update({f"iteration_{k}/{name}": iteration.metrics[name] for name in ITERATION_METRICS
                         if name in iteration.metrics})
     return out
@@ -145,18 +151,34 @@ FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn onl
 }
 
 
-def panel_until(fields: list[str]) -> str:
-    """The last phase a panel runs: the update when one of its fields is read by the update, else the loss."""
-    return "update" if any(StepConfig.phase_of(f) == "update" for f in fields) else "loss"
+def panel_until(fields: list[str], cfg: StepConfig | None = None) -> str:
+    """The last phase a panel runs: the update when one of its fields is read by the update (and, given
+    `cfg`, there is a second pass for the clip range to act on: num_iterations >= 2), else the loss."""
+    reads_update = any(StepConfig.phase_of(f) == "update" for f in fields)
+    return "update" if reads_update and (cfg is None or cfg.num_iterations > 1) else "loss"
+
+
+def change_panel(step: GRPOStep, field: str, value, until: str, updated: StepRun | None) -> ChangeResult:
+    """`apply_change`, but where the panel shows the update and `updated` (its last run with the update)
+    can be re-read under the change (`passes_under`), the loss alone re-runs and the passes are re-read."""
+    cfg = step.cfg.replace(**{field: value})
+    if until == "update" and updated is not None and updated.config.num_iterations == cfg.num_iterations:
+        start = time.perf_counter()
+        passes = passes_under(updated, cfg)
+        if passes is not None:
+            run = step.run(cfg, until="loss")
+            return ChangeResult(run, [*step.last_rerun, "passes re-read"], time.perf_counter() - start, passes)
+    return apply_change(step, field, value, until)
 
 
 class StepPanel:
     """Every toggle in one panel; results redrawn below it after each change. `until`: the last phase each
-    change runs (default: `panel_until(fields)`)."""
+    change runs (default: `panel_until(fields, config)`, decided again at each change)."""
 
     def __init__(self, step: GRPOStep, fields: list[str] = DEFAULT_FIELDS, until: str | None = None):
-        self.step, self.until = step, until or panel_until(fields)
-        step.run(step.cfg, until=self.until)
+        self.step, self.fields, self.fixed_until = step, list(fields), until
+        self.updated: StepRun | None = None  # the last run with the update, whose passes a change may re-read
+        self._run(step.cfg)
         self.controls = {f: make_control(f, getattr(step.cfg, f)) for f in fields}
         self.preset = W.Dropdown(options=[*PRESETS, "custom"], value=step.cfg.preset_name() or "custom",
                                  description="preset")
@@ -169,13 +191,29 @@ class StepPanel:
         self.preset.observe(lambda change: self.on_preset(change["new"]), names="value")
         self.redraw(ChangeResult(step.result, [], 0.0))
 
+    def until_for(self, cfg: StepConfig) -> str:
+        return self.fixed_until or panel_until(self.fields, cfg)
+
+    @property
+    def until(self) -> str:
+        return self.until_for(self.step.cfg)
+
+    def _run(self, cfg: StepConfig) -> StepRun:
+        run = self.step.run(cfg, until=self.until_for(cfg))
+        self.updated = run if run.update is not None else None
+        return run
+
     def on_change(self, field: str, value) -> ChangeResult | None:
         """Apply a control's value (None where the config refuses it: the control goes back, the status
         says why, nothing re-runs)."""
         if self._syncing:
             return None
         try:
-            result = apply_change(self.step, field, config_value(field, value), self.until)
+            value = config_value(field, value)
+            until = self.until_for(self.step.cfg.replace(**{field: value}))
+            result = change_panel(self.step, field, value, until, self.updated)
+            if result.passes is None:  # re-ran: the passes shown are this run's, if any
+                self.updated = result.run if result.run.update is not None else None
         except ValueError as error:  # e.g. vespo with a sequence-level sampler correction
             self._show_config()
             self.status.value = f"<b>{html.escape(str(error))}</b>; nothing re-ran"
@@ -187,7 +225,8 @@ class StepPanel:
     def on_preset(self, name: str) -> ChangeResult | None:
         if self._syncing or name == "custom":
             return None
-        result = apply_preset(self.step, name, self.until)
+        result = apply_preset(self.step, name, self.until_for(self.step.cfg.with_preset(name)))
+        self.updated = result.run if result.run.update is not None else None
         self._show_config()
         self.redraw(result)
         return result
@@ -213,7 +252,7 @@ class StepPanel:
     def redraw(self, result: ChangeResult) -> None:
         run = result.run
         self.status.value = (f"re-ran <b>{', '.join(result.rerun) or 'nothing'}</b> in {result.seconds:.2f} s; "
-                             + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run).items()))
+                             + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run, result.passes).items()))
         for name in self.stale_figures(run):
             phase, draw = FIGURES[name]
             self.drawn[name] = getattr(run, phase)
