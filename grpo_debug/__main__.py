@@ -1,10 +1,13 @@
-"""`python -m grpo_debug step [--set key=value ...] [--json out.json]`: one GRPO step, phase by phase."""
+"""`python -m grpo_debug step [--set key=value ...] [--json out.json]`: one GRPO step, phase by phase.
+`python -m grpo_debug train --steps K --arm NAME[:key=value,...] ... --seeds S --json out.json`: short
+training runs, arms paired by seed (`grpo_debug.train`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 
 import torch
@@ -12,6 +15,7 @@ import torch
 from .advantages import PHANTOM_STD
 from .config import PRESETS, StepConfig, describe_fields, parse_overrides
 from .step import GRPOStep, StepRun, metrics
+from .train import ARMS, parse_arm, train
 
 
 def _line(name: str, value, note: str = "") -> str:
@@ -73,6 +77,36 @@ def _jsonable(run: StepRun) -> dict:
             "per_sample_grad_norms": run.update.per_sample_grad_norms.tolist() if run.update else None}
 
 
+def train_command(parser, args) -> int:
+    try:
+        arms = [parse_arm(a) for a in args.arm]
+        base = StepConfig(**parse_overrides(args.set))
+    except ValueError as e:
+        parser.error(str(e))
+    progress = f"{args.json}.progress.jsonl"
+    results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
+                    progress, show_progress=not args.no_progress)
+    results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if sys.argv[1:2] == ["train"] else None
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+    print(summary_table(results))
+    return 0
+
+
+def summary_table(results: dict) -> str:
+    """The held-out reward per arm after K steps, and its difference from the first arm (95% intervals)."""
+    fmt = lambda d: f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+    arms = list(results["arms"])
+    lines = [f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), "
+             f"{results['eval_prompts']} test prompts (95% intervals over seeds and prompts)"]
+    for arm, row in results["summary"].items():
+        diff = row.get(f"minus_{arms[0]}")
+        lines.append(f"  {arm:18s} start {row['reward_start']:.4f}  final {fmt(row['reward_final'])}"
+                     + (f"  minus {arms[0]} {fmt(diff)}" if diff else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,8 +119,28 @@ def main(argv: list[str] | None = None) -> int:
                       help="StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1")
     step.add_argument("--json", help="write every number to this file")
     step.add_argument("--threads", type=int, default=1)
+    tr = sub.add_parser("train", help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="named arms: " + ", ".join(ARMS) + "\nStepConfig keys for --set and arm changes "
+                               "(KEY=VALUE):\n" + describe_fields())
+    tr.add_argument("--steps", type=int, required=True, help="K, GRPO steps per arm and seed")
+    tr.add_argument("--arm", action="append", required=True, metavar="NAME[:key=value,...]",
+                    help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
+                         "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=")
+    tr.add_argument("--seeds", type=int, default=1, help="S, seeds per arm (paired across arms)")
+    tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="StepConfig changes for every arm")
+    tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
+    tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")
+    tr.add_argument("--train-prompts", type=int, default=128,
+                    help="training prompts cycled through, B per step (the bundled chess tasks have 128)")
+    tr.add_argument("--json", required=True, help="the results; the progress file is PATH.progress.jsonl, "
+                                                  "resumed when it exists")
+    tr.add_argument("--threads", type=int, default=1)
+    tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.command == "train":
+        return train_command(parser, args)
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:

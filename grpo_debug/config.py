@@ -53,6 +53,8 @@ class StepConfig:
                        "recomputation", low=0, high=1, low_open=True)
     max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
     seed: int = _in("rollout", 0, "sampling seed", low=0)
+    prompt_offset: int = _in("rollout", 0, "the step's prompts are the task's prompts offset..offset+B-1 of the "
+                             "set (training step t: t x B)", low=0)
     generation: str = _in("rollout", "batched", "one generate call for B*G, or one call per prompt",
                           choices=("batched", "loop"))
     fast: bool = _in("rollout", True, "the fast paths (grpo_debug/fast/): the same numbers to float rounding; "

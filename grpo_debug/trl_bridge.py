@@ -47,10 +47,11 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
 
 
 def prompt_dataset(cfg: StepConfig, task: Task | None = None):
-    """The step's prompts (the task's first `cfg.num_prompts` train prompts) as TRL's `train_dataset`."""
+    """The step's prompts (the task's train prompts prompt_offset..prompt_offset+B-1) as TRL's `train_dataset`."""
     from datasets import Dataset
     task = task or load_task(cfg.task)
-    return Dataset.from_dict({"prompt": task.prompts("train", cfg.num_prompts)})
+    offset = cfg.prompt_offset
+    return Dataset.from_dict({"prompt": task.prompts("train", offset + cfg.num_prompts)[offset:]})
 
 
 def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:

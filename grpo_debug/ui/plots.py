@@ -266,3 +266,38 @@ def token_entropies(entropies: torch.Tensor, mask: torch.Tensor, kept: torch.Ten
     ax.set(xlabel="completion token", ylabel="entropy (nats)", title=title + " (dots: trained tokens)")
     ax.legend(fontsize=8)
     return _done(fig)
+
+
+def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean over seeds (band: 95% interval)"):
+    """curves: metric -> rows of `train.metric_curve` (arm, step, mean, low, high) for every arm; one panel
+    per metric, one line per arm with its interval band."""
+    fig, axes = _grid(len(curves), ncols=3, size=(4.2, 3.0))
+    for ax, (metric, rows) in zip(axes, curves.items()):
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            mine = [r for r in rows if r["arm"] == arm]
+            steps = [r["step"] for r in mine]
+            line, = ax.plot(steps, [r["mean"] for r in mine], marker="o" if len(mine) < 8 else None, ms=3,
+                            lw=1.2, label=arm)
+            ax.fill_between(steps, [r["low"] for r in mine], [r["high"] for r in mine], color=line.get_color(),
+                            alpha=0.15, lw=0)
+        ax.set(title=metric, xlabel="step")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _done(fig)
+
+
+def interval_rows(rows: dict[str, dict], xlabel: str, title: str):
+    """rows: label -> {"mean", "ci_low", "ci_high"}; one horizontal interval per row, zero marked; an
+    interval that excludes 0 in colour."""
+    labels = list(rows)
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(labels) + 1.3))
+    for y, label in enumerate(labels):
+        r = rows[label]
+        detected = r["ci_low"] > 0 or r["ci_high"] < 0
+        ax.errorbar([r["mean"]], [y], xerr=[[r["mean"] - r["ci_low"]], [r["ci_high"] - r["mean"]]], fmt="o",
+                    capsize=4, color="tab:red" if detected else "tab:gray")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel=xlabel, title=title)
+    return _done(fig)

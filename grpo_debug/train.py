@@ -1,0 +1,382 @@
+"""Beyond one step: K GRPO steps per arm, the arms paired, the held-out reward every E steps.
+
+An arm is a config (the `fixed` preset and its changes, or another preset) and, optionally, TracIn
+selection. Step t of seed s samples the training prompts t*B.. (cycling through `train_prompts`) with
+sampling seed `TRAIN_SEED_STRIDE * s + t` in every arm, so the arms differ only where their configs do.
+Each step is the engine's own phases (`GRPOStep.run` up to the update), then `GRPOStep.advance`: the
+updated weights become the next step's start, the reference stays the initial model, and one AdamW
+carries on from step to step as TRL's does (at a constant learning rate: TRL's default schedule decays
+it linearly to 0 over the run). Every `eval_every` steps, and before the first, the policy samples the
+task's test prompts (never a training or validation prompt) with fixed seeds, the same in every arm.
+
+TracIn-selected GRPO (seeds 000 and 001): each step, every sample's influence on a validation loss
+(same batch, or a random or top-k-by-reward set of fresh samples of the validation prompts), then the
+update on the selected samples only, their loss normalised over themselves as the seeds' trainers did.
+
+Results go to a JSON-lines progress file as they come, with the weights and AdamW state checkpointed at
+every evaluation, so an interrupted comparison resumes where it stopped and gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .config import StepConfig, parse_overrides
+from .diagnostics import triage_zero_loss
+from .evaluation import eval_prompts, eval_side
+from .step import GRPOStep, StepRun, metrics
+from .tracin.experiments import SELECTIONS, scores_for, select
+from .tracin.influence import (VAL_LOSSES, VAL_SOURCES, influence_scores, per_sample_train_gradients,
+                               validation_gradient, validation_pool, validation_set)
+
+TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
+LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean",
+          "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm", "loss", "completions/mean_length",
+          "completions/clipped_ratio",  # TRL's names, from `step.metrics`; then this suite's
+          "logps/max_sampler_gap")
+COMPARED = ("kl", "entropy", "completions/mean_length")  # step metrics compared with the first arm's at the end
+
+
+@dataclass(frozen=True)
+class Selection:
+    """TracIn-selected GRPO: which samples of each step's batch the update keeps."""
+    keep: str = "influence>0"  # tracin.experiments.SELECTIONS
+    source: str = "random"  # VAL_SOURCES: random or top-k fresh samples, or the batch itself (PPO's step_part_I)
+    size: int = 64  # random / topk: samples in the validation set (16 to 128)
+    kind: str = "seqloss-lastadv"  # VAL_LOSSES: the validation loss
+    flip_sign: bool = False  # seed 000's sign: the gradient of minus the validation loss
+    score: str = "tracin"  # SCORES: "tracin" (the SGD gradient dot product) or "adam" (the step AdamW takes)
+
+    def __post_init__(self):
+        for name, allowed in (("keep", SELECTIONS), ("source", VAL_SOURCES), ("kind", VAL_LOSSES),
+                              ("score", ("tracin", "adam"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"TracIn {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 16 <= self.size <= 128:
+            raise ValueError(f"TracIn validation size must be 16 to 128, got {self.size}")
+
+
+SELECTION_KEYS = {"select": "keep", "val_source": "source", "val_size": "size", "val_kind": "kind",
+                  "flip_sign": "flip_sign", "score": "score"}  # arm keys -> Selection fields
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    preset: str = "fixed"
+    changes: tuple[tuple[str, object], ...] = ()  # StepConfig fields on top of the preset
+    selection: Selection | None = None
+
+    def config(self, base: StepConfig) -> StepConfig:
+        return base.with_preset(self.preset).replace(**dict(self.changes))
+
+    def describe(self) -> dict:
+        return {"preset": self.preset, "changes": dict(self.changes),
+                "selection": dataclasses.asdict(self.selection) if self.selection else None}
+
+
+# the named arms: the pitfalls that change the gradient, one at a time, and TracIn-selected GRPO as the seeds ran it
+ARMS = {
+    "fixed": Arm("fixed"),
+    "trl": Arm("trl", preset="trl"),
+    "no_temperature": Arm("no_temperature", changes=(("logprob_temperature", False),)),
+    "eos_dropped": Arm("eos_dropped", changes=(("mask", "drop_eos_and_pad"),)),
+    "dropout": Arm("dropout", changes=(("dropout", True),)),
+    "no_position_ids": Arm("no_position_ids", changes=(("position_ids", False),)),
+    "k1": Arm("k1", changes=(("kl_estimator", "k1"),)),
+    "reinforce": Arm("reinforce", changes=(("loss_type", "reinforce_sum"),)),
+    "tracin": Arm("tracin", selection=Selection()),  # influence > 0 on a random 64, the right sign
+    "tracin_same_batch": Arm("tracin_same_batch", selection=Selection(source="same_batch")),
+    "tracin_flipped": Arm("tracin_flipped", selection=Selection(flip_sign=True)),
+    "tracin_top16": Arm("tracin_top16", selection=Selection(source="topk", size=16)),
+    "tracin_random128": Arm("tracin_random128", selection=Selection(source="random", size=128)),
+    "dapo": Arm("dapo", changes=(("loss_type", "dapo"),)),
+    "identical_groups": Arm("identical_groups", changes=(("temperature", 0.05),)),  # every group one completion
+}
+
+
+def parse_arm(text: str) -> Arm:
+    """NAME[:key=value,...]: a named arm (`ARMS`; else `fixed`) with StepConfig changes, `preset=`, and the
+    TracIn keys select=, val_source=, val_size=, val_kind=, flip_sign=, score= (any of them turns TracIn on)."""
+    name, _, rest = text.partition(":")
+    if not name:
+        raise ValueError(f"arm {text!r} has no name: NAME[:key=value,...]")
+    arm = ARMS.get(name, Arm(name))
+    pairs = [p for p in rest.split(",") if p] if rest else []
+    if any("=" not in p for p in pairs):
+        raise ValueError(f"arm {text!r}: each change is key=value, got {rest!r}")
+    raw = dict(p.split("=", 1) for p in pairs)
+    preset = raw.pop("preset", arm.preset)
+    picked = {SELECTION_KEYS[k]: raw.pop(k) for k in list(raw) if k in SELECTION_KEYS}
+    changes = {**dict(arm.changes), **parse_overrides([f"{k}={v}" for k, v in raw.items()])}
+    selection = arm.selection
+    if picked:
+        typed = {k: (v.lower() == "true" if k == "flip_sign" else int(v) if k == "size" else v) for k, v in picked.items()}
+        selection = dataclasses.replace(selection or Selection(), **typed)
+    out = Arm(name, preset, tuple(sorted(changes.items())), selection)
+    out.config(StepConfig())  # refuse a bad combination now, not at step 40
+    return out
+
+
+def step_config(base: StepConfig, arm: Arm, seed: int, t: int, train_prompts: int) -> StepConfig:
+    """Step t of seed `seed`: the same prompts and sampling seed in every arm; the batches of B cycle
+    through the first `train_prompts` training prompts (an epoch every train_prompts // B steps)."""
+    B = base.num_prompts
+    return arm.config(base).replace(seed=TRAIN_SEED_STRIDE * seed + t, prompt_offset=(t % (train_prompts // B)) * B)
+
+
+def influence(step: GRPOStep, run: StepRun, sel: Selection) -> tuple[torch.Tensor, float]:
+    """(N,) each training sample's influence on the validation loss, and that loss."""
+    cfg = run.config
+    if sel.source == "same_batch":
+        val = validation_set(run, "same_batch")
+    else:
+        pool = validation_pool(step.run, cfg, sel.size * (2 if sel.source == "topk" else 1))
+        val = validation_set(run, sel.source, sel.size, pool)
+    val_loss, val_grad = validation_gradient(step.policy, val, cfg, sel.kind, sel.flip_sign)
+    train = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
+    scores = influence_scores(train, val_grad) if sel.score == "tracin" else \
+        scores_for(train.gradients(), val_grad, cfg, sel.score)
+    return scores, val_loss
+
+
+def train_step(step: GRPOStep, cfg: StepConfig, sel: Selection | None) -> dict:
+    """One GRPO step of `step` under `cfg` (TracIn-selected when `sel`), then `advance`; its record."""
+    start = time.perf_counter()
+    if sel is None:
+        run = step.run(cfg, until="update")
+        extra = {}
+    else:
+        run = step.run(cfg, until="loss")
+        scores, val_loss = influence(step, run, sel)
+        keep = select(scores, sel.keep, cfg.seed)
+        if len(keep):
+            run = step.update_rows(keep)
+        extra = {"selected_fraction": len(keep) / len(scores), "val_loss": val_loss}
+    numbers = metrics(run)
+    record = {k: numbers[k] for k in LOGGED if k in numbers}
+    record.update(extra, triage=triage_zero_loss(run), seconds=time.perf_counter() - start)
+    step.advance()
+    return record
+
+
+def held_out(step: GRPOStep, base: StepConfig, prompts: int) -> dict:
+    """The policy's mean reward on the first `prompts` test prompts, sampled with the base config's seed."""
+    side = eval_side(step.policy, step.loaded.tokenizer, eval_prompts(step.task, prompts), base, step.task)
+    return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
+
+
+class Progress:
+    """The JSON-lines file of every record so far, and one checkpoint per (arm, seed) at its last evaluation."""
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path, self.header = Path(path), header
+        self.ckpt_dir = self.path.with_suffix(".ckpt")
+        lines = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+        if lines and lines[0] != {"header": header}:
+            raise ValueError(f"{self.path} holds another comparison ({lines[0]}); remove it or pick another path")
+        self.records = lines[1:]
+        if not lines:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({"header": header}) + "\n")
+
+    def remove(self) -> None:
+        if self.ckpt_dir.exists():
+            for path in self.ckpt_dir.iterdir():
+                path.unlink()
+            self.ckpt_dir.rmdir()
+        self.path.unlink(missing_ok=True)
+
+    def checkpoint(self, arm: str, seed: int) -> Path:
+        return self.ckpt_dir / f"{arm}-seed{seed}.pt"
+
+    def resume_point(self, arm: str, seed: int) -> int:
+        """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped."""
+        path = self.checkpoint(arm, seed)
+        done = torch.load(path, weights_only=False)["step"] if path.exists() else 0
+        stale = lambda r: r["arm"] == arm and r["seed"] == seed and r["step"] > done
+        if any(stale(r) for r in self.records):
+            self.records = [r for r in self.records if not stale(r)]
+            self.path.write_text("".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records]))
+        return done
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save(self, step: GRPOStep, arm: str, seed: int, t: int) -> None:
+        self.ckpt_dir.mkdir(exist_ok=True)
+        state = {"step": t, "policy": step.policy.state_dict(),
+                 "optimizer": step.optimizer.state_dict() if step.optimizer else None}
+        torch.save(state, self.checkpoint(arm, seed).with_suffix(".tmp"))
+        os.replace(self.checkpoint(arm, seed).with_suffix(".tmp"), self.checkpoint(arm, seed))
+
+    def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
+        state = torch.load(self.checkpoint(arm, seed), weights_only=False)
+        step.policy.load_state_dict(state["policy"])
+        step.start_from_current_weights(state["optimizer"])
+
+
+def run_arm(arm: Arm, seed: int, base: StepConfig, steps: int, eval_every: int, eval_prompts_n: int,
+            train_prompts: int, progress: Progress, bar) -> None:
+    step = GRPOStep(arm.config(base))
+    done = progress.resume_point(arm.name, seed)
+    if done:
+        progress.load(step, base, arm.name, seed)
+    else:
+        progress.add({"arm": arm.name, "seed": seed, "step": 0, "eval": held_out(step, base, eval_prompts_n)})
+    bar.update(done)
+    for t in range(done, steps):
+        record = train_step(step, step_config(base, arm, seed, t, train_prompts), arm.selection)
+        progress.add({"arm": arm.name, "seed": seed, "step": t + 1, **record})
+        if (t + 1) % eval_every == 0 or t + 1 == steps:
+            progress.add({"arm": arm.name, "seed": seed, "step": t + 1, "eval": held_out(step, base, eval_prompts_n)})
+            progress.save(step, arm.name, seed, t + 1)
+        bar.update(1)
+
+
+def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = None, eval_every: int = 5,
+          eval_prompts_n: int = 32, train_prompts: int = 128, progress_path: str | Path = "train.progress.jsonl",
+          show_progress: bool = True, keep_progress: bool = False) -> dict:
+    """Every arm for `steps` steps and `seeds` seeds (resuming from `progress_path`); the results. Once
+    every arm is done the progress file and its checkpoints are removed, unless `keep_progress`."""
+    base = base or StepConfig()
+    if len({a.name for a in arms}) != len(arms):
+        raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
+    if steps < 1 or seeds < 1 or eval_every < 1:
+        raise ValueError(f"steps, seeds and eval_every must be >= 1, got {steps}, {seeds}, {eval_every}")
+    if train_prompts < base.num_prompts:
+        raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
+    header = {"base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
+              "arms": {a.name: a.describe() for a in arms}, "eval_every": eval_every,
+              "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE}
+    progress = Progress(progress_path, header)
+    for arm in arms:
+        for seed in range(seeds):
+            with tqdm(total=steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
+                run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar)
+    order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
+    records = sorted((r for r in progress.records if r["step"] <= steps),
+                     key=lambda r: (order[r["arm"]], r["seed"], r["step"], "eval" in r))
+    if not keep_progress:
+        progress.remove()
+    return {**header, "steps": steps, "seeds": seeds, "records": records,
+            "summary": summarize(records, [a.name for a in arms], seeds, steps)}
+
+
+# ---- intervals: seeds and test prompts both vary, so resample both (seeds, then prompts within each seed)
+
+def bootstrap(values: torch.Tensor, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, 95% low, 95% high) of a (seeds, prompts) table's mean, resampling seeds then prompts."""
+    g = torch.Generator().manual_seed(seed)
+    S, P = values.shape
+    seeds = torch.randint(0, S, (resamples, S), generator=g)
+    prompts = torch.randint(0, P, (resamples, S, P), generator=g)
+    means = values[seeds.unsqueeze(-1), prompts].mean((1, 2))
+    return values.mean().item(), torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
+
+
+def eval_table(records: list[dict], arm: str, seeds: int, step: int) -> torch.Tensor | None:
+    rows = {r["seed"]: r["eval"]["per_prompt"] for r in records if "eval" in r and r["arm"] == arm and r["step"] == step}
+    return torch.tensor([rows[s] for s in range(seeds)]) if len(rows) == seeds else None
+
+
+def last_steps_mean(records: list[dict], arm: str, seeds: int, key: str, first: int, last: int) -> torch.Tensor | None:
+    """(seeds,) each seed's mean of a step metric over steps first..last."""
+    rows = [[r[key] for r in records if r["arm"] == arm and r["seed"] == s and first <= r["step"] <= last
+             and "eval" not in r and key in r] for s in range(seeds)]
+    return torch.tensor([sum(v) / len(v) for v in rows], dtype=torch.float64) if all(rows) else None
+
+
+def t_interval(x: torch.Tensor) -> dict:
+    """Mean and 95% Student's t interval over seeds (NaN bounds for one seed)."""
+    from scipy.stats import t as student
+    mean = x.mean().item()
+    half = student.ppf(0.975, len(x) - 1) * x.std().item() / math.sqrt(len(x)) if len(x) > 1 else math.nan
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def verdict(diff: dict, what: str = "held-out reward") -> str:
+    """A difference with its 95% interval, in words: 'no detectable effect' where the interval holds 0."""
+    numbers = f"{diff['mean']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}]"
+    if diff["ci_low"] > 0:
+        return f"{what} higher: {numbers}"
+    if diff["ci_high"] < 0:
+        return f"{what} lower: {numbers}"
+    return f"no detectable effect on {what}: {numbers}"
+
+
+def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> dict:
+    """Per arm: the held-out reward at the start and after `steps` (mean, 95% interval over seeds and
+    prompts) and its difference from the first arm, paired by seed and test prompt; the step metrics of
+    `COMPARED` averaged over the last quarter of the steps, minus the first arm's (Student's t over seeds)."""
+    out, ref = {}, eval_table(records, arms[0], seeds, steps)
+    window = (steps - max(1, steps // 4) + 1, steps)
+    for arm in arms:
+        start, final = eval_table(records, arm, seeds, 0), eval_table(records, arm, seeds, steps)
+        if final is None:
+            continue
+        row = {"reward_start": bootstrap(start)[0] if start is not None else math.nan,
+               "reward_final": dict(zip(("mean", "ci_low", "ci_high"), bootstrap(final)))}
+        if start is not None:
+            row["change_from_start"] = dict(zip(("mean", "ci_low", "ci_high"), bootstrap(final - start)))
+        if arm != arms[0] and ref is not None:
+            row[f"minus_{arms[0]}"] = dict(zip(("mean", "ci_low", "ci_high"), bootstrap(final - ref)))
+            row["verdict"] = verdict(row[f"minus_{arms[0]}"])
+            for key in COMPARED:
+                mine, theirs = (last_steps_mean(records, a, seeds, key, *window) for a in (arm, arms[0]))
+                if mine is not None and theirs is not None:
+                    row[f"{key} minus_{arms[0]}"] = t_interval(mine - theirs)
+        selected = last_steps_mean(records, arm, seeds, "selected_fraction", 1, steps)
+        if selected is not None:
+            row["selected_fraction"] = t_interval(selected)
+        out[arm] = row
+    return out
+
+
+def metric_curve(results: dict, arm: str, key: str) -> list[dict]:
+    """Per step: the mean over seeds of `key` ("eval/reward": the held-out reward) with its 95% interval
+    (the held-out reward: over seeds and test prompts; a step metric: Student's t over seeds, none for one
+    seed)."""
+    by_step: dict[int, list] = {}
+    for r in results["records"]:
+        if r["arm"] != arm:
+            continue
+        if key == "eval/reward" and "eval" in r:
+            by_step.setdefault(r["step"], []).append(r["eval"]["per_prompt"])
+        elif key in r:
+            by_step.setdefault(r["step"], []).append(r[key])
+    rows = []
+    for step, values in sorted(by_step.items()):
+        x = torch.tensor(values, dtype=torch.float64)
+        if key == "eval/reward":
+            mean, low, high = bootstrap(x)
+        else:
+            mean, low, high = t_interval(x).values()
+        rows.append({"arm": arm, "step": step, "mean": mean, "low": low, "high": high, "seeds": len(x)})
+    return rows
+
+
+def paired_difference(results: dict, arm: str, other: str, step: int | None = None) -> dict:
+    """The held-out reward of `arm` minus `other` at `step` (default: the last), paired by seed and test
+    prompt, with its 95% interval over seeds and prompts."""
+    step = results["steps"] if step is None else step
+    a, b = (eval_table(results["records"], name, results["seeds"], step) for name in (arm, other))
+    if a is None or b is None:
+        raise ValueError(f"no held-out reward of {arm!r} and {other!r} at step {step} for every seed")
+    return dict(zip(("mean", "ci_low", "ci_high"), bootstrap(a - b)))
+
+
+def base_config(results: dict) -> StepConfig:
+    """The StepConfig every arm of `results` started from (the header stores its non-default fields)."""
+    return StepConfig(**results["base"])

@@ -1,0 +1,139 @@
+"""Short training runs (`grpo_debug.train`): paired arms, the carried optimizer, resumption, TracIn arms,
+and the CLI's determinism."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo_debug.config import StepConfig
+from grpo_debug.train import (ARMS, Selection, bootstrap, metric_curve, parse_arm, step_config, train,
+                              verdict)
+
+BASE = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48, per_sample_grad_norms=False)
+TIMES = ("seconds",)
+
+
+def numbers(records):
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in records]
+
+
+def test_parse_arm_reads_names_changes_and_tracin_keys():
+    assert parse_arm("fixed") == ARMS["fixed"]
+    nodrop = parse_arm("nodrop:dropout=true,beta=0.1")
+    assert nodrop.name == "nodrop" and dict(nodrop.changes) == {"dropout": True, "beta": 0.1}
+    assert parse_arm("trl").config(BASE).preset_name() == "trl"
+    t = parse_arm("t16:select=top_half,val_source=topk,val_size=16,flip_sign=true")
+    assert t.selection == Selection(keep="top_half", source="topk", size=16, flip_sign=True)
+    for bad, says in [("x:beta=-1", "beta"), ("x:nonsense=1", "nonsense"), ("x:val_size=8", "16 to 128"),
+                      ("x:select=best", "keep"), ("x:beta", "key=value"), (":beta=1", "no name")]:
+        with pytest.raises(ValueError, match=says):
+            parse_arm(bad)
+
+
+def test_arms_share_prompts_and_sampling_seeds_per_step():
+    a, b = (step_config(BASE, parse_arm(n), seed=1, t=3, train_prompts=128) for n in ("fixed", "k1"))
+    assert (a.seed, a.prompt_offset) == (b.seed, b.prompt_offset) == (1003, 6)
+    assert a.replace(kl_estimator="k1") == b
+    assert step_config(BASE, ARMS["fixed"], 0, 65, 128).prompt_offset == 2  # 64 batches of 2: an epoch
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    path = tmp_path_factory.mktemp("train") / "p.jsonl"
+    return train([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts_n=4,
+                 progress_path=path, show_progress=False)
+
+
+def test_a_run_logs_trl_metrics_every_step_and_the_held_out_reward(three_steps):
+    steps = [r for r in three_steps["records"] if "eval" not in r]
+    assert [(r["arm"], r["step"]) for r in steps] == [(a, t) for a in ("fixed", "k1") for t in (1, 2, 3)]
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "grad_norm", "loss",
+                 "completions/mean_length", "clip_ratio/region_mean"):
+        assert all(name in r for r in steps), name
+    evals = [(r["arm"], r["step"]) for r in three_steps["records"] if "eval" in r]
+    assert evals == [(a, t) for a in ("fixed", "k1") for t in (0, 2, 3)]
+    first = {r["arm"]: r for r in steps if r["step"] == 1}  # same rollout at the same weights: same reward
+    assert first["fixed"]["reward"] == first["k1"]["reward"] and first["fixed"]["kl"] == 0.0
+    later = {r["arm"]: r for r in steps if r["step"] == 3}
+    assert later["fixed"]["kl"] > 0  # the policy moved away from the reference
+    row = three_steps["summary"]["k1"]
+    assert row["minus_fixed"]["ci_low"] <= row["minus_fixed"]["mean"] <= row["minus_fixed"]["ci_high"]
+    assert "held-out reward" in row["verdict"]
+    assert [r["step"] for r in metric_curve(three_steps, "fixed", "eval/reward")] == [0, 2, 3]
+
+
+def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
+    path = tmp_path / "p.jsonl"
+    train([ARMS["fixed"], parse_arm("k1")], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=path,
+          show_progress=False, keep_progress=True)
+    assert (tmp_path / "p.ckpt" / "fixed-seed0.pt").exists()
+    resumed = train([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts_n=4,
+                    progress_path=path, show_progress=False)
+    assert numbers(resumed["records"]) == numbers(three_steps["records"])
+    assert not path.exists() and not (tmp_path / "p.ckpt").exists()  # removed once complete
+    with pytest.raises(ValueError, match="another comparison"):
+        path.write_text(json.dumps({"header": {"other": 1}}) + "\n")
+        train([ARMS["fixed"]], 1, 1, BASE, progress_path=path, show_progress=False)
+
+
+def test_the_optimizer_carries_over_between_steps():
+    from grpo_debug.step import GRPOStep
+    step = GRPOStep(BASE)
+    for t in range(2):
+        step.run(step_config(BASE, ARMS["fixed"], 0, t, 128), until="update")
+        step.advance()
+    state = step.optimizer.state_dict()["state"]
+    assert {int(s["step"]) for s in state.values()} == {2}  # two AdamW steps on one optimizer, as TRL takes
+    assert step.result.update is None  # a new step starts from the updated weights
+
+
+def test_a_tracin_arm_records_the_fraction_it_selected(tmp_path):
+    arm = parse_arm("tr:select=influence>0,val_source=same_batch")
+    out = train([arm], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=tmp_path / "p.jsonl",
+                show_progress=False)
+    steps = [r for r in out["records"] if "eval" not in r]
+    assert all(0 <= r["selected_fraction"] <= 1 and "val_loss" in r for r in steps)
+    assert 0 <= out["summary"]["tr"]["selected_fraction"]["mean"] <= 1
+
+
+def test_verdicts_and_intervals():
+    assert verdict({"mean": 0.1, "ci_low": 0.02, "ci_high": 0.2}).startswith("held-out reward higher")
+    assert verdict({"mean": -0.1, "ci_low": -0.2, "ci_high": -0.01}).startswith("held-out reward lower")
+    assert verdict({"mean": 0.01, "ci_low": -0.02, "ci_high": 0.05}).startswith("no detectable effect")
+    mean, low, high = bootstrap(torch.tensor([[0.0, 1.0], [1.0, 2.0]]))
+    assert mean == 1.0 and low < mean < high
+
+
+def test_the_cli_writes_the_same_numbers_twice(tmp_path):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"out{k}.json"
+        cmd = [sys.executable, "-m", "grpo_debug", "train", "--steps", "2", "--arm", "fixed", "--arm",
+               "nodrop:dropout=true", "--seeds", "1", "--eval-prompts", "4", "--no-progress", "--json", str(out),
+               "--set", "num_prompts=2", "num_generations=4", "max_new_tokens=48"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert "held-out reward after 2 steps" in done.stdout and "nodrop" in done.stdout
+        outs.append(json.loads(out.read_text()))
+    assert numbers(outs[0]["records"]) == numbers(outs[1]["records"])
+    assert outs[0]["command"].startswith("python -m grpo_debug train --steps 2")
+    bad = subprocess.run([sys.executable, "-m", "grpo_debug", "train", "--steps", "2", "--arm", "x:beta=-1",
+                          "--json", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "beta" in bad.stderr
+
+
+def test_the_optimizer_aware_score_selects_too():
+    """score=adam: each sample scored by the step a fresh AdamW would take on it (materialised gradients)."""
+    from grpo_debug.step import GRPOStep
+    from grpo_debug.train import influence
+    step = GRPOStep(BASE)
+    run = step.run(step_config(BASE, ARMS["fixed"], 0, 0, 128), until="loss")
+    sgd, loss_sgd = influence(step, run, Selection(source="same_batch"))
+    adam, loss_adam = influence(step, run, Selection(source="same_batch", score="adam"))
+    assert sgd.shape == adam.shape == (run.rollout.num_samples,) and loss_sgd == loss_adam
+    assert torch.isfinite(adam).all() and not torch.allclose(sgd.double(), adam.double())
+    flipped, _ = influence(step, run, Selection(source="same_batch", flip_sign=True))
+    assert torch.allclose(flipped, -sgd, rtol=1e-5, atol=1e-12)  # seed 000's sign negates every score
