@@ -94,6 +94,28 @@ def train_command(parser, args) -> int:
     return 0
 
 
+def replay_command(parser, args) -> int:
+    from .replay import reproduction
+    try:
+        step = GRPOStep.from_capture(args.path, **parse_overrides(args.set))
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    run = step.run(until="update")
+    out = reproduction(run, step.capture, step.policy)
+    print(f"step {out['step']} of the captured run, replayed ({', '.join(args.set) or 'as captured'})")
+    print(f"{'metric':26s} {'TRL logged':>14s} {'replayed':>14s} {'difference':>12s}")
+    for k in out["logged"]:
+        print(f"{k:26s} {out['logged'][k]:14.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
+    print(f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
+          f"mean {out['logps']['mean_abs_difference']:.3g}")
+    for name, verdict in out["causes"].items():
+        print(f"{name:12s} {verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
 def summary_table(results: dict) -> str:
     """The held-out reward per arm after K steps, and its difference from the first arm (95% intervals)."""
     fmt = lambda d: f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
@@ -137,10 +159,19 @@ def main(argv: list[str] | None = None) -> int:
                                                   "resumed when it exists")
     tr.add_argument("--threads", type=int, default=1)
     tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    rp = sub.add_parser("replay", help="open a step captured from a TRL run (grpo_debug.capture) and compare "
+                                       "our recomputation with what TRL logged")
+    rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
+    rp.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="StepConfig changes on top of the capture's config (not rollout fields)")
+    rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
+    rp.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.command == "train":
         return train_command(parser, args)
+    if args.command == "replay":
+        return replay_command(parser, args)
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:

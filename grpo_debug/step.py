@@ -99,6 +99,13 @@ class GRPOStep:
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
 
+    @classmethod
+    def from_capture(cls, path, **changes) -> "GRPOStep":
+        """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`); the config
+        is the `trl` preset with the capture's GRPOConfig, plus `changes` (`replay.open_capture`)."""
+        from .replay import open_capture
+        return open_capture(path, **changes)
+
     @property
     def policy(self):
         return self.loaded.policy

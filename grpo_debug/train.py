@@ -380,3 +380,20 @@ def paired_difference(results: dict, arm: str, other: str, step: int | None = No
 def base_config(results: dict) -> StepConfig:
     """The StepConfig every arm of `results` started from (the header stores its non-default fields)."""
     return StepConfig(**results["base"])
+
+
+def merge_results(first: dict, second: dict) -> dict:
+    """Two comparisons run apart (to share a machine) as one, their arms paired: they must have the same
+    base config, steps, seeds and evaluation, and their shared arms must have logged the same numbers."""
+    same = ("base", "steps", "seeds", "eval_every", "eval_prompts", "train_prompts", "seed_stride")
+    if any(first[k] != second[k] for k in same):
+        raise ValueError(f"the two runs differ in {[k for k in same if first[k] != second[k]]}: not paired")
+    strip = lambda rs, arm: [{k: v for k, v in r.items() if k != "seconds"} for r in rs if r["arm"] == arm]
+    shared = [a for a in second["arms"] if a in first["arms"]]
+    for arm in shared:
+        if strip(first["records"], arm) != strip(second["records"], arm):
+            raise ValueError(f"arm {arm!r} logged other numbers in the two runs: not the same arm")
+    arms = {**first["arms"], **{a: d for a, d in second["arms"].items() if a not in shared}}
+    records = first["records"] + [r for r in second["records"] if r["arm"] not in shared]
+    return {**first, "arms": arms, "records": records, "command": [first["command"], second["command"]],
+            "summary": summarize(records, list(arms), first["seeds"], first["steps"])}

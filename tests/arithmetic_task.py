@@ -78,3 +78,20 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """The same tokenizer with a randomly initialised 2-layer Llama (rotary positions: left padding cannot
+    shift them), saved to `folder`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    build_tiny_model(folder, seed)  # the tokenizer (and a GPT-2 config, replaced below)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    for old in folder.glob("*.safetensors"):
+        old.unlink()
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder

@@ -1,0 +1,120 @@
+"""Capture a step of a real TRL GRPOTrainer run and replay it: our recomputation against what TRL logged."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_debug.capture import CaptureCallback
+from grpo_debug.config import StepConfig
+from grpo_debug.replay import load_capture
+from grpo_debug.step import GRPOStep
+from grpo_debug.trl_bridge import trl_trainer
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from arithmetic_task import arithmetic_task, build_tiny_llama  # noqa: E402
+
+EXACT = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
+
+
+def captured_run(cfg: StepConfig, out: Path, task=None, **overrides) -> Path:
+    """A real 2-step GRPOTrainer run on CPU with CaptureCallback(steps=[2]); the capture folder."""
+    trainer = trl_trainer(cfg, str(out), task, max_steps=2, **overrides)
+    callback = CaptureCallback(out / "captures", steps=[2])
+    trainer.add_callback(callback)
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2]
+    return out / "captures" / "step-2"
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-7
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)  # fixed: position_ids passed
+    return captured_run(cfg, tmp_path_factory.mktemp("bundled"), disable_dropout=True)
+
+
+def test_a_capture_is_a_self_contained_folder(bundled):
+    names = {p.name for p in bundled.iterdir()}
+    assert {"README.md", "capture.json", "batch.pt", "policy"} <= names
+    assert "python -m grpo_debug replay" in (bundled / "README.md").read_text()
+    size = sum(p.stat().st_size for p in bundled.rglob("*") if p.is_file())
+    assert size < 50 * 1024 ** 2, size
+    capture = load_capture(bundled)
+    meta, batch = capture.meta, capture.batch
+    assert meta["step"] == 2 and meta["logged"]["loss"] == meta["logged"]["loss"]  # TRL's logged numbers
+    assert meta["grpo_config"]["beta"] == 0.04 and meta["position_ids"] is True
+    assert set(meta["rewards"]) == {"rookworld"} and meta["reward_weights"] == {"rookworld": 1.0}
+    n = capture.num_samples
+    assert n == 8 and len(meta["completions"]) == n and batch["trainer_per_token_logps"].shape == batch["completion_ids"].shape
+    assert torch.allclose(torch.tensor(meta["advantages"]), batch["advantages"])
+
+
+def test_the_replay_reproduces_what_trl_logged(bundled):
+    from grpo_debug.replay import reproduction
+    step = GRPOStep.from_capture(bundled)
+    run = step.run(until="update")
+    out = reproduction(run, step.capture, step.policy)
+    for name in EXACT:
+        assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
+    assert out["logps"]["max_abs_difference"] < 1e-4
+    assert out["causes"]["positions"].startswith("absent") and out["causes"]["dropout"].startswith("absent")
+    assert run.config.preset_name() == "fixed" and run.config.beta == 0.04  # the run was the fixed preset in TRL
+
+
+def test_the_cli_writes_logged_and_replayed_and_takes_a_toggle(bundled, tmp_path):
+    runs = {}
+    for name, extra in (("as_captured", []), ("toggled", ["--set", "position_ids=false"])):
+        path = tmp_path / f"{name}.json"
+        done = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--json", str(path), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        runs[name] = json.loads(path.read_text())
+    assert set(runs["as_captured"]["logged"]) >= set(EXACT) and runs["as_captured"]["replayed"].keys() == runs["as_captured"]["logged"].keys()
+    assert runs["toggled"]["config"]["position_ids"] is False
+    # the bundled model has absolute positions and left-padded prompts: without position_ids the scores move
+    assert runs["toggled"]["logps"]["max_abs_difference"] > 1.0 > runs["as_captured"]["logps"]["max_abs_difference"]
+    bad = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--set", "temperature=0.5"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "rollout" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(tmp_path / "nowhere")],
+                             capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "not a capture" in missing.stderr
+
+
+def test_trls_own_defaults_are_replayed_with_their_causes_named(tmp_path):
+    """The trl preset: TRL's GRPOTrainer without position_ids, dropout on. The replay names both causes."""
+    from grpo_debug.replay import reproduction
+    cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)
+    capture = captured_run(cfg, tmp_path)
+    step = GRPOStep.from_capture(capture)
+    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    assert out["causes"]["positions"].startswith("present") and out["causes"]["dropout"].startswith("present")
+    for name in ("reward", "reward_std", "frac_reward_zero_std"):  # from the captured rewards: no dropout in them
+        assert close(out["replayed"][name], out["logged"][name])
+    assert not close(out["replayed"]["grad_norm"], out["logged"]["grad_norm"])  # other dropout masks than TRL's
+
+
+def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
+    from grpo_debug.replay import reproduction
+    from grpo_debug.task import register_task
+    folder = build_tiny_llama(tmp_path / "llama")
+    task = arithmetic_task()
+    register_task("arithmetic", lambda: task)
+    cfg = StepConfig(model=str(folder), task="arithmetic", num_prompts=2, num_generations=4, max_new_tokens=4,
+                     beta=0.04, fast=False, position_ids=False)  # TRL's own trainer: rotary positions need none
+    capture = captured_run(cfg, tmp_path / "run", task, disable_dropout=True)
+    meta = load_capture(capture).meta
+    assert set(meta["rewards"]) == set(task.reward_names) and list(meta["reward_weights"].values()) == [1.0, 0.5]
+    step = GRPOStep.from_capture(capture)
+    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    for name in EXACT:
+        assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
+    assert out["causes"]["positions"].startswith("absent: the model has no absolute position embeddings")
