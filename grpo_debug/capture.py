@@ -39,8 +39,9 @@ from transformers import TrainerCallback
 
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
            "ref_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio")
-# plus `trainer_per_token_logps`: the policy's log-probs of the batch by the trainer's own
-# `_get_per_token_logps_and_entropies`, as its loss takes them (TRL keeps them only when it needs pi_old)
+# plus `trainer_per_token_logps`: the policy's log-probs of each row as the trainer's loss of step k took them
+# (its own `_get_per_token_logps_and_entropies`, with gradients, dropout as it was), kept from that forward
+# and put back in generation order (TRL shuffles the rows first); NaN for a row step k did not train on
 MAX_WEIGHT_BYTES = 2 * 1024 ** 3
 
 
@@ -131,6 +132,16 @@ class CaptureCallback(TrainerCallback):
             return output
 
         trainer._generate_and_score_completions = generate_and_capture
+        score = trainer._get_per_token_logps_and_entropies
+
+        def score_and_keep(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+            out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            step = trainer.state.global_step + 1
+            if step in self.pending and torch.is_grad_enabled() and model is trainer.model:  # the loss's forward
+                self.pending[step]["scored"].append((input_ids.detach(), out[0].detach()))
+            return out
+
+        trainer._get_per_token_logps_and_entropies = score_and_keep
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer is None:
@@ -145,6 +156,7 @@ class CaptureCallback(TrainerCallback):
         if step in self.pending and logs and "loss" in logs:
             start = time.perf_counter()
             capture = self.pending.pop(step)
+            capture["tensors"]["trainer_per_token_logps"] = self._trainer_logps(capture)
             if state.is_world_process_zero:
                 self.written[step] = self._write(step, capture, dict(logs))
             self.seconds += time.perf_counter() - start
@@ -161,27 +173,33 @@ class CaptureCallback(TrainerCallback):
             return None
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
-    def _trainer_logps(self, output: dict) -> torch.Tensor:
-        """(N, C) the trainer's own scoring of the batch at the weights before the step (one forward)."""
-        t = self.trainer
-        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, mask, output["completion_ids"].shape[1],
-                                                               batch_size=t.args.per_device_train_batch_size)
-        return logps
+    def _trainer_logps(self, capture: dict) -> torch.Tensor:
+        """(N, C) the log-probs the loss of the step took, row by row in generation order (NaN: not trained on)."""
+        t, b = self.trainer, capture["tensors"]
+        rows = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
+        out = torch.full(b["completion_ids"].shape, float("nan"))
+        free = list(range(len(rows)))
+        if capture["scored"]:
+            ids = gathered(t, torch.cat([i for i, _ in capture["scored"]]))
+            logps = gathered(t, torch.cat([lp for _, lp in capture["scored"]])).float()
+            for row_ids, row_logps in zip(ids, logps):
+                match = next((j for j in free if torch.equal(rows[j], row_ids)), None)
+                if match is not None:  # identical rows (same prompt and completion) are interchangeable
+                    free.remove(match)
+                    out[match] = row_logps
+        return out
 
     def _batch(self, output: dict, weights) -> dict:
         t = self.trainer
         tensors = {k: gathered(t, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)}
-        tensors["trainer_per_token_logps"] = gathered(t, self._trainer_logps(output))
         n = len(tensors["completion_ids"])
         rewards = {name: list(t._logs["rewards"][name])[-n:] for name in t.reward_func_names}
         weights_of = t.reward_weights.tolist() if isinstance(t.reward_weights, torch.Tensor) else list(t.reward_weights)
         return {"tensors": tensors, "weights": weights, "prompts": list(t._logs["prompt"])[-n:],
                 "completions": list(t._logs["completion"])[-n:], "rewards": rewards,
                 "reward_weights": dict(zip(t.reward_func_names, weights_of)),
-                "advantages": list(t._logs["advantages"])[-n:], "processes": t.accelerator.num_processes}
+                "advantages": list(t._logs["advantages"])[-n:], "processes": t.accelerator.num_processes,
+                "scored": []}
 
     def _write(self, step: int, capture: dict, logged: dict) -> Path:
         import trl

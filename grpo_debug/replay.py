@@ -200,7 +200,7 @@ def causes(capture: Capture, model) -> dict[str, str]:
                       not g["disable_dropout"] else "absent: dropout off" + ("" if dropout else " (the model has none)"))
     if "sampling_per_token_logps" in b:
         mask = b["completion_mask"].bool()
-        gap = (b["sampling_per_token_logps"] - b["trainer_per_token_logps"]).abs()[mask].max().item()
+        gap = (b["sampling_per_token_logps"] - b["trainer_per_token_logps"]).abs()[mask].nan_to_num(0).max().item()
         out["sampler_gap"] = f"present: max |sampler - trainer| log-prob {gap:.3g}"
     else:
         out["sampler_gap"] = "absent: the trainer generated with its own model (no sampler log-probs)"
@@ -213,11 +213,13 @@ def reproduction(run, capture: Capture, model) -> dict:
     from .step import metrics
     ours, logged = metrics(run), capture.meta["logged"]
     keys = [k for k in COMPARED if k in logged and k in ours]
-    mask = capture.batch["completion_mask"].bool()
-    gap = (run.logprobs.policy - capture.batch["trainer_per_token_logps"].float()).abs()[mask]
+    trainer = capture.batch["trainer_per_token_logps"].float()
+    mask = capture.batch["completion_mask"].bool() & trainer.isfinite()  # rows step k trained on
+    gap = (run.logprobs.policy - trainer).abs()[mask]
     return {"step": capture.meta["step"], "config": {k: v for k, v in dataclasses.asdict(run.config).items()
                                                       if k not in ("model", "task")},
             "logged": {k: logged[k] for k in keys}, "replayed": {k: ours[k] for k in keys},
             "difference": {k: ours[k] - logged[k] for k in keys},
-            "logps": {"max_abs_difference": gap.max().item(), "mean_abs_difference": gap.mean().item()},
+            "logps": {"max_abs_difference": gap.max().item(), "mean_abs_difference": gap.mean().item(),
+                      "rows_compared": int(mask.any(1).sum())},
             "causes": causes(capture, model)}
