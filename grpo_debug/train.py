@@ -395,5 +395,5 @@ def merge_results(first: dict, second: dict) -> dict:
             raise ValueError(f"arm {arm!r} logged other numbers in the two runs: not the same arm")
     arms = {**first["arms"], **{a: d for a, d in second["arms"].items() if a not in shared}}
     records = first["records"] + [r for r in second["records"] if r["arm"] not in shared]
-    return {**first, "arms": arms, "records": records, "command": [first["command"], second["command"]],
+    return {**first, "arms": arms, "records": records, "command": [first.get("command"), second.get("command")],
             "summary": summarize(records, list(arms), first["seeds"], first["steps"])}

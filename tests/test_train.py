@@ -137,3 +137,21 @@ def test_the_optimizer_aware_score_selects_too():
     assert torch.isfinite(adam).all() and not torch.allclose(sgd.double(), adam.double())
     flipped, _ = influence(step, run, Selection(source="same_batch", flip_sign=True))
     assert torch.allclose(flipped, -sgd, rtol=1e-5, atol=1e-12)  # seed 000's sign negates every score
+
+
+def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_numbers(three_steps):
+    import copy
+    from grpo_debug.train import merge_results
+    first = {**copy.deepcopy(three_steps), "command": "a"}
+    second = {**copy.deepcopy(three_steps), "command": "b"}
+    second["arms"] = {"fixed": second["arms"]["fixed"], "k1_again": second["arms"]["k1"]}
+    for r in second["records"]:
+        r["arm"] = "k1_again" if r["arm"] == "k1" else r["arm"]
+    merged = merge_results(first, second)
+    assert list(merged["arms"]) == ["fixed", "k1", "k1_again"] and merged["command"] == ["a", "b"]
+    assert merged["summary"]["k1_again"]["minus_fixed"] == merged["summary"]["k1"]["minus_fixed"]
+    second["records"][1]["reward"] += 1e-6  # fixed's step-1 record
+    with pytest.raises(ValueError, match="other numbers"):
+        merge_results(first, second)
+    with pytest.raises(ValueError, match="steps"):
+        merge_results(first, {**second, "steps": 4})
