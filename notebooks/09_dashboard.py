@@ -35,6 +35,8 @@ setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+# A step captured from your own TRL run (`grpo_debug.capture`, notebook 10): the panel then acts on it.
+CAPTURE = None
 
 # %%
 from grpo_debug.config import StepConfig
@@ -43,7 +45,11 @@ from grpo_debug.step import GRPOStep
 
 cfg = StepConfig(model=MODEL or DEFAULT_MODEL, num_prompts=4, num_generations=4,
                  per_sample_grad_norms=False)  # shown in notebook 06, not here: the update skips them
-step = GRPOStep(cfg)
+if CAPTURE is not None:  # the capture's own config (the trl preset with its GRPOConfig) and batch
+    step = GRPOStep.from_capture(CAPTURE, per_sample_grad_norms=False)
+    cfg = step.cfg
+else:
+    step = GRPOStep(cfg)
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.ui.widgets import StepPanel

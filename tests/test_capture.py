@@ -118,3 +118,16 @@ def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["causes"]["positions"].startswith("absent: the model has no absolute position embeddings")
+
+
+def test_the_dashboard_acts_on_a_captured_step(bundled):
+    import contextlib
+    import io
+    from grpo_debug.ui.widgets import StepPanel
+    step = GRPOStep.from_capture(bundled, per_sample_grad_norms=False)
+    captured = step.result.rollout
+    with contextlib.redirect_stdout(io.StringIO()):
+        panel = StepPanel(step)
+        result = panel.on_change("beta", 0.1)
+    assert result.rerun == ["loss"] and step.result.rollout is captured and step.cfg.beta == 0.1
+    assert "loss = " in panel.status.value
