@@ -18,6 +18,17 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import arithmetic_task, build_tiny_llama  # noqa: E402
 
+@pytest.fixture(autouse=True, scope="module")
+def registry_restored():
+    """Opening a capture registers its task (capture:<path>): leave the registry as the other tests find it."""
+    import grpo_debug.task as task_module
+    factories, loaded = dict(task_module._FACTORIES), dict(task_module._LOADED)
+    yield
+    for registry, saved in ((task_module._FACTORIES, factories), (task_module._LOADED, loaded)):
+        registry.clear()
+        registry.update(saved)
+
+
 EXACT = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
 
 
