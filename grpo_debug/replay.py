@@ -24,14 +24,14 @@ import torch
 
 from .config import StepConfig
 from .task import Task, register_task
+from .trl_bridge import SAME_NAME as TRL_SAME_NAME
 
 COMPARED = ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
             "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")  # TRL's names
-SAME_NAME = ("beta", "loss_type", "epsilon_high", "scale_rewards", "delta", "importance_sampling_level",
-             "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef", "sapo_temperature_pos",
-             "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
-             "mask_truncated_completions", "num_iterations", "gradient_accumulation_steps", "steps_per_generation",
-             "temperature", "top_p", "num_generations", "learning_rate", "max_grad_norm", "weight_decay", "seed")
+# GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
+# batch layout and optimiser fields it sets explicitly
+SAME_NAME = TRL_SAME_NAME + ("steps_per_generation", "temperature", "top_p", "num_generations", "learning_rate",
+                             "max_grad_norm", "weight_decay", "seed")
 
 
 @dataclass(frozen=True)
