@@ -58,14 +58,20 @@ def find_trainer(cls=None):
     return None
 
 
-def gathered(trainer, tensor: torch.Tensor) -> torch.Tensor:
-    """Every process's rows of a per-process tensor (padded to the longest along dim 1), on the CPU."""
+def gathered(trainer, tensor: torch.Tensor, pad_first: bool = False, pad_index: float = 0) -> torch.Tensor:
+    """Every process's rows of a per-process tensor, in process order, on the CPU. Along dim 1 each is padded
+    to the longest: on the left (`pad_first`) for left-padded prompts, on the right for completions."""
     acc = trainer.accelerator
     if acc.num_processes > 1:
         if tensor.dim() > 1:
-            tensor = acc.pad_across_processes(tensor, dim=1, pad_index=0)
+            tensor = acc.pad_across_processes(tensor, dim=1, pad_index=pad_index, pad_first=pad_first)
         tensor = acc.gather(tensor)
     return tensor.detach().cpu()
+
+
+def gathered_batch_tensor(trainer, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    pad = trainer.processing_class.pad_token_id if name.endswith("_ids") else 0
+    return gathered(trainer, tensor, pad_first=name.startswith("prompt"), pad_index=pad or 0)
 
 
 def _jsonable(value):
@@ -137,8 +143,9 @@ class CaptureCallback(TrainerCallback):
         def score_and_keep(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
             out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             step = trainer.state.global_step + 1
-            if step in self.pending and torch.is_grad_enabled() and model is trainer.model:  # the loss's forward
-                self.pending[step]["scored"].append((input_ids.detach(), out[0].detach()))
+            policy = trainer.accelerator.unwrap_model(model)  # DDP wraps the policy in a multi-process run
+            if step in self.pending and torch.is_grad_enabled() and policy is self._model():  # the loss's forward
+                self.pending[step]["scored"].append((input_ids.detach().cpu(), out[0].detach().cpu()))
             return out
 
         trainer._get_per_token_logps_and_entropies = score_and_keep
@@ -174,24 +181,24 @@ class CaptureCallback(TrainerCallback):
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def _trainer_logps(self, capture: dict) -> torch.Tensor:
-        """(N, C) the log-probs the loss of the step took, row by row in generation order (NaN: not trained on)."""
-        t, b = self.trainer, capture["tensors"]
-        rows = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
-        out = torch.full(b["completion_ids"].shape, float("nan"))
+        """(N, C) the log-probs the loss of the step took, row by row in generation order (NaN: not trained on).
+        Each process matches the rows its loss scored to its own share of the batch; then the shares are gathered."""
+        local = capture["local"]
+        rows = torch.cat([local["prompt_ids"], local["completion_ids"]], dim=1)
+        out = torch.full(local["completion_ids"].shape, float("nan"))
         free = list(range(len(rows)))
-        if capture["scored"]:
-            ids = gathered(t, torch.cat([i for i, _ in capture["scored"]]))
-            logps = gathered(t, torch.cat([lp for _, lp in capture["scored"]])).float()
-            for row_ids, row_logps in zip(ids, logps):
+        for ids, logps in capture["scored"]:
+            for row_ids, row_logps in zip(ids.cpu(), logps.float().cpu()):
                 match = next((j for j in free if torch.equal(rows[j], row_ids)), None)
                 if match is not None:  # identical rows (same prompt and completion) are interchangeable
                     free.remove(match)
                     out[match] = row_logps
-        return out
+        return gathered(self.trainer, out, pad_index=float("nan"))
 
     def _batch(self, output: dict, weights) -> dict:
         t = self.trainer
-        tensors = {k: gathered(t, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)}
+        tensors = {k: gathered_batch_tensor(t, k, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)}
+        local = {k: output[k].detach().cpu() for k in ("prompt_ids", "completion_ids")}
         n = len(tensors["completion_ids"])
         rewards = {name: list(t._logs["rewards"][name])[-n:] for name in t.reward_func_names}
         weights_of = t.reward_weights.tolist() if isinstance(t.reward_weights, torch.Tensor) else list(t.reward_weights)
@@ -199,7 +206,7 @@ class CaptureCallback(TrainerCallback):
                 "completions": list(t._logs["completion"])[-n:], "rewards": rewards,
                 "reward_weights": dict(zip(t.reward_func_names, weights_of)),
                 "advantages": list(t._logs["advantages"])[-n:], "processes": t.accelerator.num_processes,
-                "scored": []}
+                "local": local, "scored": []}
 
     def _write(self, step: int, capture: dict, logged: dict) -> Path:
         import trl

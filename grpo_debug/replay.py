@@ -220,6 +220,7 @@ def reproduction(run, capture: Capture, model) -> dict:
                                                       if k not in ("model", "task")},
             "logged": {k: logged[k] for k in keys}, "replayed": {k: ours[k] for k in keys},
             "difference": {k: ours[k] - logged[k] for k in keys},
-            "logps": {"max_abs_difference": gap.max().item(), "mean_abs_difference": gap.mean().item(),
+            "logps": {"max_abs_difference": gap.max().item() if len(gap) else math.nan,
+                      "mean_abs_difference": gap.mean().item() if len(gap) else math.nan,
                       "rows_compared": int(mask.any(1).sum())},
             "causes": causes(capture, model)}

@@ -100,7 +100,7 @@ ARMS = {
     "tracin_top16": Arm("tracin_top16", selection=Selection(source="topk", size=16)),
     "tracin_random128": Arm("tracin_random128", selection=Selection(source="random", size=128)),
     "dapo": Arm("dapo", changes=(("loss_type", "dapo"),)),
-    "identical_groups": Arm("identical_groups", changes=(("temperature", 0.05),)),  # every group one completion
+    "identical_groups": Arm("identical_groups", changes=(("top_p", 1e-6),)),  # nucleus of one token: greedy
 }
 
 
@@ -200,10 +200,11 @@ class Progress:
         return self.ckpt_dir / f"{arm}-seed{seed}.pt"
 
     def resume_point(self, arm: str, seed: int) -> int:
-        """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped."""
+        """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped, and
+        with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
         path = self.checkpoint(arm, seed)
         done = torch.load(path, weights_only=False)["step"] if path.exists() else 0
-        stale = lambda r: r["arm"] == arm and r["seed"] == seed and r["step"] > done
+        stale = lambda r: r["arm"] == arm and r["seed"] == seed and (r["step"] > done or not done)
         if any(stale(r) for r in self.records):
             self.records = [r for r in self.records if not stale(r)]
             self.path.write_text("".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records]))

@@ -80,13 +80,22 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
     """The same tokenizer with a randomly initialised 2-layer Llama (rotary positions: left padding cannot
-    shift them), saved to `folder`."""
+    shift them), saved to `folder`. `chat`: the tokenizer also has a chat template, whose role markers are
+    special tokens."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     build_tiny_model(folder, seed)  # the tokenizer (and a GPT-2 config, replaced below)
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    if chat:
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>", "<|end|>"]})
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
@@ -95,3 +104,11 @@ def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
         old.unlink()
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def conversational(func):
+    """`func` as TRL calls it on a conversational dataset: prompts and completions are message lists."""
+    def reward(prompts, completions, **kwargs):
+        return func([p[-1]["content"] for p in prompts], [c[-1]["content"] for c in completions])
+    reward.__name__ = getattr(func, "__name__", type(func).__name__)
+    return reward

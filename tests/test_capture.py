@@ -142,3 +142,56 @@ def test_the_dashboard_acts_on_a_captured_step(bundled):
         result = panel.on_change("beta", 0.1)
     assert result.rerun == ["loss"] and step.result.rollout is captured and step.cfg.beta == 0.1
     assert "loss = " in panel.status.value
+
+
+def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
+    """A user's own script: GRPOTrainer on a conversational dataset (message lists), the tokenizer's chat
+    template applied by TRL, reward functions that read message lists. The replay scores the templated ids."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+    from arithmetic_task import ExactAnswer, arithmetic_prompts, conversational, format_reward
+    from grpo_debug.replay import reproduction
+    from grpo_debug.trl_bridge import grpo_config
+    folder = build_tiny_llama(tmp_path / "chat", chat=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    cfg = StepConfig(model=str(folder), num_prompts=2, num_generations=4, max_new_tokens=4, beta=0.04,
+                     position_ids=False)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in arithmetic_prompts("train", 2)]})
+    trainer = GRPOTrainer(model=str(folder), reward_funcs=[conversational(ExactAnswer()), conversational(format_reward)],
+                          args=grpo_config(cfg, str(tmp_path / "run"), max_steps=2, disable_dropout=True,
+                                           reward_weights=[1.0, 0.5]),
+                          train_dataset=dataset, processing_class=tokenizer)
+    trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[2]))
+    trainer.train()
+    capture = load_capture(tmp_path / "captures" / "step-2")
+    assert all(p in dataset["prompt"] for p in capture.meta["prompts"])  # TRL logged the message lists
+    assert isinstance(capture.meta["completions"][0], list) and capture.meta["completions"][0][0]["role"] == "assistant"
+    templated = tokenizer.apply_chat_template(capture.meta["prompts"][0], add_generation_prompt=True, tokenize=False)
+    prompt_ids = capture.batch["prompt_ids"][0][capture.batch["prompt_mask"][0].bool()]
+    assert tokenizer.decode(prompt_ids) == templated  # the trainer scored the template's tokens, role markers included
+    step = GRPOStep.from_capture(capture.path)
+    assert step.result.rollout.prompts[0] == capture.meta["prompts"][0][0]["content"]  # role markers are special tokens
+    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    for name in EXACT:
+        assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
+    assert out["logps"]["max_abs_difference"] < 1e-4
+
+
+def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
+    """torchrun, 2 CPU processes (gloo), each generating half the batch: the capture holds all B*G rows, and the
+    trainer's log-probs of each process's share are put back in place; the replay reproduces the logged step."""
+    from grpo_debug.replay import reproduction
+    folder = build_tiny_llama(tmp_path / "llama")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(TESTS / "capture_two_processes.py"), str(folder), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    capture = load_capture(tmp_path / "run" / "captures" / "step-2")
+    assert capture.meta["processes"] == 2 and capture.num_samples == 8
+    assert capture.batch["trainer_per_token_logps"].isfinite().all()  # every row matched on its own process
+    step = GRPOStep.from_capture(capture.path)
+    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    for name in EXACT:
+        assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
+    assert out["logps"]["rows_compared"] == 8 and out["logps"]["max_abs_difference"] < 1e-4

@@ -70,6 +70,9 @@ def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
     train([ARMS["fixed"], parse_arm("k1")], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=path,
           show_progress=False, keep_progress=True)
     assert (tmp_path / "p.ckpt" / "fixed-seed0.pt").exists()
+    with path.open("a") as f:  # k1 seed 0 was stopped after its step-0 evaluation, before any checkpoint
+        f.write(json.dumps({"arm": "k1", "seed": 0, "step": 0, "eval": {"reward": -1.0}}) + "\n")
+    (tmp_path / "p.ckpt" / "k1-seed0.pt").unlink()
     resumed = train([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts_n=4,
                     progress_path=path, show_progress=False)
     assert numbers(resumed["records"]) == numbers(three_steps["records"])
