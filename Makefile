@@ -2,6 +2,10 @@
 # `make test`: the same set-up, then every test: each notebook's .py and .ipynb in sync, pytest, nbval.
 # A second run skips what is already installed.
 PYTHON ?= python3
+# torch's and oneDNN's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
+# numbers (grpo_debug/__init__.py says why)
+export ATEN_CPU_CAPABILITY ?= avx2
+export ONEDNN_MAX_CPU_ISA ?= AVX2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

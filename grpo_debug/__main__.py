@@ -85,7 +85,7 @@ def train_command(parser, args) -> int:
         parser.error(str(e))
     progress = f"{args.json}.progress.jsonl"
     results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
-                    progress, show_progress=not args.no_progress)
+                    progress, show_progress=not args.no_progress, keep_progress=args.keep_progress)
     results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else None
     with open(args.json, "w") as f:
@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   "resumed when it exists")
     tr.add_argument("--threads", type=int, default=1)
     tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    tr.add_argument("--keep-progress", action="store_true",
+                    help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
+                         "then resumes from them instead of starting over")
     rp = sub.add_parser("replay", help="open a step captured from a TRL run (grpo_debug.capture) and compare "
                                        "our recomputation with what TRL logged")
     rp.add_argument("path", help="a capture folder, e.g. captures/step-2")

@@ -28,7 +28,6 @@ A capture is a folder holding:
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import time

@@ -11,7 +11,7 @@ import torch
 
 from .logprobs import chunked_logps
 from .config import StepConfig
-from .step import GRPOStep, StepRun, metrics, scoring_of
+from .step import GRPOStep, StepRun, scoring_of
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
@@ -86,6 +86,14 @@ def _timed_calls(score, repeats: int) -> tuple[torch.Tensor, float, float]:
     return logps, first, statistics.median(seconds)
 
 
+def inductor_vector_width_as_pinned() -> None:
+    """Inductor's C++ at torch's own kernel width: with torch pinned to AVX2 on an AVX512 machine
+    (grpo_debug/__init__.py), inductor's default AVX512 code crashed here (an out-of-range index)."""
+    import torch._inductor.config
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        torch._inductor.config.cpp.simdlen = 256
+
+
 def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend: str = "inductor") -> CompileComparison:
     """Score the step's cached rollout (its first `rows` samples) with the policy as it is and with
     `torch.compile(policy)`, as `step.cfg` says; time both and compare the numbers. The step is not re-run.
@@ -100,6 +108,7 @@ def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend:
         eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast)[0], repeats)
         torch._dynamo.reset()
         try:
+            inductor_vector_width_as_pinned()
             compiled_policy = torch.compile(step.policy, backend=backend)
             compiled, compiled_first, compiled_seconds = _timed_calls(
                 lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast)[0], repeats)

@@ -1,5 +1,6 @@
 """One call at the top of every notebook: the same numbers on every run (`setup`), and the step to walk (`open_step`)."""
 
+import os
 import warnings
 
 import matplotlib
@@ -11,6 +12,11 @@ import transformers
 def setup(threads: int = 1) -> None:
     """One torch thread (float sums in a fixed order), 4-digit pandas floats, a fixed figure style."""
     torch.set_num_threads(threads)
+    pinned = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    if pinned and torch.backends.cpu.get_cpu_capability() != pinned:
+        warnings.warn(f"torch runs its CPU kernels at {torch.backends.cpu.get_cpu_capability()}, not the pinned "
+                      f"{pinned}: it ran an op before grpo_debug was imported, so the numbers may differ from the "
+                      "stored outputs; import grpo_debug first")
     torch.use_deterministic_algorithms(True, warn_only=True)
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_colwidth", 70)
@@ -21,14 +27,27 @@ def setup(threads: int = 1) -> None:
     matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})
 
 
-def open_step(model: str | None = None, **fields):
-    """`setup()`, then the step a notebook walks: (cfg, step), cfg = `StepConfig(model=..., **fields)` on the
-    bundled model unless `model` names another (a folder, or a hub name where the hub is reachable)."""
+def open_step(model: str | None = None, capture: str | None = None, task: str | None = None, **fields):
+    """`setup()`, then the step a notebook walks: (cfg, step).
+
+    - `capture`: a step captured from your TRL run (`grpo_debug.capture`). The step is that batch under the
+      capture's own config (`GRPOStep.from_capture`), `fields` applied except rollout fields: the captured
+      rollout is fixed. `task`: your task plug-in (a registered name) with the run's reward functions, needed
+      only by the cells that sample new completions (evaluation, validation sets).
+    - otherwise `StepConfig(model=..., **fields)` on the bundled model unless `model` names another (a folder,
+      or a hub name where the hub is reachable), on the task `task` (default: the bundled chess task)."""
     from .config import StepConfig
     from .paths import DEFAULT_MODEL
     from .step import GRPOStep
     setup()
-    cfg = StepConfig(model=model or DEFAULT_MODEL, **fields)
+    if capture is not None:
+        kept = {k: v for k, v in fields.items() if StepConfig.phase_of(k) != "rollout"}
+        if kept != fields:
+            print(f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
+                  "capture's own here")
+        step = GRPOStep.from_capture(capture, task, **kept)
+        return step.cfg, step
+    cfg = StepConfig(model=model or DEFAULT_MODEL, **fields, **({"task": task} if task else {}))
     return cfg, GRPOStep(cfg)
 
 

@@ -105,22 +105,37 @@ def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
     return prompts, completions
 
 
-def captured_task(capture: Capture, tokenizer) -> Task:
-    """The capture as a task: its prompts are the train set, its reward functions replay their values."""
+def captured_task(capture: Capture, tokenizer, rewards_from: Task | None = None) -> Task:
+    """The capture as a task: its train prompts are the captured prompts. Its reward functions replay the
+    stored values, which exist for the captured completions only. With `rewards_from` (your own task plug-in:
+    the run's reward functions and your prompt sets) the functions are yours: new completions (the
+    evaluation, validation sets) can be rewarded too, on your validation and test prompts."""
     prompts, completions = captured_texts(capture, tokenizer)
     G = capture.meta["grpo_config"]["num_generations"]
+    names = list(capture.meta["rewards"])
+
+    def prompt_set(name: str, n: int) -> list[str]:
+        if name == "train" and n <= len(prompts):
+            return prompts[:n]
+        if rewards_from is not None and name != "train":
+            return rewards_from.prompts(name, n)
+        raise ValueError(f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts"
+                         + ("" if rewards_from else ": to sample new completions (evaluation, validation sets), "
+                            "open it with your task, GRPOStep.from_capture(path, task=NAME)"))
+
+    weights = [capture.meta["reward_weights"][name] for name in names]
+    if rewards_from is not None:
+        theirs = list(rewards_from.reward_weights or [1.0] * len(rewards_from.reward_funcs))
+        if list(rewards_from.reward_names) != names or theirs != weights:
+            raise ValueError(f"task {rewards_from.name!r} has the reward functions {list(rewards_from.reward_names)} "
+                             f"weighted {theirs}; the captured run had {names} weighted {weights}: not the run's task")
+        return Task(name=task_name(capture), prompts=prompt_set, reward_funcs=rewards_from.reward_funcs,
+                    reward_weights=rewards_from.reward_weights)
     funcs = []
     for name, values in capture.meta["rewards"].items():
         table = {(prompts[i // G], c): (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
                  for i, (c, v) in enumerate(zip(completions, values))}
         funcs.append(StoredReward(name, table))
-
-    def prompt_set(name: str, n: int) -> list[str]:
-        if name != "train" or n > len(prompts):
-            raise ValueError(f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts")
-        return prompts[:n]
-
-    weights = [capture.meta["reward_weights"][name] for name in capture.meta["rewards"]]
     return Task(name=task_name(capture), prompts=prompt_set, reward_funcs=tuple(funcs), reward_weights=tuple(weights))
 
 
@@ -142,9 +157,12 @@ def captured_rollout(capture: Capture, tokenizer):
                    identical_groups=groups, seconds=0.0)
 
 
-def open_capture(path: str | Path, **changes):
-    """A GRPOStep whose cached rollout is the captured batch, under `config_from_capture` (+ `changes`)."""
+def open_capture(path: str | Path, task: str | Task | None = None, **changes):
+    """A GRPOStep whose cached rollout is the captured batch, under `config_from_capture` (+ `changes`).
+    `task`: your task plug-in (a registered name or a Task) with the run's reward functions, for the phases
+    that sample new completions; without it the stored rewards are replayed (`captured_task`)."""
     from .model import LoadedModel, load_model
+    from .task import load_task
     from .step import GRPOStep, PhaseTiming, StepRun
     capture = load_capture(path)
     loaded = load_model(str(capture.path / "policy"))
@@ -153,7 +171,8 @@ def open_capture(path: str | Path, **changes):
         reference = load_model(reference_name).policy.eval()
         reference.requires_grad_(False)
         loaded = LoadedModel(loaded.policy, reference, loaded.tokenizer, loaded.name)
-    task = captured_task(capture, loaded.tokenizer)
+    yours = load_task(task) if isinstance(task, str) else task
+    task = captured_task(capture, loaded.tokenizer, yours)
     register_task(task.name, lambda: task)
     cfg = config_from_capture(capture, **changes)
     rollout_fields = [f.name for f in dataclasses.fields(StepConfig) if StepConfig.phase_of(f.name) == "rollout"
@@ -162,7 +181,7 @@ def open_capture(path: str | Path, **changes):
         raise ValueError(f"{rollout_fields} are rollout fields: a capture's rollout is the trainer's, fixed")
     step = GRPOStep(cfg, task=task, loaded=loaded)
     step.at_reference = reference_name is None  # beta = 0: no reference in TRL; here the policy's own copy
-    step.capture = capture
+    step.capture, step.stored_rewards = capture, yours is None
     step.result = StepRun(cfg, rollout=captured_rollout(capture, loaded.tokenizer),
                           timings={"rollout": PhaseTiming(0.0, 0.0)})
     return step
@@ -209,7 +228,8 @@ def causes(capture: Capture, model) -> dict[str, str]:
 
 def reproduction(run, capture: Capture, model) -> dict:
     """{"logged": TRL's numbers, "replayed": ours, "difference": ours - TRL's, "logps": our per-token
-    log-probs against the trainer's, "causes": `causes`}."""
+    log-probs against the trainer's, "rewards": per reward function, the largest |ours - captured| (0 when
+    the stored values are replayed; your functions' own drift when opened with your task), "causes": `causes`}."""
     from .step import metrics
     ours, logged = metrics(run), capture.meta["logged"]
     keys = [k for k in COMPARED if k in logged and k in ours]
@@ -223,4 +243,16 @@ def reproduction(run, capture: Capture, model) -> dict:
             "logps": {"max_abs_difference": gap.max().item() if len(gap) else math.nan,
                       "mean_abs_difference": gap.mean().item() if len(gap) else math.nan,
                       "rows_compared": int(mask.any(1).sum())},
-            "causes": causes(capture, model)}
+            "rewards": reward_drift(run.rewards, capture), "causes": causes(capture, model)}
+
+
+def reward_drift(rewards, capture: Capture) -> dict[str, float]:
+    """Per reward function, the largest |recomputed - captured| reward over the captured completions (a
+    function's None against None is 0, None against a number is inf)."""
+    out = {}
+    for name, values in capture.meta["rewards"].items():
+        ours = rewards.per_function[name]
+        stored = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
+        gap = (ours - stored).abs().nan_to_num(math.inf)
+        out[name] = torch.where(ours.isnan() & stored.isnan(), 0.0, gap).max().item()
+    return out

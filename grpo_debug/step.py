@@ -98,13 +98,16 @@ class GRPOStep:
         self.at_reference = True  # the policy's starting weights are the reference's (False once trained)
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
+        self.capture = None  # the Capture a replayed step was opened from (`from_capture`)
+        self.stored_rewards = False  # a capture opened without your task: rewards exist for its completions only
 
     @classmethod
-    def from_capture(cls, path, **changes) -> "GRPOStep":
+    def from_capture(cls, path, task=None, **changes) -> "GRPOStep":
         """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`); the config
-        is the `trl` preset with the capture's GRPOConfig, plus `changes` (`replay.open_capture`)."""
+        is the `trl` preset with the capture's GRPOConfig, plus `changes`. `task`: your task plug-in, for the
+        phases that sample new completions (`replay.open_capture`)."""
         from .replay import open_capture
-        return open_capture(path, **changes)
+        return open_capture(path, task, **changes)
 
     @property
     def policy(self):

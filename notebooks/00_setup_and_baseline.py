@@ -18,23 +18,27 @@
 #
 # One GRPO step on a RookWorld chess model, phase by phase. This notebook loads the model and measures
 # where it starts: its mean reward on held-out prompts it never saw in training, per reward component.
-# Every later notebook starts from a `StepConfig` like this one; none relies on state from another.
+# Every notebook opens its step the same way (`open_step`): on the bundled model, on a model of yours
+# (`MODEL`), or on a step captured from your own TRL run (`CAPTURE`); none relies on state from another.
 
 # %%
-from grpo_debug.notebook import setup
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+# Or a step captured from your own TRL run (`grpo_debug.capture`, notebook 10): its batch, under its config.
+CAPTURE = None
+# With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
+TASK = None
+cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, the same numbers on every run
 
 # %%
-from grpo_debug import load_model
-from grpo_debug.paths import DEFAULT_MODEL
+from grpo_debug.replay import has_dropout
 
-policy, reference, tokenizer = load_model(MODEL or DEFAULT_MODEL)
+policy, reference, tokenizer = step.loaded.policy, step.loaded.reference, step.loaded.tokenizer
 n_params = sum(p.numel() for p in policy.parameters())
-print(f"{type(policy).__name__}: {n_params / 1e6:.2f}M parameters, {policy.config.n_layer} layers, "
-      f"vocab {policy.config.vocab_size}, dropout {policy.config.resid_pdrop}")
+print(f"{type(policy).__name__}: {n_params / 1e6:.2f}M parameters, {policy.config.num_hidden_layers} layers, "
+      f"vocab {policy.config.vocab_size}, dropout layers: {has_dropout(policy)}")
 print("pad == eos:", tokenizer.pad_token_id == tokenizer.eos_token_id)
 assert not any(p.requires_grad for p in reference.parameters())
 
@@ -46,7 +50,10 @@ assert not any(p.requires_grad for p in reference.parameters())
 # %%
 from grpo_debug.chess.data import env_example, load_split, policy_example
 
-for prompt, truth in [policy_example(load_split("policy_eval")[0]), env_example(load_split("env_eval")[0])]:
+examples = [policy_example(load_split("policy_eval")[0]), env_example(load_split("env_eval")[0])]
+if CAPTURE is not None:  # your run's first prompt and completion instead
+    examples = [(step.result.rollout.prompts[0], step.result.rollout.completions[0])]
+for prompt, truth in examples:
     print(prompt + "|" + truth)
 
 # %% [markdown]
@@ -57,12 +64,9 @@ for prompt, truth in [policy_example(load_split("policy_eval")[0]), env_example(
 
 # %%
 import pandas as pd
-from grpo_debug.config import StepConfig
 from grpo_debug.evaluation import eval_side
-from grpo_debug.task import load_task
 
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-task = load_task(cfg.task)  # the bundled RookWorld task: prompt sets and reward functions
+task = step.task  # prompt sets and reward functions: the bundled RookWorld task unless CAPTURE/TASK say otherwise
 prompts = task.prompts("test", cfg.eval_prompts)
 print(f"{len(prompts)} test prompts ({sum(p.startswith('P:') for p in prompts)} P:, "
       f"{sum(p.startswith('A:') for p in prompts)} A:), {cfg.eval_samples} samples each at temperature {cfg.temperature}")

@@ -34,7 +34,11 @@ from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
-cfg, step = open_step(MODEL)  # setup() first: one torch thread, the same numbers on every run
+# Or a step captured from your own TRL run (`grpo_debug.capture`, notebook 10): its batch, under its config.
+CAPTURE = None
+# With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
+TASK = None
+cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, the same numbers on every run
 
 # %%
 run = step.run(cfg, until="rollout")

@@ -35,18 +35,20 @@ setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+# Or a step captured from your own TRL run (`grpo_debug.capture`, notebook 10): its batch, under its config.
+CAPTURE = None
+# With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
+TASK = None
 
 # %%
-from grpo_debug.config import StepConfig
-from grpo_debug.paths import DEFAULT_MODEL
-from grpo_debug.step import GRPOStep
+from grpo_debug.notebook import open_step
 
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-step = GRPOStep(cfg)
-run = step.run(cfg)
+cfg, step = open_step(MODEL, CAPTURE, TASK, per_sample_grad_norms=True)
+run = step.run(cfg, until="update")
 u = run.update
 print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}), update norm {u.update_norm:.4f}")
-assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3
+if CAPTURE is None:  # the bundled step: grpo at ratio 1 with the policy at the reference
+    assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3
 
 # %%
 from grpo_debug.ui import plots
@@ -60,12 +62,14 @@ plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 # %%
 zero = run.advantages.values == 0
 norms = u.per_sample_grad_norms
-print(f"{int(zero.sum())} samples with advantage 0: max gradient norm {norms[zero].max():.2g}; "
-      f"the others: median {norms[~zero].median():.3g}")
-assert norms[zero].max() < 1e-3 * norms[~zero].median()
+if zero.any() and (~zero).any():
+    print(f"{int(zero.sum())} samples with advantage 0: max gradient norm {norms[zero].max():.2g}; "
+          f"the others: median {norms[~zero].median():.3g}")
+if CAPTURE is None:  # the bundled step 0: the policy is the reference, so the KL term sends no gradient either
+    assert norms[zero].max() < 1e-3 * norms[~zero].median()
 
 # %%
-ev = run.evaluation
+ev = step.run(cfg).evaluation  # samples anew on the test prompts: under CAPTURE, needs TASK
 print(f"reward on the test prompts before {ev.before.reward:.4f} after {ev.after.reward:.4f}: "
       f"delta {ev.delta:+.4f}, 95% CI [{ev.ci_low:+.4f}, {ev.ci_high:+.4f}]")
 plots.eval_before_after(ev)

@@ -51,11 +51,13 @@ from grpo_debug.ui import plots
 
 EXPERIMENTS = DATA_DIR / "experiments"
 results = {name: json.loads((EXPERIMENTS / f"{name}.json").read_text())
-           for name in ("pitfalls", "tracin", "tracin_sets", "zero_loss")}
+           for name in ("pitfalls", "pitfalls_more", "tracin", "tracin_sets", "zero_loss")}
 for name, r in results.items():
     print(f"{name}: K = {r['steps']} steps, {r['seeds']} seeds, held-out reward every {r['eval_every']} steps on "
           f"{r['eval_prompts']} test prompts; base config {r['base']}\n  {r['command']}")
-# the TracIn arms ran as two comparisons sharing the machine; `fixed` logged the same numbers in both
+# the pitfall arms and the TracIn arms each ran as two comparisons sharing the machine; merge_results pairs
+# them only if `fixed` logged the same numbers in both
+results["pitfalls"] = merge_results(results.pop("pitfalls"), results.pop("pitfalls_more"))
 results["tracin"] = merge_results(results.pop("tracin"), results.pop("tracin_sets"))
 
 
@@ -175,9 +177,9 @@ for claim, a, b in claims:
 #   sum to 0. The KL is 0 at step 1, since the policy is the reference.
 # - `dapo`: the same rollout, normalised by tokens. The value is sized by how advantages correlate with
 #   lengths.
-# - `identical_groups`: sampling temperature 0.05, meant to make each group's completions, and so their
-#   rewards, identical. Whether it did is `frac_reward_zero_std`, printed below: at this temperature only some
-#   groups came out identical.
+# - `identical_groups`: nucleus sampling with top_p = 1e-6, which keeps only the most likely token: greedy
+#   decoding, so every group's completions, and so their rewards, are identical (`frac_reward_zero_std`,
+#   printed below) and every advantage is 0.
 #
 # The triage (`grpo_debug.diagnostics.triage_zero_loss`, notebook 08) gives its verdict at every step. The
 # last cell counts, over every seed, the step-1 losses that print as 0.0000 and the triage's verdicts.

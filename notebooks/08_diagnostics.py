@@ -25,14 +25,15 @@ setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
+# Or a step captured from your own TRL run (`grpo_debug.capture`, notebook 10): its batch, under its config.
+CAPTURE = None
+# With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
+TASK = None
 
 # %%
-from grpo_debug.config import StepConfig
-from grpo_debug.paths import DEFAULT_MODEL
-from grpo_debug.step import GRPOStep
+from grpo_debug.notebook import open_step
 
-cfg = StepConfig(model=MODEL or DEFAULT_MODEL)
-step = GRPOStep(cfg)
+cfg, step = open_step(MODEL, CAPTURE, TASK)
 from grpo_debug.diagnostics import triage_zero_loss
 run = step.run(cfg, until="update")
 print(triage_zero_loss(run))

@@ -41,6 +41,7 @@ from grpo_debug.notebook import setup
 setup()  # one torch thread: the same numbers on every run
 
 CAPTURE = None  # a capture folder ("captures/step-2") opens your step instead of the demo run below
+TASK = None  # your registered task (the run's reward functions), for the notebooks' cells that sample anew
 
 # %% tags=["nbval-ignore-output"]
 import tempfile
@@ -73,7 +74,7 @@ import pandas as pd
 from grpo_debug.replay import reproduction
 from grpo_debug.step import GRPOStep
 
-step = GRPOStep.from_capture(CAPTURE)
+step = GRPOStep.from_capture(CAPTURE, TASK)
 run = step.run(until="update")
 report = reproduction(run, step.capture, step.policy)
 table = pd.DataFrame({"TRL logged": report["logged"], "replayed": report["replayed"],

@@ -4,6 +4,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")  # as grpo_debug pins them, before any torch op (see its __init__)
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (trl_probes)
 
 import pytest
@@ -18,3 +20,14 @@ def scorer():
     scorer = bundled_scorer()  # the one the registered chess tasks use
     yield scorer
     scorer.close()
+
+
+@pytest.fixture(scope="module")
+def task_registry_restored():
+    """Opening a capture registers its task (capture:<path>): leave the registry as the other tests find it."""
+    import grpo_debug.task as task_module
+    factories, loaded = dict(task_module._FACTORIES), dict(task_module._LOADED)
+    yield
+    for registry, saved in ((task_module._FACTORIES, factories), (task_module._LOADED, loaded)):
+        registry.clear()
+        registry.update(saved)

@@ -18,15 +18,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import arithmetic_task, build_tiny_llama  # noqa: E402
 
-@pytest.fixture(autouse=True, scope="module")
-def registry_restored():
-    """Opening a capture registers its task (capture:<path>): leave the registry as the other tests find it."""
-    import grpo_debug.task as task_module
-    factories, loaded = dict(task_module._FACTORIES), dict(task_module._LOADED)
-    yield
-    for registry, saved in ((task_module._FACTORIES, factories), (task_module._LOADED, loaded)):
-        registry.clear()
-        registry.update(saved)
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 
 EXACT = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
@@ -195,3 +187,22 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["logps"]["rows_compared"] == 8 and out["logps"]["max_abs_difference"] < 1e-4
+
+
+def test_new_completions_need_your_task_and_get_its_rewards(bundled):
+    """Stored rewards exist for the captured completions only: an evaluation (new samples on test prompts)
+    is refused with what to do, and works once the capture is opened with the run's own task."""
+    from grpo_debug.replay import reproduction
+    stored = GRPOStep.from_capture(bundled, eval_prompts=4, eval_samples=2)
+    assert stored.stored_rewards
+    with pytest.raises(ValueError, match=r"from_capture\(path, task=NAME\)"):
+        stored.run()
+    yours = GRPOStep.from_capture(bundled, StepConfig().task, eval_prompts=4, eval_samples=2)
+    run = yours.run()
+    assert not yours.stored_rewards and run.evaluation is not None and len(run.evaluation.after.completions) == 8
+    out = reproduction(run, yours.capture, yours.policy)
+    assert out["rewards"] == {"rookworld": 0.0}  # the task's functions give the stored rewards back exactly
+    with pytest.raises(ValueError, match="not the run's task"):
+        from arithmetic_task import arithmetic_task
+        from grpo_debug.replay import open_capture
+        open_capture(bundled, arithmetic_task())
