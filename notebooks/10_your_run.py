@@ -110,3 +110,15 @@ print(f"re-ran: {list(toggled.rerun)}")
 print(f"without position_ids, the largest per-token log-prob moves by more than 1 nat: {moved.max().item() > 1.0}")
 print(f"loss changes: {toggled.update.loss != run.update.loss}; "
       f"grad_norm changes: {toggled.update.grad_norm != run.update.grad_norm}")
+
+# %% [markdown]
+# ## Your step in every notebook
+#
+# Every notebook from 00 to 09 (06b aside: it reads the committed training runs) has `MODEL`, `CAPTURE` and
+# `TASK` at its top. Set `CAPTURE` to the folder above and it walks your step instead of the bundled one: the
+# log-prob pitfalls of 02, the loss family of 05, the passes of 05b, the update of 06, the dashboard of 09.
+# Cells that sample new completions (the post-update evaluation, TracIn's validation sets) need rewards for
+# completions the run never saw: set `TASK` to your task plug-in, registered with
+# `grpo_debug.task.register_task`, holding the run's reward functions and your prompt sets. Without it those
+# cells stop with an error that says so. The prose describes the bundled step; the checks that hold only
+# there are skipped under a capture.

@@ -6,18 +6,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(--seeds 3 --eval-prompts 24 --threads 1 --no-progress --keep-progress
         --set num_prompts=4 num_generations=8 learning_rate=0.0002 per_sample_grad_norms=false)
-case "${1:-all}" in  # pitfalls | pitfalls_more | tracin | tracin_sets | zero_loss | all
+case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | zero_loss | all
   pitfalls|all)  # K = 36: the fixed arm's held-out reward did not move measurably at K = 12
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm trl --arm no_temperature \
       --arm eos_dropped --arm dropout "${COMMON[@]}" --json data/experiments/pitfalls.json ;;&
   pitfalls_more|all)  # the other pitfalls, a separate run sharing the machine; fixed is the same in both
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm no_position_ids --arm k1 \
       --arm reinforce "${COMMON[@]}" --json data/experiments/pitfalls_more.json ;;&
+  fixed_seeds|all)  # does the fixed arm itself move by K = 36? Its seed-to-seed spread needs more than 3 seeds
+    python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed "${COMMON[@]}" --seeds 8 \
+      --json data/experiments/fixed_seeds.json ;;&
   tracin|all)
-    python -m grpo_debug train --steps 24 --eval-every 6 --arm fixed --arm tracin --arm tracin_flipped --arm tracin_same_batch \
+    python -m grpo_debug train --steps 8 --eval-every 4 --arm fixed --arm tracin --arm tracin_flipped --arm tracin_same_batch \
       "${COMMON[@]}" --json data/experiments/tracin.json ;;&
   tracin_sets|all)  # a separate run so that the two can share the machine; fixed is the same in both
-    python -m grpo_debug train --steps 24 --eval-every 6 --arm fixed --arm tracin_top16 --arm tracin_random128 "${COMMON[@]}" \
+    python -m grpo_debug train --steps 8 --eval-every 4 --arm fixed --arm tracin_top16 --arm tracin_random128 "${COMMON[@]}" \
       --json data/experiments/tracin_sets.json ;;&
   zero_loss|all)
     python -m grpo_debug train --steps 4 --eval-every 4 --arm fixed --arm dapo --arm identical_groups "${COMMON[@]}" \
