@@ -51,7 +51,7 @@ from grpo_debug.ui import plots
 
 EXPERIMENTS = DATA_DIR / "experiments"
 results = {name: json.loads((EXPERIMENTS / f"{name}.json").read_text())
-           for name in ("pitfalls", "pitfalls_more", "tracin", "tracin_sets", "zero_loss")}
+           for name in ("pitfalls", "pitfalls_more", "fixed_seeds", "tracin", "tracin_sets", "zero_loss")}
 for name, r in results.items():
     print(f"{name}: K = {r['steps']} steps, {r['seeds']} seeds, held-out reward every {r['eval_every']} steps on "
           f"{r['eval_prompts']} test prompts; base config {r['base']}\n  {r['command']}")
@@ -126,6 +126,22 @@ for arm, s in pit["summary"].items():
     print(f"{arm:16s} step-1 gap {gap:.3f}; {s['verdict']}; {verdict(kl, 'KL')}; {verdict(length, 'length')}")
 
 # %% [markdown]
+# Three seeds are few for the fixed arm's own change: its seeds do not move alike. `fixed_seeds.json` runs
+# the fixed arm alone on 8 seeds for the same K. Its first three seeds are the pitfalls run's own, with the
+# same numbers (asserted).
+
+# %%
+fs = results["fixed_seeds"]
+numbers = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+assert numbers(r for r in fs["records"] if r["seed"] < pit["seeds"]) == numbers(r for r in pit["records"] if r["arm"] == "fixed")
+per_seed = [next(r["eval"]["reward"] for r in fs["records"] if r["seed"] == s and "eval" in r and r["step"] == fs["steps"])
+            - fs["summary"]["fixed"]["reward_start"] for s in range(fs["seeds"])]
+print("change of the held-out reward per seed:", " ".join(f"{d:+.3f}" for d in per_seed))
+own = fs["summary"]["fixed"]["change_from_start"]
+print(f"fixed, {fs['seeds']} seeds, after {fs['steps']} steps minus at start: {fmt(own)} -> "
+      + verdict(own, "change of the held-out reward"))
+
+# %% [markdown]
 # ## 2. Seeds 000 and 001: TracIn-selected GRPO
 #
 # Each step, every training sample gets a TracIn score: its gradient's dot product with the gradient of a
@@ -156,9 +172,13 @@ for arm, s in tr["summary"].items():
 pd.DataFrame(rows).set_index("arm")
 
 # %% [markdown]
-# Each seed claim, answered from these runs:
+# Each seed claim, answered from these runs. They are shorter than the pitfall runs, since a TracIn step
+# costs several vanilla steps (`benchmarks/README.md`), so each verdict holds for their K only; the first line
+# says how far the fixed arm itself moved by then.
 
 # %%
+print(f"TracIn runs: K = {tr['steps']} steps, {tr['seeds']} seeds; fixed arm's own change by then: "
+      + verdict(tr["summary"]["fixed"]["change_from_start"], "change of the held-out reward"))
 claims = [
     ("seed 000: TracIn-selected GRPO does worse than vanilla", "tracin", "fixed"),
     ("seed 000: the flipped sign is what hurts (flipped minus right sign)", "tracin_flipped", "tracin"),
