@@ -181,6 +181,9 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     capture = load_capture(tmp_path / "run" / "captures" / "step-2")
     assert capture.meta["processes"] == 2 and capture.num_samples == 8
+    widths = capture.batch["prompt_mask"].sum(1)
+    assert widths.unique().numel() == 2  # the two processes' prompts differ in length ...
+    assert (capture.batch["prompt_mask"][:, -1] == 1).all()  # ... and every row is left-padded to the widest
     assert capture.batch["trainer_per_token_logps"].isfinite().all()  # every row matched on its own process
     step = GRPOStep.from_capture(capture.path)
     out = reproduction(step.run(until="update"), step.capture, step.policy)
