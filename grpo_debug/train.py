@@ -378,9 +378,29 @@ def paired_difference(results: dict, arm: str, other: str, step: int | None = No
     return dict(zip(("mean", "ci_low", "ci_high"), bootstrap(a - b)))
 
 
+def difference_curve(results: dict, arm: str, other: str) -> list[dict]:
+    """`paired_difference` at every evaluation step, as `metric_curve` rows (arm, step, mean, low, high)."""
+    rows = []
+    for step in sorted({r["step"] for r in results["records"] if "eval" in r and r["arm"] == arm}):
+        d = paired_difference(results, arm, other, step)
+        rows.append({"arm": arm, "step": step, "mean": d["mean"], "low": d["ci_low"], "high": d["ci_high"]})
+    return rows
+
+
 def base_config(results: dict) -> StepConfig:
     """The StepConfig every arm of `results` started from (the header stores its non-default fields)."""
     return StepConfig(**results["base"])
+
+
+def select_arms(results: dict, arms: list[str]) -> dict:
+    """`results` with only `arms` (in that order; the first is the reference of the summary), e.g. to pair
+    the fixed arm of one comparison with another comparison's arms through `merge_results`."""
+    missing = [a for a in arms if a not in results["arms"]]
+    if missing:
+        raise ValueError(f"no arm {missing} in these results (arms: {list(results['arms'])})")
+    records = [r for r in results["records"] if r["arm"] in arms]
+    return {**results, "arms": {a: results["arms"][a] for a in arms}, "records": records,
+            "summary": summarize(records, arms, results["seeds"], results["steps"])}
 
 
 def merge_results(first: dict, second: dict) -> dict:

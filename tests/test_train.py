@@ -158,3 +158,25 @@ def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_number
         merge_results(first, second)
     with pytest.raises(ValueError, match="steps"):
         merge_results(first, {**second, "steps": 4})
+
+
+def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps):
+    import copy
+    from grpo_debug.train import merge_results, select_arms
+    only_fixed = select_arms(three_steps, ["fixed"])
+    assert list(only_fixed["arms"]) == ["fixed"] and {r["arm"] for r in only_fixed["records"]} == {"fixed"}
+    assert only_fixed["summary"]["fixed"] == three_steps["summary"]["fixed"]
+    other = copy.deepcopy(select_arms(three_steps, ["k1"]))  # a run without fixed, paired through the first
+    merged = merge_results(only_fixed, other)
+    assert merged["summary"]["k1"]["minus_fixed"] == three_steps["summary"]["k1"]["minus_fixed"]
+    with pytest.raises(ValueError, match="no arm"):
+        select_arms(three_steps, ["tracin"])
+
+
+def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_steps):
+    from grpo_debug.train import difference_curve, paired_difference
+    rows = difference_curve(three_steps, "k1", "fixed")
+    assert [r["step"] for r in rows] == [0, 2, 3]
+    assert rows[0]["mean"] == rows[0]["low"] == rows[0]["high"] == 0  # one start, one evaluation seed: no difference
+    last = paired_difference(three_steps, "k1", "fixed")
+    assert (rows[-1]["mean"], rows[-1]["low"], rows[-1]["high"]) == (last["mean"], last["ci_low"], last["ci_high"])
