@@ -82,7 +82,9 @@ class Advantages:
     reward: float  # TRL metric names from here on
     reward_std: float
     frac_reward_zero_std: float  # TRL's: groups whose divisor std is 0 (under "batch": all or none)
-    zero_std_groups: list[int]  # groups with identical rewards: advantage 0 under every scale_rewards
+    zero_std_groups: list[int]  # groups whose std is 0 (TRL's isclose): advantage 0 under every scale_rewards
+    rounding_std_groups: list[int]  # identical rewards, yet float rounding of the mean leaves a std of ~1e-8,
+    # which TRL's isclose(std, 0) (atol 1e-8) counts as varied: their advantages are rounding noise
     phantom_groups: list[int]  # groups with a reward std divided by 0 < divisor < PHANTOM_STD: amplified noise
     max_abs_advantage: float
 
@@ -92,6 +94,8 @@ def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewa
     values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
     std = group_std(rewards, num_generations)
     zero = torch.isclose(std, torch.zeros_like(std))  # identical rewards: advantage 0 under every scaling
+    grouped = rewards.view(-1, num_generations)
+    rounding = (grouped == grouped[:, :1]).all(1) & ~zero  # e.g. eight float32 copies of 0.7314: std 6.4e-8
     trl_zero = zero  # TRL's frac_reward_zero_std reads the std it divides by: the batch's under "batch"
     divisor = std
     if scale_rewards == "batch":
@@ -105,5 +109,6 @@ def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewa
                       group_std=std, reward=torch.nanmean(rewards.float()).item(),
                       reward_std=_nanstd(rewards.float()).item(), frac_reward_zero_std=trl_zero.float().mean().item(),
                       zero_std_groups=zero.nonzero().flatten().tolist(),
+                      rounding_std_groups=rounding.nonzero().flatten().tolist(),
                       phantom_groups=phantom.nonzero().flatten().tolist(),
                       max_abs_advantage=values.abs().max().item())

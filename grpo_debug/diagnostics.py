@@ -22,6 +22,12 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
     if adv.frac_reward_zero_std == 1.0:
         return ("FAILURE: every group has identical rewards, so every advantage is 0 and there is no signal "
                 "(frac_reward_zero_std = 1): make the reward graded, raise the temperature, or drop such groups")
+    if adv.rounding_std_groups and len(adv.zero_std_groups) + len(adv.rounding_std_groups) == len(adv.group_std):
+        return (f"FAILURE: every group has identical rewards, yet frac_reward_zero_std = {adv.frac_reward_zero_std:.2f}: "
+                f"in {len(adv.rounding_std_groups)} group(s) float rounding of the mean leaves a std of ~1e-8, which "
+                f"TRL's isclose(std, 0) counts as varied, so their advantages (max |A| = "
+                f"{adv.max_abs_advantage:.1e}) and the gradient are rounding noise: make the reward graded, raise the "
+                f"temperature, or drop such groups")
     if (lp.policy * lp.mask).abs().sum() == 0:
         return "FAILURE: all log-probs are 0: the log-prob computation is broken"
     grad = f"grad_norm = {upd.grad_norm:.3g}" if upd is not None else "run the update to see grad_norm"

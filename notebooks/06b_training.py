@@ -46,7 +46,8 @@ import json
 import pandas as pd
 
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train import merge_results, metric_curve, paired_difference, verdict
+from grpo_debug.train import (base_config, difference_curve, merge_results, metric_curve, paired_difference,
+                              select_arms, verdict)
 from grpo_debug.ui import plots
 
 EXPERIMENTS = DATA_DIR / "experiments"
@@ -55,14 +56,22 @@ results = {name: json.loads((EXPERIMENTS / f"{name}.json").read_text())
 for name, r in results.items():
     print(f"{name}: K = {r['steps']} steps, {r['seeds']} seeds, held-out reward every {r['eval_every']} steps on "
           f"{r['eval_prompts']} test prompts; base config {r['base']}\n  {r['command']}")
-# the pitfall arms and the TracIn arms each ran as two comparisons sharing the machine; merge_results pairs
-# them only if `fixed` logged the same numbers in both
+# the pitfall arms ran as two comparisons sharing the machine; merge_results pairs them only if `fixed`
+# logged the same numbers in both. The TracIn runs have no fixed arm of their own: vanilla GRPO is the
+# pitfalls run's fixed arm, paired with them because every run shares its base config, K, seeds and evaluation
 results["pitfalls"] = merge_results(results.pop("pitfalls"), results.pop("pitfalls_more"))
-results["tracin"] = merge_results(results.pop("tracin"), results.pop("tracin_sets"))
+results["tracin"] = merge_results(merge_results(select_arms(results["pitfalls"], ["fixed"]), results.pop("tracin")),
+                                  results.pop("tracin_sets"))
 
 
 def curves(r: dict, keys: list[str]) -> dict:
     return {key: [row for arm in r["arms"] for row in metric_curve(r, arm, key)] for key in keys}
+
+
+def differences(r: dict, reference: str = "fixed") -> dict:
+    """The held-out reward of every other arm minus the reference's, paired, at each evaluation."""
+    return {f"held-out reward minus {reference}": [row for arm in r["arms"] if arm != reference
+                                                   for row in difference_curve(r, arm, reference)]}
 
 
 def fmt(d: dict) -> str:
@@ -85,6 +94,13 @@ def fmt(d: dict) -> str:
 pit = results["pitfalls"]
 plots.training_curves(curves(pit, ["eval/reward", "kl", "entropy", "completions/mean_length",
                                    "logps/max_sampler_gap", "grad_norm"]))
+
+# %% [markdown]
+# Each arm's held-out reward minus `fixed`'s, paired by seed and test prompt, at every evaluation. At step 0
+# every arm is the same model sampled with the same seeds, so the difference starts at exactly 0.
+
+# %% tags=["nbval-ignore-output"]
+plots.training_curves(differences(pit), title="paired difference from fixed (band: 95% interval)")
 
 # %% [markdown]
 # After K steps, per arm: the step-1 log-prob gap (before any update: the pitfall's size per token), the
@@ -155,11 +171,12 @@ print(f"fixed, {fs['seeds']} seeds, after {fs['steps']} steps minus at start: {f
 # - `tracin_same_batch`: the training batch itself as the validation set (PPO's step_part_I), which seed 001
 #   says fixed it.
 #
-# Every arm is compared with vanilla GRPO (`fixed`) on the same prompts and seeds.
+# Every arm is compared with vanilla GRPO (`fixed`, the pitfalls run's arm) on the same prompts and seeds.
 
 # %% tags=["nbval-ignore-output"]
 tr = results["tracin"]
-plots.training_curves(curves(tr, ["eval/reward", "selected_fraction", "val_loss", "kl", "reward"]))
+plots.training_curves({**curves(tr, ["eval/reward", "selected_fraction", "val_loss", "kl", "reward"]),
+                       **differences(tr)})
 
 # %%
 rows = []
@@ -172,9 +189,8 @@ for arm, s in tr["summary"].items():
 pd.DataFrame(rows).set_index("arm")
 
 # %% [markdown]
-# Each seed claim, answered from these runs. They are shorter than the pitfall runs, since a TracIn step
-# costs several vanilla steps (`benchmarks/README.md`), so each verdict holds for their K only; the first line
-# says how far the fixed arm itself moved by then.
+# Each seed claim, answered from these runs, at their K and with their 3 seeds. The first line says how far
+# the fixed arm itself moved by then.
 
 # %%
 print(f"TracIn runs: K = {tr['steps']} steps, {tr['seeds']} seeds; fixed arm's own change by then: "
@@ -186,8 +202,13 @@ claims = [
     ("seed 001: same-batch validation fixes it (same batch minus vanilla)", "tracin_same_batch", "fixed"),
     ("seed 001: same-batch validation fixes it (same batch minus top-16)", "tracin_same_batch", "tracin_top16"),
 ]
-for claim, a, b in claims:
-    print(f"{claim}\n    {a} - {b}: {verdict(paired_difference(tr, a, b))}")
+answers = {f"{a} - {b}": paired_difference(tr, a, b) for _, a, b in claims}
+for (claim, a, b), d in zip(claims, answers.values()):
+    print(f"{claim}\n    {a} - {b}: {verdict(d)}")
+
+# %% tags=["nbval-ignore-output"]
+plots.interval_rows(answers, "held-out reward difference after K steps",
+                    "seed claims: paired differences (red: the interval excludes 0)")
 
 # %% [markdown]
 # ## 3. Seed 002: the loss reads 0.0000 at step 1
@@ -198,8 +219,8 @@ for claim, a, b in claims:
 # - `dapo`: the same rollout, normalised by tokens. The value is sized by how advantages correlate with
 #   lengths.
 # - `identical_groups`: nucleus sampling with top_p = 1e-6, which keeps only the most likely token: greedy
-#   decoding, so every group's completions, and so their rewards, are identical (`frac_reward_zero_std`,
-#   printed below) and every advantage is 0.
+#   decoding, so every group's completions, and so their rewards, are identical. At step 1 every advantage
+#   is 0 (`frac_reward_zero_std`, printed below).
 #
 # The triage (`grpo_debug.diagnostics.triage_zero_loss`, notebook 08) gives its verdict at every step. The
 # last cell counts, over every seed, the step-1 losses that print as 0.0000 and the triage's verdicts.
@@ -222,6 +243,42 @@ for arm in zl["arms"]:
           f"frac_reward_zero_std {[x['frac_reward_zero_std'] for x in first]}; triage: {verdicts}")
 
 # %% [markdown]
+# In later steps of `identical_groups`, `frac_reward_zero_std` can read below 1 while every group is still
+# greedy. The rewards are still identical, but TRL counts a group as varied unless
+# `torch.isclose(std, 0)`, whose tolerance is 1e-8. The float32 mean of eight identical rewards can round,
+# and then the std comes out a little above that. TRL divides by std + 1e-4, so those groups get advantages
+# made of rounding noise, which the update takes as signal. The triage calls this a FAILURE too. Below:
+# eight float32 copies of 0.7314049, then every step whose triage names it.
+
+# %%
+import torch
+
+from grpo_debug.advantages import summarize_advantages
+
+same = summarize_advantages(torch.full((8,), 0.7314049005508423), 8)
+print(f"eight identical rewards: std {same.group_std.item():.2e}, TRL's frac_reward_zero_std "
+      f"{same.frac_reward_zero_std}, max |advantage| {same.max_abs_advantage:.1e}")
+assert same.frac_reward_zero_std == 0.0 and same.rounding_std_groups == [0]
+rounding = [(x["arm"], x["seed"], x["step"], x["frac_reward_zero_std"], f"{x['grad_norm']:.1e}")
+            for x in zl["records"] if "eval" not in x and "rounding" in x["triage"]]
+print("steps whose triage names rounding (arm, seed, step, frac_reward_zero_std, grad_norm):", rounding)
+
+# %% [markdown]
+# Does it matter? This arm's only reward signal is that noise; its KL term (beta, printed) only pulls toward
+# the reference. AdamW scales each weight's step by that weight's running gradient size, so a gradient well
+# above its eps (1e-8) still moves a weight by about the learning rate. Greedy decoding ignores the sampling
+# seed, so the three seeds of `identical_groups` are one run three times (checked below). Its held-out
+# reward after K steps minus `fixed`'s (paired by seed and test prompt), and minus its own at the start:
+
+# %%
+runs = {tuple((x["step"], x["loss"], x["grad_norm"]) for x in zl["records"] if x["arm"] == "identical_groups"
+              and x["seed"] == s and "eval" not in x) for s in range(zl["seeds"])}
+print(f"beta = {base_config(zl).beta}; identical_groups: {len(runs)} distinct run(s) over {zl['seeds']} seeds; "
+      f"after {zl['steps']} steps, "
+      + verdict(zl["summary"]["identical_groups"]["minus_fixed"], "held-out reward minus fixed") + "; "
+      + verdict(zl["summary"]["identical_groups"]["change_from_start"], "change from its start"))
+
+# %% [markdown]
 # ## 4. Live check: the stored results still come from this code
 #
 # Two arms (`fixed` and `dropout`), seed 0, two steps, from the pitfalls experiment's own base config.
@@ -229,7 +286,7 @@ for arm in zl["arms"]:
 # exactly (times aside).
 
 # %%
-from grpo_debug.train import ARMS, base_config, train
+from grpo_debug.train import ARMS, train
 
 live = train([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
              eval_prompts_n=pit["eval_prompts"], train_prompts=pit["train_prompts"], show_progress=False,

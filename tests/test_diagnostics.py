@@ -1,9 +1,9 @@
 """torch.compile on the log-prob scoring: the compiled model gives the eager numbers, or a failure is reported."""
-
 import math
 import shutil
 
 import pytest
+import torch
 
 from grpo_debug.config import StepConfig
 from grpo_debug.diagnostics import compile_comparison
@@ -44,3 +44,16 @@ def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
     assert message.startswith("NORMAL") and "T_i" in message
     # the value TRL's dapo reports at ratio 1 is the advantage-length covariance, not ~0
     assert dapo.loss.loss.item() == pytest.approx(loss_value_at_ratio_one(dapo), abs=1e-6)
+
+
+def test_triage_sees_identical_rewards_that_trl_counts_as_varied(step):
+    import dataclasses
+    from grpo_debug.advantages import summarize_advantages
+    from grpo_debug.diagnostics import triage_zero_loss
+    run = step.run(ONE_GROUP, until="loss")
+    rounded = summarize_advantages(torch.full((8,), 0.7314049005508423), 8)  # std 6.4e-8 after rounding
+    assert rounded.frac_reward_zero_std == 0.0  # TRL's metric: this group varies
+    message = triage_zero_loss(dataclasses.replace(run, advantages=rounded))
+    assert message.startswith("FAILURE") and "rounding" in message and "frac_reward_zero_std = 0.00" in message
+    exact = summarize_advantages(torch.full((8,), 0.5), 8)
+    assert triage_zero_loss(dataclasses.replace(run, advantages=exact)).startswith("FAILURE: every group has identical")

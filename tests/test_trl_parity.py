@@ -136,6 +136,18 @@ def test_phantom_groups_only_where_a_tiny_std_divides():
     assert summarize_advantages(rewards, 4, "group", std_floor=0.1).phantom_groups == []
 
 
+def test_identical_rewards_whose_std_rounds_above_zero_are_named_and_trl_divides_by_them():
+    # eight float32 copies of 0.7314049: their mean rounds, the std is 6.4e-8 > isclose's atol 1e-8; 0.5 is exact
+    rewards = torch.tensor([0.7314049005508423] * 8 + [0.5] * 8)
+    trl_adv, trl_metrics = AdvProbe(rewards, 8).advantages()
+    summary = summarize_advantages(rewards, 8)
+    assert summary.frac_reward_zero_std == trl_metrics["frac_reward_zero_std"] == 0.5  # TRL counts one group as varied
+    assert summary.zero_std_groups == [1] and summary.rounding_std_groups == [0]
+    assert torch.allclose(summary.values, trl_adv, atol=1e-6, rtol=0) and trl_adv[:8].abs().max() > 1e-4
+    varied = summarize_advantages(torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0]), 4)
+    assert varied.rounding_std_groups == []  # a real (tiny) difference is a phantom group, not rounding
+
+
 def test_batch_scaling_reports_no_zero_std_while_a_group_has_zero_advantage():
     rewards = torch.tensor([0.5] * 4 + [0.0, 1.0, 0.0, 1.0])
     summary = summarize_advantages(rewards, 4, "batch")

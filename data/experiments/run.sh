@@ -16,12 +16,12 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
   fixed_seeds|all)  # does the fixed arm itself move by K = 36? Its seed-to-seed spread needs more than 3 seeds
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed "${COMMON[@]}" --seeds 8 \
       --json data/experiments/fixed_seeds.json ;;&
-  tracin|all)
-    python -m grpo_debug train --steps 8 --eval-every 4 --arm fixed --arm tracin --arm tracin_flipped --arm tracin_same_batch \
+  tracin|all)  # the sign: vanilla GRPO is the pitfalls run's fixed arm (same base, K, seeds: merge_results pairs them)
+    python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin --arm tracin_flipped \
       "${COMMON[@]}" --json data/experiments/tracin.json ;;&
-  tracin_sets|all)  # a separate run so that the two can share the machine; fixed is the same in both
-    python -m grpo_debug train --steps 8 --eval-every 4 --arm fixed --arm tracin_top16 --arm tracin_random128 "${COMMON[@]}" \
-      --json data/experiments/tracin_sets.json ;;&
+  tracin_sets|all)  # the validation set: a separate run, so that the two share the machine
+    python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin_same_batch --arm tracin_top16 --arm tracin_random128 \
+      "${COMMON[@]}" --json data/experiments/tracin_sets.json ;;&
   zero_loss|all)
     python -m grpo_debug train --steps 4 --eval-every 4 --arm fixed --arm dapo --arm identical_groups "${COMMON[@]}" \
       --json data/experiments/zero_loss.json ;;
