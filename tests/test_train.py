@@ -180,3 +180,18 @@ def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_ste
     assert rows[0]["mean"] == rows[0]["low"] == rows[0]["high"] == 0  # one start, one evaluation seed: no difference
     last = paired_difference(three_steps, "k1", "fixed")
     assert (rows[-1]["mean"], rows[-1]["low"], rows[-1]["high"]) == (last["mean"], last["ci_low"], last["ci_high"])
+
+
+def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_steps):
+    import matplotlib
+    matplotlib.use("Agg")
+    from grpo_debug.train import difference_curve, metric_curve
+    from grpo_debug.ui import plots
+    curves = {"kl": [row for arm in ("fixed", "k1") for row in metric_curve(three_steps, arm, "kl")],
+              "minus fixed": difference_curve(three_steps, "k1", "fixed")}  # a panel without fixed
+    colours = lambda fig: {(ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes
+                           for line in ax.get_lines()}
+    both = colours(plots.training_curves(curves))
+    assert both[("kl", "k1")] == both[("minus fixed", "k1")] != both[("kl", "fixed")]
+    alone = colours(plots.training_curves({"minus fixed": curves["minus fixed"]}, arms=["fixed", "k1"]))
+    assert alone[("minus fixed", "k1")] == both[("kl", "k1")]

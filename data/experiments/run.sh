@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(--seeds 3 --eval-prompts 24 --threads 1 --no-progress --keep-progress
         --set num_prompts=4 num_generations=8 learning_rate=0.0002 per_sample_grad_norms=false)
-case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | zero_loss | all
+case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | all
   pitfalls|all)  # K = 36: the fixed arm's held-out reward did not move measurably at K = 12
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm trl --arm no_temperature \
       --arm eos_dropped --arm dropout "${COMMON[@]}" --json data/experiments/pitfalls.json ;;&
@@ -22,6 +22,12 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
   tracin_sets|all)  # the validation set: a separate run, so that the two share the machine
     python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin_same_batch --arm tracin_top16 --arm tracin_random128 \
       "${COMMON[@]}" --json data/experiments/tracin_sets.json ;;&
+  tracin_seeds|all)  # seed 000's claim on 8 seeds, paired with fixed_seeds.json (seeds 0-2 are tracin.json's)
+    python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin "${COMMON[@]}" --seeds 8 \
+      --json data/experiments/tracin_seeds.json ;;&
+  tracin_sets_seeds|all)  # seed 001's claims on 8 seeds (seeds 0-2 are tracin_sets.json's)
+    python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin_same_batch --arm tracin_top16 "${COMMON[@]}" \
+      --seeds 8 --json data/experiments/tracin_sets_seeds.json ;;&
   zero_loss|all)
     python -m grpo_debug train --steps 4 --eval-every 4 --arm fixed --arm dapo --arm identical_groups "${COMMON[@]}" \
       --json data/experiments/zero_loss.json ;;

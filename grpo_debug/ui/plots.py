@@ -268,17 +268,21 @@ def token_entropies(entropies: torch.Tensor, mask: torch.Tensor, kept: torch.Ten
     return _done(fig)
 
 
-def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean over seeds (band: 95% interval)"):
+def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean over seeds (band: 95% interval)",
+                    arms: list[str] | None = None):
     """curves: metric -> rows of `train.metric_curve` (arm, step, mean, low, high) for every arm; one panel
-    per metric, one line per arm with its interval band."""
+    per metric, one line per arm with its interval band. `arms` fixes each arm's colour (default: the order
+    the arms first appear), so that two figures of one comparison colour an arm alike."""
     fig, axes = _grid(len(curves), ncols=3, size=(4.2, 3.0))
+    arms = dict.fromkeys([*(arms or []), *(r["arm"] for rows in curves.values() for r in rows)])
+    color = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}  # one colour per arm in every panel
     for ax, (metric, rows) in zip(axes, curves.items()):
         for arm in dict.fromkeys(r["arm"] for r in rows):
             mine = [r for r in rows if r["arm"] == arm]
             steps = [r["step"] for r in mine]
-            line, = ax.plot(steps, [r["mean"] for r in mine], marker="o" if len(mine) < 8 else None, ms=3,
-                            lw=1.2, label=arm)
-            ax.fill_between(steps, [r["low"] for r in mine], [r["high"] for r in mine], color=line.get_color(),
+            ax.plot(steps, [r["mean"] for r in mine], marker="o" if len(mine) < 8 else None, ms=3, lw=1.2,
+                    label=arm, color=color[arm])
+            ax.fill_between(steps, [r["low"] for r in mine], [r["high"] for r in mine], color=color[arm],
                             alpha=0.15, lw=0)
         ax.set(title=metric, xlabel="step")
     axes[0].legend(fontsize=7)
