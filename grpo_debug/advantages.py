@@ -93,7 +93,7 @@ def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewa
                          std_floor: float = 0.0) -> Advantages:
     values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
     std = group_std(rewards, num_generations)
-    zero = torch.isclose(std, torch.zeros_like(std))  # identical rewards: advantage 0 under every scaling
+    zero = torch.isclose(std, torch.zeros_like(std))  # TRL's test of a zero std: advantage 0 under every scaling
     grouped = rewards.view(-1, num_generations)
     rounding = (grouped == grouped[:, :1]).all(1) & ~zero  # e.g. eight float32 copies of 0.7314: std 6.4e-8
     trl_zero = zero  # TRL's frac_reward_zero_std reads the std it divides by: the batch's under "batch"

@@ -75,6 +75,14 @@ def differences(r: dict, reference: str = "fixed") -> dict:
                                                    for row in difference_curve(r, arm, reference)]}
 
 
+def answer(r: dict, claims: list[tuple[str, str, str]]) -> dict:
+    """Each (claim, arm, other): the paired held-out difference arm - other after K steps, printed with its verdict."""
+    out = {f"{a} - {b}": paired_difference(r, a, b) for _, a, b in claims}
+    for (claim, a, b), d in zip(claims, out.values()):
+        print(f"{claim}\n    {a} - {b}: {verdict(d)}")
+    return out
+
+
 def fmt(d: dict) -> str:
     return f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
 
@@ -203,9 +211,7 @@ claims = [
     ("seed 001: same-batch validation fixes it (same batch minus vanilla)", "tracin_same_batch", "fixed"),
     ("seed 001: same-batch validation fixes it (same batch minus top-16)", "tracin_same_batch", "tracin_top16"),
 ]
-answers = {f"{a} - {b}": paired_difference(tr, a, b) for _, a, b in claims}
-for (claim, a, b), d in zip(claims, answers.values()):
-    print(f"{claim}\n    {a} - {b}: {verdict(d)}")
+answers = answer(tr, claims)
 
 # %% tags=["nbval-ignore-output"]
 plots.interval_rows(answers, "held-out reward difference after K steps",
@@ -226,11 +232,9 @@ for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
 assert answers["tracin_flipped - tracin"]["ci_high"] < 0
 claims8 = [(claim, a, b) for claim, a, b in claims if a in eight["arms"] and b in eight["arms"]]
 claims8.append(("seed 001: a 16-sample top-k set hurts (top-16 minus vanilla)", "tracin_top16", "fixed"))
-answers8 = {f"{a} - {b}": paired_difference(eight, a, b) for _, a, b in claims8}
 print(f"{eight['seeds']} seeds, K = {eight['steps']}; fixed arm's own change: "
       + verdict(eight["summary"]["fixed"]["change_from_start"], "change of the held-out reward"))
-for (claim, a, b), d in zip(claims8, answers8.values()):
-    print(f"{claim}\n    {a} - {b}: {verdict(d)}")
+answers8 = answer(eight, claims8)
 for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
     print(f"{arm}: selected per step {eight['summary'][arm]['selected_fraction']['mean']:.3f}")
 

@@ -1,4 +1,5 @@
 """torch.compile on the log-prob scoring: the compiled model gives the eager numbers, or a failure is reported."""
+
 import math
 import shutil
 

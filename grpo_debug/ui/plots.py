@@ -274,8 +274,8 @@ def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean 
     per metric, one line per arm with its interval band. `arms` fixes each arm's colour (default: the order
     the arms first appear), so that two figures of one comparison colour an arm alike."""
     fig, axes = _grid(len(curves), ncols=3, size=(4.2, 3.0))
-    arms = dict.fromkeys([*(arms or []), *(r["arm"] for rows in curves.values() for r in rows)])
-    color = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}  # one colour per arm in every panel
+    order = dict.fromkeys([*(arms or []), *(r["arm"] for rows in curves.values() for r in rows)])
+    color = {arm: f"C{i % 10}" for i, arm in enumerate(order)}  # one colour per arm in every panel
     for ax, (metric, rows) in zip(axes, curves.items()):
         for arm in dict.fromkeys(r["arm"] for r in rows):
             mine = [r for r in rows if r["arm"] == arm]
