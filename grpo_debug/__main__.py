@@ -101,15 +101,18 @@ def replay_command(parser, args) -> int:
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     run = step.run(until="update")
-    out = reproduction(run, step.capture, step.policy)
+    out = reproduction(run, step.capture, step.policy, step)
     print(f"step {out['step']} of the captured run, replayed ({', '.join(args.set) or 'as captured'})")
     print(f"{'metric':26s} {'TRL logged':>14s} {'replayed':>14s} {'difference':>12s}")
     for k in out["logged"]:
         print(f"{k:26s} {out['logged'][k]:14.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
-    print(f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
-          f"mean {out['logps']['mean_abs_difference']:.3g}")
+    if out["logps"]["rows_compared"]:
+        print(f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
+              f"mean {out['logps']['mean_abs_difference']:.3g}")
     for name, verdict in out["causes"].items():
-        print(f"{name:12s} {verdict}")
+        print(f"{name:14s} {verdict}")
+    for name, what in out["pitfalls"].items():
+        print(f"pitfall: {name:12s} {what}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
