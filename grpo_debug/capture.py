@@ -257,7 +257,8 @@ class CaptureCallback(TrainerCallback):
             self.skipped[step] = ("it spans two generation batches (gradient_accumulation_steps is not a multiple "
                                   "of steps_per_generation x num_iterations)")
         else:
-            capture["step_metrics"] = self._step_metrics(capture)
+            capture["step_metrics"] = self._step_metrics(capture)  # collective: every process gathers
+            capture["trainer_logps"] = self._trainer_logps(capture)
             if state.is_world_process_zero:
                 self.written[step] = self._write(step, capture, generation)
             else:
@@ -374,7 +375,7 @@ class CaptureCallback(TrainerCallback):
         path = self.out_dir / f"step-{step}"
         path.mkdir(parents=True, exist_ok=True)
         tensors = dict(generation["tensors"])
-        tensors["trainer_per_token_logps"] = self._trainer_logps(capture)
+        tensors["trainer_per_token_logps"] = capture["trainer_logps"]
         single = generation["processes"] == 1
         if single and capture["rng"]:
             tensors["rng_states"] = torch.stack(capture["rng"])

@@ -321,7 +321,8 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
         if isinstance(rewards_from, (str, Task)) and yours is not None and name != "train":
             return yours.prompts(name, n)
         raise ValueError(f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts: to "
-                         "sample new completions on other prompts, open it with a Task that has them")
+                         "sample new completions on other prompts, open it with a task that has them, "
+                         "GRPOStep.from_capture(path, task=NAME)")
 
     if yours is not None:
         theirs = list(yours.reward_weights or [1.0] * len(yours.reward_funcs))

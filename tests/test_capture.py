@@ -64,11 +64,11 @@ def test_the_replay_reproduces_what_trl_logged(bundled):
     from grpo_debug.replay import reproduction
     step = GRPOStep.from_capture(bundled)
     run = step.run(until="update")
-    out = reproduction(run, step.capture, step.policy)
+    out = reproduction(run, step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["logps"]["max_abs_difference"] < 1e-4
-    assert out["causes"]["positions"].startswith("absent") and out["causes"]["dropout"].startswith("absent")
+    assert "positions" not in out["pitfalls"] and out["causes"]["dropout"].startswith("absent")
     assert run.config.preset_name() == "fixed" and run.config.beta == 0.04  # the run was the fixed preset in TRL
 
 
@@ -92,17 +92,20 @@ def test_the_cli_writes_logged_and_replayed_and_takes_a_toggle(bundled, tmp_path
     assert missing.returncode == 2 and "not a capture" in missing.stderr
 
 
-def test_trls_own_defaults_are_replayed_with_their_causes_named(tmp_path):
-    """The trl preset: TRL's GRPOTrainer without position_ids, dropout on. The replay names both causes."""
+def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
+    """The trl preset: TRL's GRPOTrainer without position_ids, dropout on. The replay draws the trainer's own
+    dropout masks, so it reproduces the step; both pitfalls are named as pitfalls of the run, not as causes."""
     from grpo_debug.replay import reproduction
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)
     capture = captured_run(cfg, tmp_path)
     step = GRPOStep.from_capture(capture)
-    out = reproduction(step.run(until="update"), step.capture, step.policy)
-    assert out["causes"]["positions"].startswith("present") and out["causes"]["dropout"].startswith("present")
-    for name in ("reward", "reward_std", "frac_reward_zero_std"):  # from the captured rewards: no dropout in them
-        assert close(out["replayed"][name], out["logged"][name])
-    assert not close(out["replayed"]["grad_norm"], out["logged"]["grad_norm"])  # other dropout masks than TRL's
+    out = reproduction(step.run(until="update"), step.capture, step.policy, step)
+    assert set(out["pitfalls"]) == {"positions", "dropout"}
+    assert out["causes"]["dropout"].startswith("absent: the trainer's dropout masks are replayed")
+    for name in EXACT:
+        if name in out["logged"]:
+            assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
+    assert out["logps"]["max_abs_difference"] == 0.0
 
 
 def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
@@ -117,10 +120,10 @@ def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
     meta = load_capture(capture).meta
     assert set(meta["rewards"]) == set(task.reward_names) and list(meta["reward_weights"].values()) == [1.0, 0.5]
     step = GRPOStep.from_capture(capture)
-    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
-    assert out["causes"]["positions"].startswith("absent: the model has no absolute position embeddings")
+    assert out["pitfalls"] == {}  # rotary positions, no dropout
 
 
 def test_the_dashboard_acts_on_a_captured_step(bundled):
@@ -164,7 +167,7 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     assert tokenizer.decode(prompt_ids) == templated  # the trainer scored the template's tokens, role markers included
     step = GRPOStep.from_capture(capture.path)
     assert step.result.rollout.prompts[0] == capture.meta["prompts"][0][0]["content"]  # role markers are special tokens
-    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["logps"]["max_abs_difference"] < 1e-4
@@ -186,7 +189,7 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     assert (capture.batch["prompt_mask"][:, -1] == 1).all()  # ... and every row is left-padded to the widest
     assert capture.batch["trainer_per_token_logps"].isfinite().all()  # every row matched on its own process
     step = GRPOStep.from_capture(capture.path)
-    out = reproduction(step.run(until="update"), step.capture, step.policy)
+    out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["logps"]["rows_compared"] == 8 and out["logps"]["max_abs_difference"] < 1e-4
@@ -203,9 +206,9 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     yours = GRPOStep.from_capture(bundled, StepConfig().task, eval_prompts=4, eval_samples=2)
     run = yours.run()
     assert not yours.stored_rewards and run.evaluation is not None and len(run.evaluation.after.completions) == 8
-    out = reproduction(run, yours.capture, yours.policy)
+    out = reproduction(run, yours.capture, yours.policy, yours)
     assert out["rewards"] == {"rookworld": 0.0}  # the task's functions give the stored rewards back exactly
-    with pytest.raises(ValueError, match="not the run's task"):
+    with pytest.raises(ValueError, match="not the run's reward functions"):
         from arithmetic_task import arithmetic_task
         from grpo_debug.replay import open_capture
         open_capture(bundled, arithmetic_task())

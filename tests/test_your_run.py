@@ -1,0 +1,228 @@
+"""Your run, exactly: the user's own script (`user_train.py`: a plain GRPOConfig, a model in a relative folder, two
+reward functions), captured with TRL's default logging_steps=10 and replayed from another directory with the CLI,
+must reproduce every number the same run logs at that step with logging_steps=1 (same seed, same numbers).
+Then a matrix of batch layouts and loss types, in-process, each captured step against its own log."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from arithmetic_task import build_tiny_llama, build_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+COMPARED = ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
+            "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+            "clip_ratio/high_max", "cispo_clip_ratio")
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-7
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("user")
+    build_tiny_model(folder / "my-model")
+    shutil.copy(TESTS / "user_train.py", folder / "user_train.py")
+    return folder
+
+
+def train(user_dir: Path, out: str, logging_steps: int, changes: dict) -> Path:
+    done = subprocess.run([sys.executable, "user_train.py", out, str(logging_steps), json.dumps(changes)],
+                          cwd=user_dir, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return user_dir / out
+
+
+def replay_cli(capture: Path, cwd: Path, *extra: str) -> dict:
+    out = cwd / f"replay-{capture.name}.json"
+    done = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(capture), "--json", str(out), *extra],
+                          cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def logged_steps(run: Path) -> dict[int, dict]:
+    return {h["step"]: h for h in json.loads((run / "log_history.json").read_text()) if "loss" in h}
+
+
+def assert_reproduces(replayed: dict, logged: dict, must: tuple[str, ...]) -> None:
+    for name in must:
+        assert name in replayed["replayed"], (name, sorted(replayed["replayed"]))
+    for name, value in replayed["replayed"].items():
+        assert close(value, logged[name]), (replayed["step"], name, value, logged[name])
+
+
+@pytest.mark.parametrize("changes,steps,must", [
+    ({}, [2], ("loss", "grad_norm", "reward", "reward_std", "entropy", "clip_ratio/region_mean")),
+    ({"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo", "max_steps": 4},
+     [1, 2, 3, 4], ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean")),
+], ids=["defaults", "mu2-ga2-beta-grpo"])
+def test_a_plain_config_captured_every_10_steps_replays_each_step_from_another_directory(
+        user_dir, tmp_path, changes, steps, must):
+    name = "-".join(f"{k}{v}" for k, v in changes.items()) or "defaults"
+    captured = train(user_dir, f"run10-{name}", 10, {**changes, "capture": steps})
+    every_step = train(user_dir, f"run1-{name}", 1, {**changes, "capture": steps[:1]})
+    logs = logged_steps(every_step)
+    assert sorted(p.name for p in (captured / "captures").iterdir()) == [f"step-{k}" for k in steps]
+    meta = json.loads((captured / "captures" / f"step-{steps[0]}" / "capture.json").read_text())
+    assert meta["grpo_config"]["epsilon_high"] is None and meta["resolved"]["epsilon_high"] == 0.2  # TRL's None
+    assert meta["grpo_config"]["disable_dropout"] is False and meta["resolved"]["mixed_precision"] == "bf16"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for k in steps:
+        out = replay_cli(captured / "captures" / f"step-{k}", elsewhere)
+        assert_reproduces(out, logs[k], must)
+        assert out["logps"]["max_abs_difference"] == 0.0  # the trainer's dropout masks, replayed
+        assert out["causes"]["dropout"].startswith("absent: the trainer's dropout masks are replayed")
+        assert "dropout" in out["pitfalls"]
+    if changes:  # pass 2 of each generation: pi != pi_old, the clip region can be hit
+        schedule = [json.loads((captured / "captures" / f"step-{k}" / "capture.json").read_text())["schedule"]
+                    for k in steps]
+        assert [s["micro_batches"][0]["pass"] for s in schedule] == [0, 1, 0, 1]
+
+
+def test_a_step_spanning_two_generations_is_named_at_the_end(user_dir):
+    """steps_per_generation 1 and GA 2: each optimizer step spans two generation batches, which a capture cannot
+    hold; the warning names the step and why, and step 3 (beyond max_steps) is named too."""
+    done = subprocess.run([sys.executable, "user_train.py", "run-span", "1", json.dumps(
+        {"gradient_accumulation_steps": 2, "steps_per_generation": 1, "capture": [1, 3]})], cwd=user_dir,
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 1 was not captured: it spans two generation batches" in done.stderr
+    assert "step 3 was not captured: training ended at step 2" in done.stderr
+
+
+LAYOUTS = {
+    "steps_per_generation 2, GA 1 (dr_grpo)": dict(steps_per_generation=2, loss_type="dr_grpo"),
+    "mu 2, sequence-level ratio": dict(num_iterations=2, importance_sampling_level="sequence", beta=0.04),
+    "cispo, mu 2": dict(num_iterations=2, loss_type="cispo", epsilon_high=5.0),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_replays_each_captured_step_in_process(layout, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.replay import reproduction
+    from grpo_debug.step import GRPOStep
+    from user_train import REWARD_FUNCS
+    build_tiny_model(tmp_path / "model")
+    prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=12, max_steps=2, report_to="none", use_cpu=True, logging_steps=1,
+                      **LAYOUTS[layout])
+    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}))
+    trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1, 2]))
+    trainer.train()
+    logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    for k in (1, 2):
+        step = GRPOStep.from_capture(tmp_path / "captures" / f"step-{k}", task=REWARD_FUNCS)
+        out = reproduction(step.run(until="advantages"), step.capture, step.policy, step)
+        assert_reproduces(out, logs[k], ("loss", "grad_norm", "entropy"))
+        assert out["rewards"] == {"digits": 0.0, "short": 0.0}  # your functions give the captured rewards back
+
+
+def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
+    """Rotary positions, RMSNorm, no dropout in its config: mu 2, GA 2, beta 0.04."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.replay import reproduction
+    from grpo_debug.step import GRPOStep
+    from user_train import REWARD_FUNCS
+    build_tiny_llama(tmp_path / "llama")
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, max_steps=2, report_to="none", use_cpu=True, logging_steps=1,
+                      num_iterations=2, gradient_accumulation_steps=2, beta=0.04)
+    trainer = GRPOTrainer(model=str(tmp_path / "llama"), reward_funcs=REWARD_FUNCS, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? ", "What is 33+4? "]}))
+    trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1, 2]))
+    trainer.train()
+    logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    for k in (1, 2):
+        step = GRPOStep.from_capture(tmp_path / "captures" / f"step-{k}")
+        out = reproduction(step.run(until="advantages"), step.capture, step.policy, step)
+        assert_reproduces(out, logs[k], ("loss", "grad_norm", "kl", "entropy"))
+
+
+# ---- a capture is untrusted input
+
+def _damage(capture: Path, how: str) -> None:
+    batch, meta = capture / "batch.pt", capture / "capture.json"
+    if how == "no batch.pt":
+        batch.unlink()
+    elif how == "truncated batch.pt":
+        batch.write_bytes(batch.read_bytes()[:200])
+    elif how == "corrupted batch.pt":
+        data = bytearray(batch.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 64] = b"\xff" * 64
+        batch.write_bytes(bytes(data))
+    elif how == "a pickle payload in batch.pt":
+        import pickle
+
+        class Payload:
+            def __reduce__(self):
+                return (print, ("payload ran",))
+        batch.write_bytes(pickle.dumps({"prompt_ids": Payload()}))
+    elif how in ("NaN old log-probs", "advantages of another shape", "a token id outside the vocabulary"):
+        tensors = torch.load(batch, weights_only=True)
+        if how == "NaN old log-probs":
+            tensors["old_per_token_logps"] = torch.full_like(tensors["completion_ids"], float("nan"), dtype=torch.float)
+        elif how == "advantages of another shape":
+            tensors["advantages"] = tensors["advantages"][:-1]
+        else:
+            tensors["completion_ids"][0, 0] = 10 ** 6
+        torch.save(tensors, batch)
+    elif how == "truncated capture.json":
+        meta.write_text(meta.read_text()[:100])
+    elif how in ("edited architecture", "a schedule row out of range", "rewards of another length"):
+        data = json.loads(meta.read_text())
+        if how == "edited architecture":
+            config = capture / "policy" / "config.json"
+            cfg = json.loads(config.read_text())
+            cfg.update(n_layer=32, n_embd=4096)
+            config.write_text(json.dumps(cfg))
+        elif how == "a schedule row out of range":
+            data["schedule"]["micro_batches"][0]["rows"][0] = 999
+        else:
+            first = next(iter(data["rewards"]))
+            data["rewards"][first] = data["rewards"][first][:-1]
+        meta.write_text(json.dumps(data))
+    elif how == "no weights":
+        for f in (capture / "policy").glob("*.safetensors"):
+            f.unlink()
+
+
+DAMAGES = ["no batch.pt", "truncated batch.pt", "corrupted batch.pt", "a pickle payload in batch.pt",
+           "NaN old log-probs", "advantages of another shape", "a token id outside the vocabulary",
+           "truncated capture.json", "edited architecture", "a schedule row out of range",
+           "rewards of another length", "no weights"]
+
+
+@pytest.fixture(scope="module")
+def good_capture(user_dir) -> Path:
+    run = train(user_dir, "run-damage", 1, {"num_iterations": 2, "capture": [2]})
+    return run / "captures" / "step-2"
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, capsys):
+    from grpo_debug.replay import CaptureError, load_capture
+    copy = tmp_path / "capture"
+    shutil.copytree(good_capture, copy)
+    load_capture(copy)  # the good one opens
+    _damage(copy, how)
+    with pytest.raises(CaptureError) as refused:
+        load_capture(copy)
+    assert str(copy) in str(refused.value), refused.value
+    assert "payload ran" not in capsys.readouterr().out

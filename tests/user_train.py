@@ -1,0 +1,39 @@
+"""A user's own GRPO script, as the README's "Debug your own TRL run" has it: a plain GRPOConfig (TRL's defaults
+but for the batch shape), a model in a relative folder, two reward functions of their own, and the capture.
+
+    python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
+"""
+import json
+import sys
+
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_debug.capture import CaptureCallback
+
+
+def digits(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def short(completions, **kwargs):
+    return [-len(c) / 16 for c in completions]
+
+
+REWARD_FUNCS = [digits, short]
+
+if __name__ == "__main__":
+    out, logging_steps = sys.argv[1], int(sys.argv[2])
+    changes = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    model = changes.pop("model", "my-model")
+    steps = changes.pop("capture", [2])
+    prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]]
+    args = GRPOConfig(output_dir=out, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
+                      max_steps=changes.pop("max_steps", 2), report_to="none", use_cpu=True,
+                      logging_steps=logging_steps, **changes)
+    trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCS, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}))
+    trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps))
+    trainer.train()
+    with open(f"{out}/log_history.json", "w") as f:
+        json.dump(trainer.state.log_history, f, indent=1)
