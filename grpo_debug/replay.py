@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def load_capture(path: str | Path) -> Capture:
         meta = json.loads((path / "capture.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CaptureError(f"{path / 'capture.json'} is not valid JSON: {e}") from None
+    try:
+        with zipfile.ZipFile(path / "batch.pt") as archive:  # torch.save's format: the CRCs catch a corrupted byte
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CaptureError(f"{path / 'batch.pt'} is not a torch.save archive ({e})") from None
+    if bad is not None:
+        raise CaptureError(f"{path / 'batch.pt'} is corrupted: {bad} fails its checksum")
     try:
         batch = torch.load(path / "batch.pt", weights_only=True, map_location="cpu")
     except Exception as e:  # a truncated or edited file fails in many ways inside torch
