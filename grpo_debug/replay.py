@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,8 +296,8 @@ def reward_functions(spec) -> list:
 def _as_messages(func, prompt_messages: dict[str, list]):
     """`func` called as TRL calls it in a conversational run: message lists, not strings."""
     def reward(prompts, completions, **kwargs):
-        return func([prompt_messages.get(p, [{"role": "user", "content": p}]) for p in prompts],
-                    [[{"role": "assistant", "content": c}] for c in completions], **kwargs)
+        return func(prompts=[prompt_messages.get(p, [{"role": "user", "content": p}]) for p in prompts],
+                    completions=[[{"role": "assistant", "content": c}] for c in completions], **kwargs)
     reward.__name__ = callable_name(func)
     return reward
 
@@ -311,6 +312,7 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     names = list(capture.meta["rewards"])
     weights = [capture.meta["reward_weights"][name] for name in names]
     yours = None
+    has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
     if isinstance(rewards_from, str) and ".py:" not in rewards_from:
         yours = load_task(rewards_from)
     elif isinstance(rewards_from, Task):
@@ -323,11 +325,20 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
         yours = Task(name="your reward functions", prompts=lambda s, n: prompts[:n], reward_funcs=tuple(funcs),
                      reward_weights=tuple(weights))
 
+    told = []
+
     def prompt_set(name: str, n: int) -> list[str]:
         if name == "train" and n <= len(prompts):
             return prompts[:n]
-        if isinstance(rewards_from, (str, Task)) and yours is not None and name != "train":
+        if has_sets and name != "train":
             return yours.prompts(name, n)
+        if yours is not None and name != "train":  # your reward functions, no prompt sets of yours
+            if not told:
+                told.append(name)
+                warnings.warn(f"the capture has no {name} prompts of its own: new completions are sampled on its "
+                              f"{len(prompts)} train prompts, repeated (open it with a Task for separate sets)",
+                              stacklevel=2)
+            return [prompts[i % len(prompts)] for i in range(n)]
         raise ValueError(f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts: to "
                          "sample new completions on other prompts, open it with a task that has them, "
                          "GRPOStep.from_capture(path, task=NAME)")

@@ -140,6 +140,16 @@ class GRPOStep:
             self.optimizer.load_state_dict(optimizer_state)
         self.result = StepRun(self.cfg)
 
+    def _captured_rollout_kept(self, cfg: StepConfig, before: StepConfig) -> str:
+        """A captured step's rollout is the trainer's: a change of `fast` or `generation` (how we would sample)
+        keeps it and re-runs from the log-probs; any other rollout field is refused."""
+        how = ("fast", "generation")
+        fields = [f.name for f in dataclasses.fields(StepConfig) if StepConfig.phase_of(f.name) == "rollout"
+                  and f.name not in how and getattr(cfg, f.name) != getattr(before, f.name)]
+        if fields:
+            raise ValueError(f"{fields} are rollout fields: a capture's rollout is the trainer's, fixed")
+        return cfg.replace(**{k: getattr(before, k) for k in how}).first_changed_phase(before) or "logprobs"
+
     def update_rows(self, keep: torch.Tensor) -> StepRun:
         """The last run with its update taken on the kept samples only (TracIn-selected GRPO): their loss
         normalised over themselves, as the seeds' trainers did."""
@@ -164,6 +174,8 @@ class GRPOStep:
         base = base or self.result
         stop = PHASES.index(until)
         changed = "rollout" if prompt_set != base.prompt_set else cfg.first_changed_phase(base.config)
+        if changed == "rollout" and self.capture is not None and prompt_set == "train":
+            changed = self._captured_rollout_kept(cfg, base.config)
         missing = next((p for p in PHASES[:stop + 1] if getattr(base, p) is None), None)
         due = [p for p in (changed, missing) if p is not None]
         start = PHASES.index(min(due, key=PHASES.index)) if due else stop + 1

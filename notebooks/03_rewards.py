@@ -45,10 +45,11 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, 
 run = step.run(cfg, until="rewards")
 from grpo_debug.ui.tables import per_sample
 table = per_sample(run)
-from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
-print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)
-table[["group", "completion", "reward", "rewards/best_move", "rewards/candidates", "rewards/evals",
-       "rewards/fen", "rewards/reward"]].head(16)
+if CAPTURE is None:  # the bundled chess task's component weights
+    from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
+    print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)
+print("reward functions and weights:", dict(zip(step.task.reward_names, step.task.weights)))
+table[["group", "completion", "reward", *[c for c in table.columns if c.startswith("rewards/")]]].head(16)
 
 # %%
 from grpo_debug.ui import plots

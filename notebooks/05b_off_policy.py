@@ -62,7 +62,9 @@ passes = {"mu = 1, pass 1": one.update.iterations[0], "mu = 2, pass 1": two.upda
           "mu = 2, pass 2": two.update.iterations[1]}
 table = pd.DataFrame({name: {**{k: it.metrics[k] for k in keys}, "grad_norm": it.grad_norms[0]}
                       for name, it in passes.items()}).T
-assert (table.loc["mu = 1, pass 1", keys[:4]] == 0).all() and table.loc["mu = 2, pass 2", "clip_ratio/region_mean"] > 0
+assert (table.loc["mu = 1, pass 1", keys[:4]] == 0).all()
+if CAPTURE is None:  # the bundled step's learning rate moves pass 2 off-policy
+    assert table.loc["mu = 2, pass 2", "clip_ratio/region_mean"] > 0
 table
 
 # %% [markdown]
@@ -213,8 +215,10 @@ print(f"pass 2: largest |log ratio| per token {spread(it2.ratio[scored]):.3f}, p
 # %%
 from grpo_debug.loss import SAMPLER_CORRECTION_MODES, sampler_importance_ratio, sampler_metrics
 trl_scored = step.run(cfg.with_preset("trl"), until="logprobs", base=one, remember=False)
+fixed_scored = one if cfg.preset_name() == "fixed" else step.run(cfg.with_preset("fixed"), until="logprobs", base=one,
+                                                                  remember=False)  # a capture: its rollout, every fix on
 rows, weights = {}, {}
-for label, scored in (("fixed", one), ("trl preset", trl_scored)):
+for label, scored in (("fixed", fixed_scored), ("trl preset", trl_scored)):
     for mode in SAMPLER_CORRECTION_MODES:
         L = scored.logprobs
         w = sampler_importance_ratio(L.policy, scored.rollout.sampler_logps, L.mask, mode)
@@ -274,14 +278,15 @@ marked_completions(two, top, step.loaded.tokenizer, list(range(0, len(top), cfg.
 
 # %%
 from grpo_debug.diagnostics import null_step
-floor = null_step(step, base=cfg)
+floor = null_step(step, base=cfg if CAPTURE is None else cfg.with_preset("fixed"))  # every fix on, then one change
 floor[[c for c in floor.columns if c.startswith("pass 2")]]
 
 # %%
 f = floor["pass 2: max |log ratio|"]
-assert f["fixed, readable paths"] == 0 and f["fixed, fast paths"] < 1e-4 and f["dropout on"] > 1
+assert f["fixed, readable paths"] == 0 and f["fixed, fast paths"] < 1e-4
 assert (floor.loc[["fixed, fast paths", "fixed, readable paths"], "pass 2: clip_ratio/region_mean"] == 0).all()
 if CAPTURE is None:  # measured on the bundled step
+    assert f["dropout on"] > 1
     assert f["fixed, bfloat16 scoring"] < 1e-4 and floor.loc["fixed, bfloat16 scoring", "pass 2: clip_ratio/region_mean"] == 0
 print(f"largest |log ratio| with identical weights: readable {f['fixed, readable paths']:.1e}, "
       f"fast {f['fixed, fast paths']:.1e}, bfloat16 {f['fixed, bfloat16 scoring']:.1e}, "

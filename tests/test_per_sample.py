@@ -15,7 +15,7 @@ def _share(model, run, cfg, rows):
     """These samples' share of the batch loss (the batch normalisation held fixed)."""
     weights = loss_weights(run.logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
     return chunk_loss(model, run.rollout, run.logprobs, run.advantages.values, scoring_of(cfg), loss_spec_of(cfg), rows,
-                      weights)
+                      weights, fast=model.config.model_type == "gpt2")
 
 
 def naive_per_sample_gradients(model, run, cfg):
@@ -135,3 +135,53 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     diffs = torch.cat([(after[True][0][k] - after[False][0][k]).abs().flatten() for k in start])
     assert (diffs > 0.01 * cfg.learning_rate).float().mean() < 1e-5 and diffs.max() < 0.1 * cfg.learning_rate
     assert all(p.requires_grad for p in model.parameters())  # the built weights are handed back to autograd
+
+
+def _random_model(kind: str, vocab: int):
+    """A tiny random model of each normalisation family transformers' decoders use."""
+    from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, max_position_embeddings=256, head_dim=16)
+    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma2": Gemma2Config}[kind](**common)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_rmsnorm_models_get_exact_per_sample_gradients_for_every_parameter(kind):
+    """RMSNorm (Llama, Qwen2; Gemma's 1 + weight) has a rule: each parameter's per-sample gradient from the
+    hooks equals autograd's one backward per sample."""
+    cfg = StepConfig(num_prompts=2, num_generations=2, beta=0.04, max_new_tokens=24)
+    step = GRPOStep(cfg)
+    run = step.run(cfg, until="loss")
+    model = _random_model(kind, len(step.loaded.tokenizer))
+    with torch.no_grad():  # RMSNorm weights away from their initial ones (and zeros), so every rule is exercised
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    naive = naive_per_sample_gradients(model, run, cfg)
+    fast, _ = hook_per_sample_gradients(model, run, cfg)
+    start = 0
+    for name, p in model.named_parameters():
+        width = p.numel()
+        assert torch.allclose(fast[:, start:start + width], naive[:, start:start + width], rtol=1e-4, atol=1e-6), name
+        start += width
+    assert start == naive.shape[1] and len(params) > 0
+    assert any("norm" in name for name, _ in model.named_parameters())
+
+
+def test_a_trainable_parameter_without_a_rule_is_refused_by_name():
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=32, n_embd=8, n_layer=1, n_head=2))
+    model.transformer.h[0].mlp.register_parameter("scale", torch.nn.Parameter(torch.ones(8)))
+    with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp \(GPT2MLP\)"):
+        with PerSampleGradients(model).capture():
+            pass
+
+
+def test_the_blocks_parameter_set_is_found_by_module_type():
+    from grpo_debug.tracin.influence import block_parameter_names
+    llama = _random_model("llama", 16)
+    names = block_parameter_names(llama)
+    assert names and all(n.startswith("model.layers.") for n in names)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=32, n_embd=8, n_layer=1, n_head=2))
+    assert all(n.startswith("transformer.h.") for n in block_parameter_names(gpt2))

@@ -2,6 +2,8 @@
 but for the batch shape), a model in a relative folder, two reward functions of their own, and the capture.
 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
+
+`model` (a folder), `capture` (the steps) and `chat` (message-list prompts) are read from the JSON too.
 """
 import json
 import sys
@@ -12,12 +14,17 @@ from trl import GRPOConfig, GRPOTrainer
 from grpo_debug.capture import CaptureCallback
 
 
+def text(completion) -> str:
+    """A completion as TRL passes it: a string, or in a conversational run a list of messages."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
 def digits(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+    return [sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1) for c in completions]
 
 
 def short(completions, **kwargs):
-    return [-len(c) / 16 for c in completions]
+    return [-len(text(c)) / 16 for c in completions]
 
 
 REWARD_FUNCS = [digits, short]
@@ -28,6 +35,8 @@ if __name__ == "__main__":
     model = changes.pop("model", "my-model")
     steps = changes.pop("capture", [2])
     prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]]
+    if changes.pop("chat", False):  # a conversational dataset: the tokenizer's chat template applies
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
     args = GRPOConfig(output_dir=out, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
                       max_steps=changes.pop("max_steps", 2), report_to="none", use_cpu=True,
                       logging_steps=logging_steps, **changes)

@@ -52,18 +52,30 @@ def lora_model(model, rank: int = 8, alpha: int = 16):
     code trained). peft starts B at zero, so the copy scores exactly like `model` and, at this point,
     only the B matrices have a gradient."""
     from peft import LoraConfig, get_peft_model
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=True,
-                        target_modules=["c_attn", "c_proj", "c_fc"])
+    from transformers.pytorch_utils import Conv1D
+    conv1d = any(isinstance(m, Conv1D) for m in model.modules())  # GPT-2 stores its projections transposed
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=conv1d,
+                        target_modules="all-linear")  # every projection of every block, found by type
     with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(copy.deepcopy(model), config)
 
 
-def _in_set(name: str, param_set: str) -> bool:
+def block_parameter_names(model) -> set[str]:
+    """The parameters of the model's stack of transformer blocks, found by module type: the ModuleList holding
+    the most parameters (GPT-2's transformer.h, Llama's and Qwen's model.layers)."""
+    stacks = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not stacks:
+        raise ValueError("parameter set 'blocks' needs a stack of blocks (a ModuleList) in the model; use 'all'")
+    name, blocks = max(stacks, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    return {f"{name}.{n}" for n, _ in blocks.named_parameters()}
+
+
+def _in_set(name: str, param_set: str, blocks: set[str]) -> bool:
     if param_set == "all":
         return "lora_" not in name
     if param_set == "blocks":
-        return "transformer.h." in name and "lora_" not in name
+        return name in blocks and "lora_" not in name
     return "lora_" in name
 
 
@@ -76,8 +88,9 @@ def parameter_set(model, param_set: str = "all"):
     if param_set == "lora" and not any("lora_" in n for n, _ in model.named_parameters()):
         raise ValueError("parameter set 'lora' needs a model with LoRA adapters: use influence.lora_model(model)")
     before = {p: p.requires_grad for p in model.parameters()}
+    blocks = block_parameter_names(model) if param_set == "blocks" else set()
     for name, p in model.named_parameters():
-        p.requires_grad_(_in_set(name, param_set))
+        p.requires_grad_(_in_set(name, param_set, blocks))
     try:
         yield
     finally:

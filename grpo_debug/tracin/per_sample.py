@@ -5,8 +5,11 @@ here is once its normalisation is fixed), a layer's gradient for row n is built 
 input X_n and output gradient G_n alone:
   Conv1D (d_in, d_out)   dW_n = sum_t X_n,t (x) G_n,t          db_n = sum_t G_n,t
   Linear (out, in)       dW_n = sum_t G_n,t (x) X_n,t          db_n = sum_t G_n,t
-  Embedding (V, d)       dE_n = sum_t onehot(id_n,t) (x) G_n,t
+  Embedding (V, d)       dE_n = sum_t onehot(id_n,t) (x) G_n,t      (times Gemma's embed_scale, applied inside)
   LayerNorm              dgamma_n = sum_t G_n,t * xhat_n,t,    dbeta_n = sum_t G_n,t
+  RMSNorm                dgamma_n = sum_t G_n,t * x_n,t / rms(x_n,t)   (Llama, Qwen2; Gemma's 1 + gamma alike)
+A trainable parameter of any other layer type has no rule: `capture` refuses it, naming it, rather than leave
+its gradient out.
 A weight's gradient stays a sum of outer products (`Outer`) and is never built unless asked for:
   - a dot product with one vector V (a summed validation gradient) is sum_t left_t^T V right_t;
   - an inner product of two such sums is sum_{t,s} <left_t, left_s> <right_t, right_s> ("ghost"
@@ -95,6 +98,24 @@ def dot(contribution: Contribution, vector: torch.Tensor) -> torch.Tensor:
     return contribution.double().flatten(1) @ vector.double().flatten()
 
 
+def is_rms_norm(module: torch.nn.Module) -> bool:
+    """transformers' RMSNorm layers (LlamaRMSNorm, Qwen2RMSNorm, GemmaRMSNorm, ...): one weight, no bias."""
+    return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor) \
+        and getattr(module, "bias", None) is None
+
+
+def rms_normalized(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) in float32, as the layer computes it before its weight (or 1 + weight) scales it."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    x = x.float()
+    xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return xhat.to(x.dtype)
+
+
+def has_rule(module: torch.nn.Module) -> bool:
+    return isinstance(module, (Conv1D, torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)) or is_rms_norm(module)
+
+
 class PerSampleGradients:
     """Hooks on every layer with trainable parameters; after one forward + backward, `factors()` holds
     each trainable parameter's per-sample gradient as a list of contributions (one per use)."""
@@ -124,10 +145,14 @@ class PerSampleGradients:
     def capture(self):
         """Record inputs and output gradients of every parameterised layer during forward + backward."""
         self.records, self.batch = [], None
+        unruled = [f"{name} ({type(module).__name__})" for name, module in self.model.named_modules()
+                   if any(p.requires_grad for p in module.parameters(recurse=False)) and not has_rule(module)]
+        if unruled:
+            raise ValueError(f"no per-sample gradient rule for the trainable parameters of {', '.join(unruled)}: "
+                             "freeze them (requires_grad_(False)) or add a rule to grpo_debug/tracin/per_sample.py")
         self.handles.append(self.model.register_forward_pre_hook(self._batch_size, with_kwargs=True))
         for module in self.model.modules():
-            if isinstance(module, (Conv1D, torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)) and \
-                    any(p.requires_grad for p in module.parameters(recurse=False)):
+            if has_rule(module) and any(p.requires_grad for p in module.parameters(recurse=False)):
                 self.handles.append(module.register_forward_hook(self._capture))
         try:
             yield self
@@ -149,11 +174,15 @@ class PerSampleGradients:
                 if module.bias is not None:
                     yield module.bias, G.sum(1)
             elif isinstance(module, torch.nn.Embedding):
-                yield module.weight, Outer(inputs[0], G, module.weight.shape[0])
+                scale = getattr(module, "embed_scale", None)  # Gemma's scaled embedding multiplies inside its forward
+                yield module.weight, Outer(inputs[0], G if scale is None else G * scale.to(G.dtype)
+                                           if torch.is_tensor(scale) else G * scale, module.weight.shape[0])
             elif isinstance(module, torch.nn.LayerNorm):
                 xhat = F.layer_norm(inputs[0].float(), module.normalized_shape, eps=module.eps)
                 yield module.weight, (G * xhat).sum(1)
                 yield module.bias, G.sum(1)
+            elif is_rms_norm(module):
+                yield module.weight, (G * rms_normalized(module, inputs[0])).sum(1)
 
     def factors(self) -> dict[torch.nn.Parameter, list[Contribution]]:
         out: dict[torch.nn.Parameter, list[Contribution]] = {}
