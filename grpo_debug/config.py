@@ -7,7 +7,8 @@ Two presets name the two steps the suite compares (`StepConfig.preset(name)`, `-
          loss_type="dapo", beta=0.0, use_bias_correction_kl=True (k3 times the ratio),
          disable_dropout=False (dropout on in the policy's forward passes), and completions scored with
          input_ids and attention_mask only (no position_ids: left-padded rows of an absolute-position
-         model are scored at shifted positions).
+         model are scored at shifted positions). `StepConfig.preset("trl")` also samples with dropout on
+         (`sample_dropout`), as TRL generates in train mode; `with_preset` keeps a cached rollout's mode.
 Sampling (temperature, top_p, B, G, max tokens) and the optimiser settings stay the step's own in both.
 Precision is the step's own too: TRL resolves `bf16=None` to True (bfloat16 autocast), which adds ~0.1 nats
 of rounding per token on the bundled model and makes numbers depend on batch shapes; `dtype="bfloat16"`
@@ -59,6 +60,9 @@ class StepConfig:
                           choices=("batched", "loop"))
     fast: bool = _in("rollout", True, "the fast paths (grpo_debug/fast/): the same numbers to float rounding; "
                      "false runs the readable functions only")
+    sample_dropout: bool = _in("rollout", False, "sample with the policy in train mode (dropout on), as TRL 1.16 "
+                               "generates when disable_dropout=False; the trl preset's, kept when a preset is "
+                               "switched on a cached rollout")
     pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 does (pad == eos); the bundled "
                              "tokenizer has its own <pad>")
     # --- log-probs of policy and reference
@@ -144,7 +148,8 @@ class StepConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "StepConfig":
-        """The preset's log-prob, advantage and loss fields; every other field its default or `overrides`."""
+        """The preset's log-prob, advantage and loss fields (and the `trl` preset's sampling in train mode);
+        every other field its default or `overrides`."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
@@ -179,7 +184,8 @@ PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(StepConfig)
                       if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS)
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},
-    "trl": {"loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
+    "trl": {"sample_dropout": True,  # a rollout field: StepConfig.preset sets it, with_preset keeps the rollout's
+            "loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
             "position_ids": False, "dtype": "float32", "logprob_temperature": True, "mask": "keep_first_eos",
             "gather": "per_position", "scale_rewards": "group", "std_floor": 0.0, "epsilon_low": 0.2,
             "epsilon_high": 0.2, "mask_truncated_completions": False, "delta": None, "importance_sampling_level": "token",

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .config import StepConfig
-from .task import Task, callable_name, load_task, register_task
+from .task import Task, callable_name, load_task, register_task, task_names
 from .trl_bridge import SAME_NAME as TRL_SAME_NAME
 
 COMPARED = ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
@@ -231,7 +231,7 @@ def config_from_capture(capture: Capture, **changes) -> StepConfig:
         model=str(capture.path.resolve() / capture.meta["policy"]["folder"]), task=task_name(capture),
         num_prompts=capture.num_samples // g["num_generations"], max_new_tokens=g["max_completion_length"],
         epsilon_low=g["epsilon"], kl_estimator="k3_corrected" if g.get("use_bias_correction_kl") else "k3",
-        dropout=dropout, position_ids=meta["position_ids"], dtype="bfloat16" if g.get("bf16") else "float32",
+        dropout=dropout, sample_dropout=dropout, position_ids=meta["position_ids"], dtype="bfloat16" if g.get("bf16") else "float32",
         vllm_importance_sampling_correction=bool(g.get("use_vllm") and g.get("vllm_importance_sampling_correction")),
         per_sample_grad_norms=False, fast=_model_type(capture) == "gpt2" and not dropout)
     try:
@@ -314,7 +314,12 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     yours = None
     has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
     if isinstance(rewards_from, str) and ".py:" not in rewards_from:
-        yours = load_task(rewards_from)
+        try:
+            yours = load_task(rewards_from)
+        except ValueError:
+            raise ValueError(f"task {rewards_from!r} is neither a registered task ({', '.join(n for n in task_names() if not n.startswith('capture:'))}) nor "
+                             "'file.py:NAME' naming your reward functions; pass the functions themselves "
+                             "(task=[f, g]) or register a Task (grpo_debug.task.register_task)") from None
     elif isinstance(rewards_from, Task):
         yours = rewards_from
     elif rewards_from is not None:

@@ -169,8 +169,9 @@ def identical_groups(completions: list[str], num_generations: int) -> list[int]:
 
 def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_new_tokens: int,
             temperature: float, top_p: float, seed: int, pad_with_eos: bool = True, generation: str = "batched",
-            fast: bool = True) -> Rollout:
-    """Sample `num_generations` completions for each prompt, model in eval mode, seeded.
+            fast: bool = True, dropout: bool = False) -> Rollout:
+    """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
+    TRL 1.16 generates with disable_dropout=False), seeded.
 
     `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
     `"loop"` makes one call per prompt, for the speed comparison. `pad_with_eos` pads completions with
@@ -181,10 +182,12 @@ def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_n
     pad_id = tokenizer.eos_token_id if pad_with_eos else tokenizer.pad_token_id
     tokenizer.padding_side = "left"
     with eval_mode(model):
+        model.train(dropout)
         start = time.perf_counter()
         torch.manual_seed(seed)
         parts = sample_batches(model, tokenizer, prompts, num_generations, generation, pad_id,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, fast=fast)
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                               fast=fast and not dropout)  # a prompt computed once would share one dropout mask
         seconds = time.perf_counter() - start
     completion_ids, lengths, finished, sampler, temperature_only = cut_after_eos(parts, pad_id, tokenizer.eos_token_id)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

@@ -202,7 +202,8 @@ def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prom
     return rollout(step.policy, step.loaded.tokenizer, prompts,
                    num_generations=cfg.num_generations,
                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                   pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast)
+                   pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast,
+                   dropout=cfg.sample_dropout)
 
 
 def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:

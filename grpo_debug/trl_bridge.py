@@ -43,6 +43,8 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
         out["kl_estimator"] = cfg.kl_estimator
     if cfg.generation != "batched":
         out["generation"] = cfg.generation
+    if cfg.sample_dropout != cfg.dropout:  # TRL's one switch, disable_dropout, sets both
+        out["sample_dropout"] = cfg.sample_dropout
     return out
 
 

@@ -75,9 +75,10 @@ def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:
 
 
 def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]]:
-    """S lists of rows, in order."""
-    size = num_samples // steps_per_generation
-    return [list(range(start, start + size)) for start in range(0, num_samples, size)]
+    """S lists of rows, in order: equal when S divides the samples (TRL's case), else within one row of each
+    other (a TracIn-selected subset); none empty."""
+    parts = torch.arange(num_samples).tensor_split(steps_per_generation)
+    return [part.tolist() for part in parts if len(part)]
 
 
 def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,

@@ -94,7 +94,7 @@ table
 
 # %%
 from grpo_debug.ui.widgets import summary
-step.run(cfg, until="update")
+step.run(cfg.replace(num_iterations=1), until="update")  # one pass first (a capture may have run more)
 result = apply_change(step, "num_iterations", 2, until="update")
 print("num_iterations=2 re-ran:", result.rerun)
 assert result.rerun == ["update"]

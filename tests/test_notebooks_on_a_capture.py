@@ -1,10 +1,18 @@
 """Every notebook that walks a step takes `CAPTURE` (and `TASK`) at the top instead of `MODEL`: each one is
-executed here, top to bottom, on a step captured from a 2-step TRL run of the bundled model (as notebook 10
-makes it) and opened with the bundled task, and must end on that captured step.
+executed here, top to bottom, on four captured steps, and must end on that captured step:
+- bundled: a 2-step TRL run of the bundled model (as notebook 10 once made it), opened with the bundled task;
+- defaults: a user's own script (`user_train.py`) on a tiny GPT-2 with TRL's defaults (dropout on, bfloat16,
+  dapo, beta 0, logging every 10 steps), opened with the user's reward functions ("user_train.py:REWARD_FUNCS");
+- chat: the same script on a tiny Llama with a chat template and message-list prompts (a conversational run);
+- mu2-ga2: the same script with num_iterations 2, gradient_accumulation_steps 2, beta 0.04, grpo (step 2: pass 2).
 
 Not here: 06b (it loads the committed training experiments of the bundled model) and 10 (it is the capture's
 own notebook, run by nbval)."""
 
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jupytext
@@ -23,14 +31,32 @@ ON_A_STEP = sorted(p.stem for p in NOTEBOOKS.glob("[0-9]*.py") if p.stem not in 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 
+TESTS = Path(__file__).resolve().parent
+USER_RUNS = {"defaults": {}, "chat": {"model": "my-chat", "chat": True},
+             "mu2-ga2": {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo"}}
+
+
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory) -> Path:
+def captures(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """{name: (capture folder, TASK)}."""
+    sys.path.insert(0, str(TESTS))
+    from arithmetic_task import build_tiny_llama, build_tiny_model
     out = tmp_path_factory.mktemp("run")
-    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)  # notebook 10's demo run
+    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)
     trainer = trl_trainer(cfg, str(out), max_steps=2, disable_dropout=True)
     trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
     trainer.train()
-    return out / "captures" / "step-2"
+    found = {"bundled": (out / "captures" / "step-2", StepConfig().task)}
+    user = tmp_path_factory.mktemp("user")
+    build_tiny_model(user / "my-model")
+    build_tiny_llama(user / "my-chat", chat=True)
+    shutil.copy(TESTS / "user_train.py", user / "user_train.py")
+    for name, changes in USER_RUNS.items():
+        done = subprocess.run([sys.executable, "user_train.py", name, "10", json.dumps(changes)], cwd=user,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[name] = (user / name / "captures" / "step-2", f"{user / 'user_train.py'}:REWARD_FUNCS")
+    return found
 
 
 def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookNode:
@@ -41,12 +67,15 @@ def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookN
     notebook = jupytext.reads(text, fmt="py:percent")
     notebook.cells.append(nbformat.v4.new_code_cell(  # it walked the captured step, not the bundled one
         "assert step.capture is not None and str(step.capture.path) == CAPTURE, step.capture\n"
-        "assert step.cfg.model == str(step.capture.path / 'policy')"))
+        "from pathlib import Path\n"
+        "assert Path(step.cfg.model) == step.capture.path.resolve() / 'policy'"))
     return notebook
 
 
+@pytest.mark.parametrize("run", ["bundled", *USER_RUNS])
 @pytest.mark.parametrize("name", ON_A_STEP)
-def test_the_notebook_walks_a_captured_step(name, capture):
-    notebook = on_capture(name, capture, StepConfig().task)
+def test_the_notebook_walks_a_captured_step(name, run, captures):
+    capture, task = captures[run]
+    notebook = on_capture(name, capture, task)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()

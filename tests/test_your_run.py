@@ -226,3 +226,27 @@ def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, ho
         load_capture(copy)
     assert str(copy) in str(refused.value), refused.value
     assert "payload ran" not in capsys.readouterr().out
+
+
+def test_trl_generates_in_train_mode_with_dropout_on_and_the_trl_preset_samples_so(tmp_path):
+    """TRL 1.16's GRPOTrainer generates with the policy in train mode when disable_dropout=False (its default):
+    every generation forward (no grad) sees module.training. The `trl` preset samples the same way; a preset
+    switched on a cached rollout keeps the rollout's mode; the bridge refuses the mix TRL cannot express."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from grpo_debug.config import StepConfig
+    from grpo_debug.trl_bridge import no_trl_switch
+    from user_train import REWARD_FUNCS
+    build_tiny_model(tmp_path / "model")
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True)
+    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}))
+    modes = []
+    trainer.model.register_forward_pre_hook(lambda m, a: modes.append(m.training) if not torch.is_grad_enabled() else None)
+    trainer.train()
+    assert modes and all(modes)  # every no-grad forward (generation) ran in train mode
+    assert StepConfig.preset("trl").sample_dropout and not StepConfig().sample_dropout
+    assert not StepConfig().with_preset("trl").sample_dropout  # a cached rollout is kept on a preset switch
+    assert no_trl_switch(StepConfig.preset("trl")) == {}
+    assert no_trl_switch(StepConfig().with_preset("trl")) == {"sample_dropout": False}
