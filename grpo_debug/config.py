@@ -152,7 +152,7 @@ class StepConfig:
         every other field its default or `overrides`."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
-        return cls(**{**PRESETS[name], **overrides})
+        return cls(**{**PRESETS[name], **PRESET_SAMPLING.get(name, {}), **overrides})
 
     def with_preset(self, name: str) -> "StepConfig":
         """This config with a preset's fields; sampling, update and evaluation settings kept."""
@@ -184,8 +184,7 @@ PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(StepConfig)
                       if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS)
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},
-    "trl": {"sample_dropout": True,  # a rollout field: StepConfig.preset sets it, with_preset keeps the rollout's
-            "loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
+    "trl": {"loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
             "position_ids": False, "dtype": "float32", "logprob_temperature": True, "mask": "keep_first_eos",
             "gather": "per_position", "scale_rewards": "group", "std_floor": 0.0, "epsilon_low": 0.2,
             "epsilon_high": 0.2, "mask_truncated_completions": False, "delta": None, "importance_sampling_level": "token",
@@ -196,6 +195,11 @@ PRESETS: dict[str, dict[str, object]] = {
             "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
             "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
 }
+
+
+# How a preset samples: set by `StepConfig.preset` only. `with_preset` and a preset's fields used as changes
+# (`cfg.replace(**PRESETS[name])`) keep the rollout they are applied to.
+PRESET_SAMPLING: dict[str, dict[str, object]] = {"trl": {"sample_dropout": True}}
 
 
 def _base_type(f: dataclasses.Field) -> tuple[str, bool]:

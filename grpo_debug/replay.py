@@ -317,7 +317,8 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
         try:
             yours = load_task(rewards_from)
         except ValueError:
-            raise ValueError(f"task {rewards_from!r} is neither a registered task ({', '.join(n for n in task_names() if not n.startswith('capture:'))}) nor "
+            names = ", ".join(n for n in task_names() if not n.startswith("capture:"))
+            raise ValueError(f"task {rewards_from!r} is neither a registered task ({names}) nor "
                              "'file.py:NAME' naming your reward functions; pass the functions themselves "
                              "(task=[f, g]) or register a Task (grpo_debug.task.register_task)") from None
     elif isinstance(rewards_from, Task):
