@@ -203,7 +203,7 @@ class Progress:
         """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped, and
         with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
         path = self.checkpoint(arm, seed)
-        done = torch.load(path, weights_only=False)["step"] if path.exists() else 0
+        done = torch.load(path, weights_only=True)["step"] if path.exists() else 0
         stale = lambda r: r["arm"] == arm and r["seed"] == seed and (r["step"] > done or not done)
         if any(stale(r) for r in self.records):
             self.records = [r for r in self.records if not stale(r)]
@@ -223,7 +223,7 @@ class Progress:
         os.replace(self.checkpoint(arm, seed).with_suffix(".tmp"), self.checkpoint(arm, seed))
 
     def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
-        state = torch.load(self.checkpoint(arm, seed), weights_only=False)
+        state = torch.load(self.checkpoint(arm, seed), weights_only=True)
         step.policy.load_state_dict(state["policy"])
         step.start_from_current_weights(state["optimizer"])
 

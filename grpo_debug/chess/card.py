@@ -53,7 +53,7 @@ class ModelFacts(NamedTuple):
 
 
 def model_facts(model_dir: Path) -> ModelFacts:
-    state = torch.load(model_dir / "train_state.pt", weights_only=False, map_location="cpu")
+    state = torch.load(model_dir / "train_state.pt", weights_only=True, map_location="cpu")
     return ModelFacts(train=state["config"], step=state["step"], minutes=state["trained_seconds"] / 60,
                       arch=json.loads((model_dir / "config.json").read_text()),
                       n_params=sum(v.numel() for k, v in state["model"].items() if k != "lm_head.weight"),

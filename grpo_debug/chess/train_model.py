@@ -168,7 +168,7 @@ def restore_state(path: Path, model, optimizer, rng: random.Random) -> tuple[int
     state_path = path / "train_state.pt"
     if not state_path.exists():
         return 0, 0.0
-    state = torch.load(state_path, weights_only=False)
+    state = torch.load(state_path, weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     rng.setstate(state["rng"])

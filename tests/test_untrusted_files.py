@@ -1,0 +1,56 @@
+"""Every file the package reads with torch.load is read with weights_only=True: a pickle payload planted in it is
+refused, and never runs (it would write a marker file)."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+
+class Payload:
+    marker: Path = Path()
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "the payload ran"))
+
+
+@pytest.fixture
+def planted(tmp_path):
+    Payload.marker = tmp_path / "PWNED"
+
+    def plant(path: Path, wrap=lambda p: p) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(wrap(Payload()), path)
+        return path
+    yield plant
+    assert not Payload.marker.exists(), "a planted payload ran"
+
+
+def test_a_training_checkpoint_with_a_payload_is_refused(planted, tmp_path):
+    from grpo_debug.train import Progress
+    progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
+    planted(progress.checkpoint("fixed", 0), lambda p: {"step": p, "policy": {}, "optimizer": None})
+    with pytest.raises(Exception, match="Weights only load failed"):
+        progress.resume_point("fixed", 0)
+
+
+def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
+    from grpo_debug.chess.card import model_facts
+    from grpo_debug.chess.train_model import restore_state
+    planted(tmp_path / "model" / "train_state.pt", lambda p: {"model": p})
+    with pytest.raises(Exception, match="Weights only load failed"):
+        model_facts(tmp_path / "model")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        restore_state(tmp_path / "model", model, torch.optim.SGD(model.parameters(), lr=0.1), random.Random(0))
+
+
+def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
+    import json
+    from grpo_debug.replay import CaptureError, load_capture
+    capture = tmp_path / "step-2"
+    planted(capture / "batch.pt", lambda p: {"prompt_ids": p})
+    (capture / "capture.json").write_text(json.dumps({"step": 2}))
+    with pytest.raises(CaptureError, match="batch.pt"):
+        load_capture(capture)
