@@ -225,6 +225,11 @@ def config_from_capture(capture: Capture, **changes) -> StepConfig:
     dropout (`disable_dropout`), precision (`bf16`), the KL estimator (`use_bias_correction_kl`), and
     position_ids where the trainer passed them (`PositionIdsGRPOTrainer`). `changes` apply after."""
     g, meta = resolved_grpo_config(capture), capture.meta
+    if task_name(capture) not in task_names():  # a StepConfig.task choice from here on; `open_capture` fills it
+
+        def not_opened():
+            raise RuntimeError(f"{task_name(capture)}: open the capture (GRPOStep.from_capture) for its task")
+        register_task(task_name(capture), not_opened)
     fields = {k: g[k] for k in SAME_NAME if k in g and g[k] is not None}
     dropout = not g["disable_dropout"]
     fields.update(
@@ -390,10 +395,6 @@ def open_capture(path: str | Path, task=None, **changes):
     from .model import LoadedModel, ModelUnavailable, load_model
     from .step import GRPOStep, PhaseTiming, StepRun
     capture = load_capture(path)
-
-    def not_yet():
-        raise RuntimeError(f"{task_name(capture)} is being opened")
-    register_task(task_name(capture), not_yet)  # its name is a StepConfig.task choice from here on
     base = config_from_capture(capture)
     cfg = config_from_capture(capture, **changes)
     rollout_fields = [f.name for f in dataclasses.fields(StepConfig) if StepConfig.phase_of(f.name) == "rollout"

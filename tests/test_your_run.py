@@ -250,3 +250,31 @@ def test_trl_generates_in_train_mode_with_dropout_on_and_the_trl_preset_samples_
     assert not StepConfig().with_preset("trl").sample_dropout  # a cached rollout is kept on a preset switch
     assert no_trl_switch(StepConfig.preset("trl")) == {}
     assert no_trl_switch(StepConfig().with_preset("trl")) == {"sample_dropout": False}
+
+
+def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_path):
+    """TRL keeps None in the saved GRPOConfig where the trainer resolves a value at run time; the replay's
+    StepConfig holds the trainer's own values."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.replay import config_from_capture, load_capture
+    from user_train import REWARD_FUNCS
+    build_tiny_model(tmp_path / "model")
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True)
+    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}))
+    trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1]))
+    trainer.train()
+    capture = load_capture(tmp_path / "captures" / "step-1")
+    assert capture.meta["grpo_config"]["epsilon_high"] is None  # as saved
+    cfg = config_from_capture(capture)
+    assert (cfg.epsilon_low, cfg.epsilon_high) == (trainer.epsilon_low, trainer.epsilon_high)
+    assert (cfg.micro_batches, cfg.gradient_accumulation_steps) == (trainer.args.steps_per_generation,
+                                                                   trainer.args.gradient_accumulation_steps)
+    assert (cfg.num_iterations, cfg.beta, cfg.loss_type, cfg.temperature) == (
+        trainer.num_iterations, trainer.beta, trainer.loss_type, trainer.temperature)
+    assert cfg.dtype == ("bfloat16" if str(trainer.accelerator.mixed_precision) == "bf16" else "float32")
+    assert cfg.dropout == cfg.sample_dropout == (not trainer.args.disable_dropout)
+    assert cfg.max_new_tokens == trainer.max_completion_length and cfg.learning_rate == trainer.args.learning_rate
