@@ -140,7 +140,7 @@ class GRPOStep:
             self.optimizer.load_state_dict(optimizer_state)
         self.result = StepRun(self.cfg)
 
-    def _captured_rollout_kept(self, cfg: StepConfig, before: StepConfig) -> str:
+    def _captured_rollout_kept(self, cfg: StepConfig, before: StepConfig) -> str | None:
         """A captured step's rollout is the trainer's: a change of `fast` or `generation` (how we would sample)
         keeps it and re-runs from the log-probs; any other rollout field is refused."""
         how = ("fast", "generation")
@@ -148,7 +148,9 @@ class GRPOStep:
                   and f.name not in how and getattr(cfg, f.name) != getattr(before, f.name)]
         if fields:
             raise ValueError(f"{fields} are rollout fields: a capture's rollout is the trainer's, fixed")
-        return cfg.replace(**{k: getattr(before, k) for k in how}).first_changed_phase(before) or "logprobs"
+        if cfg.fast != before.fast:  # `fast` also picks the scoring path
+            return "logprobs"
+        return cfg.replace(generation=before.generation).first_changed_phase(before)
 
     def update_rows(self, keep: torch.Tensor) -> StepRun:
         """The last run with its update taken on the kept samples only (TracIn-selected GRPO): their loss
@@ -209,7 +211,7 @@ def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prom
 def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
     step.restore_policy()
     scoring = scoring_of(cfg)
-    same_scoring = (base.logprobs is not None and base.rollout is done["rollout"]
+    same_scoring = (base.logprobs is not None and base.rollout is done["rollout"] and base.config.fast == cfg.fast
                     and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring))  # e.g. only the mask changed
     return compute_logprobs(step.policy, step.loaded.reference, done["rollout"], scoring,
                             reference_is_policy=step.at_reference,
