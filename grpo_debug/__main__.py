@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 
@@ -88,9 +89,33 @@ def train_command(parser, args) -> int:
                     progress, show_progress=not args.no_progress, keep_progress=args.keep_progress)
     results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else None
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(args.json, results)
     print(summary_table(results))
+    return 0
+
+
+def write_json(path: str, value) -> None:
+    """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
+    from .train import strict_json
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(strict_json(value), f, indent=1, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def analyze_command(parser, args) -> int:
+    """Every verdict of committed training results, recomputed from their records (grpo_debug.stats)."""
+    from .train import reanalyze
+    for path in args.paths:
+        try:
+            results = reanalyze(json.loads(open(path).read()))
+        except (OSError, ValueError, KeyError) as e:
+            parser.error(f"{path}: {e}")
+        print(summary_table(results))
+        if args.write:
+            write_json(path, results)
     return 0
 
 
@@ -120,15 +145,28 @@ def replay_command(parser, args) -> int:
 
 
 def summary_table(results: dict) -> str:
-    """The held-out reward per arm after K steps, and its difference from the first arm (95% intervals)."""
-    fmt = lambda d: f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-    arms = list(results["arms"])
-    lines = [f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), "
-             f"{results['eval_prompts']} test prompts (95% intervals over seeds and prompts)"]
-    for arm, row in results["summary"].items():
-        diff = row.get(f"minus_{arms[0]}")
-        lines.append(f"  {arm:18s} start {row['reward_start']:.4f}  final {fmt(row['reward_final'])}"
-                     + (f"  minus {arms[0]} {fmt(diff)}" if diff else ""))
+    """The held-out reward per arm after K steps, then each family of verdicts with its correction."""
+    fmt = lambda d: (f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]" if d["ci_low"] is not None
+                     else f"{d['mean']:+.4f} (no interval)")
+    summary = results["summary"]
+    lines = [f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
+             "test prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"]
+    for arm, row in summary.items():
+        start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"
+        lines.append(f"  {arm:18s} start {start}  final {fmt(row['reward_final'])} "
+                     f"({row['reward_final']['n_seeds']} distinct seed(s))")
+    families: dict[str, list[tuple[str, dict]]] = {}
+    for arm, row in summary.items():
+        for value in row.values():
+            if isinstance(value, dict) and "family" in value:
+                families.setdefault(value["family"], []).append((arm, value))
+    for name, members in families.items():
+        size = members[0][1]["family_size"]
+        lines.append(f"family: {name} ({size} verdict(s); intervals at {100 * members[0][1]['level']:.2f}% "
+                     "(Bonferroni), Holm's adjusted p)")
+        for arm, value in members:
+            holm = "-" if value["holm_p"] is None else f"{value['holm_p']:.3g}"
+            lines.append(f"  {arm:18s} {value['verdict']}  (Holm p {holm})")
     return "\n".join(lines)
 
 
@@ -165,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--keep-progress", action="store_true",
                     help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
                          "then resumes from them instead of starting over")
+    an = sub.add_parser("analyze", help="recompute the verdicts of training results (train's --json) from their "
+                        "records: intervals for seeds crossed with test prompts, each family corrected")
+    an.add_argument("paths", nargs="+", help="JSON files written by train")
+    an.add_argument("--write", action="store_true", help="write the recomputed summary back (strict JSON)")
     rp = sub.add_parser("replay", help="open a step captured from a TRL run (grpo_debug.capture) and compare "
                                        "our recomputation with what TRL logged")
     rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
@@ -173,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(getattr(args, "threads", 1))
     if args.command == "train":
         return train_command(parser, args)
+    if args.command == "analyze":
+        return analyze_command(parser, args)
     if args.command == "replay":
         return replay_command(parser, args)
     try:
