@@ -86,7 +86,8 @@ def train_command(parser, args) -> int:
         parser.error(str(e))
     progress = f"{args.json}.progress.jsonl"
     results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
-                    progress, show_progress=not args.no_progress, keep_progress=args.keep_progress)
+                    progress, show_progress=not args.no_progress, keep_progress=args.keep_progress,
+                    first_seed=args.first_seed)
     results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else None
     write_json(args.json, results)
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
                          "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=")
     tr.add_argument("--seeds", type=int, default=1, help="S, seeds per arm (paired across arms)")
+    tr.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used")
     tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="StepConfig changes for every arm")
     tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
     tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")

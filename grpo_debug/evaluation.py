@@ -15,6 +15,7 @@ from .config import StepConfig
 from .rewards import compute_rewards
 from .rollout import sample_completions
 from .task import Task, as_task
+from .stats import prompt_bootstrap
 
 
 EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
@@ -55,20 +56,13 @@ def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task 
     return EvalSide(per_prompt.mean().item(), components, per_prompt, completions)
 
 
-def bootstrap_ci(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tuple[float, float]:
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=g)
-    means = diffs[idx].mean(1)
-    return torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
-
-
 def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, task: Task | str) -> Evaluation:
     start = time.perf_counter()
     prompts = eval_prompts(task, cfg.eval_prompts)
     before = eval_side(before_model, tokenizer, prompts, cfg, task)
     after = eval_side(after_model, tokenizer, prompts, cfg, task)
     diffs = after.per_prompt - before.per_prompt
-    low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
+    low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
     return Evaluation(before=before, after=after, delta=diffs.mean().item(), ci_low=low, ci_high=high,
                       component_deltas={k: after.components[k] - before.components[k] for k in before.components},
                       seconds=time.perf_counter() - start)

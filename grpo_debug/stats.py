@@ -16,8 +16,9 @@ every seed) and e_sp the rest. The quantity of interest is mu, over new seeds an
 - `log_ratio_interval`: the same on log(mine / theirs) per seed, for positive heavy-tailed metrics (KL): a
   ratio of geometric means; `sign_test` beside it needs no distribution at all (with 3 seeds its smallest
   two-sided p is 0.25: it can never decide).
-- `prompt_interval`: one step's evaluation, one model pair on P prompts: Student's t over prompts (the seed is
-  fixed, so the interval speaks of these weights on new prompts).
+- `prompt_interval`: one model pair on P prompts (a deterministic arm): Student's t over prompts (the seed is
+  fixed, so the interval speaks of these weights on new prompts). `prompt_bootstrap`: the same design, the
+  percentile bootstrap over prompts that a single step's evaluation reports (notebooks 06, 07).
 - `distinct_seeds`: an arm whose seeds gave byte-identical tables (a greedy arm ignores the seed) is one sample.
 - `holm`: Holm's step-down adjustment of a family's p-values (family-wise error 5%); `bonferroni_level`: the
   confidence level each interval of a family of m is shown at (1 - 0.05 / m), so that no shown interval
@@ -152,6 +153,15 @@ def bonferroni_level(family_size: int, level: float = LEVEL) -> float:
     return 1 - (1 - level) / max(family_size, 1)
 
 
+def prompt_bootstrap(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tuple[float, float]:
+    """One step's evaluation (one model pair, one seed) on P prompts: the 95% percentile bootstrap of the mean
+    paired difference over prompts, the unit that was sampled (notebooks 06 and 07)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(diffs), (resamples, len(diffs)), generator=g)
+    means = diffs[idx].mean(1)
+    return torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
+
+
 def spearman(a, b) -> float:
     """Spearman's rank correlation (scipy; ties get average ranks)."""
     return float(scipy_stats.spearmanr(torch.as_tensor(a).flatten().numpy(),
@@ -168,3 +178,31 @@ def verdict(interval: Interval, what: str = "held-out reward", adjusted_p: float
     if decided:
         return f"{what} {'higher' if interval.mean > 0 else 'lower'}: {numbers}"
     return f"{what}: not detected, {numbers} (width {interval.ci_high - interval.ci_low:.3f})"
+
+
+def variance_components(table: torch.Tensor) -> dict[str, float]:
+    """Seed, prompt and residual variances of a (seeds, prompts) table, from the two-way ANOVA's mean squares
+    (negative estimates set to 0)."""
+    y = torch.as_tensor(table, dtype=torch.float64)
+    S, P = y.shape
+    grand = y.mean()
+    ms_seed = P * ((y.mean(1) - grand) ** 2).sum().item() / (S - 1)
+    ms_prompt = S * ((y.mean(0) - grand) ** 2).sum().item() / (P - 1)
+    residual = y - y.mean(1, keepdim=True) - y.mean(0, keepdim=True) + grand
+    ms_residual = (residual ** 2).sum().item() / ((S - 1) * (P - 1))
+    return {"seed": max((ms_seed - ms_residual) / P, 0.0), "prompt": max((ms_prompt - ms_residual) / S, 0.0),
+            "residual": ms_residual, "effect": grand.item()}
+
+
+def crossed_power(effect: float, components: dict[str, float], seeds: int, prompts: int, runs: int = 1000,
+                  seed: int = 0, level: float = LEVEL) -> float:
+    """The share of `runs` simulated experiments (the crossed model with these variance components and a true
+    `effect`) whose `crossed_interval` excludes 0: the power of a planned run with `seeds` seeds."""
+    g = torch.Generator().manual_seed(seed)
+    hits = 0
+    for _ in range(runs):
+        y = (effect + math.sqrt(components["seed"]) * torch.randn(seeds, 1, generator=g, dtype=torch.float64)
+             + math.sqrt(components["prompt"]) * torch.randn(1, prompts, generator=g, dtype=torch.float64)
+             + math.sqrt(components["residual"]) * torch.randn(seeds, prompts, generator=g, dtype=torch.float64))
+        hits += not crossed_interval(y, level).contains_zero()
+    return hits / runs

@@ -249,22 +249,25 @@ def run_arm(arm: Arm, seed: int, base: StepConfig, steps: int, eval_every: int, 
 
 def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = None, eval_every: int = 5,
           eval_prompts_n: int = 32, train_prompts: int = 128, progress_path: str | Path = "train.progress.jsonl",
-          show_progress: bool = True, keep_progress: bool = False) -> dict:
-    """Every arm for `steps` steps and `seeds` seeds (resuming from `progress_path`); the results. Once
-    every arm is done the progress file and its checkpoints are removed, unless `keep_progress`."""
+          show_progress: bool = True, keep_progress: bool = False, first_seed: int = 0) -> dict:
+    """Every arm for `steps` steps and `seeds` seeds, first_seed .. first_seed + seeds - 1 (resuming from
+    `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
+    unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`)."""
     base = base or StepConfig()
     if len({a.name for a in arms}) != len(arms):
         raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
-    if steps < 1 or seeds < 1 or eval_every < 1:
-        raise ValueError(f"steps, seeds and eval_every must be >= 1, got {steps}, {seeds}, {eval_every}")
+    if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
+        raise ValueError(f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
+                         f"{eval_every}, {first_seed}")
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
     header = {"base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
               "arms": {a.name: a.describe() for a in arms}, "eval_every": eval_every,
-              "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE}
+              "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE,
+              **({"first_seed": first_seed} if first_seed else {})}
     progress = Progress(progress_path, header)
     for arm in arms:
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             with tqdm(total=steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
                 run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar)
     order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
@@ -279,14 +282,18 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
 # ---- intervals (grpo_debug.stats): seeds are the unit, crossed with the test prompts
 
 def eval_table(records: list[dict], arm: str, seeds: int, step: int) -> torch.Tensor | None:
+    """(seeds, prompts) the held-out reward per test prompt at `step`, rows in seed order."""
     rows = {r["seed"]: r["eval"]["per_prompt"] for r in records if "eval" in r and r["arm"] == arm and r["step"] == step}
-    return torch.tensor([rows[s] for s in range(seeds)], dtype=torch.float64) if len(rows) == seeds else None
+    return torch.tensor([rows[s] for s in sorted(rows)], dtype=torch.float64) if len(rows) == seeds else None
 
 
 def last_steps_mean(records: list[dict], arm: str, seeds: int, key: str, first: int, last: int) -> torch.Tensor | None:
     """(seeds,) each seed's mean of a step metric over steps first..last."""
+    ids = sorted({r["seed"] for r in records if r["arm"] == arm})
+    if len(ids) != seeds:
+        return None
     rows = [[r[key] for r in records if r["arm"] == arm and r["seed"] == s and first <= r["step"] <= last
-             and "eval" not in r and r.get(key) is not None] for s in range(seeds)]
+             and "eval" not in r and r.get(key) is not None] for s in ids]
     return torch.tensor([sum(v) / len(v) for v in rows], dtype=torch.float64) if all(rows) else None
 
 
@@ -437,9 +444,9 @@ def select_arms(results: dict, arms: list[str]) -> dict:
 def merge_results(first: dict, second: dict) -> dict:
     """Two comparisons run apart (to share a machine) as one, their arms paired: they must have the same
     base config, steps, seeds and evaluation, and their shared arms must have logged the same numbers."""
-    same = ("base", "steps", "seeds", "eval_every", "eval_prompts", "train_prompts", "seed_stride")
-    if any(first[k] != second[k] for k in same):
-        raise ValueError(f"the two runs differ in {[k for k in same if first[k] != second[k]]}: not paired")
+    same = ("base", "steps", "seeds", "eval_every", "eval_prompts", "train_prompts", "seed_stride", "first_seed")
+    if any(first.get(k) != second.get(k) for k in same):
+        raise ValueError(f"the two runs differ in {[k for k in same if first.get(k) != second.get(k)]}: not paired")
     strip = lambda rs, arm: [{k: v for k, v in r.items() if k != "seconds"} for r in rs if r["arm"] == arm]
     shared = [a for a in second["arms"] if a in first["arms"]]
     for arm in shared:

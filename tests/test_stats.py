@@ -79,3 +79,14 @@ def test_verdicts_follow_their_intervals():
 
 def test_spearman_is_scipys():
     assert math.isclose(spearman([1, 2, 3, 4], [1, 3, 2, 4]), 0.8)
+
+
+def test_variance_components_and_power_recover_a_known_design():
+    from grpo_debug.stats import crossed_power, variance_components
+    g = torch.Generator().manual_seed(3)
+    y = 0.5 + 0.4 * torch.randn(40, 1, generator=g) + 0.3 * torch.randn(1, 60, generator=g) + 0.2 * torch.randn(40, 60, generator=g)
+    c = variance_components(y)
+    assert abs(c["seed"] - 0.16) < 0.08 and abs(c["prompt"] - 0.09) < 0.05 and abs(c["residual"] - 0.04) < 0.005
+    low = crossed_power(0.05, {"seed": 0.0, "prompt": 0.0, "residual": 0.05}, seeds=4, prompts=24, runs=300)
+    high = crossed_power(0.05, {"seed": 0.0, "prompt": 0.0, "residual": 0.05}, seeds=16, prompts=24, runs=300)
+    assert low < high and crossed_power(0.0, c, seeds=8, prompts=24, runs=300) < 0.1  # no effect: about 5%

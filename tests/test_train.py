@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.train import (ARMS, Selection, bootstrap, metric_curve, parse_arm, step_config, train,
-                              verdict)
+from grpo_debug.train import ARMS, Selection, metric_curve, parse_arm, step_config, train
 
 BASE = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48, per_sample_grad_norms=False)
 TIMES = ("seconds",)
@@ -102,12 +101,13 @@ def test_a_tracin_arm_records_the_fraction_it_selected(tmp_path):
     assert 0 <= out["summary"]["tr"]["selected_fraction"]["mean"] <= 1
 
 
-def test_verdicts_and_intervals():
-    assert verdict({"mean": 0.1, "ci_low": 0.02, "ci_high": 0.2}).startswith("held-out reward higher")
-    assert verdict({"mean": -0.1, "ci_low": -0.2, "ci_high": -0.01}).startswith("held-out reward lower")
-    assert verdict({"mean": 0.01, "ci_low": -0.02, "ci_high": 0.05}).startswith("no detectable effect")
-    mean, low, high = bootstrap(torch.tensor([[0.0, 1.0], [1.0, 2.0]]))
-    assert mean == 1.0 and low < mean < high
+def test_a_summary_is_families_of_verdicts_with_their_correction(three_steps):
+    row = three_steps["summary"]["k1"]["minus_fixed"]
+    assert row["family"] == "held-out reward minus fixed" and row["family_size"] == 1 and row["level"] == 0.95
+    assert row["method"].startswith("crossed seeds x prompts" if row["n_seeds"] > 1 else "one seed")
+    assert row["holm_p"] == row["p_value"]
+    change = three_steps["summary"]["fixed"]["change_from_start"]
+    assert change["family_size"] == 2 and change["level"] == 0.975  # Bonferroni over the two arms
 
 
 def test_the_cli_writes_the_same_numbers_twice(tmp_path):
@@ -165,7 +165,7 @@ def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps)
     from grpo_debug.train import merge_results, select_arms
     only_fixed = select_arms(three_steps, ["fixed"])
     assert list(only_fixed["arms"]) == ["fixed"] and {r["arm"] for r in only_fixed["records"]} == {"fixed"}
-    assert only_fixed["summary"]["fixed"] == three_steps["summary"]["fixed"]
+    assert only_fixed["summary"]["fixed"]["reward_final"] == three_steps["summary"]["fixed"]["reward_final"]
     other = copy.deepcopy(select_arms(three_steps, ["k1"]))  # a run without fixed, paired through the first
     merged = merge_results(only_fixed, other)
     assert merged["summary"]["k1"]["minus_fixed"] == three_steps["summary"]["k1"]["minus_fixed"]
@@ -179,7 +179,7 @@ def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_ste
     assert [r["step"] for r in rows] == [0, 2, 3]
     assert rows[0]["mean"] == rows[0]["low"] == rows[0]["high"] == 0  # one start, one evaluation seed: no difference
     last = paired_difference(three_steps, "k1", "fixed")
-    assert (rows[-1]["mean"], rows[-1]["low"], rows[-1]["high"]) == (last["mean"], last["ci_low"], last["ci_high"])
+    assert (rows[-1]["mean"], rows[-1]["low"], rows[-1]["high"]) == (last.mean, last.ci_low, last.ci_high)
 
 
 def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_steps):

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(--seeds 3 --eval-prompts 24 --threads 1 --no-progress --keep-progress
         --set num_prompts=4 num_generations=8 learning_rate=0.0002 per_sample_grad_norms=false)
-case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | all
+case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | confirm | all
   pitfalls|all)  # K = 36: the fixed arm's held-out reward did not move measurably at K = 12
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm trl --arm no_temperature \
       --arm eos_dropped --arm dropout "${COMMON[@]}" --json data/experiments/pitfalls.json ;;&
@@ -30,5 +30,9 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
       --seeds 8 --json data/experiments/tracin_sets_seeds.json ;;&
   zero_loss|all)
     python -m grpo_debug train --steps 4 --eval-every 4 --arm fixed --arm dapo --arm identical_groups "${COMMON[@]}" \
-      --json data/experiments/zero_loss.json ;;
+      --json data/experiments/zero_loss.json ;;&
+  confirm|all)  # the confirmatory run of plan.json (committed before it ran): its two commands, as written there
+    python -c 'import json, shlex, subprocess, sys
+for command in json.load(open("data/experiments/plan.json"))["commands"]:
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;
 esac

@@ -31,6 +31,7 @@ from .optimizer import (BETAS, EPS, adam_direction, clip_by_total_norm, optimize
 from ..rollout import Rollout, row_chunks
 from ..step import loss_spec_of, optimization_of, scoring_of
 from ..update import DROPOUT_SEED, chunk_loss
+from ..stats import prompt_bootstrap, spearman
 
 STEP_KINDS = ("sgd", "adamw", "adamw_batch")
 SCORES = ("tracin", "adam", "adam_batch")
@@ -91,11 +92,6 @@ def evaluation_noise(model, val: ValidationSet, cfg: StepConfig, kind: str, val_
             for p, b in zip(params, before):
                 p.copy_(b)
     return worst
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
-    return torch.corrcoef(torch.stack([ra, rb]))[0, 1].item()
 
 
 def _sum_over_samples(grads: dict) -> dict:
@@ -329,9 +325,8 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
 def selection_result(strategy: str, optimizer: str, lr: float, keep: torch.Tensor, val: ValidationSet,
                      cfg: StepConfig, before, after, loss_before: float, loss_after: float) -> SelectionResult:
     """The paired reward change over the test prompts (bootstrap interval) next to L_val before and after."""
-    from ..evaluation import bootstrap_ci
     diffs = after.per_prompt - before.per_prompt
-    low, high = bootstrap_ci(diffs, cfg.bootstrap, cfg.seed)
+    low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
     return SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()), f"{val.name} ({val.prompt_set} prompts)",
                            loss_before, loss_after, "test", before.reward, after.reward, diffs.mean().item(), low,
                            high, tuple(after.per_prompt.tolist()))
@@ -340,9 +335,8 @@ def selection_result(strategy: str, optimizer: str, lr: float, keep: torch.Tenso
 def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 1000, seed: int = 0):
     """(mean, 95% low, 95% high) of reward after a minus reward after b, paired over the same test prompts
     and sampling seeds: whether the two selections' steps differ beyond the sampling noise."""
-    from ..evaluation import bootstrap_ci
     diffs = torch.tensor(a.reward_after_per_prompt) - torch.tensor(b.reward_after_per_prompt)
-    return (diffs.mean().item(), *bootstrap_ci(diffs, resamples, seed))
+    return (diffs.mean().item(), *prompt_bootstrap(diffs, resamples, seed))
 
 
 def influence_of_batch(model, run, cfg: StepConfig, val: ValidationSet, kind: str = "seqloss-lastadv") -> torch.Tensor:

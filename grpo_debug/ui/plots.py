@@ -268,11 +268,17 @@ def token_entropies(entropies: torch.Tensor, mask: torch.Tensor, kept: torch.Ten
     return _done(fig)
 
 
+def _nan(value):
+    return float("nan") if value is None else value
+
+
 def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean over seeds (band: 95% interval)",
                     arms: list[str] | None = None):
     """curves: metric -> rows of `train.metric_curve` (arm, step, mean, low, high) for every arm; one panel
-    per metric, one line per arm with its interval band. `arms` fixes each arm's colour (default: the order
-    the arms first appear), so that two figures of one comparison colour an arm alike."""
+    per metric, one line per arm with its interval band (none where it is undefined: one seed). `arms` fixes
+    each arm's colour (default: the order the arms first appear), so that two figures of one comparison colour
+    an arm alike. A positive metric whose means span three decades or more gets a log axis, so that an arm's
+    blow-up and the others' values are both visible. The legend sits outside the panels."""
     fig, axes = _grid(len(curves), ncols=3, size=(4.2, 3.0))
     order = dict.fromkeys([*(arms or []), *(r["arm"] for rows in curves.values() for r in rows)])
     color = {arm: f"C{i % 10}" for i, arm in enumerate(order)}  # one colour per arm in every panel
@@ -282,12 +288,18 @@ def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean 
             steps = [r["step"] for r in mine]
             ax.plot(steps, [r["mean"] for r in mine], marker="o" if len(mine) < 8 else None, ms=3, lw=1.2,
                     label=arm, color=color[arm])
-            ax.fill_between(steps, [r["low"] for r in mine], [r["high"] for r in mine], color=color[arm],
-                            alpha=0.15, lw=0)
-        ax.set(title=metric, xlabel="step")
-    axes[0].legend(fontsize=7)
+            ax.fill_between(steps, [_nan(r["low"]) for r in mine], [_nan(r["high"]) for r in mine],
+                            color=color[arm], alpha=0.15, lw=0)
+        means = [r["mean"] for r in rows if r["mean"] is not None]
+        if means and min(means) > 0 and max(means) / min(means) >= 1e3:
+            ax.set_yscale("log")
+        ax.set(title=metric + (" (log axis)" if ax.get_yscale() == "log" else ""), xlabel="step")
+    handles = {arm: h for ax in axes for h, arm in zip(*ax.get_legend_handles_labels())}
     fig.suptitle(title, fontsize=10)
-    return _done(fig)
+    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    plt.close(fig)
+    return fig
 
 
 def interval_rows(rows: dict[str, dict], xlabel: str, title: str):
@@ -297,6 +309,9 @@ def interval_rows(rows: dict[str, dict], xlabel: str, title: str):
     fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(labels) + 1.3))
     for y, label in enumerate(labels):
         r = rows[label]
+        if r["ci_low"] is None:  # no interval (one sample): the mean alone
+            ax.plot([r["mean"]], [y], "o", color="tab:gray")
+            continue
         detected = r["ci_low"] > 0 or r["ci_high"] < 0
         ax.errorbar([r["mean"]], [y], xerr=[[r["mean"] - r["ci_low"]], [r["ci_high"] - r["mean"]]], fmt="o",
                     capsize=4, color="tab:red" if detected else "tab:gray")
