@@ -16,7 +16,7 @@ import torch
 from .advantages import PHANTOM_STD
 from .config import PRESETS, StepConfig, describe_fields, parse_overrides
 from .step import GRPOStep, StepRun, metrics
-from .train import ARMS, parse_arm, train
+from .train import ARMS, parse_arm, remove_progress, train
 
 
 def _line(name: str, value, note: str = "") -> str:
@@ -84,13 +84,20 @@ def train_command(parser, args) -> int:
         base = StepConfig(**parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
+    out = os.path.abspath(args.json)
+    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
+        parser.error(f"--json {args.json}: not a writable file path (its folder must exist and be writable)")
     progress = f"{args.json}.progress.jsonl"
-    results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
-                    progress, show_progress=not args.no_progress, keep_progress=args.keep_progress,
-                    first_seed=args.first_seed)
+    try:
+        results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
+                        progress, show_progress=not args.no_progress, keep_progress=True, first_seed=args.first_seed)
+    except (ValueError, RuntimeError) as e:
+        parser.error(str(e))
     results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else None
-    write_json(args.json, results)
+    write_json(args.json, results)  # the result is on disk before its progress is removed
+    if not args.keep_progress:
+        remove_progress(progress)
     print(summary_table(results))
     return 0
 

@@ -182,20 +182,43 @@ class Progress:
     def __init__(self, path: str | Path, header: dict):
         self.path, self.header = Path(path), header
         self.ckpt_dir = self.path.with_suffix(".ckpt")
-        lines = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+        lines = self._read()
         if lines and lines[0] != {"header": header}:
             raise ValueError(f"{self.path} holds another comparison ({lines[0]}); remove it or pick another path")
+        if not lines and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
+            raise ValueError(f"{self.path} is empty or missing but {self.ckpt_dir} holds checkpoints: the records "
+                             "they belong to are lost; remove both to start over")
         self.records = lines[1:]
         if not lines:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"header": header}) + "\n")
+            self._rewrite()
+
+    def _read(self) -> list[dict]:
+        """The file's lines; a torn last line (a kill while appending) is dropped, any other bad line refused."""
+        if not self.path.exists():
+            return []
+        text = self.path.read_text().splitlines()
+        out = []
+        for number, line in enumerate(text, start=1):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if number == len(text):
+                    break  # the record being appended when the run stopped: it is taken again
+                raise ValueError(f"{self.path}, line {number}: not a JSON record ({e})") from None
+        return out
+
+    def _rewrite(self) -> None:
+        """The whole file written atomically (temporary file, fsync, rename)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def remove(self) -> None:
-        if self.ckpt_dir.exists():
-            for path in self.ckpt_dir.iterdir():
-                path.unlink()
-            self.ckpt_dir.rmdir()
-        self.path.unlink(missing_ok=True)
+        remove_progress(self.path)
 
     def checkpoint(self, arm: str, seed: int) -> Path:
         return self.ckpt_dir / f"{arm}-seed{seed}.pt"
@@ -205,10 +228,14 @@ class Progress:
         with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
         path = self.checkpoint(arm, seed)
         done = torch.load(path, weights_only=True)["step"] if path.exists() else 0
+        if done and not any(r["arm"] == arm and r["seed"] == seed and r["step"] == done and "eval" in r
+                            for r in self.records):
+            raise ValueError(f"{path} was taken after step {done}, but {self.path} has no evaluation of {arm} seed "
+                             f"{seed} at that step: the two do not belong together; remove both to start over")
         stale = lambda r: r["arm"] == arm and r["seed"] == seed and (r["step"] > done or not done)
         if any(stale(r) for r in self.records):
             self.records = [r for r in self.records if not stale(r)]
-            self.path.write_text("".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records]))
+            self._rewrite()
         return done
 
     def add(self, record: dict) -> None:
@@ -265,6 +292,7 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
               "arms": {a.name: a.describe() for a in arms}, "eval_every": eval_every,
               "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE,
               **({"first_seed": first_seed} if first_seed else {})}
+    lock = _lock(Path(f"{progress_path}.lock"))
     progress = Progress(progress_path, header)
     for arm in arms:
         for seed in range(first_seed, first_seed + seeds):
@@ -273,10 +301,38 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
     order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
     records = sorted((r for r in progress.records if r["step"] <= steps),
                      key=lambda r: (order[r["arm"]], r["seed"], r["step"], "eval" in r))
+    results = {**header, "steps": steps, "seeds": seeds, "records": records,
+               "summary": summarize(records, [a.name for a in arms], seeds, steps)}
     if not keep_progress:
         progress.remove()
-    return {**header, "steps": steps, "seeds": seeds, "records": records,
-            "summary": summarize(records, [a.name for a in arms], seeds, steps)}
+    lock.close()
+    return results
+
+
+def remove_progress(progress_path: str | Path) -> None:
+    """A finished run's progress file and checkpoints (once its result is written)."""
+    path = Path(progress_path)
+    ckpt_dir = path.with_suffix(".ckpt")
+    if ckpt_dir.exists():
+        for file in ckpt_dir.iterdir():
+            file.unlink()
+        ckpt_dir.rmdir()
+    path.unlink(missing_ok=True)
+
+
+def _lock(path: Path):
+    """An exclusive lock on `path` for this process's life (released when it ends, however it ends): a second
+    run on the same output is refused instead of interleaving its records with the first's."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(f"another train run holds {path}: it writes the same output; wait for it or pick "
+                           "another --json") from None
+    return handle
 
 
 # ---- intervals (grpo_debug.stats): seeds are the unit, crossed with the test prompts
