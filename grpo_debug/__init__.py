@@ -10,6 +10,13 @@ import os
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
-from .model import load_model  # noqa: E402
-
 __all__ = ["load_model"]
+
+
+def __getattr__(name: str):
+    """`grpo_debug.load_model`, imported on first use: `import grpo_debug` (and the command line's argument
+    checks) stay free of torch and transformers until a model is needed."""
+    if name == "load_model":
+        from .model import load_model
+        return load_model
+    raise AttributeError(f"module 'grpo_debug' has no attribute {name!r}")

@@ -11,12 +11,16 @@ import os
 import shlex
 import sys
 
-import torch
-
-from .advantages import PHANTOM_STD
+from .choices import ARM_NAMES
 from .config import PRESETS, StepConfig, describe_fields, parse_overrides
-from .step import GRPOStep, StepRun, metrics
-from .train import ARMS, parse_arm, remove_progress, train
+
+# torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
+# answered before they load
+
+
+def _threads(n: int) -> None:
+    import torch
+    torch.set_num_threads(n)
 
 
 def _line(name: str, value, note: str = "") -> str:
@@ -24,7 +28,9 @@ def _line(name: str, value, note: str = "") -> str:
     return f"  {name:<34} {text:>14}  {note}"
 
 
-def report(run: StepRun) -> str:
+def report(run) -> str:
+    from .advantages import PHANTOM_STD
+    from .step import metrics
     m = metrics(run)
     cfg, r, lp, adv, loss, upd, ev = run.config, run.rollout, run.logprobs, run.advantages, run.loss, run.update, run.evaluation
     off = [f"{k}={v}" for k, v in cfg.pitfalls_on().items()]
@@ -69,7 +75,8 @@ def report(run: StepRun) -> str:
     return "\n".join(out)
 
 
-def _jsonable(run: StepRun) -> dict:
+def _jsonable(run) -> dict:
+    from .step import metrics
     return {"config": dataclasses.asdict(run.config), "metrics": metrics(run),
             "completions": run.rollout.completions, "prompts": run.rollout.prompts,
             "rewards": run.rewards.total.tolist(), "advantages": run.advantages.values.tolist(),
@@ -80,8 +87,13 @@ def _jsonable(run: StepRun) -> dict:
 
 def train_command(parser, args) -> int:
     try:
-        arms = [parse_arm(a) for a in args.arm]
         base = StepConfig(**parse_overrides(args.set))
+    except ValueError as e:
+        parser.error(str(e))
+    _threads(args.threads)
+    from .train import parse_arm, remove_progress, train
+    try:
+        arms = [parse_arm(a) for a in args.arm]
     except ValueError as e:
         parser.error(str(e))
     out = os.path.abspath(args.json)
@@ -128,7 +140,9 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
+    _threads(args.threads)
     from .replay import reproduction
+    from .step import GRPOStep
     try:
         step = GRPOStep.from_capture(args.path, **parse_overrides(args.set))
     except (ValueError, FileNotFoundError) as e:
@@ -192,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     step.add_argument("--threads", type=int, default=1)
     tr = sub.add_parser("train", help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="named arms: " + ", ".join(ARMS) + "\nStepConfig keys for --set and arm changes "
+                        epilog="named arms: " + ", ".join(ARM_NAMES) + "\nStepConfig keys for --set and arm changes "
                                "(KEY=VALUE):\n" + describe_fields())
     tr.add_argument("--steps", type=int, required=True, help="K, GRPO steps per arm and seed")
     tr.add_argument("--arm", action="append", required=True, metavar="NAME[:key=value,...]",
@@ -225,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(getattr(args, "threads", 1))
+    if getattr(args, "threads", 1) < 1:
+        parser.error(f"--threads {args.threads}: at least 1")
+    if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
+        parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
     if args.command == "train":
         return train_command(parser, args)
     if args.command == "analyze":
@@ -236,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
+    _threads(args.threads)
+    from .step import GRPOStep
     run = GRPOStep(cfg).run()
     print(report(run))
     if args.json:

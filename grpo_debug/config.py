@@ -23,8 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .logprobs import GATHERS, MASKS
-from .loss import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, SAMPLER_CORRECTION_MODES
+from .choices import GATHERS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, MASKS, SAMPLER_CORRECTION_MODES
 from .paths import DEFAULT_MODEL
 from .task import REGISTERED_TASKS
 
@@ -289,11 +288,16 @@ def parse_value(key: str, text: str):
 
 def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings into typed StepConfig fields."""
+    import difflib
     fields = StepConfig.__dataclass_fields__
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in fields:
-            raise ValueError(f"expected key=value with key one of {sorted(fields)}, got {pair!r}")
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=3)
+            raise ValueError(f"{key!r} is not a StepConfig key" + (f": did you mean {', '.join(close)}?" if close
+                                                                   else f" (keys: {', '.join(sorted(fields))})"))
+        if not sep:
+            raise ValueError(f"{pair!r} has no value: write {key}=VALUE ({_allowed(fields[key])})")
         out[key] = parse_value(key, value)
     return out

@@ -16,8 +16,7 @@ import torch
 
 from .rollout import ROWS_PER_PASS, Rollout, row_chunks
 
-MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
-GATHERS = ("per_position", "first_position")
+from .choices import GATHERS, MASKS  # noqa: F401
 
 
 @dataclass(frozen=True)

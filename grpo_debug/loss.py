@@ -44,12 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
-TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-LOSS_TYPES = TRL_LOSS_TYPES + ("reinforce_sum", "reinforce_mean")
-CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the PPO objective, with TRL's clip_ratio/*
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3_corrected")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from .choices import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES,  # noqa: F401
+                      SAMPLER_CORRECTION_MODES, TRL_LOSS_TYPES)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import stats
+from .choices import ARM_NAMES
 from .config import StepConfig, parse_overrides
 from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
@@ -105,23 +106,48 @@ ARMS = {
 }
 
 
+assert tuple(ARMS) == ARM_NAMES, "choices.ARM_NAMES lists the named arms for the command line's help"
+
+
+def _selection_value(text: str, key: str, value: str):
+    """A TracIn arm value, read by the rules `--set` reads a StepConfig value by."""
+    from .config import _FALSE, _TRUE
+    if key == "flip_sign":
+        if value.lower() not in _TRUE + _FALSE:
+            raise ValueError(f"arm {text!r}: flip_sign = {value!r} is not allowed: it must be true or false")
+        return value.lower() in _TRUE
+    if key == "size":
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"arm {text!r}: val_size = {value!r} is not allowed: it must be an integer") from None
+    return value
+
+
 def parse_arm(text: str) -> Arm:
     """NAME[:key=value,...]: a named arm (`ARMS`; else `fixed`) with StepConfig changes, `preset=`, and the
     TracIn keys select=, val_source=, val_size=, val_kind=, flip_sign=, score= (any of them turns TracIn on)."""
     name, _, rest = text.partition(":")
     if not name:
         raise ValueError(f"arm {text!r} has no name: NAME[:key=value,...]")
-    arm = ARMS.get(name, Arm(name))
     pairs = [p for p in rest.split(",") if p] if rest else []
+    if name not in ARMS and not pairs:
+        raise ValueError(f"arm {name!r} is not a named arm ({', '.join(ARMS)}); a new arm names its changes: "
+                         f"{name}:key=value,...")
+    arm = ARMS.get(name, Arm(name))
     if any("=" not in p for p in pairs):
         raise ValueError(f"arm {text!r}: each change is key=value, got {rest!r}")
     raw = dict(p.split("=", 1) for p in pairs)
+    owned = sorted(set(raw) & {"seed", "prompt_offset"})
+    if owned:
+        raise ValueError(f"arm {text!r}: {owned} are set by train for every step (paired seeds and prompts), "
+                         "not by an arm")
     preset = raw.pop("preset", arm.preset)
     picked = {SELECTION_KEYS[k]: raw.pop(k) for k in list(raw) if k in SELECTION_KEYS}
     changes = {**dict(arm.changes), **parse_overrides([f"{k}={v}" for k, v in raw.items()])}
     selection = arm.selection
     if picked:
-        typed = {k: (v.lower() == "true" if k == "flip_sign" else int(v) if k == "size" else v) for k, v in picked.items()}
+        typed = {k: _selection_value(text, k, v) for k, v in picked.items()}
         selection = dataclasses.replace(selection or Selection(), **typed)
     out = Arm(name, preset, tuple(sorted(changes.items())), selection)
     out.config(StepConfig())  # refuse a bad combination now, not at step 40

@@ -101,8 +101,23 @@ def test_sequence_reinforce_forms():
 def test_overrides_are_typed_and_checked():
     assert parse_overrides(["beta=0.1", "dropout=true", "num_prompts=2"]) == {"beta": 0.1, "dropout": True,
                                                                               "num_prompts": 2}
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ValueError, match="'no_such_knob' is not a StepConfig key"):
         parse_overrides(["no_such_knob=1"])
+    with pytest.raises(ValueError, match="did you mean temperature"):
+        parse_overrides(["temprature=0.5"])
+    with pytest.raises(ValueError, match="'temperature' has no value: write temperature=VALUE"):
+        parse_overrides(["temperature"])
+
+
+def test_a_cli_typo_is_answered_before_torch_loads():
+    """The command line checks its arguments with the config alone: `import grpo_debug.config` and the parser
+    import neither torch nor transformers (timing it would be a flaky test; the imports are what decide)."""
+    code = ("import sys, grpo_debug.__main__ as m\n"
+            "try:\n    m.main(['step', '--set', 'temprature=0.5'])\nexcept SystemExit as e:\n    assert e.code == 2\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported too early'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "did you mean temperature" in done.stderr
 
 
 def test_cli_prints_a_report_and_writes_every_number(tmp_path):
