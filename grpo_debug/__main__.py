@@ -255,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     _threads(args.threads)
     from .step import GRPOStep
-    run = GRPOStep(cfg).run()
+    try:
+        run = GRPOStep(cfg).run()
+    except ValueError as e:  # a value only the model or the task can check (positions, prompt counts)
+        parser.error(str(e))
     print(report(run))
     if args.json:
         with open(args.json, "w") as f:

@@ -201,11 +201,24 @@ def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prom
     step.restore_policy()
     offset = cfg.prompt_offset if prompt_set == "train" else 0
     prompts = step.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
+    check_positions(step.policy, step.loaded.tokenizer, prompts, cfg.max_new_tokens)
     return rollout(step.policy, step.loaded.tokenizer, prompts,
                    num_generations=cfg.num_generations,
                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                    pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast,
                    dropout=cfg.sample_dropout)
+
+
+def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
+    """Refuse, before sampling, a completion budget that runs past the model's positions (an absolute-position
+    model indexes past its embedding table; a long budget is also slow for nothing)."""
+    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    if longest + max_new_tokens > limit:
+        raise ValueError(f"StepConfig.max_new_tokens = {max_new_tokens} is not allowed here: the longest prompt has "
+                         f"{longest} tokens and the model {limit} positions, so at most {limit - longest}")
 
 
 def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:

@@ -314,6 +314,13 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
                          f"{eval_every}, {first_seed}")
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
+    from .task import load_task
+    task = load_task(base.task)  # its prompt sets must hold what the run asks for, before any model loads
+    for prompt_set, needed, flag in (("train", train_prompts, "--train-prompts"), ("test", eval_prompts_n, "--eval-prompts")):
+        try:
+            task.prompts(prompt_set, needed)
+        except ValueError as e:
+            raise ValueError(f"{flag} {needed}: {e}") from None
     header = {"base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
               "arms": {a.name: a.describe() for a in arms}, "eval_every": eval_every,
               "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE,

@@ -179,3 +179,22 @@ def test_every_run_is_a_new_frozen_run_and_a_later_run_leaves_it_alone(step):
         a.loss = None
     side = step.run(SMALL.replace(beta=0.5), until="loss", remember=False)
     assert step.result.config != side.config  # a side run leaves the step's current run as it was
+
+
+@pytest.mark.parametrize("args,message", [
+    (["step", "--set", "max_new_tokens=300"], "the model 256 positions, so at most"),
+    (["train", "--steps", "1", "--arm", "fixed", "--eval-prompts", "100000", "--json", "OUT"], "--eval-prompts 100000"),
+    (["train", "--steps", "1", "--arm", "fixed", "--set", "task=policy", "--train-prompts", "100000", "--json", "OUT"],
+     "--train-prompts 100000"),
+    (["train", "--steps", "0", "--arm", "fixed", "--json", "OUT"], "--steps, --seeds and --eval-every must be at least 1"),
+    (["train", "--steps", "1", "--arm", "bogus", "--json", "OUT"], "'bogus' is not a named arm"),
+    (["train", "--steps", "1", "--arm", "fixed:seed=5", "--json", "OUT"], "set by train for every step"),
+    (["train", "--steps", "1", "--arm", "tracin:flip_sign=maybe", "--json", "OUT"], "flip_sign = 'maybe'"),
+    (["train", "--steps", "1", "--arm", "fixed", "--arm", "fixed", "--json", "OUT"], "arm names must differ"),
+    (["step", "--threads", "0"], "--threads 0"),
+])
+def test_bad_command_lines_are_refused_with_the_field_named(args, message, tmp_path):
+    args = [str(tmp_path / "out.json") if a == "OUT" else a for a in args]
+    done = subprocess.run([sys.executable, "-m", "grpo_debug", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
