@@ -90,8 +90,10 @@ class StepConfig:
     epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
     epsilon_high: float = _in("loss", 0.2, "PPO clip, upper (cispo: the cap on the weight, TRL recommends 5.0)",
                               low=0)
-    delta: float | None = _in("loss", None, "two-sided clipping (INTELLECT-2): cap the ratio at delta when the "
-                              "advantage is negative; none: off (TRL's default)", low=0, low_open=True)
+    delta: float | None = _in("loss", None, "two-sided clipping (INTELLECT-2): cap the ratio at delta on every "
+                              "token, as TRL 1.16 clamps it before the min: it binds for negative advantages, and for "
+                              "positive ones too when delta < 1 + epsilon_high; none: off (TRL's default)", low=0,
+                              low_open=True)
     importance_sampling_level: str = _in("loss", "token", "the ratio per token, or one per sequence: exp of the "
                                          "mean log-ratio (GSPO)", choices=IMPORTANCE_SAMPLING_LEVELS)
     top_entropy_quantile: float = _in("loss", 1.0, "train only on this top fraction of tokens by entropy "

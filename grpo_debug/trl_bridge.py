@@ -5,7 +5,8 @@ dataset, and a `GRPOTrainer` that scores absolute-position models right.
 TRL 1.16 scores completions with `input_ids` and `attention_mask` only (`_get_per_token_logps_and_entropies`).
 A model with absolute position embeddings (GPT-2, RookWorld-LM-124M) then places a left-padded row at
 positions 0..L-1, while `generate()` sampled it at positions counted from the attention mask: every
-recomputed log-prob of that row is off (12 to 15 nats per token on the bundled model). Rotary models
+recomputed log-prob of that row is off, by several nats on most of its tokens on the bundled model (notebook 02
+prints the gap row by row). Rotary models
 (Llama, Qwen) see only relative positions and are unaffected. `PositionIdsGRPOTrainer` is a drop-in
 `GRPOTrainer` whose scoring passes get `position_ids = attention_mask.cumsum(-1) - 1`, as generation has.
 """

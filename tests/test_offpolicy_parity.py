@@ -113,7 +113,7 @@ def test_sampler_importance_sampling_modes(loss_type, mode, ga):
     assert_same(run_both(b, {"loss_type": loss_type}, ga=ga, sampler_mode=mode))
 
 
-@pytest.mark.parametrize("option", [{"delta": 1.3}, {"off_policy_mask_threshold": 0.05},
+@pytest.mark.parametrize("option", [{"delta": 1.3}, {"delta": 1.1}, {"off_policy_mask_threshold": 0.05},
                                     {"top_entropy_quantile": 0.2}, {"entropy_coef": 0.01},
                                     {"delta": 1.3, "top_entropy_quantile": 0.5, "entropy_coef": 0.01,
                                      "off_policy_mask_threshold": 0.05}])
@@ -161,3 +161,14 @@ def test_off_policy_mask_matches_trl(threshold):
     A = b["advantages"].unsqueeze(1)
     assert torch.equal(off_policy_mask(A, b["logps"], b["sampler"], b["mask"], threshold),
                        trl_off_policy_mask(b["advantages"], b["logps"], b["sampler"], b["mask"], threshold))
+
+
+def test_delta_caps_positive_advantages_too_below_one_plus_epsilon_high():
+    """TRL clamps the ratio at delta before the min, for every token: with delta = 1.1 < 1 + epsilon_high a
+    positive-advantage token whose ratio is 1.15 weighs 1.1 (the help text of StepConfig.delta says so)."""
+    from grpo_debug.loss import compute_loss
+    logps, old = torch.log(torch.tensor([[1.15]])), torch.zeros(1, 1)
+    out = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), delta=1.1, epsilon_high=0.2)
+    assert torch.allclose(out.per_token_loss, torch.tensor([[-1.1]]))
+    free = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), epsilon_high=0.2)
+    assert torch.allclose(free.per_token_loss, torch.tensor([[-1.15]]))
