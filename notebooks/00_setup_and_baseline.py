@@ -71,8 +71,8 @@ prompts = task.prompts("test", cfg.eval_prompts)
 print(f"{len(prompts)} test prompts ({sum(p.startswith('P:') for p in prompts)} P:, "
       f"{sum(p.startswith('A:') for p in prompts)} A:), {cfg.eval_samples} samples each at temperature {cfg.temperature}")
 baseline = eval_side(policy, tokenizer, prompts, cfg, task)
-print(f"mean reward {baseline.reward:.4f}")
-pd.Series(baseline.components, name="mean").to_frame()
+print(f"mean reward {baseline.reward:.4f} (the weighted sum of the reward functions); below, each component's mean")
+pd.Series(baseline.components, name="mean").rename(lambda name: f"component: {name}").to_frame()
 
 # %%
 rows = [{"task": prompts[i // cfg.eval_samples][:2], "completion": c[:70]} for i, c in enumerate(baseline.completions)]

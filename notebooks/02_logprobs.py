@@ -30,7 +30,8 @@
 # | `gather="first_position"` | every token scored by the first completion position's distribution |
 #
 # The last row of the table is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig`: the
-# `trl` preset (dropout on, no position_ids, loss dapo, beta 0).
+# `trl` preset (dropout on, no position_ids, loss dapo, beta 0). With beta = 0 TRL neither computes nor logs a
+# KL; the `kl` column of that row is this suite's k3 estimate against the reference, shown for comparison.
 
 # %% [markdown]
 # The computation, readable path: one forward over prompt + completion, the logits of position t scoring

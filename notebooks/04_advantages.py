@@ -56,7 +56,7 @@ scales
 # %% [markdown]
 # `frac_reward_zero_std` is TRL's metric, and TRL reads it from the std it divides by: under
 # `scale_rewards="batch"` that is the batch's std, so the metric says 0 while the groups whose rewards are all
-# equal still have advantage 0 (their rewards minus their own mean). The last column counts those groups.
+# equal still have advantage 0 (their rewards minus their own mean). The cell below counts those groups.
 
 # %%
 print(f"batch scaling: frac_reward_zero_std = {scales.loc['batch', 'frac_reward_zero_std']:.3f}, "

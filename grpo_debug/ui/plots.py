@@ -70,7 +70,7 @@ def kl_per_token(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tenso
     fig, ax = plt.subplots(figsize=(8, 3))
     for estimator in KL_ESTIMATORS:
         values = per_token_kl(logps[sample:sample + 1], ref_logps[sample:sample + 1], None, estimator)[0, :length]
-        label = f"{estimator} (in the loss)" if estimator == chosen else estimator
+        label = f"{estimator} (this step's estimator)" if estimator == chosen else estimator
         ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
     ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=f"{title}, sample {sample}")
     ax.legend()
