@@ -52,7 +52,8 @@ class StepConfig:
     top_p: float = _in("rollout", 1.0, "nucleus sampling; < 1 makes the sampler's log-probs differ from any "
                        "recomputation", low=0, high=1, low_open=True)
     max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
-    seed: int = _in("rollout", 0, "sampling seed", low=0)
+    seed: int = _in("rollout", 0, "sampling seed (training adds the step to seed x 1000: kept far below 2**63)", low=0,
+                    high=2 ** 40)
     prompt_offset: int = _in("rollout", 0, "the step's prompts are the task's prompts offset..offset+B-1 of the "
                              "set (training step t: t x B)", low=0)
     generation: str = _in("rollout", "batched", "one generate call for B*G, or one call per prompt",
@@ -89,7 +90,7 @@ class StepConfig:
                             "use_bias_correction_kl)", choices=KL_ESTIMATORS)
     epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
     epsilon_high: float = _in("loss", 0.2, "PPO clip, upper (cispo: the cap on the weight, TRL recommends 5.0)",
-                              low=0)
+                              low=0, high=1e6)
     delta: float | None = _in("loss", None, "two-sided clipping (INTELLECT-2): cap the ratio at delta on every "
                               "token, as TRL 1.16 clamps it before the min: it binds for negative advantages, and for "
                               "positive ones too when delta < 1 + epsilon_high; none: off (TRL's default)", low=0,
@@ -101,7 +102,8 @@ class StepConfig:
     off_policy_mask_threshold: float | None = _in("loss", None, "drop negative-advantage sequences whose mean "
                                                   "log(sampler / policy) is above this (DeepSeek-V3.2); none: off",
                                                   low=0)
-    entropy_coef: float = _in("loss", 0.0, "entropy bonus: subtract coef x mean token entropy from the loss")
+    entropy_coef: float = _in("loss", 0.0, "entropy bonus: subtract coef x mean token entropy from the loss",
+                              low=-100, high=100)
     sapo_temperature_pos: float = _in("loss", 1.0, "sapo's gate temperature for positive advantages", low=0,
                                       low_open=True)
     sapo_temperature_neg: float = _in("loss", 1.05, "sapo's gate temperature for other advantages", low=0,
@@ -125,7 +127,8 @@ class StepConfig:
                                            "gradient_accumulation_steps, as TRL)", low=1)
     # --- update
     num_iterations: int = _in("update", 1, "mu: optimizer passes over the same rollout, each re-scoring it", low=1)
-    learning_rate: float = _in("update", 1e-4, "AdamW learning rate", low=0)
+    learning_rate: float = _in("update", 1e-4, "AdamW learning rate (above 1 every AdamW step moves each weight "
+                               "by more than 1: refused)", low=0, high=1)
     max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)", low=0)
     weight_decay: float = _in("update", 0.0, "AdamW weight decay", low=0)
     per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks")
@@ -217,7 +220,7 @@ def _allowed(f: dataclasses.Field) -> str:
         return "true or false"
     low = "" if m["low"] is None else f"{'>' if m['low_open'] else '>='} {m['low']:g}"
     high = "" if m["high"] is None else f"<= {m['high']:g}"
-    kind = "an integer" if base == "int" else "a number" if base == "float" else "a string"
+    kind = "an integer" if base == "int" else "a number" if base == "float" else "a non-empty string"
     return " ".join(filter(None, [kind, low, "and" if low and high else "", high, "or none" if optional else ""]))
 
 
@@ -233,7 +236,7 @@ def _check(f: dataclasses.Field, value) -> None:
     elif base == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     elif base == "str":
-        ok = isinstance(value, str)
+        ok = isinstance(value, str) and value != ""
     if ok and m["choices"]:
         ok = value in m["choices"]
     if ok and m["low"] is not None:

@@ -198,3 +198,10 @@ def test_bad_command_lines_are_refused_with_the_field_named(args, message, tmp_p
     done = subprocess.run([sys.executable, "-m", "grpo_debug", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("pair", ["seed=18446744073709551616", "epsilon_high=1e308", "learning_rate=1e30",
+                                  "entropy_coef=-1e30", "temperature=nan", "model="])
+def test_values_that_overflow_later_are_refused_when_the_config_is_built(pair):
+    with pytest.raises(ValueError, match=pair.split("=")[0]):
+        StepConfig(**parse_overrides([pair]))
