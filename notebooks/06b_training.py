@@ -254,8 +254,8 @@ plots.interval_rows(answers, "held-out reward difference after K steps",
 
 # %% [markdown]
 # Three seeds leave every one of these intervals wide: the flipped sign's, which an earlier analysis (a
-# bootstrap that resampled prompts within each seed, not the crossed design) called decided, spans several
-# tenths on both sides of 0. `tracin_seeds.json` and `tracin_sets_seeds.json` run `tracin`, `tracin_same_batch`
+# bootstrap that resampled prompts within each seed, not the crossed design) called decided, is now wider
+# than the reward's whole range of [-1, 1] (printed above). `tracin_seeds.json` and `tracin_sets_seeds.json` run `tracin`, `tracin_same_batch`
 # and `tracin_top16` on 8 seeds, paired with the fixed arm's 8 seeds (`fixed_seeds.json`); their first three
 # seeds are the runs above, with the same numbers (asserted). The seed count was raised after the 3-seed
 # results were seen, so these are exploratory too. The 128-sample set and the flipped sign stayed at 3 seeds
@@ -415,3 +415,16 @@ print("confirmed" if primary["ci_high"] < 0 else "not confirmed")
 # %% tags=["nbval-ignore-output"]
 plots.training_curves({**curves(confirm, ["eval/reward", "kl", "entropy"]), **differences(confirm)},
                       title=f"confirmatory run, {confirm['seeds']} seeds (band: 95% interval)", arms=plan["arms"])
+
+# %% [markdown]
+# What to notice, asserted below: the confirmatory run does not confirm the claim. On 12 new seeds the
+# difference is less than half the exploratory estimate, and its interval holds 0 (its width is printed above).
+# The exploratory -0.056 was picked because it was the narrowest interval among many, and such an estimate
+# tends to overstate the effect. "Not detected" is the result: at K = 36, this suite cannot tell dropout left on
+# from every fix on by the held-out reward. Dropout's effect on the log-probs themselves is not in question
+# (notebook 02: a KL far from 0 at step 0).
+
+# %%
+exploratory = results["pitfalls"]["summary"]["dropout"]["minus_fixed"]["mean"]
+print(f"exploratory estimate {exploratory:+.4f} (3 seeds); confirmatory {primary['mean']:+.4f} ({primary['n_seeds']} seeds)")
+assert primary["ci_low"] < 0 < primary["ci_high"] and abs(primary["mean"]) < abs(exploratory) / 2
