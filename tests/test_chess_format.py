@@ -76,3 +76,16 @@ def test_malformed_env_completions_are_reported(text):
 def test_env_completion_parses_and_tolerates_trailing_plus():
     parsed = parse_env_completion(f"{START}+0.001+0+0+")
     assert parsed.ok and parsed.reward == 0.001 and parsed.terminated is False
+
+
+def test_the_policy_parser_is_linear_in_its_input():
+    """'M:' + ' E:' * n with no B: made the old regex backtrack quadratically (27 s at 48 kB)."""
+    import time
+    from grpo_debug.chess.format import parse_policy_completion
+    text = "M:" + " E:" * 350_000  # about 1 MB
+    start = time.perf_counter()
+    parsed = parse_policy_completion(text)
+    assert not parsed.ok and "missing one of the sections" in parsed.error
+    assert time.perf_counter() - start < 1.0
+    ok = parse_policy_completion("  M: e2e4 d2d4 E: 0.3 0.2 B: e2e4")
+    assert ok.ok and ok.moves == ["e2e4", "d2d4"] and ok.evals == [0.3, 0.2] and ok.best == "e2e4"

@@ -183,7 +183,7 @@ def test_two_engine_deaths_in_one_batch_change_no_score(reference):
     got = within(60, compute_rewards, prompts, completions, 2, rookworld_task("policy", scorer))
     assert scorer.engine.restarts == 2
     assert_same_rewards(got, want)
-    assert all(scorer.analyses[k].evals == a.evals for k, a in zip(scorer.analyses, analyses.values()))
+    assert all(scorer.live[k].evals == a.evals for k, a in zip(scorer.live, analyses.values()))
     scorer.close()
 
 
@@ -347,3 +347,17 @@ def test_a_group_of_one_is_refused():
     assert torch.equal(normalize_over_set(rewards), compute_advantages(rewards, 3))
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
         normalize_over_set(torch.tensor([1.0]))
+
+
+def test_a_live_analysis_is_keyed_by_the_full_fen_clocks_included():
+    """Stockfish's evaluation depends on the halfmove clock: the same position with another clock is analysed
+    anew, so a score does not depend on what was scored before it."""
+    scorer = live_scorer()
+    board = chess.Board(LIVE[0])
+    board.halfmove_clock = 99
+    near_fifty = board.fen()
+    first = scorer.analysis_for(LIVE[0])
+    scorer.analysis_for(near_fifty)
+    assert set(scorer.live) == {chess.Board(LIVE[0]).fen(), near_fifty}
+    assert scorer.analysis_for(LIVE[0]) is first  # the same full FEN again: the cached analysis
+    scorer.close()

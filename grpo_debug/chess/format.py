@@ -93,6 +93,19 @@ class PolicyCompletion:
 _POLICY_RE = re.compile(r"^\s*M:(?P<moves>.*?)E:(?P<evals>.*?)B:(?P<best>.*)$", re.DOTALL)
 
 
+def _policy_sections(text: str) -> tuple[str, str, str] | None:
+    """The texts after M:, the first E: after it, and the first B: after that (what `_POLICY_RE` matches), found
+    in one left-to-right pass: the regex backtracks quadratically on 'M:' + ' E:' * n with no B:."""
+    start = len(text) - len(text.lstrip())
+    if not text.startswith("M:", start):
+        return None
+    e = text.find("E:", start + 2)
+    b = text.find("B:", e + 2) if e >= 0 else -1
+    if b < 0:
+        return None
+    return text[start + 2:e], text[e + 2:b], text[b + 2:]
+
+
 def _parse_float(token: str) -> float | None:
     try:
         value = float(token)
@@ -105,12 +118,12 @@ def parse_policy_completion(text: str) -> PolicyCompletion:
     """Split `M: ... E: ... B: ...` into moves, evals and the best move (UCI strings, unchecked)."""
     if not isinstance(text, str):
         return PolicyCompletion(ok=False, error=f"completion is {type(text).__name__}, not str")
-    match = _POLICY_RE.match(text)
-    if match is None:
+    sections = _policy_sections(text)
+    if sections is None:
         return PolicyCompletion(ok=False, error="missing one of the sections M:, E:, B:")
-    moves = match["moves"].split()
-    evals = [_parse_float(t) for t in match["evals"].split()]
-    best_tokens = match["best"].split()
+    moves = sections[0].split()
+    evals = [_parse_float(t) for t in sections[1].split()]
+    best_tokens = sections[2].split()
     best = best_tokens[0] if best_tokens else None
     errors = []
     if not moves:

@@ -141,7 +141,10 @@ def score_env(truth: EnvOutcome, completion: str) -> Score:
 @dataclass
 class RewardScorer:
     """Scores (prompt, completion) pairs of either task against bundled or live ground truth."""
-    analyses: dict[str, PositionAnalysis] = field(default_factory=dict)
+    analyses: dict[str, PositionAnalysis] = field(default_factory=dict)  # bundled, by position (no clocks)
+    live: dict[str, PositionAnalysis] = field(default_factory=dict)  # analysed here, by full FEN: the halfmove
+    # clock changes Stockfish's evaluation (a draw by the 50-move rule nears), so a position seen with another clock
+    # is analysed again instead of reusing an answer that depends on what was scored before
     env_truths: dict[str, EnvOutcome] = field(default_factory=dict)
     engine: Stockfish | None = None
     engine_depth: int = 10
@@ -169,14 +172,17 @@ class RewardScorer:
         except ValueError as e:
             raise ValueError(f"invalid FEN in P: prompt {fen!r}: {e}") from None
         key = fen_key(fen)
-        if key not in self.analyses:
+        if key in self.analyses:
+            return self.analyses[key]
+        full = board.fen()
+        if full not in self.live:
             problem = position_problem(board)
             if problem:
                 raise PositionError(f"{fen!r}: {problem}")
             if self.engine is None:
                 self.engine = Stockfish(depth=self.engine_depth)
-            self.add_analysis(self.engine.analyse(board))
-        return self.analyses[key]
+            self.live[full] = self.engine.analyse(board)
+        return self.live[full]
 
     def env_truth_for(self, prompt: str) -> EnvOutcome:
         if prompt in self.env_truths:
