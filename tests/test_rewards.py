@@ -143,3 +143,15 @@ def test_live_and_bundled_ground_truth_agree_on_a_bundled_position():
         live = engine.analyse(chess.Board(record["fen"]))
     assert set(live.evals) == set(record["evals"])
     assert live.top5[0] in record["evals"]
+
+
+def test_an_a_prompt_on_an_invalid_position_scores_its_own_ground_truth_1():
+    """A position python-chess plays but that is not valid chess (a pawn on the first rank) has no canonical
+    FEN; the ground truth's next FEN is compared as text then, and scores 1.0 as the docstring promises."""
+    from grpo_debug.chess.format import env_prompt
+    from grpo_debug.chess.rewards import RewardScorer
+    scorer = RewardScorer()
+    prompt = env_prompt("4k3/8/8/8/8/8/8/K3P3 w - - 0 1", "a1a2", [])
+    truth = scorer.env_truth_for(prompt)
+    completion = f"{truth.next_fen}+{truth.reward}+{int(truth.terminated)}+{int(truth.truncated)}"
+    assert scorer.score(prompt, completion).total == 1.0

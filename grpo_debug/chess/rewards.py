@@ -125,7 +125,10 @@ def score_env(truth: EnvOutcome, completion: str) -> Score:
     if parsed.reward is None and parsed.terminated is None and not parsed.next_fen:
         components = {"fen": -1.0, "reward": -1.0, "terminated": -1.0, "truncated": -1.0, "format": 0.0}
         return Score("A", -1.0, components, parsed.error)
-    exact = canonical_fen(parsed.next_fen) is not None and canonical_fen(parsed.next_fen) == canonical_fen(truth.next_fen)
+    predicted, true = canonical_fen(parsed.next_fen), canonical_fen(truth.next_fen)
+    # the same position (either en-passant convention), or, where the position is not valid chess and has no
+    # canonical form, the same text: the ground truth of an A: prompt on an invalid position scores 1 too
+    exact = (predicted is not None and predicted == true) or parsed.next_fen.strip() == truth.next_fen.strip()
     fen = 1.0 if exact else min(0.9, 2 * fen_similarity(parsed.next_fen, truth.next_fen) - 1)
     reward_ok = parsed.reward is not None and math.isclose(parsed.reward, truth.reward, abs_tol=1e-9)
     components = {
