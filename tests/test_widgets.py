@@ -221,3 +221,12 @@ def test_a_refused_combination_keeps_the_config_and_says_why(panel):
     for field in ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "loss_type"):
         panel.controls[field].value = getattr(CFG, field)
     assert step.cfg == CFG
+
+
+def test_a_bad_field_or_preset_is_refused_in_the_status_line(step):
+    panel = StepPanel(step, fields=PITFALL_FIELDS)
+    before = step.cfg
+    assert panel.on_change("bogus", 1) is None and "no StepConfig field 'bogus'" in panel.status.value
+    assert panel.on_preset("bogus") is None and "no preset 'bogus'" in panel.status.value
+    assert panel.on_change("beta", -5.0) is None and "beta" in panel.status.value  # StepConfig refuses it
+    assert step.cfg == before

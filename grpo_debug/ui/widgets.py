@@ -208,6 +208,9 @@ class StepPanel:
         says why, nothing re-runs)."""
         if self._syncing:
             return None
+        if field not in StepConfig.__dataclass_fields__:
+            self.status.value = f"<b>no StepConfig field {html.escape(repr(field), quote=False)}</b>; nothing re-ran"
+            return None
         try:
             value = config_value(field, value)
             until = self.until_for(self.step.cfg.replace(**{field: value}))
@@ -224,6 +227,10 @@ class StepPanel:
 
     def on_preset(self, name: str) -> ChangeResult | None:
         if self._syncing or name == "custom":
+            return None
+        if name not in PRESETS:
+            self.status.value = (f"<b>no preset {html.escape(repr(name), quote=False)}</b> (presets: {', '.join(PRESETS)}); "
+                                 "nothing re-ran")
             return None
         result = apply_preset(self.step, name, self.until_for(self.step.cfg.with_preset(name)))
         self.updated = result.run if result.run.update is not None else None
