@@ -47,6 +47,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from .trl_step import mean_like_trl_log
+
 FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
            "ref_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio")
@@ -95,12 +97,6 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return repr(value)
-
-
-def mean_like_trl_log(values: list[float]) -> float | None:
-    """A metric's value as TRL's `log` averages its list: NaN entries left out, None when none is left."""
-    valid = [v for v in values if not math.isnan(v)]
-    return sum(valid) / len(valid) if valid else None
 
 
 def resolved_settings(trainer) -> dict:

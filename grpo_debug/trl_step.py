@@ -16,6 +16,7 @@ The optimizer step itself is not taken: every number TRL logs for the step is kn
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -59,12 +60,18 @@ def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) 
     return token_logps(logits, rollout.completion_ids, scoring), token_entropies(logits, scoring)
 
 
+def mean_like_trl_log(values: list[float]) -> float | None:
+    """A metric's value as TRL's `log` averages its list: NaN entries left out, None when none is left."""
+    valid = [v for v in values if not math.isnan(v)]
+    return sum(valid) / len(valid) if valid else None
+
+
 def mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the micro-batches, NaN entries left out (TRL's `log`)."""
+    """Each metric's mean over the micro-batches as TRL's `log` takes it (NaN where no entry is a number)."""
     out = {}
     for key in parts[0]:
-        valid = [p[key] for p in parts if p[key] == p[key]]
-        out[key] = sum(valid) / len(valid) if valid else float("nan")
+        mean = mean_like_trl_log([p[key] for p in parts])
+        out[key] = float("nan") if mean is None else mean
     return out
 
 
