@@ -252,12 +252,17 @@ def test_scorer_is_a_context_manager():
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
-def test_a_script_scoring_live_exits_without_close():
+def test_a_script_scoring_live_exits_without_close_and_prints_nothing_after_a_recovered_kill():
     script = textwrap.dedent(f"""
-        import time
+        import gc, os, signal, time
+        from grpo_debug.chess.engine import Stockfish
         from grpo_debug.chess.rewards import RewardScorer
-        scorer = RewardScorer(engine_depth=4)
+        scorer = RewardScorer(engine=Stockfish(depth=4))
+        scorer.engine.version
+        os.kill(scorer.engine.pid, signal.SIGKILL)  # dies before the analysis: recovered by a restart
         print(scorer.score("P: {LIVE[0]} ", "M: f1b5 E: 0.3 B: f1b5").total)
+        assert scorer.engine.restarts == 1
+        gc.collect()  # asyncio reports a never-retrieved future when it is collected
         print(time.time(), flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -269,6 +274,7 @@ def test_a_script_scoring_live_exits_without_close():
     assert proc.returncode == 0, err
     total, scored = (float(line) for line in out.split())
     assert total > 0 and exited - scored < 5, (exited - scored, err)
+    assert err == "", err  # asyncio printed "Future exception was never retrieved" before its handler was set
 
 
 # ---------------------------------------------------------------- configuration errors

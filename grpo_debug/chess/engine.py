@@ -124,9 +124,20 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     with _loop_lock:
         if _loop is None or _loop[0] != os.getpid():
             loop = asyncio.new_event_loop()
+            loop.set_exception_handler(_report_unless_engine_death)
             threading.Thread(target=loop.run_forever, name="stockfish-io", daemon=True).start()
             _loop = (os.getpid(), loop)
         return _loop[1]
+
+
+def _report_unless_engine_death(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """asyncio's default report, except for what a killed engine leaves behind and `Stockfish` already
+    recovered from: python-chess's futures of the dead command (never awaited once we cancel) and
+    its callbacks setting a result on a future that the death already settled."""
+    error = context.get("exception")
+    if isinstance(error, (chess.engine.EngineTerminatedError, asyncio.InvalidStateError)):
+        return
+    loop.default_exception_handler(context)
 
 
 def _call(coro, timeout: float):
