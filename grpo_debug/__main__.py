@@ -96,33 +96,36 @@ def train_command(parser, args) -> int:
         arms = [parse_arm(a) for a in args.arm]
     except ValueError as e:
         parser.error(str(e))
-    out = os.path.abspath(args.json)
-    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
-        parser.error(f"--json {args.json}: not a writable file path (its folder must exist and be writable)")
+    check_writable(parser, args.json)
     progress = f"{args.json}.progress.jsonl"
     try:
         results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
                         progress, show_progress=not args.no_progress, keep_progress=True, first_seed=args.first_seed)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:  # OSError: a full disk, named by write_atomically
         parser.error(str(e))
     results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else None
-    write_json(args.json, results)  # the result is on disk before its progress is removed
+    try:
+        write_json(args.json, results)  # the result is on disk before its progress is removed
+    except OSError as e:
+        parser.error(f"{e}; the progress file {progress} is kept: run the same command again to write it")
     if not args.keep_progress:
         remove_progress(progress)
     print(summary_table(results))
     return 0
 
 
+def check_writable(parser, path: str) -> None:
+    out = os.path.abspath(path)
+    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
+        parser.error(f"--json {path}: not a writable file path (its folder must exist and be writable)")
+
+
 def write_json(path: str, value) -> None:
     """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
     from .train import strict_json
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(strict_json(value), f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    from .files import write_atomically
+    write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
 
 
 def analyze_command(parser, args) -> int:
@@ -140,6 +143,8 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
+    if args.json:
+        check_writable(parser, args.json)
     _threads(args.threads)
     from .replay import reproduction
     from .step import GRPOStep
@@ -161,8 +166,11 @@ def replay_command(parser, args) -> int:
     for name, what in out["pitfalls"].items():
         print(f"pitfall: {name:12s} {what}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        from .files import write_atomically
+        try:
+            write_atomically(args.json, lambda f: json.dump(out, f, indent=1))
+        except OSError as e:
+            parser.error(str(e))
     return 0
 
 
@@ -253,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
+    if args.json:
+        check_writable(parser, args.json)
     _threads(args.threads)
     from .step import GRPOStep
     try:
@@ -261,8 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     print(report(run))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(_jsonable(run), f, indent=1)
+        try:
+            write_json(args.json, _jsonable(run))
+        except OSError as e:
+            parser.error(str(e))
     return 0
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from .files import write_atomically
 from .trl_step import mean_like_trl_log
 
 FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
@@ -113,9 +113,7 @@ def resolved_settings(trainer) -> dict:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: f.write(text))
 
 
 README = """# A captured GRPO step

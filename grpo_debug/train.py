@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from .choices import ARM_NAMES
 from .config import StepConfig, parse_overrides
 from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
+from .files import write_atomically
 from .step import GRPOStep, StepRun, metrics
 from .tracin.experiments import SELECTIONS, scores_for, select
 from .tracin.influence import (VAL_LOSSES, VAL_SOURCES, influence_scores, per_sample_train_gradients,
@@ -236,12 +236,8 @@ class Progress:
 
     def _rewrite(self) -> None:
         """The whole file written atomically (temporary file, fsync, rename)."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w") as f:
-            f.write("".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        text = "".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records])
+        write_atomically(self.path, lambda f: f.write(text))
 
     def remove(self) -> None:
         remove_progress(self.path)
@@ -273,8 +269,7 @@ class Progress:
         self.ckpt_dir.mkdir(exist_ok=True)
         state = {"step": t, "policy": step.policy.state_dict(),
                  "optimizer": step.optimizer.state_dict() if step.optimizer else None}
-        torch.save(state, self.checkpoint(arm, seed).with_suffix(".tmp"))
-        os.replace(self.checkpoint(arm, seed).with_suffix(".tmp"), self.checkpoint(arm, seed))
+        write_atomically(self.checkpoint(arm, seed), lambda f: torch.save(state, f), binary=True)
 
     def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
         state = torch.load(self.checkpoint(arm, seed), weights_only=True)

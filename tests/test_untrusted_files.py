@@ -54,3 +54,21 @@ def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     (capture / "capture.json").write_text(json.dumps({"step": 2}))
     with pytest.raises(CaptureError, match="batch.pt"):
         load_capture(capture)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    """A full disk in the middle of a write: the reader keeps the old file, the error names the file."""
+    import errno
+    from grpo_debug.files import write_atomically
+    path = tmp_path / "results.json"
+    path.write_text("old")
+
+    def fill_the_disk(f):
+        f.write("half of the new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=r"could not write .*results\.json: No space left on device"):
+        write_atomically(path, fill_the_disk)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    write_atomically(path, lambda f: f.write("new"))
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["results.json"]

@@ -49,6 +49,20 @@ def test_panel_callback_redraws(step):
     panel.controls["beta"].value = CFG.beta
 
 
+def test_a_typed_value_is_never_clamped_the_config_accepts_or_refuses_it(step):
+    panel = StepPanel(step, fields=PITFALL_FIELDS)
+    beta = panel.controls["beta"]
+    beta.entry.value = -5.0  # typed: an ipywidgets slider would have clamped it to 0 without a word
+    assert step.cfg.beta == CFG.beta and "beta" in panel.status.value and "nothing re-ran" in panel.status.value
+    assert beta.value == beta.entry.value == CFG.beta  # the control went back to the config's value
+    beta.entry.value = 0.8  # above the slider's range: accepted, and the slider's range grows to show it
+    assert step.cfg.beta == 0.8 and beta.slider.value == 0.8 and beta.slider.max >= 0.8
+    beta.slider.value = 0.2  # dragged
+    assert step.cfg.beta == 0.2 and beta.entry.value == 0.2
+    beta.value = CFG.beta
+    assert step.cfg == CFG
+
+
 def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     import torch
     from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer
@@ -127,7 +141,8 @@ def test_the_off_policy_controls_take_their_options_from_the_config():
         control = make_control(name, getattr(CFG, name))
         assert (control.min, control.max) == (fields[name].metadata["low"], fields[name].metadata["high"])
     mu = make_control("num_iterations", 1)
-    assert type(mu).__name__ == "IntSlider" and mu.min == 1 and mu.max >= 2
+    assert type(mu.slider).__name__ == "IntSlider" and type(mu.entry).__name__ == "IntText"
+    assert mu.min == 1 and mu.max >= 2
     assert type(make_control("vllm_importance_sampling_correction", False)).__name__ == "Checkbox"
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import torch
+import traitlets
 from IPython.display import display
 
 from . import plots
@@ -104,6 +105,43 @@ def apply_preset(step: GRPOStep, name: str, until: str = "loss") -> ChangeResult
 LABEL = {"description_width": "initial"}  # the whole field name, never "scale_rew..."
 
 
+class SliderEntry(W.HBox):
+    """A slider to drag within a useful range and a box to type any value: `value` is whatever was set last,
+    never clamped (an ipywidgets slider clamps a typed -5 to its minimum without a word); the config then
+    accepts the value or refuses it, naming the field, and the panel puts the control back."""
+
+    value = traitlets.Any()
+
+    def __init__(self, field: str, value):
+        lo, hi, step = SLIDERS[field]
+        whole = FIELDS[field].type == "int"
+        self.slider = (W.IntSlider if whole else W.FloatSlider)(
+            value=min(max(value, lo), hi), min=lo, max=max(hi, value), step=step, description=field,
+            readout=False, continuous_update=False, style=LABEL)
+        self.entry = (W.IntText if whole else W.FloatText)(value=value, layout=W.Layout(width="7em"))
+        super().__init__([self.slider, self.entry])
+        self.value = value
+        self.slider.observe(lambda change: setattr(self, "value", change["new"]), names="value")
+        self.entry.observe(lambda change: setattr(self, "value", change["new"]), names="value")
+
+    @traitlets.observe("value")
+    def _show(self, change) -> None:
+        value = change["new"]
+        self.entry.value = value
+        if value > self.slider.max:
+            self.slider.max = value
+        if value >= self.slider.min:  # below it the slider stays put: the config will refuse the value
+            self.slider.value = value
+
+    @property
+    def min(self):
+        return self.slider.min
+
+    @property
+    def max(self):
+        return self.slider.max
+
+
 def make_control(field: str, value) -> W.Widget:
     """The field's widget showing `value` (a config value)."""
     if field in CHOICES or field in OPTIONAL:
@@ -113,10 +151,7 @@ def make_control(field: str, value) -> W.Widget:
         labels = [(OFF if v is None else v if isinstance(v, str) else f"{v:g}", widget_value(field, v)) for v in values]
         return W.Dropdown(options=labels, value=widget_value(field, value), description=field, style=LABEL)
     if field in SLIDERS:
-        lo, hi, step = SLIDERS[field]
-        slider = W.IntSlider if FIELDS[field].type == "int" else W.FloatSlider
-        return slider(value=value, min=lo, max=max(hi, value), step=step, description=field,
-                      continuous_update=False, style=LABEL)
+        return SliderEntry(field, value)
     if isinstance(value, bool):
         return W.Checkbox(value=value, description=field, style=LABEL)
     raise ValueError(f"no widget for StepConfig field {field!r}")
@@ -246,8 +281,6 @@ class StepPanel:
                 value = widget_value(field, getattr(self.step.cfg, field))
                 if isinstance(control, W.Dropdown) and value not in [v for _, v in control.options]:  # set elsewhere
                     control.options = make_control(field, getattr(self.step.cfg, field)).options
-                elif isinstance(control, (W.FloatSlider, W.IntSlider)) and value > control.max:
-                    control.max = value
                 control.value = value
             self.preset.value = self.step.cfg.preset_name() or "custom"
         finally:

@@ -1,0 +1,25 @@
+"""Writing a file so that a reader only ever sees the old version or the whole new one."""
+
+import os
+from pathlib import Path
+from typing import Callable, IO
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:
+    """`write(f)` into a temporary file beside `path`, fsync it, then rename it over `path`. If anything
+    fails (a full disk, a kill is another story: the rename never happened) the temporary file is removed,
+    `path` keeps its old content, and OSError names `path` and the reason."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
