@@ -24,7 +24,8 @@ from grpo_debug.tracin.influence import ValidationSet, batch_influence, validati
 from grpo_debug.loss import loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
-from grpo_debug.step import GRPOStep, StepRun, loss_spec_of, scoring_of
+from grpo_debug.specs import loss_spec_of, scoring_of
+from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.update import chunk_loss
 
 

@@ -11,7 +11,8 @@ import torch
 
 from .logprobs import chunked_logps
 from .config import StepConfig
-from .step import GRPOStep, StepRun, scoring_of
+from .specs import scoring_of
+from .step import GRPOStep, StepRun
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:

@@ -438,7 +438,7 @@ def replay_trl_step(step, run):
     """The captured optimizer step, replayed as TRL took it (`trl_step.trl_step`) under the step's config:
     its micro-batches and pass, pi_old and the reference's log-probs from generation time (recomputed when a
     scoring toggle changed them and the step is its generation's first), the trainer's dropout masks."""
-    from .step import loss_spec_of, scoring_of
+    from .specs import loss_spec_of, scoring_of
     from .trl_step import trl_step
     capture, cfg, b = step.capture, run.config, step.capture.batch
     step.restore_policy()  # the weights before the step, whatever the engine's update phase did to them

@@ -1,9 +1,8 @@
 """One GRPO step, phase by phase: `GRPOStep.run(cfg)` returns a new frozen `StepRun` on every call.
 
 Only the phases at and after the first one whose config fields changed are re-run; the results of the
-phases before it are shared with the previous run, not copied. This is the one module that turns a
-`StepConfig` into the phases' arguments (`scoring_of`, `loss_spec_of`, `optimization_of`); the phase
-functions themselves take tensors, a model and plain values.
+phases before it are shared with the previous run, not copied. The same step without the cache, top to
+bottom, is `reference_step.grpo_step` (tested equal); `specs` turns the config into the phases' arguments.
 """
 
 from __future__ import annotations
@@ -20,10 +19,11 @@ from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
 from .logprobs import Scoring, TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown, LossSpec, compute_loss, sampler_importance_ratio, sampler_metrics
+from .loss import LossBreakdown
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
+from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
 from .task import Task, load_task
 from .update import Iteration, Optimization, StepResult, new_optimizer, reevaluate_passes, update
 
@@ -47,33 +47,6 @@ class StepRun:
     timings: dict[str, PhaseTiming] = field(default_factory=dict)  # every phase result's own timing
     rerun: tuple[str, ...] = ()  # the phases this run computed; the others are the previous run's
     prompt_set: str = "train"  # the task's prompt set the rollout sampled
-
-
-def scoring_of(cfg: StepConfig) -> Scoring:
-    return Scoring(temperature=cfg.temperature if cfg.logprob_temperature else None, position_ids=cfg.position_ids,
-                   dropout=cfg.dropout, dtype=cfg.dtype, gather=cfg.gather, mask=cfg.mask,
-                   mask_truncated_completions=cfg.mask_truncated_completions)
-
-
-def loss_spec_of(cfg: StepConfig) -> LossSpec:
-    """Every LossSpec field is the StepConfig field of the same name, but max_completion_length
-    (max_new_tokens) and steps_per_generation (resolved: None means gradient_accumulation_steps)."""
-    names = [f.name for f in dataclasses.fields(LossSpec) if f.name not in ("max_completion_length",
-                                                                            "steps_per_generation")]
-    return LossSpec(**{k: getattr(cfg, k) for k in names}, max_completion_length=cfg.max_new_tokens,
-                    steps_per_generation=cfg.micro_batches)
-
-
-def needs_old_logps(cfg: StepConfig) -> bool:
-    """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
-    first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
-    the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
-    return (cfg.gradient_accumulation_steps % (cfg.micro_batches * cfg.num_iterations) != 0
-            or cfg.vllm_importance_sampling_correction)
-
-
-def optimization_of(cfg: StepConfig) -> Optimization:
-    return Optimization(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
 
 
 def _scoring_key(scoring: Scoring) -> Scoring:
@@ -240,27 +213,8 @@ def run_advantages(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, p
     return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
 
-def sampler_correction(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> tuple[torch.Tensor | None, dict]:
-    """TRL's vLLM importance-sampling ratio pi_old / pi_sampler and its sampling/* metrics, the rollout's
-    own sampler log-probs (temperature and top_p applied, as vLLM's processed log-probs) standing in for
-    vLLM's; (None, {}) when the correction is off."""
-    if not cfg.vllm_importance_sampling_correction:
-        return None, {}
-    ratio = sampler_importance_ratio(lp.policy, rollout.sampler_logps, lp.mask, cfg.vllm_importance_sampling_mode,
-                                     cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max)
-    return ratio, sampler_metrics(lp.policy, rollout.sampler_logps, lp.mask, ratio)
-
-
 def run_loss(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
-    """The loss of the whole batch at the weights that scored it (the first micro-batch's view when S = 1)."""
-    lp, rollout = done["logprobs"], done["rollout"]
-    ratio, sampling = sampler_correction(cfg, rollout, lp)
-    corrected = cfg.vllm_importance_sampling_correction
-    breakdown = compute_loss(lp.policy, lp.policy, lp.reference, done["advantages"].values, lp.mask,
-                             entropies=lp.entropies, sampler_logps=rollout.sampler_logps if corrected else None,
-                             sampler_ratio=ratio, **dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1,
-                                                                        steps_per_generation=1).kwargs())
-    return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)
+    return batch_loss(cfg, done["rollout"], done["logprobs"], done["advantages"].values)
 
 
 def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
@@ -275,14 +229,6 @@ def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, promp
                   optimizer=step._last_optimizer,
                   num_iterations=cfg.num_iterations,
                   per_sample_grad_norms=cfg.per_sample_grad_norms, fast=cfg.fast)
-
-
-def update_context(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> dict:
-    """The tensors `update` takes besides the rollout: pi_old's log-probs (or None) and the sampler's."""
-    corrected = cfg.vllm_importance_sampling_correction
-    return dict(old_logps=lp.policy if needs_old_logps(cfg) else None,
-                sampler_ratio=sampler_correction(cfg, rollout, lp)[0],
-                sampler_logps=rollout.sampler_logps if corrected else None)
 
 
 def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:

@@ -7,7 +7,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
 from grpo_debug.tracin.per_sample import PerSampleGradients, SampleGradients
-from grpo_debug.step import GRPOStep, loss_spec_of, optimization_of, scoring_of
+from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
+from grpo_debug.step import GRPOStep
 from grpo_debug.update import chunk_loss
 
 

@@ -29,7 +29,7 @@ from ..loss import loss_weights
 from .optimizer import (BETAS, EPS, adam_direction, clip_by_total_norm, optimizer_influence, sample,
                                   warmed_state)
 from ..rollout import Rollout, row_chunks
-from ..step import loss_spec_of, optimization_of, scoring_of
+from ..specs import loss_spec_of, optimization_of, scoring_of
 from ..update import DROPOUT_SEED, chunk_loss
 from ..stats import prompt_bootstrap, spearman
 

@@ -37,7 +37,7 @@ from ..loss import loss_weights
 from ..fast.backward import conv1d_weights, no_autograd_for
 from .per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
-from ..step import loss_spec_of, scoring_of
+from ..specs import loss_spec_of, scoring_of
 from ..update import DROPOUT_SEED, chunk_loss
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")

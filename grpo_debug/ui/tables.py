@@ -7,7 +7,8 @@ import torch
 
 from ..config import StepConfig
 from ..loss import compute_loss
-from ..step import GRPOStep, StepRun, loss_spec_of, metrics
+from ..specs import loss_spec_of
+from ..step import GRPOStep, StepRun, metrics
 
 
 def per_sample(run: StepRun) -> pd.DataFrame:

@@ -1,0 +1,54 @@
+"""One GRPO step, top to bottom, in one function: no cache, no fast path, no widgets.
+
+    rollout -> log-probs -> rewards -> advantages -> loss -> update
+
+Each line calls one phase function with tensors and the plain specs `specs` reads from the config.
+`GRPOStep.run` (step.py) computes the same numbers on the same seed (tests/test_reference_step.py) and
+adds what the notebooks need: each phase's result kept, and only the phases a change touches re-run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .advantages import Advantages, summarize_advantages
+from .config import StepConfig
+from .logprobs import TokenLogProbs, compute_logprobs
+from .loss import LossBreakdown
+from .rewards import Rewards, compute_rewards
+from .rollout import Rollout, rollout
+from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
+from .task import Task
+from .update import StepResult, update
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    rollout: Rollout  # B prompts x G completions, sampled by the policy
+    logprobs: TokenLogProbs  # (B*G, C) per-token log-probs: policy, reference, mask
+    rewards: Rewards  # (B*G,) total reward and its components
+    advantages: Advantages  # (B*G,) group-normalised rewards
+    loss: LossBreakdown  # the batch's loss at the weights that sampled it
+    update: StepResult  # the optimizer steps taken; the policy's weights are changed in place
+
+
+def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg: StepConfig) -> ReferenceRun:
+    """One GRPO step of `policy` on `prompts` (the reference stays frozen), rewards from `task`'s functions."""
+    samples = rollout(policy, tokenizer, prompts, num_generations=cfg.num_generations,
+                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                      seed=cfg.seed, pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=False,
+                      dropout=cfg.sample_dropout)
+
+    logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg), fast=False)
+
+    rewards = compute_rewards(samples.prompts, samples.completions, cfg.num_generations, task)
+
+    advantages = summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
+
+    loss = batch_loss(cfg, samples, logprobs, advantages.values)
+
+    result = update(policy, samples, logprobs, advantages.values, scoring_of(cfg), loss_spec_of(cfg),
+                    optimization_of(cfg), **update_context(cfg, samples, logprobs),
+                    num_iterations=cfg.num_iterations, per_sample_grad_norms=cfg.per_sample_grad_norms, fast=False)
+
+    return ReferenceRun(samples, logprobs, rewards, advantages, loss, result)
