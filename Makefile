@@ -68,6 +68,8 @@ notebooks: setup
 	done
 
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python tests/notebook_pairs.py
 	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600)
 

@@ -31,9 +31,13 @@ def one_run(threads: int) -> dict:
         trainer.train()
         step_time = next(h["step_time"] for h in trainer.state.log_history if h.get("step") == 2 and "step_time" in h)
         folder = Path(tmp) / "captures" / "step-2"
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1024 ** 2
-    return {"step_2_seconds": step_time, "capture_seconds": callback.seconds,
-            "overhead": callback.seconds / step_time, "capture_mb": size}
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1024**2
+    return {
+        "step_2_seconds": step_time,
+        "capture_seconds": callback.seconds,
+        "overhead": callback.seconds / step_time,
+        "capture_mb": size,
+    }
 
 
 def main() -> None:
@@ -42,9 +46,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     runs = [one_run(args.threads) for _ in range(args.repeats)]
-    report = {"threads": args.threads, "load_average_1min": os.getloadavg()[0], "runs": runs,
-              "median_overhead": statistics.median(r["overhead"] for r in runs),
-              "capture_mb": runs[0]["capture_mb"]}
+    report = {
+        "threads": args.threads,
+        "load_average_1min": os.getloadavg()[0],
+        "runs": runs,
+        "median_overhead": statistics.median(r["overhead"] for r in runs),
+        "capture_mb": runs[0]["capture_mb"],
+    }
     print(json.dumps(report, indent=1))
 
 

@@ -41,13 +41,18 @@ class PeakRSS:
 
 def gpt2_124m_shape(tokenizer) -> LoadedModel:
     torch.manual_seed(0)
-    config = GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12, vocab_size=50257,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
+    config = GPT2Config(
+        n_positions=1024,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        vocab_size=50257,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     policy = GPT2LMHeadModel(config).eval()
     # keep sampling inside the bundled tokenizer's vocabulary, so completions can be decoded and scored
     policy.generation_config.suppress_tokens = list(range(len(tokenizer), config.vocab_size))
     reference = copy.deepcopy(policy).requires_grad_(False)
     return LoadedModel(policy, reference, tokenizer, "gpt2-124m-shape (random weights)")
-
-

@@ -17,15 +17,15 @@ import json
 import time
 
 import torch
-
 from common import PeakRSS, gpt2_124m_shape
+
 from grpo_debug.config import StepConfig
-from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
 from grpo_debug.loss import loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
 from grpo_debug.specs import loss_spec_of, scoring_of
 from grpo_debug.step import GRPOStep, StepRun
+from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
 from grpo_debug.update import chunk_loss
 
 
@@ -69,18 +69,29 @@ def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
     slow, naive = measured(naive_loop)
     extra = {}
     if adam_aware:
-        from grpo_debug.tracin.influence import per_sample_train_gradients
         from grpo_debug.tracin.experiments import scores_for
-        _, extra["adam_aware_score"] = measured(lambda: scores_for(
-            per_sample_train_gradients(model, r, lp, adv, cfg).gradients(), val_grad, cfg, "adam"))
+        from grpo_debug.tracin.influence import per_sample_train_gradients
+
+        _, extra["adam_aware_score"] = measured(
+            lambda: scores_for(per_sample_train_gradients(model, r, lp, adv, cfg).gradients(), val_grad, cfg, "adam")
+        )
         extra["adam_aware_over_hook"] = round(extra["adam_aware_score"]["seconds"] / hook["seconds"], 2)
-    return {**extra,"samples": r.num_samples, "synthetic_advantages": synthetic, "tokens_per_sample": r.prompt_ids.shape[1] + r.completion_ids.shape[1],
-            "plain_step": plain, "validation_gradient": val_cost, "hook_method": hook, "naive_loop": naive,
-            "hook_over_plain": round(hook["seconds"] / plain["seconds"], 2),
-            "hook_plus_validation_gradient_over_plain": round((hook["seconds"] + val_cost["seconds"])
-                                                              / plain["seconds"], 2),
-            "naive_over_hook": round(naive["seconds"] / hook["seconds"], 2),
-            "max_rel_diff_hook_vs_naive": ((fast.double() - slow.double()).abs().max() / slow.abs().max()).item()}
+    return {
+        **extra,
+        "samples": r.num_samples,
+        "synthetic_advantages": synthetic,
+        "tokens_per_sample": r.prompt_ids.shape[1] + r.completion_ids.shape[1],
+        "plain_step": plain,
+        "validation_gradient": val_cost,
+        "hook_method": hook,
+        "naive_loop": naive,
+        "hook_over_plain": round(hook["seconds"] / plain["seconds"], 2),
+        "hook_plus_validation_gradient_over_plain": round(
+            (hook["seconds"] + val_cost["seconds"]) / plain["seconds"], 2
+        ),
+        "naive_over_hook": round(naive["seconds"] / hook["seconds"], 2),
+        "max_rel_diff_hook_vs_naive": ((fast.double() - slow.double()).abs().max() / slow.abs().max()).item(),
+    }
 
 
 def main() -> None:
@@ -91,8 +102,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = StepConfig(beta=0.0)
     bundled = GRPOStep(cfg)
-    report = {"threads": args.threads,
-              "bundled_8x8_mixed": influence_costs(bundled.policy, bundled.run(cfg, until="loss"), adam_aware=True)}
+    report = {
+        "threads": args.threads,
+        "bundled_8x8_mixed": influence_costs(bundled.policy, bundled.run(cfg, until="loss"), adam_aware=True),
+    }
     if not args.skip_124m:
         shape_cfg = cfg.replace(max_new_tokens=80)
         big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer))

@@ -20,8 +20,8 @@ import tempfile
 import time
 
 import torch
-
 from common import PeakRSS, gpt2_124m_shape
+
 from grpo_debug.config import PHASES, StepConfig
 from grpo_debug.model import load_model
 from grpo_debug.step import GRPOStep, StepRun
@@ -54,6 +54,7 @@ def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
 
 def trl_step_seconds(cfg: StepConfig) -> float:
     from grpo_debug.trl_bridge import trl_trainer
+
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs
         trainer = trl_trainer(cfg, tmp)
         t0 = time.perf_counter()
@@ -65,8 +66,10 @@ def profile_repeated(step: GRPOStep, cfg: StepConfig, repeats: int) -> dict:
     """Per phase and in total, the median of `repeats` fresh steps (this machine's timings move by 10-20%
     from run to run), with every total listed."""
     runs = [profile_step(step, cfg) for _ in range(repeats)]
-    out = {phase: {key: statistics.median(r[phase][key] for r in runs) for key in ("seconds", "peak_extra_mb")}
-           for phase in STEP_PHASES}
+    out = {
+        phase: {key: statistics.median(r[phase][key] for r in runs) for key in ("seconds", "peak_extra_mb")}
+        for phase in STEP_PHASES
+    }
     totals = [r["total_seconds"] for r in runs]
     return {**out, "total_seconds": statistics.median(totals), "totals": totals}
 
@@ -80,10 +83,12 @@ def num_iterations_cost(step: GRPOStep, cfg: StepConfig, repeats: int, mu: int =
             runs[m].append(profile_step(step, cfg.replace(num_iterations=m)))
     out = {}
     for m, profiles in runs.items():
-        out[f"num_iterations_{m}"] = {"update_seconds": statistics.median(p["update"]["seconds"] for p in profiles),
-                                      "total_seconds": statistics.median(p["total_seconds"] for p in profiles),
-                                      "updates": [p["update"]["seconds"] for p in profiles],
-                                      "totals": [p["total_seconds"] for p in profiles]}
+        out[f"num_iterations_{m}"] = {
+            "update_seconds": statistics.median(p["update"]["seconds"] for p in profiles),
+            "total_seconds": statistics.median(p["total_seconds"] for p in profiles),
+            "updates": [p["update"]["seconds"] for p in profiles],
+            "totals": [p["total_seconds"] for p in profiles],
+        }
     one, more = out["num_iterations_1"], out[f"num_iterations_{mu}"]
     out["update_ratio"] = round(more["update_seconds"] / one["update_seconds"], 2)
     out["step_ratio"] = round(more["total_seconds"] / one["total_seconds"], 2)
@@ -96,9 +101,12 @@ def bundled_model(repeats: int) -> dict:
     step = GRPOStep(bundled)
     profile_step(step, bundled)  # warm-up: first-call overheads out of the numbers
     report["bundled_8x8_mixed"] = profile_repeated(step, bundled, repeats)
-    report["bundled_8x8_mixed_readable"] = profile_repeated(step, bundled.replace(fast=False), repeats)  # fast paths off
+    report["bundled_8x8_mixed_readable"] = profile_repeated(
+        step, bundled.replace(fast=False), repeats
+    )  # fast paths off
     report["bundled_8x8_mixed_no_per_sample_norms"] = profile_repeated(
-        step, bundled.replace(per_sample_grad_norms=False), repeats)
+        step, bundled.replace(per_sample_grad_norms=False), repeats
+    )
     policy_only = bundled.replace(task="policy", max_new_tokens=48)
     report["bundled_8x8_policy"] = profile_repeated(step, policy_only, repeats)
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
@@ -117,8 +125,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-124m", action="store_true")
     parser.add_argument("--only-124m", action="store_true")
-    parser.add_argument("--only-num-iterations", action="store_true",
-                        help="only num_iterations = 2 against 1 on the bundled model, default config")
+    parser.add_argument(
+        "--only-num-iterations",
+        action="store_true",
+        help="only num_iterations = 2 against 1 on the bundled model, default config",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -31,8 +31,10 @@ def step_seconds(records: list[dict]) -> dict[str, dict]:
     for r in records:
         if "seconds" in r:
             by_arm.setdefault(r["arm"], []).append(r["seconds"])
-    return {arm: {"steps": len(s), "median_seconds": round(statistics.median(s), 2), "max_seconds": round(max(s), 2)}
-            for arm, s in by_arm.items()}
+    return {
+        arm: {"steps": len(s), "median_seconds": round(statistics.median(s), 2), "max_seconds": round(max(s), 2)}
+        for arm, s in by_arm.items()
+    }
 
 
 def main() -> None:
@@ -44,16 +46,30 @@ def main() -> None:
     parser.add_argument("--from-experiments", action="store_true")
     args = parser.parse_args()
     if args.from_experiments:
-        report = {path.stem: step_seconds(json.loads(path.read_text())["records"])
-                  for path in sorted((DATA_DIR / "experiments").glob("*.json"))}
+        report = {
+            path.stem: step_seconds(json.loads(path.read_text())["records"])
+            for path in sorted((DATA_DIR / "experiments").glob("*.json"))
+        }
     else:
         torch.set_num_threads(args.threads)
         base = StepConfig(**parse_overrides(args.set))
         with tempfile.TemporaryDirectory() as tmp:
-            out = train([parse_arm(a) for a in args.arm], args.steps, 1, base, eval_every=args.steps + 1,
-                        eval_prompts_n=4, progress_path=Path(tmp) / "bench.progress.jsonl", show_progress=False)
-        report = {"threads": args.threads, "config_changes": args.set, "load_average_1min": os.getloadavg()[0],
-                  "seconds_per_step": step_seconds(out["records"])}
+            out = train(
+                [parse_arm(a) for a in args.arm],
+                args.steps,
+                1,
+                base,
+                eval_every=args.steps + 1,
+                eval_prompts_n=4,
+                progress_path=Path(tmp) / "bench.progress.jsonl",
+                show_progress=False,
+            )
+        report = {
+            "threads": args.threads,
+            "config_changes": args.set,
+            "load_average_1min": os.getloadavg()[0],
+            "seconds_per_step": step_seconds(out["records"]),
+        }
     print(json.dumps(report, indent=1))
 
 

@@ -35,8 +35,7 @@ from grpo_debug.config import PHASES, StepConfig, parse_overrides
 from grpo_debug.notebook import setup
 from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.ui.tables import per_sample
-from grpo_debug.ui.widgets import (CHOICES, DEFAULT_FIELDS, FIGURES, OPTIONAL, SLIDERS, StepPanel, apply_change,
-                                   options)
+from grpo_debug.ui.widgets import CHOICES, DEFAULT_FIELDS, FIGURES, OPTIONAL, SLIDERS, StepPanel, apply_change, options
 
 RESCORES, LOSS_SIDE = 2.0, 0.5  # seconds: a change that re-scores the rollout, one that does not
 FLIP_TO = {"num_iterations": 2, "epsilon_low": 0.1, "epsilon_high": 0.28, "top_entropy_quantile": 0.2}  # from defaults
@@ -89,8 +88,12 @@ def rerun_seconds(step: GRPOStep) -> dict[str, float]:
 def apply_change_latency(step: GRPOStep, field: str, repeats: int) -> dict:
     seconds, rerun = flips(step, field, lambda f, v: apply_change(step, f, v, until=phase_end(f)), repeats)
     target = target_seconds(rerun)
-    return {**summarize(seconds), "target_seconds": target, "met": statistics.median(seconds) <= target,
-            "rerun_seconds": rerun_seconds(step)}
+    return {
+        **summarize(seconds),
+        "target_seconds": target,
+        "met": statistics.median(seconds) <= target,
+        "rerun_seconds": rerun_seconds(step),
+    }
 
 
 def panel_latency(panel: StepPanel, field: str, repeats: int, encoding: dict[str, float]) -> dict:
@@ -100,20 +103,30 @@ def panel_latency(panel: StepPanel, field: str, repeats: int, encoding: dict[str
     redrawn = [name for name, (phase, _) in FIGURES.items() if PHASES.index(phase) >= first]
     in_kernel = statistics.median(seconds) + encoding["table"] + sum(encoding[name] for name in redrawn)
     target = target_seconds(rerun)
-    return {**summarize(seconds), "rerun": sorted(rerun, key=lambda p: (p not in PHASES, PHASES.index(p) if p in
-                                                                        PHASES else 0)),
-            "rerun_seconds": rerun_seconds(panel.step), "figures_redrawn": redrawn, "target_seconds": target,
-            "kernel_estimate_seconds": round(in_kernel, 3), "met": in_kernel <= target}
+    return {
+        **summarize(seconds),
+        "rerun": sorted(rerun, key=lambda p: (p not in PHASES, PHASES.index(p) if p in PHASES else 0)),
+        "rerun_seconds": rerun_seconds(panel.step),
+        "figures_redrawn": redrawn,
+        "target_seconds": target,
+        "kernel_estimate_seconds": round(in_kernel, 3),
+        "met": in_kernel <= target,
+    }
 
 
 def table(report: dict) -> str:
     """The JSON's latencies, one row per field: seconds (medians; panels: the kernel estimate), what the
     change re-ran, and whether it meets the target of what it re-ran."""
     mu1, mu2 = report["panel_mu1"], report["panel_mu2"]
-    cell = lambda r: f"{r['kernel_estimate_seconds']:.3f} ({', '.join(r['rerun'])}; <= {r['target_seconds']}) " \
-                     f"{'met' if r['met'] else 'NOT met'}"
-    rows = ["| field | apply_change | dashboard at num_iterations = 1, in kernel | dashboard at num_iterations = 2, "
-            "in kernel |", "|---|---|---|---|"]
+    cell = lambda r: (
+        f"{r['kernel_estimate_seconds']:.3f} ({', '.join(r['rerun'])}; <= {r['target_seconds']}) "
+        f"{'met' if r['met'] else 'NOT met'}"
+    )
+    rows = [
+        "| field | apply_change | dashboard at num_iterations = 1, in kernel | dashboard at num_iterations = 2, "
+        "in kernel |",
+        "|---|---|---|---|",
+    ]
     for field, a in report["apply_change"].items():
         rows.append(f"| {field} | {a['median_seconds']:.3f} | {cell(mu1[field])} | {cell(mu2[field])} |")
     return "\n".join(rows)
@@ -138,17 +151,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3, help="flips to another value and back, per field")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="StepConfig changes, e.g. num_prompts=4 num_generations=4 (notebook 09's panel)")
-    parser.add_argument("--fields", nargs="*", default=DEFAULT_FIELDS, metavar="FIELD",
-                        help="the controls to time (default: every control of the dashboard)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="StepConfig changes, e.g. num_prompts=4 num_generations=4 (notebook 09's panel)",
+    )
+    parser.add_argument(
+        "--fields",
+        nargs="*",
+        default=DEFAULT_FIELDS,
+        metavar="FIELD",
+        help="the controls to time (default: every control of the dashboard)",
+    )
     args = parser.parse_args()
     fields = args.fields
     matplotlib.use("Agg")  # headless; pyplot picks its backend at the first figure
     setup(args.threads)  # the notebooks' settings: figure dpi, deterministic algorithms
     cfg = StepConfig(**parse_overrides(args.set))
-    report = {"threads": args.threads, "torch": torch.__version__, "config_changes": args.set,
-              "load_average_1min_before": round(os.getloadavg()[0], 2)}
+    report = {
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "config_changes": args.set,
+        "load_average_1min_before": round(os.getloadavg()[0], 2),
+    }
 
     step = GRPOStep(cfg)
     step.run(step.cfg, until="update")  # warm-up: rollout and first-call overheads out of the numbers

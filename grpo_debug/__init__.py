@@ -18,5 +18,6 @@ def __getattr__(name: str):
     checks) stay free of torch and transformers until a model is needed."""
     if name == "load_model":
         from .model import load_model
+
         return load_model
     raise AttributeError(f"module 'grpo_debug' has no attribute {name!r}")

@@ -20,6 +20,7 @@ from .config import PRESETS, StepConfig, describe_fields, parse_overrides
 
 def _threads(n: int) -> None:
     import torch
+
     torch.set_num_threads(n)
 
 
@@ -31,58 +32,106 @@ def _line(name: str, value, note: str = "") -> str:
 def report(run) -> str:
     from .advantages import PHANTOM_STD
     from .step import metrics
+
     m = metrics(run)
-    cfg, r, lp, adv, loss, upd, ev = run.config, run.rollout, run.logprobs, run.advantages, run.loss, run.update, run.evaluation
+    cfg, r, lp, adv, loss, upd, ev = (
+        run.config,
+        run.rollout,
+        run.logprobs,
+        run.advantages,
+        run.loss,
+        run.update,
+        run.evaluation,
+    )
     off = [f"{k}={v}" for k, v in cfg.pitfalls_on().items()]
-    out = [f"GRPO step on {cfg.model}", f"  preset: {cfg.preset_name() or 'custom'}",
-           f"  differs from the fixed preset: {', '.join(off) or 'nothing (every fix on)'}", ""]
-    out += ["1. rollout", _line("samples", r.num_samples, f"{len(r.prompts)} prompts x {r.num_generations}"),
-            _line("completions/mean_length", m["completions/mean_length"]),
-            _line("completions/clipped_ratio", m["completions/clipped_ratio"], "no EOS within max_new_tokens"),
-            _line("identical groups", len(r.identical_groups), "all G completions the same text"),
-            _line("seconds", r.seconds, cfg.generation)]
-    out += ["2. log-probs", _line("logps/max_sampler_gap", lp.max_sampler_gap, "max |sampler - recomputed|, nats; ~1e-5 with every fix on"),
-            _line("top_p renormalisation gap", lp.top_p_gap, "0 when top_p = 1"),
-            _line("EOS inside the mask", lp.eos_kept, "1: the model is taught to stop"),
-            _line("scored tokens", int(lp.mask.sum().item()), f"mask={cfg.mask}")]
+    out = [
+        f"GRPO step on {cfg.model}",
+        f"  preset: {cfg.preset_name() or 'custom'}",
+        f"  differs from the fixed preset: {', '.join(off) or 'nothing (every fix on)'}",
+        "",
+    ]
+    out += [
+        "1. rollout",
+        _line("samples", r.num_samples, f"{len(r.prompts)} prompts x {r.num_generations}"),
+        _line("completions/mean_length", m["completions/mean_length"]),
+        _line("completions/clipped_ratio", m["completions/clipped_ratio"], "no EOS within max_new_tokens"),
+        _line("identical groups", len(r.identical_groups), "all G completions the same text"),
+        _line("seconds", r.seconds, cfg.generation),
+    ]
+    out += [
+        "2. log-probs",
+        _line("logps/max_sampler_gap", lp.max_sampler_gap, "max |sampler - recomputed|, nats; ~1e-5 with every fix on"),
+        _line("top_p renormalisation gap", lp.top_p_gap, "0 when top_p = 1"),
+        _line("EOS inside the mask", lp.eos_kept, "1: the model is taught to stop"),
+        _line("scored tokens", int(lp.mask.sum().item()), f"mask={cfg.mask}"),
+    ]
     out += ["3. rewards"] + [_line(f"rewards/{k}/mean", v.nanmean().item()) for k, v in run.rewards.components.items()]
-    out += ["4. advantages", _line("reward", adv.reward), _line("reward_std", adv.reward_std),
-            _line("frac_reward_zero_std", adv.frac_reward_zero_std, "groups with no signal"),
-            _line("phantom groups", len(adv.phantom_groups), f"divided by 0 < std < {PHANTOM_STD}: noise amplified"),
-            _line("max |advantage|", adv.max_abs_advantage, f"scale_rewards={cfg.scale_rewards}")]
-    out += ["5. loss", _line("loss", loss.loss.item(), f"{cfg.loss_type}; its value says little: judge the step by grad_norm"),
-            _line("policy term", loss.policy_loss.item()), _line("beta * KL term", loss.kl_loss.item()),
-            _line("kl", loss.metrics["kl"], f"{cfg.kl_estimator}, 0 at step 0 unless scoring differs")]
+    out += [
+        "4. advantages",
+        _line("reward", adv.reward),
+        _line("reward_std", adv.reward_std),
+        _line("frac_reward_zero_std", adv.frac_reward_zero_std, "groups with no signal"),
+        _line("phantom groups", len(adv.phantom_groups), f"divided by 0 < std < {PHANTOM_STD}: noise amplified"),
+        _line("max |advantage|", adv.max_abs_advantage, f"scale_rewards={cfg.scale_rewards}"),
+    ]
+    out += [
+        "5. loss",
+        _line("loss", loss.loss.item(), f"{cfg.loss_type}; its value says little: judge the step by grad_norm"),
+        _line("policy term", loss.policy_loss.item()),
+        _line("beta * KL term", loss.kl_loss.item()),
+        _line("kl", loss.metrics["kl"], f"{cfg.kl_estimator}, 0 at step 0 unless scoring differs"),
+    ]
     out += [_line("entropy", loss.metrics["entropy"], "mean over scored tokens, nats")]
     out += [_line(k, v) for k, v in loss.metrics.items() if k.startswith(("clip_ratio", "sampling/", "cispo", "vespo"))]
     if upd is not None:
-        out += ["6. update", _line("optimizer steps", upd.optimizer_steps,
-                                   f"num_iterations={cfg.num_iterations} x steps_per_generation={cfg.micro_batches} "
-                                   f"/ gradient_accumulation_steps={cfg.gradient_accumulation_steps}"),
-                _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
-                _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
-                _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
-                *[_line(f"pass {i}: {k}", it.metrics[k], "0 on-policy" if i == 1 else "")
-                  for i, it in enumerate(upd.iterations, start=1) for k in ("clip_ratio/region_mean", "kl")
-                  if k in it.metrics and len(upd.iterations) > 1],
-                _line("max per-sample grad norm", upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms)
-                      else float("nan"), "from layer hooks, one backward")]
+        out += [
+            "6. update",
+            _line(
+                "optimizer steps",
+                upd.optimizer_steps,
+                f"num_iterations={cfg.num_iterations} x steps_per_generation={cfg.micro_batches} "
+                f"/ gradient_accumulation_steps={cfg.gradient_accumulation_steps}",
+            ),
+            _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
+            _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
+            _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
+            *[
+                _line(f"pass {i}: {k}", it.metrics[k], "0 on-policy" if i == 1 else "")
+                for i, it in enumerate(upd.iterations, start=1)
+                for k in ("clip_ratio/region_mean", "kl")
+                if k in it.metrics and len(upd.iterations) > 1
+            ],
+            _line(
+                "max per-sample grad norm",
+                upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms) else float("nan"),
+                "from layer hooks, one backward",
+            ),
+        ]
     if ev is not None:
-        out += ["7. evaluation (held-out test prompts, paired seeds)", _line("reward before", ev.before.reward),
-                _line("reward after", ev.after.reward),
-                _line("delta", ev.delta, f"95% CI [{ev.ci_low:.4f}, {ev.ci_high:.4f}]")]
+        out += [
+            "7. evaluation (held-out test prompts, paired seeds)",
+            _line("reward before", ev.before.reward),
+            _line("reward after", ev.after.reward),
+            _line("delta", ev.delta, f"95% CI [{ev.ci_low:.4f}, {ev.ci_high:.4f}]"),
+        ]
     out += ["", "time per phase (s): " + ", ".join(f"{k} {v.seconds:.2f}" for k, v in run.timings.items())]
     return "\n".join(out)
 
 
 def _jsonable(run) -> dict:
     from .step import metrics
-    return {"config": dataclasses.asdict(run.config), "metrics": metrics(run),
-            "completions": run.rollout.completions, "prompts": run.rollout.prompts,
-            "rewards": run.rewards.total.tolist(), "advantages": run.advantages.values.tolist(),
-            "reward_components": {k: v.tolist() for k, v in run.rewards.components.items()},
-            "per_sample_loss": run.loss.per_sample_loss.tolist(),
-            "per_sample_grad_norms": run.update.per_sample_grad_norms.tolist() if run.update else None}
+
+    return {
+        "config": dataclasses.asdict(run.config),
+        "metrics": metrics(run),
+        "completions": run.rollout.completions,
+        "prompts": run.rollout.prompts,
+        "rewards": run.rewards.total.tolist(),
+        "advantages": run.advantages.values.tolist(),
+        "reward_components": {k: v.tolist() for k, v in run.rewards.components.items()},
+        "per_sample_loss": run.loss.per_sample_loss.tolist(),
+        "per_sample_grad_norms": run.update.per_sample_grad_norms.tolist() if run.update else None,
+    }
 
 
 def train_command(parser, args) -> int:
@@ -92,6 +141,7 @@ def train_command(parser, args) -> int:
         parser.error(str(e))
     _threads(args.threads)
     from .train import parse_arm, remove_progress, train
+
     try:
         arms = [parse_arm(a) for a in args.arm]
     except ValueError as e:
@@ -99,12 +149,26 @@ def train_command(parser, args) -> int:
     check_writable(parser, args.json)
     progress = f"{args.json}.progress.jsonl"
     try:
-        results = train(arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts,
-                        progress, show_progress=not args.no_progress, keep_progress=True, first_seed=args.first_seed)
+        results = train(
+            arms,
+            args.steps,
+            args.seeds,
+            base,
+            args.eval_every,
+            args.eval_prompts,
+            args.train_prompts,
+            progress,
+            show_progress=not args.no_progress,
+            keep_progress=True,
+            first_seed=args.first_seed,
+        )
     except (ValueError, RuntimeError, OSError) as e:  # OSError: a full disk, named by write_atomically
         parser.error(str(e))
-    results["command"] = "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
-        if sys.argv[1:2] == ["train"] else None
+    results["command"] = (
+        "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["train"]
+        else None
+    )
     try:
         write_json(args.json, results)  # the result is on disk before its progress is removed
     except OSError as e:
@@ -123,14 +187,16 @@ def check_writable(parser, path: str) -> None:
 
 def write_json(path: str, value) -> None:
     """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
-    from .train import strict_json
     from .files import write_atomically
+    from .train import strict_json
+
     write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
 
 
 def analyze_command(parser, args) -> int:
     """Every verdict of committed training results, recomputed from their records (grpo_debug.stats)."""
     from .train import reanalyze
+
     for path in args.paths:
         try:
             results = reanalyze(json.loads(open(path).read()))
@@ -148,6 +214,7 @@ def replay_command(parser, args) -> int:
     _threads(args.threads)
     from .replay import reproduction
     from .step import GRPOStep
+
     try:
         step = GRPOStep.from_capture(args.path, **parse_overrides(args.set))
     except (ValueError, FileNotFoundError) as e:
@@ -159,14 +226,17 @@ def replay_command(parser, args) -> int:
     for k in out["logged"]:
         print(f"{k:26s} {out['logged'][k]:14.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
     if out["logps"]["rows_compared"]:
-        print(f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
-              f"mean {out['logps']['mean_abs_difference']:.3g}")
+        print(
+            f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
+            f"mean {out['logps']['mean_abs_difference']:.3g}"
+        )
     for name, verdict in out["causes"].items():
         print(f"{name:14s} {verdict}")
     for name, what in out["pitfalls"].items():
         print(f"pitfall: {name:12s} {what}")
     if args.json:
         from .files import write_atomically
+
         try:
             write_atomically(args.json, lambda f: json.dump(out, f, indent=1))
         except OSError as e:
@@ -176,15 +246,22 @@ def replay_command(parser, args) -> int:
 
 def summary_table(results: dict) -> str:
     """The held-out reward per arm after K steps, then each family of verdicts with its correction."""
-    fmt = lambda d: (f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]" if d["ci_low"] is not None
-                     else f"{d['mean']:+.4f} (no interval)")
+    fmt = lambda d: (
+        f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+        if d["ci_low"] is not None
+        else f"{d['mean']:+.4f} (no interval)"
+    )
     summary = results["summary"]
-    lines = [f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
-             "test prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"]
+    lines = [
+        f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
+        "test prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"
+    ]
     for arm, row in summary.items():
         start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"
-        lines.append(f"  {arm:18s} start {start}  final {fmt(row['reward_final'])} "
-                     f"({row['reward_final']['n_seeds']} distinct seed(s))")
+        lines.append(
+            f"  {arm:18s} start {start}  final {fmt(row['reward_final'])} "
+            f"({row['reward_final']['n_seeds']} distinct seed(s))"
+        )
     families: dict[str, list[tuple[str, dict]]] = {}
     for arm, row in summary.items():
         for value in row.values():
@@ -192,8 +269,10 @@ def summary_table(results: dict) -> str:
                 families.setdefault(value["family"], []).append((arm, value))
     for name, members in families.items():
         size = members[0][1]["family_size"]
-        lines.append(f"family: {name} ({size} verdict(s); intervals at {100 * members[0][1]['level']:.2f}% "
-                     "(Bonferroni), Holm's adjusted p)")
+        lines.append(
+            f"family: {name} ({size} verdict(s); intervals at {100 * members[0][1]['level']:.2f}% "
+            "(Bonferroni), Holm's adjusted p)"
+        )
         for arm, value in members:
             holm = "-" if value["holm_p"] is None else f"{value['holm_p']:.3g}"
             lines.append(f"  {arm:18s} {value['verdict']}  (Holm p {holm})")
@@ -203,47 +282,90 @@ def summary_table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    step = sub.add_parser("step", help="run one GRPO step and print a phase-by-phase report",
-                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog="StepConfig keys for --set (KEY=VALUE):\n" + describe_fields())
-    step.add_argument("--preset", choices=sorted(PRESETS), default="fixed",
-                      help="fixed: every fix on; trl: what TRL 1.16's GRPOTrainer computes with a default GRPOConfig")
-    step.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                      help="StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1")
+    step = sub.add_parser(
+        "step",
+        help="run one GRPO step and print a phase-by-phase report",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="StepConfig keys for --set (KEY=VALUE):\n" + describe_fields(),
+    )
+    step.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="fixed",
+        help="fixed: every fix on; trl: what TRL 1.16's GRPOTrainer computes with a default GRPOConfig",
+    )
+    step.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1",
+    )
     step.add_argument("--json", help="write every number to this file")
     step.add_argument("--threads", type=int, default=1)
-    tr = sub.add_parser("train", help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="named arms: " + ", ".join(ARM_NAMES) + "\nStepConfig keys for --set and arm changes "
-                               "(KEY=VALUE):\n" + describe_fields())
+    tr = sub.add_parser(
+        "train",
+        help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="named arms: " + ", ".join(ARM_NAMES) + "\nStepConfig keys for --set and arm changes "
+        "(KEY=VALUE):\n" + describe_fields(),
+    )
     tr.add_argument("--steps", type=int, required=True, help="K, GRPO steps per arm and seed")
-    tr.add_argument("--arm", action="append", required=True, metavar="NAME[:key=value,...]",
-                    help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
-                         "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=")
+    tr.add_argument(
+        "--arm",
+        action="append",
+        required=True,
+        metavar="NAME[:key=value,...]",
+        help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
+        "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=",
+    )
     tr.add_argument("--seeds", type=int, default=1, help="S, seeds per arm (paired across arms)")
-    tr.add_argument("--first-seed", type=int, default=0,
-                    help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used")
+    tr.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used",
+    )
     tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="StepConfig changes for every arm")
     tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
     tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")
-    tr.add_argument("--train-prompts", type=int, default=128,
-                    help="training prompts cycled through, B per step (the bundled chess tasks have 128)")
-    tr.add_argument("--json", required=True, help="the results; the progress file is PATH.progress.jsonl, "
-                                                  "resumed when it exists")
+    tr.add_argument(
+        "--train-prompts",
+        type=int,
+        default=128,
+        help="training prompts cycled through, B per step (the bundled chess tasks have 128)",
+    )
+    tr.add_argument(
+        "--json", required=True, help="the results; the progress file is PATH.progress.jsonl, resumed when it exists"
+    )
     tr.add_argument("--threads", type=int, default=1)
     tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    tr.add_argument("--keep-progress", action="store_true",
-                    help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
-                         "then resumes from them instead of starting over")
-    an = sub.add_parser("analyze", help="recompute the verdicts of training results (train's --json) from their "
-                        "records: intervals for seeds crossed with test prompts, each family corrected")
+    tr.add_argument(
+        "--keep-progress",
+        action="store_true",
+        help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
+        "then resumes from them instead of starting over",
+    )
+    an = sub.add_parser(
+        "analyze",
+        help="recompute the verdicts of training results (train's --json) from their "
+        "records: intervals for seeds crossed with test prompts, each family corrected",
+    )
     an.add_argument("paths", nargs="+", help="JSON files written by train")
     an.add_argument("--write", action="store_true", help="write the recomputed summary back (strict JSON)")
-    rp = sub.add_parser("replay", help="open a step captured from a TRL run (grpo_debug.capture) and compare "
-                                       "our recomputation with what TRL logged")
+    rp = sub.add_parser(
+        "replay",
+        help="open a step captured from a TRL run (grpo_debug.capture) and compare "
+        "our recomputation with what TRL logged",
+    )
     rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
-    rp.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="StepConfig changes on top of the capture's config (not rollout fields)")
+    rp.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="StepConfig changes on top of the capture's config (not rollout fields)",
+    )
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -265,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(parser, args.json)
     _threads(args.threads)
     from .step import GRPOStep
+
     try:
         run = GRPOStep(cfg).run()
     except ValueError as e:  # a value only the model or the task can check (positions, prompt counts)

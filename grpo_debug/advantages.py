@@ -38,21 +38,28 @@ def group_std(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
 def check_rewards(rewards: torch.Tensor, num_generations: int) -> None:
     """ValueError unless the rewards form groups of G >= 2 and none is infinite (NaN is allowed, as in TRL)."""
     if num_generations < 2:
-        raise ValueError(f"num_generations must be >= 2, got {num_generations}: GRPO normalises each reward "
-                         f"within its group, and a group of one has advantage 0 whatever its reward. To "
-                         f"normalise a set of rewards as one group, use normalize_over_set(rewards)")
+        raise ValueError(
+            f"num_generations must be >= 2, got {num_generations}: GRPO normalises each reward "
+            f"within its group, and a group of one has advantage 0 whatever its reward. To "
+            f"normalise a set of rewards as one group, use normalize_over_set(rewards)"
+        )
     if rewards.dim() != 1 or rewards.numel() % num_generations:
-        raise ValueError(f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
+            f"got shape {tuple(rewards.shape)}"
+        )
     infinite = torch.isinf(rewards).nonzero().flatten().tolist()
     if infinite:
         i = infinite[0]
-        raise ValueError(f"reward {rewards[i].item()} for sample {i} (group {i // num_generations}) and "
-                         f"{len(infinite) - 1} more: rewards must be finite (NaN means 'no reward' and is ignored)")
+        raise ValueError(
+            f"reward {rewards[i].item()} for sample {i} (group {i // num_generations}) and "
+            f"{len(infinite) - 1} more: rewards must be finite (NaN means 'no reward' and is ignored)"
+        )
 
 
-def compute_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
-                       std_floor: float = 0.0) -> torch.Tensor:
+def compute_advantages(
+    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", std_floor: float = 0.0
+) -> torch.Tensor:
     check_rewards(rewards, num_generations)
     rewards = rewards.float()
     grouped = rewards.view(-1, num_generations)
@@ -89,8 +96,9 @@ class Advantages:
     max_abs_advantage: float
 
 
-def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group",
-                         std_floor: float = 0.0) -> Advantages:
+def summarize_advantages(
+    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", std_floor: float = 0.0
+) -> Advantages:
     values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
     std = group_std(rewards, num_generations)
     zero = torch.isclose(std, torch.zeros_like(std))  # TRL's test of a zero std: advantage 0 under every scaling
@@ -105,10 +113,15 @@ def summarize_advantages(rewards: torch.Tensor, num_generations: int, scale_rewa
     divisor = divisor.clamp(min=std_floor)
     amplifies = scale_rewards != "none"
     phantom = ~zero & (divisor > 0) & (divisor < PHANTOM_STD) & amplifies
-    return Advantages(values=values, group_mean=torch.nanmean(rewards.view(-1, num_generations).float(), dim=1),
-                      group_std=std, reward=torch.nanmean(rewards.float()).item(),
-                      reward_std=_nanstd(rewards.float()).item(), frac_reward_zero_std=trl_zero.float().mean().item(),
-                      zero_std_groups=zero.nonzero().flatten().tolist(),
-                      rounding_std_groups=rounding.nonzero().flatten().tolist(),
-                      phantom_groups=phantom.nonzero().flatten().tolist(),
-                      max_abs_advantage=values.abs().max().item())
+    return Advantages(
+        values=values,
+        group_mean=torch.nanmean(rewards.view(-1, num_generations).float(), dim=1),
+        group_std=std,
+        reward=torch.nanmean(rewards.float()).item(),
+        reward_std=_nanstd(rewards.float()).item(),
+        frac_reward_zero_std=trl_zero.float().mean().item(),
+        zero_std_groups=zero.nonzero().flatten().tolist(),
+        rounding_std_groups=rounding.nonzero().flatten().tolist(),
+        phantom_groups=phantom.nonzero().flatten().tolist(),
+        max_abs_advantage=values.abs().max().item(),
+    )

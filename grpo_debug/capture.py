@@ -50,17 +50,27 @@ from .files import write_atomically
 from .trl_step import mean_like_trl_log
 
 FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
-TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
-           "ref_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio")
+TENSORS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+)
 # plus `trainer_per_token_logps` (N, C): the policy's log-probs of each row as the trainer's loss of step k took
 # them, put back in generation order; NaN for a row step k did not train on. And `rng_states` (M, S) uint8: the
 # CPU random state at the start of each of step k's M training forwards.
-MAX_WEIGHT_BYTES = 2 * 1024 ** 3
+MAX_WEIGHT_BYTES = 2 * 1024**3
 
 
 def find_trainer(cls=None):
     """The nearest caller frame's `self` that is a GRPOTrainer (the trainer whose `train()` runs), or None."""
     from trl import GRPOTrainer
+
     cls = cls or GRPOTrainer
     frame = inspect.currentframe()
     while frame is not None:
@@ -102,14 +112,22 @@ def _jsonable(value):
 def resolved_settings(trainer) -> dict:
     """The values the trainer resolved from its GRPOConfig at run time (the saved config keeps None for some)."""
     args = trainer.args
-    return {"epsilon_low": trainer.epsilon_low, "epsilon_high": trainer.epsilon_high,
-            "steps_per_generation": args.steps_per_generation, "num_iterations": trainer.num_iterations,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps, "beta": trainer.beta,
-            "loss_type": trainer.loss_type, "temperature": trainer.temperature,
-            "top_p": getattr(trainer, "top_p", args.top_p), "top_k": getattr(trainer, "top_k", args.top_k),
-            "min_p": getattr(trainer, "min_p", args.min_p),
-            "mixed_precision": str(trainer.accelerator.mixed_precision), "disable_dropout": args.disable_dropout,
-            "processes": trainer.accelerator.num_processes}
+    return {
+        "epsilon_low": trainer.epsilon_low,
+        "epsilon_high": trainer.epsilon_high,
+        "steps_per_generation": args.steps_per_generation,
+        "num_iterations": trainer.num_iterations,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "beta": trainer.beta,
+        "loss_type": trainer.loss_type,
+        "temperature": trainer.temperature,
+        "top_p": getattr(trainer, "top_p", args.top_p),
+        "top_k": getattr(trainer, "top_k", args.top_k),
+        "min_p": getattr(trainer, "min_p", args.min_p),
+        "mixed_precision": str(trainer.accelerator.mixed_precision),
+        "disable_dropout": args.disable_dropout,
+        "processes": trainer.accelerator.num_processes,
+    }
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -148,7 +166,9 @@ class CaptureCallback(TrainerCallback):
         self.trainer = None
         self.generation: dict | None = None  # the latest generation batch that feeds a wanted step
         self.current: dict | None = None  # the step being captured
-        self.marks: dict[str, tuple[int, int]] = {}  # identities and lengths of the trainer's metric lists at the step's start
+        self.marks: dict[
+            str, tuple[int, int]
+        ] = {}  # identities and lengths of the trainer's metric lists at the step's start
         self.written: dict[int, Path] = {}
         self.skipped: dict[int, str] = {}
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
@@ -160,8 +180,11 @@ class CaptureCallback(TrainerCallback):
             return
         self.trainer = trainer
         generate, prepare = trainer._generate_and_score_completions, trainer._prepare_inputs
-        score, training_step, grad_norm = (trainer._get_per_token_logps_and_entropies, trainer.training_step,
-                                           trainer._get_grad_norm)
+        score, training_step, grad_norm = (
+            trainer._get_per_token_logps_and_entropies,
+            trainer.training_step,
+            trainer._get_grad_norm,
+        )
 
         def generate_and_capture(inputs):
             output = generate(inputs)
@@ -178,8 +201,11 @@ class CaptureCallback(TrainerCallback):
 
         def score_and_keep(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
             out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-            if self.current is not None and torch.is_grad_enabled() and \
-                    trainer.accelerator.unwrap_model(model) is self._model():  # the loss's forward
+            if (
+                self.current is not None
+                and torch.is_grad_enabled()
+                and trainer.accelerator.unwrap_model(model) is self._model()
+            ):  # the loss's forward
                 self.current["scored"].append((input_ids.detach().cpu(), out[0].detach().float().cpu()))
             return out
 
@@ -225,8 +251,10 @@ class CaptureCallback(TrainerCallback):
         if self.trainer is None:
             trainer = find_trainer()
             if trainer is None:
-                raise RuntimeError("CaptureCallback found no GRPOTrainer running train(); call "
-                                   "callback.attach(trainer) before trainer.train()")
+                raise RuntimeError(
+                    "CaptureCallback found no GRPOTrainer running train(); call "
+                    "callback.attach(trainer) before trainer.train()"
+                )
             self.attach(trainer)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -234,8 +262,15 @@ class CaptureCallback(TrainerCallback):
         step = state.global_step + 1
         if step in self.steps and step not in self.written and step not in self.skipped:
             start = time.perf_counter()
-            self.current = {"step": step, "weights": self._weights(), "micro_batches": [], "rng": [], "scored": [],
-                            "losses": [], "grad_norm": None}
+            self.current = {
+                "step": step,
+                "weights": self._weights(),
+                "micro_batches": [],
+                "rng": [],
+                "scored": [],
+                "losses": [],
+                "grad_norm": None,
+            }
             self.seconds += time.perf_counter() - start
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -248,8 +283,10 @@ class CaptureCallback(TrainerCallback):
         if generation is None or step not in generation["fed_steps"]:
             self.skipped[step] = "no generation batch was kept for it"
         elif step in generation["spanning"]:
-            self.skipped[step] = ("it spans two generation batches (gradient_accumulation_steps is not a multiple "
-                                  "of steps_per_generation x num_iterations)")
+            self.skipped[step] = (
+                "it spans two generation batches (gradient_accumulation_steps is not a multiple "
+                "of steps_per_generation x num_iterations)"
+            )
         else:
             capture["step_metrics"] = self._step_metrics(capture)  # collective: every process gathers
             capture["trainer_logps"] = self._trainer_logps(capture)
@@ -292,17 +329,27 @@ class CaptureCallback(TrainerCallback):
             spanning.add(fed[-1])
         if not any(k in self.steps and k not in self.written for k in fed):
             return
-        tensors = {k: gathered_batch_tensor(t, k, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)}
+        tensors = {
+            k: gathered_batch_tensor(t, k, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)
+        }
         n = len(tensors["completion_ids"])
         rewards = {name: list(t._logs["rewards"][name])[-n:] for name in t.reward_func_names}
         weights_of = t.reward_weights.tolist() if isinstance(t.reward_weights, torch.Tensor) else list(t.reward_weights)
         local = {k: output[k].detach().cpu() for k in ("prompt_ids", "completion_ids", "advantages")}
         self.generation = {
-            "tensors": tensors, "prompts": list(t._logs["prompt"])[-n:], "completions": list(t._logs["completion"])[-n:],
-            "rewards": rewards, "reward_weights": dict(zip(t.reward_func_names, weights_of)),
-            "advantages": list(t._logs["advantages"])[-n:], "processes": t.accelerator.num_processes,
-            "local": local, "first_step": first, "first_micro_batch": t._step - done_in_step,
-            "fed_steps": set(fed), "spanning": spanning}
+            "tensors": tensors,
+            "prompts": list(t._logs["prompt"])[-n:],
+            "completions": list(t._logs["completion"])[-n:],
+            "rewards": rewards,
+            "reward_weights": dict(zip(t.reward_func_names, weights_of)),
+            "advantages": list(t._logs["advantages"])[-n:],
+            "processes": t.accelerator.num_processes,
+            "local": local,
+            "first_step": first,
+            "first_micro_batch": t._step - done_in_step,
+            "fed_steps": set(fed),
+            "spanning": spanning,
+        }
 
     def _on_micro_batch(self, inputs: dict, micro: int) -> None:
         """Which rows of the generation batch (local to this process) this micro-batch holds, in its order."""
@@ -315,8 +362,9 @@ class CaptureCallback(TrainerCallback):
         rows = torch.cat([local["prompt_ids"], local["completion_ids"]], 1)
         free, picked = list(range(len(rows))), []
         for row, adv in zip(ids, advantages):
-            match = next((j for j in free if torch.equal(rows[j], row) and torch.equal(local["advantages"][j], adv)),
-                         None)
+            match = next(
+                (j for j in free if torch.equal(rows[j], row) and torch.equal(local["advantages"][j], adv)), None
+            )
             if match is None:
                 raise RuntimeError("CaptureCallback: a micro-batch row is not in the kept generation batch")
             free.remove(match)
@@ -364,7 +412,9 @@ class CaptureCallback(TrainerCallback):
 
     def _write(self, step: int, capture: dict, generation: dict) -> Path:
         import trl
+
         from .trl_bridge import PositionIdsGRPOTrainer
+
         t, model = self.trainer, self._model()
         path = self.out_dir / f"step-{step}"
         path.mkdir(parents=True, exist_ok=True)
@@ -381,33 +431,66 @@ class CaptureCallback(TrainerCallback):
             policy = {"folder": "policy", "name_or_path": _resolved_name(model.config._name_or_path)}
             note = f"the policy's weights before optimizer step {step}, and its tokenizer (`save_pretrained`)."
         else:
-            policy = {"folder": None, "name_or_path": _resolved_name(model.config._name_or_path),
-                      "checkpoint_step": step - 1, "output_dir": str(Path(t.args.output_dir).resolve())}
-            note = (f"not written: the weights are larger than {self.max_weight_bytes} bytes. Reload the "
-                    f"checkpoint of step {step - 1} from `{t.args.output_dir}`.")
+            policy = {
+                "folder": None,
+                "name_or_path": _resolved_name(model.config._name_or_path),
+                "checkpoint_step": step - 1,
+                "output_dir": str(Path(t.args.output_dir).resolve()),
+            }
+            note = (
+                f"not written: the weights are larger than {self.max_weight_bytes} bytes. Reload the "
+                f"checkpoint of step {step - 1} from `{t.args.output_dir}`."
+            )
         S, mu, GA = self._layout()
         schedule = None
         if single:
-            schedule = {"micro_batches": capture["micro_batches"], "steps_per_generation": S, "num_iterations": mu,
-                        "gradient_accumulation_steps": GA, "generation_first_step": generation["first_step"],
-                        "forwards": len(capture["rng"])}
-        meta = {"format": FORMAT, "step": step, "trl_version": trl.__version__, "trainer_class": type(t).__name__,
-                "model_class": type(model).__name__,
-                "position_ids": isinstance(t, PositionIdsGRPOTrainer), "policy": policy,
-                "reference": {"beta": t.beta,  # TRL loads it frozen from the same name as the policy
-                              "name_or_path": _resolved_name(reference.config._name_or_path)
-                              if reference is not None else None},
-                "grpo_config": _jsonable(t.args.to_dict()), "resolved": _jsonable(resolved_settings(t)),
-                "prompts": _jsonable(generation["prompts"]), "completions": _jsonable(generation["completions"]),
-                "rewards": _jsonable(generation["rewards"]), "reward_weights": generation["reward_weights"],
-                "advantages": _jsonable(generation["advantages"]), "processes": generation["processes"],
-                "schedule": schedule, "step_metrics": _jsonable(capture["step_metrics"]), "logged": None}
+            schedule = {
+                "micro_batches": capture["micro_batches"],
+                "steps_per_generation": S,
+                "num_iterations": mu,
+                "gradient_accumulation_steps": GA,
+                "generation_first_step": generation["first_step"],
+                "forwards": len(capture["rng"]),
+            }
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "trl_version": trl.__version__,
+            "trainer_class": type(t).__name__,
+            "model_class": type(model).__name__,
+            "position_ids": isinstance(t, PositionIdsGRPOTrainer),
+            "policy": policy,
+            "reference": {
+                "beta": t.beta,  # TRL loads it frozen from the same name as the policy
+                "name_or_path": _resolved_name(reference.config._name_or_path) if reference is not None else None,
+            },
+            "grpo_config": _jsonable(t.args.to_dict()),
+            "resolved": _jsonable(resolved_settings(t)),
+            "prompts": _jsonable(generation["prompts"]),
+            "completions": _jsonable(generation["completions"]),
+            "rewards": _jsonable(generation["rewards"]),
+            "reward_weights": generation["reward_weights"],
+            "advantages": _jsonable(generation["advantages"]),
+            "processes": generation["processes"],
+            "schedule": schedule,
+            "step_metrics": _jsonable(capture["step_metrics"]),
+            "logged": None,
+        }
         _atomic_write_text(path / "capture.json", json.dumps(meta, indent=1))
-        _atomic_write_text(path / "README.md", README.format(
-            step=step, trl_version=trl.__version__, trainer_class=type(t).__name__,
-            when=time.strftime("%Y-%m-%d %H:%M:%S"), num_generations=t.args.num_generations,
-            tensors=", ".join(f"`{k}` {tuple(v.shape)}" for k, v in tensors.items()),
-            policy_note=note, path=path.resolve(), reference=meta["reference"]["name_or_path"] or "none (beta = 0)"))
+        _atomic_write_text(
+            path / "README.md",
+            README.format(
+                step=step,
+                trl_version=trl.__version__,
+                trainer_class=type(t).__name__,
+                when=time.strftime("%Y-%m-%d %H:%M:%S"),
+                num_generations=t.args.num_generations,
+                tensors=", ".join(f"`{k}` {tuple(v.shape)}" for k, v in tensors.items()),
+                policy_note=note,
+                path=path.resolve(),
+                reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
+            ),
+        )
         return path
 
 

@@ -9,5 +9,20 @@ CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the PPO obj
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_corrected")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-ARM_NAMES = ("fixed", "trl", "no_temperature", "eos_dropped", "dropout", "no_position_ids", "k1", "reinforce", "tracin",
-             "tracin_same_batch", "tracin_flipped", "tracin_top16", "tracin_random128", "dapo", "identical_groups")
+ARM_NAMES = (
+    "fixed",
+    "trl",
+    "no_temperature",
+    "eos_dropped",
+    "dropout",
+    "no_position_ids",
+    "k1",
+    "reinforce",
+    "tracin",
+    "tracin_same_batch",
+    "tracin_flipped",
+    "tracin_top16",
+    "tracin_random128",
+    "dapo",
+    "identical_groups",
+)

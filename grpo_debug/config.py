@@ -30,105 +30,187 @@ from .task import REGISTERED_TASKS
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
 
 
-
-def _in(phase: str, default, help: str, choices: Sequence[str] | None = None, low: float | None = None,
-        high: float | None = None, low_open: bool = False):
+def _in(
+    phase: str,
+    default,
+    help: str,
+    choices: Sequence[str] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+):
     """A field of `phase`. `choices`: the allowed values (read at each check: the task names are those registered
     then); `low`/`high`: an allowed range (`low_open`: > low)."""
-    return field(default=default, metadata={"phase": phase, "help": help, "choices": choices, "low": low,
-                                            "high": high, "low_open": low_open})
+    return field(
+        default=default,
+        metadata={"phase": phase, "help": help, "choices": choices, "low": low, "high": high, "low_open": low_open},
+    )
 
 
 @dataclass(frozen=True)
 class StepConfig:
     # --- rollout: B prompts x G samples
     model: str = _in("rollout", DEFAULT_MODEL, "bundled folder, any local folder, or a hub id")
-    task: str = _in("rollout", "mixed", "a registered task (`grpo_debug.task`): its prompt sets and reward functions; "
-                    "the bundled chess tasks: P: only, A: only, or alternating (the only one with left padding)",
-                    choices=REGISTERED_TASKS)
+    task: str = _in(
+        "rollout",
+        "mixed",
+        "a registered task (`grpo_debug.task`): its prompt sets and reward functions; "
+        "the bundled chess tasks: P: only, A: only, or alternating (the only one with left padding)",
+        choices=REGISTERED_TASKS,
+    )
     num_prompts: int = _in("rollout", 8, "B, prompts per step", low=1)
     num_generations: int = _in("rollout", 8, "G, samples per prompt (a group needs at least 2)", low=2)
     temperature: float = _in("rollout", 0.7, "sampling temperature", low=0, low_open=True)
-    top_p: float = _in("rollout", 1.0, "nucleus sampling; < 1 makes the sampler's log-probs differ from any "
-                       "recomputation", low=0, high=1, low_open=True)
+    top_p: float = _in(
+        "rollout",
+        1.0,
+        "nucleus sampling; < 1 makes the sampler's log-probs differ from any recomputation",
+        low=0,
+        high=1,
+        low_open=True,
+    )
     max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
-    seed: int = _in("rollout", 0, "sampling seed (training adds the step to seed x 1000: kept far below 2**63)", low=0,
-                    high=2 ** 40)
-    prompt_offset: int = _in("rollout", 0, "the step's prompts are the task's prompts offset..offset+B-1 of the "
-                             "set (training step t: t x B)", low=0)
-    generation: str = _in("rollout", "batched", "one generate call for B*G, or one call per prompt",
-                          choices=("batched", "loop"))
-    fast: bool = _in("rollout", True, "the fast paths (grpo_debug/fast/): the same numbers to float rounding; "
-                     "false runs the readable functions only")
-    sample_dropout: bool = _in("rollout", False, "sample with the policy in train mode (dropout on), as TRL 1.16 "
-                               "generates when disable_dropout=False; the trl preset's, kept when a preset is "
-                               "switched on a cached rollout")
-    pad_with_eos: bool = _in("rollout", True, "pad completions with EOS, as GPT-2 does (pad == eos); the bundled "
-                             "tokenizer has its own <pad>")
+    seed: int = _in(
+        "rollout", 0, "sampling seed (training adds the step to seed x 1000: kept far below 2**63)", low=0, high=2**40
+    )
+    prompt_offset: int = _in(
+        "rollout",
+        0,
+        "the step's prompts are the task's prompts offset..offset+B-1 of the set (training step t: t x B)",
+        low=0,
+    )
+    generation: str = _in(
+        "rollout", "batched", "one generate call for B*G, or one call per prompt", choices=("batched", "loop")
+    )
+    fast: bool = _in(
+        "rollout",
+        True,
+        "the fast paths (grpo_debug/fast/): the same numbers to float rounding; false runs the readable functions only",
+    )
+    sample_dropout: bool = _in(
+        "rollout",
+        False,
+        "sample with the policy in train mode (dropout on), as TRL 1.16 "
+        "generates when disable_dropout=False; the trl preset's, kept when a preset is "
+        "switched on a cached rollout",
+    )
+    pad_with_eos: bool = _in(
+        "rollout", True, "pad completions with EOS, as GPT-2 does (pad == eos); the bundled tokenizer has its own <pad>"
+    )
     # --- log-probs of policy and reference
-    logprob_temperature: bool = _in("logprobs", True, "divide the logits by the sampling temperature before "
-                                    "log_softmax, as the sampler did")
-    mask: str = _in("logprobs", "keep_first_eos", "completion tokens that count: up to and including the first "
-                    "EOS (from lengths); before the first EOS and no token equal to PAD (by value); every position",
-                    choices=MASKS)
+    logprob_temperature: bool = _in(
+        "logprobs", True, "divide the logits by the sampling temperature before log_softmax, as the sampler did"
+    )
+    mask: str = _in(
+        "logprobs",
+        "keep_first_eos",
+        "completion tokens that count: up to and including the first "
+        "EOS (from lengths); before the first EOS and no token equal to PAD (by value); every position",
+        choices=MASKS,
+    )
     dropout: bool = _in("logprobs", False, "score the policy in train mode (dropout on); the reference stays in eval")
     position_ids: bool = _in("logprobs", True, "pass attention_mask.cumsum(-1) - 1 as position_ids when scoring")
     dtype: str = _in("logprobs", "float32", "scoring precision (bfloat16: autocast)", choices=("float32", "bfloat16"))
-    gather: str = _in("logprobs", "per_position", "which logits score token t: those of position t-1, or the first "
-                      "completion position's for every token", choices=GATHERS)
-    mask_truncated_completions: bool = _in("logprobs", False, "TRL's option: completions that never produced an "
-                                           "EOS get no loss (DAPO's overlong filtering)")
+    gather: str = _in(
+        "logprobs",
+        "per_position",
+        "which logits score token t: those of position t-1, or the first completion position's for every token",
+        choices=GATHERS,
+    )
+    mask_truncated_completions: bool = _in(
+        "logprobs",
+        False,
+        "TRL's option: completions that never produced an EOS get no loss (DAPO's overlong filtering)",
+    )
     # --- advantages
-    scale_rewards: str = _in("advantages", "group", "TRL's scale_rewards: divide by the group's std, the batch's, "
-                             "or not at all", choices=("group", "batch", "none"))
+    scale_rewards: str = _in(
+        "advantages",
+        "group",
+        "TRL's scale_rewards: divide by the group's std, the batch's, or not at all",
+        choices=("group", "batch", "none"),
+    )
     std_floor: float = _in("advantages", 0.0, "clamp the std from below before dividing (0: off, as TRL)", low=0)
     # --- loss
-    loss_type: str = _in("loss", "grpo", "normalisation of the token losses, or sequence REINFORCE",
-                         choices=LOSS_TYPES)
+    loss_type: str = _in("loss", "grpo", "normalisation of the token losses, or sequence REINFORCE", choices=LOSS_TYPES)
     beta: float = _in("loss", 0.04, "KL coefficient", low=0)
-    kl_estimator: str = _in("loss", "k3", "per-token KL estimate (k3_corrected: k3 times the ratio, TRL's "
-                            "use_bias_correction_kl)", choices=KL_ESTIMATORS)
+    kl_estimator: str = _in(
+        "loss",
+        "k3",
+        "per-token KL estimate (k3_corrected: k3 times the ratio, TRL's use_bias_correction_kl)",
+        choices=KL_ESTIMATORS,
+    )
     epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
-    epsilon_high: float = _in("loss", 0.2, "PPO clip, upper (cispo: the cap on the weight, TRL recommends 5.0)",
-                              low=0, high=1e6)
-    delta: float | None = _in("loss", None, "two-sided clipping (INTELLECT-2): cap the ratio at delta on every "
-                              "token, as TRL 1.16 clamps it before the min: it binds for negative advantages, and for "
-                              "positive ones too when delta < 1 + epsilon_high; none: off (TRL's default)", low=0,
-                              low_open=True)
-    importance_sampling_level: str = _in("loss", "token", "the ratio per token, or one per sequence: exp of the "
-                                         "mean log-ratio (GSPO)", choices=IMPORTANCE_SAMPLING_LEVELS)
-    top_entropy_quantile: float = _in("loss", 1.0, "train only on this top fraction of tokens by entropy "
-                                      "(1: every token)", low=0, high=1)
-    off_policy_mask_threshold: float | None = _in("loss", None, "drop negative-advantage sequences whose mean "
-                                                  "log(sampler / policy) is above this (DeepSeek-V3.2); none: off",
-                                                  low=0)
-    entropy_coef: float = _in("loss", 0.0, "entropy bonus: subtract coef x mean token entropy from the loss",
-                              low=-100, high=100)
-    sapo_temperature_pos: float = _in("loss", 1.0, "sapo's gate temperature for positive advantages", low=0,
-                                      low_open=True)
-    sapo_temperature_neg: float = _in("loss", 1.05, "sapo's gate temperature for other advantages", low=0,
-                                      low_open=True)
+    epsilon_high: float = _in(
+        "loss", 0.2, "PPO clip, upper (cispo: the cap on the weight, TRL recommends 5.0)", low=0, high=1e6
+    )
+    delta: float | None = _in(
+        "loss",
+        None,
+        "two-sided clipping (INTELLECT-2): cap the ratio at delta on every "
+        "token, as TRL 1.16 clamps it before the min: it binds for negative advantages, and for "
+        "positive ones too when delta < 1 + epsilon_high; none: off (TRL's default)",
+        low=0,
+        low_open=True,
+    )
+    importance_sampling_level: str = _in(
+        "loss",
+        "token",
+        "the ratio per token, or one per sequence: exp of the mean log-ratio (GSPO)",
+        choices=IMPORTANCE_SAMPLING_LEVELS,
+    )
+    top_entropy_quantile: float = _in(
+        "loss", 1.0, "train only on this top fraction of tokens by entropy (1: every token)", low=0, high=1
+    )
+    off_policy_mask_threshold: float | None = _in(
+        "loss",
+        None,
+        "drop negative-advantage sequences whose mean log(sampler / policy) is above this (DeepSeek-V3.2); none: off",
+        low=0,
+    )
+    entropy_coef: float = _in(
+        "loss", 0.0, "entropy bonus: subtract coef x mean token entropy from the loss", low=-100, high=100
+    )
+    sapo_temperature_pos: float = _in(
+        "loss", 1.0, "sapo's gate temperature for positive advantages", low=0, low_open=True
+    )
+    sapo_temperature_neg: float = _in(
+        "loss", 1.05, "sapo's gate temperature for other advantages", low=0, low_open=True
+    )
     vespo_k_pos: float = _in("loss", 2.0, "vespo's power k for A >= 0", low=0)
     vespo_lambda_pos: float = _in("loss", 3.0, "vespo's decay lambda for A >= 0", low=0)
     vespo_k_neg: float = _in("loss", 3.0, "vespo's power k for A < 0", low=0)
     vespo_lambda_neg: float = _in("loss", 2.0, "vespo's decay lambda for A < 0", low=0)
     vllm_importance_sampling_correction: bool = _in(
-        "loss", False, "weight each token by pi_old / pi_sampler, the sampler's log-probs standing in for vLLM's "
-        "(TRL: default true, acting only when use_vllm=True; off here, as in TRL without vLLM)")
-    vllm_importance_sampling_mode: str = _in("loss", "sequence_mask", "per token or per sequence; clamp the ratio "
-                                             "(truncate) or zero it outside the bounds (mask)",
-                                             choices=SAMPLER_CORRECTION_MODES)
-    vllm_importance_sampling_clip_min: float | None = _in("loss", None, "lower bound of the sampler ratio "
-                                                          "(none: no bound)", low=0)
-    vllm_importance_sampling_clip_max: float | None = _in("loss", 3.0, "upper bound of the sampler ratio "
-                                                          "(none: no bound)", low=0)
+        "loss",
+        False,
+        "weight each token by pi_old / pi_sampler, the sampler's log-probs standing in for vLLM's "
+        "(TRL: default true, acting only when use_vllm=True; off here, as in TRL without vLLM)",
+    )
+    vllm_importance_sampling_mode: str = _in(
+        "loss",
+        "sequence_mask",
+        "per token or per sequence; clamp the ratio (truncate) or zero it outside the bounds (mask)",
+        choices=SAMPLER_CORRECTION_MODES,
+    )
+    vllm_importance_sampling_clip_min: float | None = _in(
+        "loss", None, "lower bound of the sampler ratio (none: no bound)", low=0
+    )
+    vllm_importance_sampling_clip_max: float | None = _in(
+        "loss", 3.0, "upper bound of the sampler ratio (none: no bound)", low=0
+    )
     gradient_accumulation_steps: int = _in("loss", 1, "micro-batches per optimizer step", low=1)
-    steps_per_generation: int | None = _in("loss", None, "micro-batches the B*G samples are split into (none: "
-                                           "gradient_accumulation_steps, as TRL)", low=1)
+    steps_per_generation: int | None = _in(
+        "loss", None, "micro-batches the B*G samples are split into (none: gradient_accumulation_steps, as TRL)", low=1
+    )
     # --- update
     num_iterations: int = _in("update", 1, "mu: optimizer passes over the same rollout, each re-scoring it", low=1)
-    learning_rate: float = _in("update", 1e-4, "AdamW learning rate (above 1 every AdamW step moves each weight "
-                               "by more than 1: refused)", low=0, high=1)
+    learning_rate: float = _in(
+        "update",
+        1e-4,
+        "AdamW learning rate (above 1 every AdamW step moves each weight by more than 1: refused)",
+        low=0,
+        high=1,
+    )
     max_grad_norm: float = _in("update", 1.0, "clip the total gradient norm (0: off)", low=0)
     weight_decay: float = _in("update", 0.0, "AdamW weight decay", low=0)
     per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks")
@@ -147,21 +229,22 @@ class StepConfig:
         """S: the B*G samples are split into this many micro-batches (TRL's steps_per_generation)."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
-    def replace(self, **changes) -> "StepConfig":
+    def replace(self, **changes) -> StepConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "StepConfig":
+    def preset(cls, name: str, **overrides) -> StepConfig:
         """The preset's log-prob, advantage and loss fields (and the `trl` preset's sampling in train mode);
         every other field its default or `overrides`."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **PRESET_SAMPLING.get(name, {}), **overrides})
 
-    def with_preset(self, name: str) -> "StepConfig":
+    def with_preset(self, name: str) -> StepConfig:
         """This config with a preset's fields; sampling, update and evaluation settings kept."""
-        return StepConfig.preset(name, **{k: getattr(self, k) for k in self.__dataclass_fields__
-                                          if k not in PRESET_FIELDS})
+        return StepConfig.preset(
+            name, **{k: getattr(self, k) for k in self.__dataclass_fields__ if k not in PRESET_FIELDS}
+        )
 
     def preset_name(self) -> str | None:
         """The preset whose log-prob, advantage and loss fields this config has, or None."""
@@ -176,28 +259,54 @@ class StepConfig:
     def phase_of(name: str) -> str:
         return StepConfig.__dataclass_fields__[name].metadata["phase"]
 
-    def first_changed_phase(self, other: "StepConfig") -> str | None:
+    def first_changed_phase(self, other: StepConfig) -> str | None:
         """The earliest phase whose fields differ between the two configs (None: identical)."""
-        changed = {self.phase_of(f.name) for f in dataclasses.fields(self)
-                   if getattr(self, f.name) != getattr(other, f.name)}
+        changed = {
+            self.phase_of(f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)
+        }
         return next((p for p in PHASES if p in changed), None)
 
 
 BATCH_LAYOUT_FIELDS = ("gradient_accumulation_steps", "steps_per_generation")  # kept by presets, like B and G
-PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(StepConfig)
-                      if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS)
+PRESET_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(StepConfig)
+    if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS
+)
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},
-    "trl": {"loss_type": "dapo", "beta": 0.0, "kl_estimator": "k3_corrected", "dropout": True,
-            "position_ids": False, "dtype": "float32", "logprob_temperature": True, "mask": "keep_first_eos",
-            "gather": "per_position", "scale_rewards": "group", "std_floor": 0.0, "epsilon_low": 0.2,
-            "epsilon_high": 0.2, "mask_truncated_completions": False, "delta": None, "importance_sampling_level": "token",
-            "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "entropy_coef": 0.0,
-            "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
-            "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
-            # TRL's default is True, but it acts only with use_vllm=True: a default trainer does not correct
-            "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
-            "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0},
+    "trl": {
+        "loss_type": "dapo",
+        "beta": 0.0,
+        "kl_estimator": "k3_corrected",
+        "dropout": True,
+        "position_ids": False,
+        "dtype": "float32",
+        "logprob_temperature": True,
+        "mask": "keep_first_eos",
+        "gather": "per_position",
+        "scale_rewards": "group",
+        "std_floor": 0.0,
+        "epsilon_low": 0.2,
+        "epsilon_high": 0.2,
+        "mask_truncated_completions": False,
+        "delta": None,
+        "importance_sampling_level": "token",
+        "top_entropy_quantile": 1.0,
+        "off_policy_mask_threshold": None,
+        "entropy_coef": 0.0,
+        "sapo_temperature_pos": 1.0,
+        "sapo_temperature_neg": 1.05,
+        "vespo_k_pos": 2.0,
+        "vespo_lambda_pos": 3.0,
+        "vespo_k_neg": 3.0,
+        "vespo_lambda_neg": 2.0,
+        # TRL's default is True, but it acts only with use_vllm=True: a default trainer does not correct
+        "vllm_importance_sampling_correction": False,
+        "vllm_importance_sampling_mode": "sequence_mask",
+        "vllm_importance_sampling_clip_min": None,
+        "vllm_importance_sampling_clip_max": 3.0,
+    },
 }
 
 
@@ -247,28 +356,38 @@ def _check(f: dataclasses.Field, value) -> None:
         raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {_allowed(f)}")
 
 
-def _check_batch_layout(cfg: "StepConfig") -> None:
+def _check_batch_layout(cfg: StepConfig) -> None:
     """TRL's constraints between fields: the micro-batches split the B*G samples evenly, and each optimizer
     step takes whole micro-batches of this one generation."""
     N, S, GA = cfg.num_prompts * cfg.num_generations, cfg.micro_batches, cfg.gradient_accumulation_steps
     if N % S:
-        raise ValueError(f"StepConfig.steps_per_generation = {S} is not allowed: it must divide the "
-                         f"num_prompts x num_generations = {N} samples")
+        raise ValueError(
+            f"StepConfig.steps_per_generation = {S} is not allowed: it must divide the "
+            f"num_prompts x num_generations = {N} samples"
+        )
     if S % GA:
-        raise ValueError(f"StepConfig.gradient_accumulation_steps = {GA} is not allowed: it must divide "
-                         f"steps_per_generation = {S} (an optimizer step cannot span two generations here)")
-    if cfg.loss_type == "vespo" and cfg.vllm_importance_sampling_correction and \
-            cfg.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
-        raise ValueError(f"StepConfig.vllm_importance_sampling_mode = {cfg.vllm_importance_sampling_mode!r} is not "
-                         "allowed with loss_type='vespo': it must be token_truncate or token_mask (as TRL requires)")
+        raise ValueError(
+            f"StepConfig.gradient_accumulation_steps = {GA} is not allowed: it must divide "
+            f"steps_per_generation = {S} (an optimizer step cannot span two generations here)"
+        )
+    if (
+        cfg.loss_type == "vespo"
+        and cfg.vllm_importance_sampling_correction
+        and cfg.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")
+    ):
+        raise ValueError(
+            f"StepConfig.vllm_importance_sampling_mode = {cfg.vllm_importance_sampling_mode!r} is not "
+            "allowed with loss_type='vespo': it must be token_truncate or token_mask (as TRL requires)"
+        )
 
 
 def describe_fields() -> str:
     """Every key with its phase, default, allowed values and help: the CLI's --help epilog."""
     lines = []
     for f in dataclasses.fields(StepConfig):
-        lines.append(f"  {f.name} ({f.metadata['phase']}; default {f.default!r}; {_allowed(f)})\n"
-                     f"      {f.metadata['help']}")
+        lines.append(
+            f"  {f.name} ({f.metadata['phase']}; default {f.default!r}; {_allowed(f)})\n      {f.metadata['help']}"
+        )
     return "\n".join(lines)
 
 
@@ -294,14 +413,17 @@ def parse_value(key: str, text: str):
 def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings into typed StepConfig fields."""
     import difflib
+
     fields = StepConfig.__dataclass_fields__
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=3)
-            raise ValueError(f"{key!r} is not a StepConfig key" + (f": did you mean {', '.join(close)}?" if close
-                                                                   else f" (keys: {', '.join(sorted(fields))})"))
+            raise ValueError(
+                f"{key!r} is not a StepConfig key"
+                + (f": did you mean {', '.join(close)}?" if close else f" (keys: {', '.join(sorted(fields))})")
+            )
         if not sep:
             raise ValueError(f"{pair!r} has no value: write {key}=VALUE ({_allowed(fields[key])})")
         out[key] = parse_value(key, value)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .logprobs import chunked_logps
 from .config import StepConfig
+from .logprobs import chunked_logps
 from .specs import scoring_of
 from .step import GRPOStep, StepRun
 
@@ -21,14 +21,18 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
     if lp.mask.sum() == 0:
         return "FAILURE: no completion token is scored (empty mask): check the completion mask"
     if adv.frac_reward_zero_std == 1.0:
-        return ("FAILURE: every group has identical rewards, so every advantage is 0 and there is no signal "
-                "(frac_reward_zero_std = 1): make the reward graded, raise the temperature, or drop such groups")
+        return (
+            "FAILURE: every group has identical rewards, so every advantage is 0 and there is no signal "
+            "(frac_reward_zero_std = 1): make the reward graded, raise the temperature, or drop such groups"
+        )
     if adv.rounding_std_groups and len(adv.zero_std_groups) + len(adv.rounding_std_groups) == len(adv.group_std):
-        return (f"FAILURE: every group has identical rewards, yet frac_reward_zero_std = {adv.frac_reward_zero_std:.2f}: "
-                f"in {len(adv.rounding_std_groups)} group(s) float rounding of the mean leaves a std of ~1e-8, which "
-                f"TRL's isclose(std, 0) counts as varied, so their advantages (max |A| = "
-                f"{adv.max_abs_advantage:.1e}) and the gradient are rounding noise: make the reward graded, raise the "
-                f"temperature, or drop such groups")
+        return (
+            f"FAILURE: every group has identical rewards, yet frac_reward_zero_std = {adv.frac_reward_zero_std:.2f}: "
+            f"in {len(adv.rounding_std_groups)} group(s) float rounding of the mean leaves a std of ~1e-8, which "
+            f"TRL's isclose(std, 0) counts as varied, so their advantages (max |A| = "
+            f"{adv.max_abs_advantage:.1e}) and the gradient are rounding noise: make the reward graded, raise the "
+            f"temperature, or drop such groups"
+        )
     if (lp.policy * lp.mask).abs().sum() == 0:
         return "FAILURE: all log-probs are 0: the log-prob computation is broken"
     grad = f"grad_norm = {upd.grad_norm:.3g}" if upd is not None else "run the update to see grad_norm"
@@ -37,27 +41,38 @@ def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:
     if not at_ratio_one:
         return f"loss = {value:.4g}: off-policy (ratio != 1), the value depends on how far the policy moved"
     if loss_type == "grpo":
-        why = ("under grpo at ratio 1 the policy term is -mean_i(A_i) over sequences, and advantages centred "
-               "per group sum to 0, so the value is ~0 whatever the model does")
+        why = (
+            "under grpo at ratio 1 the policy term is -mean_i(A_i) over sequences, and advantages centred "
+            "per group sum to 0, so the value is ~0 whatever the model does"
+        )
     elif loss_type in ("bnpo", "dapo", "dr_grpo", "luspo"):
-        why = (f"under {loss_type} at ratio 1 the policy term is -sum_i(A_i * T_i) / normaliser (T_i: scored "
-               "tokens of sample i): it is 0 only when advantages do not correlate with lengths")
+        why = (
+            f"under {loss_type} at ratio 1 the policy term is -sum_i(A_i * T_i) / normaliser (T_i: scored "
+            "tokens of sample i): it is 0 only when advantages do not correlate with lengths"
+        )
     elif loss_type == "sapo":
-        why = ("under sapo at ratio 1 each token's term is -2 A / tau, averaged per sequence then over sequences: "
-               "~0 for centred advantages, off by the two temperatures' difference")
+        why = (
+            "under sapo at ratio 1 each token's term is -2 A / tau, averaged per sequence then over sequences: "
+            "~0 for centred advantages, off by the two temperatures' difference"
+        )
     elif loss_type in ("cispo", "vespo"):
-        why = (f"under {loss_type} the policy term is -weight * A * logp per token (the weight detached): its "
-               "value is sized by the log-probs, not a sign of learning")
+        why = (
+            f"under {loss_type} the policy term is -weight * A * logp per token (the weight detached): its "
+            "value is sized by the log-probs, not a sign of learning"
+        )
     else:
         why = f"under {loss_type} the value is -A * sum(logp), sized by the log-probs, not a sign of learning"
     verdict = "~0" if abs(value) < tol else "not 0"
-    return (f"NORMAL: loss = {value:.2e} ({verdict}); {why}. The gradient is what moves the model ({grad}); "
-            f"{adv.frac_reward_zero_std:.0%} of groups have zero reward std")
+    return (
+        f"NORMAL: loss = {value:.2e} ({verdict}); {why}. The gradient is what moves the model ({grad}); "
+        f"{adv.frac_reward_zero_std:.0%} of groups have zero reward std"
+    )
 
 
 @dataclass
 class CompileComparison:
     """Log-prob scoring of the cached rollout's first `rows` samples, eager and under `torch.compile`."""
+
     rows: int
     backend: str
     eager_first_seconds: float
@@ -74,10 +89,12 @@ class CompileComparison:
     def __str__(self) -> str:
         if self.error:
             return f"torch.compile ({self.backend}) failed here: {self.error}"
-        return (f"{self.rows} rows scored. eager: first call {self.eager_first_seconds:.2f} s, then "
-                f"{self.eager_seconds:.3f} s; compiled ({self.backend}): first call {self.compiled_first_seconds:.1f} s "
-                f"(compilation), then {self.compiled_seconds:.3f} s, {self.speedup:.2f}x; "
-                f"max |eager - compiled| {self.max_abs_diff:.1e}")
+        return (
+            f"{self.rows} rows scored. eager: first call {self.eager_first_seconds:.2f} s, then "
+            f"{self.eager_seconds:.3f} s; compiled ({self.backend}): first call {self.compiled_first_seconds:.1f} s "
+            f"(compilation), then {self.compiled_seconds:.3f} s, {self.speedup:.2f}x; "
+            f"max |eager - compiled| {self.max_abs_diff:.1e}"
+        )
 
 
 def _timed_calls(score, repeats: int) -> tuple[torch.Tensor, float, float]:
@@ -97,6 +114,7 @@ def inductor_vector_width_as_pinned() -> None:
     """Inductor's C++ at torch's own kernel width: with torch pinned to AVX2 on an AVX512 machine
     (grpo_debug/__init__.py), inductor's default AVX512 code crashed here (an out-of-range index)."""
     import torch._inductor.config
+
     if torch.backends.cpu.get_cpu_capability() == "AVX2":
         torch._inductor.config.cpp.simdlen = 256
 
@@ -112,19 +130,30 @@ def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend:
     rollout = rollout.rows(range(min(rows, rollout.num_samples)))
     scoring = scoring_of(step.cfg).without_dropout()
     with torch.no_grad():
-        eager, eager_first, eager_seconds = _timed_calls(lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast)[0], repeats)
+        eager, eager_first, eager_seconds = _timed_calls(
+            lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast)[0], repeats
+        )
         torch._dynamo.reset()
         try:
             inductor_vector_width_as_pinned()
             compiled_policy = torch.compile(step.policy, backend=backend)
             compiled, compiled_first, compiled_seconds = _timed_calls(
-                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast)[0], repeats)
+                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast)[0], repeats
+            )
         except Exception as exc:  # no C++ compiler, an unsupported op, an unknown backend: a result, not a crash
             nan = float("nan")
-            return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, nan, nan, nan,
-                                     f"{type(exc).__name__}: {exc}")
-    return CompileComparison(rollout.num_samples, backend, eager_first, eager_seconds, compiled_first,
-                             compiled_seconds, (eager - compiled).abs().max().item())
+            return CompileComparison(
+                rollout.num_samples, backend, eager_first, eager_seconds, nan, nan, nan, f"{type(exc).__name__}: {exc}"
+            )
+    return CompileComparison(
+        rollout.num_samples,
+        backend,
+        eager_first,
+        eager_seconds,
+        compiled_first,
+        compiled_seconds,
+        (eager - compiled).abs().max().item(),
+    )
 
 
 NULL_STEP_VARIANTS = {
@@ -145,6 +174,7 @@ def null_step(step: GRPOStep, variants: dict[str, dict | str] | None = None, bas
     k3 estimate of KL(pi_old || pi) between the rollout-time scoring and the pass's own.
     """
     import pandas as pd
+
     base = base or step.cfg
     base_run = step.run(base, until="advantages")
     rows = {}

@@ -14,9 +14,8 @@ import torch
 from .config import StepConfig
 from .rewards import compute_rewards
 from .rollout import sample_completions
-from .task import Task, as_task
 from .stats import prompt_bootstrap
-
+from .task import Task, as_task
 
 EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
 
@@ -46,10 +45,22 @@ def eval_prompts(task: Task | str, n: int) -> list[str]:
 
 
 def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task | str) -> EvalSide:
-    completions = [c for group in sample_completions(model, tokenizer, prompts, cfg.eval_samples,
-                                                     temperature=cfg.temperature, top_p=cfg.top_p,
-                                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + EVAL_SEED_OFFSET,
-                                                     progress=False, fast=cfg.fast) for c in group]
+    completions = [
+        c
+        for group in sample_completions(
+            model,
+            tokenizer,
+            prompts,
+            cfg.eval_samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed + EVAL_SEED_OFFSET,
+            progress=False,
+            fast=cfg.fast,
+        )
+        for c in group
+    ]
     rewards = compute_rewards(prompts, completions, cfg.eval_samples, task)
     per_prompt = rewards.total.view(-1, cfg.eval_samples).mean(1)
     components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}
@@ -63,6 +74,12 @@ def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, task: T
     after = eval_side(after_model, tokenizer, prompts, cfg, task)
     diffs = after.per_prompt - before.per_prompt
     low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
-    return Evaluation(before=before, after=after, delta=diffs.mean().item(), ci_low=low, ci_high=high,
-                      component_deltas={k: after.components[k] - before.components[k] for k in before.components},
-                      seconds=time.perf_counter() - start)
+    return Evaluation(
+        before=before,
+        after=after,
+        delta=diffs.mean().item(),
+        ci_low=low,
+        ci_high=high,
+        component_deltas={k: after.components[k] - before.components[k] for k in before.components},
+        seconds=time.perf_counter() - start,
+    )

@@ -1,8 +1,9 @@
 """Writing a file so that a reader only ever sees the old version or the whole new one."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, IO
+from typing import IO
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .rollout import ROWS_PER_PASS, Rollout, row_chunks
-
 from .choices import GATHERS, MASKS  # noqa: F401
+from .rollout import ROWS_PER_PASS, Rollout, row_chunks
 
 
 @dataclass(frozen=True)
 class Scoring:
     """How completions are scored. `temperature=None` scores at T=1 whatever the sampler used."""
+
     temperature: float | None
     position_ids: bool = True
     dropout: bool = False
@@ -35,7 +35,7 @@ class Scoring:
         """Whether the columns after the EOS are scored (only a mask that counts them needs them)."""
         return self.mask == "all_positions"
 
-    def without_dropout(self) -> "Scoring":
+    def without_dropout(self) -> Scoring:
         return dataclasses.replace(self, dropout=False)
 
 
@@ -51,12 +51,17 @@ class TokenLogProbs:
     eos_kept: float  # fraction of finished completions whose EOS is inside the mask
     seconds: float
 
-    def rows(self, index: torch.Tensor | list[int]) -> "TokenLogProbs":
+    def rows(self, index: torch.Tensor | list[int]) -> TokenLogProbs:
         """The same samples as `Rollout.rows(index)`."""
         index = torch.as_tensor(index).flatten()
-        return dataclasses.replace(self, policy=self.policy[index], reference=self.reference[index],
-                                   mask=self.mask[index], entropies=self.entropies[index],
-                                   sampler_gap=self.sampler_gap[index])
+        return dataclasses.replace(
+            self,
+            policy=self.policy[index],
+            reference=self.reference[index],
+            mask=self.mask[index],
+            entropies=self.entropies[index],
+            sampler_gap=self.sampler_gap[index],
+        )
 
 
 def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Tensor:
@@ -112,8 +117,11 @@ def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor
     if scoring.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {scoring.dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    with _mode(model, scoring.dropout), torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"):
-        return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1:P + C - 1]
+    with (
+        _mode(model, scoring.dropout),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"),
+    ):
+        return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1 : P + C - 1]
 
 
 def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor:
@@ -140,8 +148,9 @@ def token_entropies(logits: torch.Tensor, scoring: Scoring, grad: bool = False) 
         return -(logps.exp() * logps).sum(-1)
 
 
-def per_token_logps_and_entropies(model, rollout: Rollout, scoring: Scoring,
-                                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_logps_and_entropies(
+    model, rollout: Rollout, scoring: Scoring, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, C) log-prob of each completion token and (N, C) entropy at its position, one forward over
     prompt + completion; the log-probs are differentiable when called with grad enabled."""
     logits = completion_logits(model, rollout, scoring)
@@ -153,11 +162,13 @@ def per_token_logps(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:
     return token_logps(completion_logits(model, rollout, scoring), rollout.completion_ids, scoring)
 
 
-def score_rows_and_entropies(model, rollout: Rollout, scoring: Scoring, fast: bool = True,
-                             entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def score_rows_and_entropies(
+    model, rollout: Rollout, scoring: Scoring, fast: bool = True, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`per_token_logps_and_entropies`, or its fast twin (`fast.scoring`): the same numbers to float rounding."""
     if fast:
         from .fast.scoring import per_token_logps_and_entropies_fast
+
         return per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad)
     return per_token_logps_and_entropies(model, rollout, scoring, entropy_grad)
 
@@ -166,6 +177,7 @@ def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> 
     """(N, C) log-probs only: `per_token_logps` or its fast twin, no entropy computed."""
     if fast:
         from .fast.scoring import per_token_logps_fast
+
         return per_token_logps_fast(model, rollout, scoring)
     return per_token_logps(model, rollout, scoring)
 
@@ -175,14 +187,24 @@ def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) 
     piece shares its prompt."""
     G = rollout.num_generations
     size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
-    pieces = [score_rows_and_entropies(model, rollout.rows(rows), scoring, fast)
-              for rows in row_chunks(rollout.num_samples, size)]
+    pieces = [
+        score_rows_and_entropies(model, rollout.rows(rows), scoring, fast)
+        for rows in row_chunks(rollout.num_samples, size)
+    ]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
-def compute_logprobs(policy, reference, rollout: Rollout, scoring: Scoring, *, seed: int = 0,
-                     reference_is_policy: bool = False, scored: TokenLogProbs | None = None,
-                     fast: bool = True) -> TokenLogProbs:
+def compute_logprobs(
+    policy,
+    reference,
+    rollout: Rollout,
+    scoring: Scoring,
+    *,
+    seed: int = 0,
+    reference_is_policy: bool = False,
+    scored: TokenLogProbs | None = None,
+    fast: bool = True,
+) -> TokenLogProbs:
     """Policy scored as `scoring` says; the reference always in eval mode, as TRL keeps it (no dropout).
 
     `reference_is_policy=True` (step 0: the reference is a frozen copy of these very weights) reuses the
@@ -211,7 +233,14 @@ def compute_logprobs(policy, reference, rollout: Rollout, scoring: Scoring, *, s
     top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()
     eos_positions = (rollout.completion_lengths - 1).unsqueeze(1)
     eos_in_mask = mask.gather(1, eos_positions).squeeze(1)[rollout.finished]
-    return TokenLogProbs(policy=policy_logps, reference=reference_logps, mask=mask, entropies=entropies, sampler_gap=gap,
-                         max_sampler_gap=gap.max().item(), top_p_gap=top_p_gap.item(),
-                         eos_kept=eos_in_mask.mean().item() if len(eos_in_mask) else float("nan"),
-                         seconds=time.perf_counter() - start)
+    return TokenLogProbs(
+        policy=policy_logps,
+        reference=reference_logps,
+        mask=mask,
+        entropies=entropies,
+        sampler_gap=gap,
+        max_sampler_gap=gap.max().item(),
+        top_p_gap=top_p_gap.item(),
+        eos_kept=eos_in_mask.mean().item() if len(eos_in_mask) else float("nan"),
+        seconds=time.perf_counter() - start,
+    )

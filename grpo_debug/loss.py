@@ -44,8 +44,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .choices import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES,  # noqa: F401
-                      SAMPLER_CORRECTION_MODES, TRL_LOSS_TYPES)
+from .choices import (  # noqa: F401
+    CLIPPED_LOSS_TYPES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    KL_ESTIMATORS,
+    LOSS_TYPES,
+    SAMPLER_CORRECTION_MODES,
+    TRL_LOSS_TYPES,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class LossBreakdown:
 @dataclass(frozen=True)
 class LossSpec:
     """`compute_loss`'s settings, TRL's `GRPOConfig` names: `compute_loss(..., **spec.kwargs())`."""
+
     loss_type: str = "grpo"
     beta: float = 0.0
     kl_estimator: str = "k3"
@@ -93,6 +100,7 @@ class LossSpec:
 
 # ---- the pieces, in the order `compute_loss` uses them
 
+
 def importance_weight(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
     """w = pi / pi_old: (N, T) per token, or (N, 1) exp of the mean log-ratio over each sequence (GSPO)."""
     log_ratio = logps - old_logps
@@ -103,15 +111,16 @@ def importance_weight(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.
     raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {level!r}")
 
 
-def per_token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, weight: torch.Tensor | None = None,
-                 estimator: str = "k3") -> torch.Tensor:
+def per_token_kl(
+    logps: torch.Tensor, ref_logps: torch.Tensor, weight: torch.Tensor | None = None, estimator: str = "k3"
+) -> torch.Tensor:
     """(N, T) KL(pi || ref) estimate per token; `weight` (the importance weight, carrying its gradient)
     multiplies k3 for k3_corrected; None: on-policy, exp(logps - logps.detach())."""
     d = ref_logps - logps
     if estimator == "k1":
         return -d
     if estimator == "k2":
-        return 0.5 * d ** 2
+        return 0.5 * d**2
     if estimator in ("k3", "k3_corrected"):
         k3 = torch.exp(d) - d - 1
         if estimator == "k3":
@@ -120,9 +129,16 @@ def per_token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, weight: torch.Ten
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
-def vespo_weight(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
-                 sampler_ratio: torch.Tensor | None, k_pos: float, lambda_pos: float, k_neg: float,
-                 lambda_neg: float) -> torch.Tensor:
+def vespo_weight(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    sampler_ratio: torch.Tensor | None,
+    k_pos: float,
+    lambda_pos: float,
+    k_neg: float,
+    lambda_neg: float,
+) -> torch.Tensor:
     """(N, 1) phi(W) = exp(lambda + k log W - lambda W), W the sequence's product of ratios (times the
     sampler's per-token ratios, if any), clamped to [1e-8, e^20] in log space; no gradient."""
     with torch.no_grad():
@@ -137,9 +153,16 @@ def vespo_weight(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.
         return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def policy_term(loss_type: str, logps: torch.Tensor, weight: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, log_ratio: torch.Tensor, sampler_ratio: torch.Tensor | None,
-                s: LossSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def policy_term(
+    loss_type: str,
+    logps: torch.Tensor,
+    weight: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    log_ratio: torch.Tensor,
+    sampler_ratio: torch.Tensor | None,
+    s: LossSpec,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The policy-gradient term per token ((N, T) or (N, 1)), the weight the clip metrics read (after delta),
     and vespo's phi (else None). `advantages` is (N, 1)."""
     if loss_type == "cispo":
@@ -153,8 +176,16 @@ def policy_term(loss_type: str, logps: torch.Tensor, weight: torch.Tensor, advan
         tau = torch.where(advantages > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
         return -torch.sigmoid(tau * (weight - 1)) * 4 / tau * advantages, weight, None
     if loss_type == "vespo":
-        phi = vespo_weight(advantages, log_ratio, mask, sampler_ratio, s.vespo_k_pos, s.vespo_lambda_pos,
-                           s.vespo_k_neg, s.vespo_lambda_neg)
+        phi = vespo_weight(
+            advantages,
+            log_ratio,
+            mask,
+            sampler_ratio,
+            s.vespo_k_pos,
+            s.vespo_lambda_pos,
+            s.vespo_k_neg,
+            s.vespo_lambda_neg,
+        )
         return -phi * advantages * logps, weight, phi
     if loss_type in ("reinforce_sum", "reinforce_mean"):
         seq_logp = (logps * mask).sum(-1, keepdim=True)
@@ -165,8 +196,9 @@ def policy_term(loss_type: str, logps: torch.Tensor, weight: torch.Tensor, advan
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 
 
-def off_policy_mask(advantages: torch.Tensor, logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
-                    threshold: float) -> torch.Tensor:
+def off_policy_mask(
+    advantages: torch.Tensor, logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> torch.Tensor:
     """(N, 1) DeepSeek-V3.2's off-policy sequence mask: drop a sequence with A < 0 whose mean
     log(pi_sampler / pi) over its tokens is above `threshold`."""
     kl = torch.nan_to_num(sampler_logps - logps.detach(), nan=0.0)
@@ -184,9 +216,15 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_entropy_q
     return ((entropies * mask.float()) >= threshold) & mask.bool()
 
 
-def loss_weights(mask: torch.Tensor, loss_type: str, max_completion_length: int | None = None, *,
-                 num_items_in_batch: torch.Tensor | float | None = None, gradient_accumulation_steps: int = 1,
-                 steps_per_generation: int = 1) -> torch.Tensor:
+def loss_weights(
+    mask: torch.Tensor,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    *,
+    num_items_in_batch: torch.Tensor | float | None = None,
+    gradient_accumulation_steps: int = 1,
+    steps_per_generation: int = 1,
+) -> torch.Tensor:
     """(N, T) weights such that the micro-batch's loss = sum(per_token_loss * weights): the loss type's
     normalisation. `num_items_in_batch`: tokens in the whole generation batch (default: this batch's)."""
     N, GA = mask.shape[0], gradient_accumulation_steps
@@ -208,11 +246,22 @@ def loss_weights(mask: torch.Tensor, loss_type: str, max_completion_length: int 
 
 # ---- the loss
 
-def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
-                 advantages: torch.Tensor, mask: torch.Tensor, *, entropies: torch.Tensor | None = None,
-                 sampler_logps: torch.Tensor | None = None, sampler_ratio: torch.Tensor | None = None,
-                 num_items_in_batch: torch.Tensor | float | None = None, weights: torch.Tensor | None = None,
-                 entropy_tokens: float | None = None, **spec) -> LossBreakdown:
+
+def compute_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    entropies: torch.Tensor | None = None,
+    sampler_logps: torch.Tensor | None = None,
+    sampler_ratio: torch.Tensor | None = None,
+    num_items_in_batch: torch.Tensor | float | None = None,
+    weights: torch.Tensor | None = None,
+    entropy_tokens: float | None = None,
+    **spec,
+) -> LossBreakdown:
     """TRL 1.16's `_compute_loss` on given log-probs. Tensors are (N, T); `advantages` is (N,).
 
     old_logps=None: on-policy (logps detached, ratio exactly 1). ref_logps: needed when beta != 0.
@@ -225,8 +274,10 @@ def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps:
     """
     s = LossSpec(**spec)
     if logps.shape != mask.shape or advantages.shape != logps.shape[:1]:
-        raise ValueError(f"shapes: logps {tuple(logps.shape)}, mask {tuple(mask.shape)}, "
-                         f"advantages {tuple(advantages.shape)}; expected (N, T), (N, T), (N,)")
+        raise ValueError(
+            f"shapes: logps {tuple(logps.shape)}, mask {tuple(mask.shape)}, "
+            f"advantages {tuple(advantages.shape)}; expected (N, T), (N, T), (N,)"
+        )
     if s.beta != 0 and ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps")
     if s.top_entropy_quantile < 1 or s.entropy_coef != 0:
@@ -240,8 +291,9 @@ def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps:
     pg, clip_weight, phi = policy_term(s.loss_type, logps, weight, A, mask, logps - old, sampler_ratio, s)
     trained = mask
     if s.off_policy_mask_threshold is not None:
-        keep = off_policy_mask(A, logps, old if sampler_logps is None else sampler_logps, mask,
-                               s.off_policy_mask_threshold)
+        keep = off_policy_mask(
+            A, logps, old if sampler_logps is None else sampler_logps, mask, s.off_policy_mask_threshold
+        )
         pg, trained = pg * keep, trained * keep
     entropy_kept = None
     if s.top_entropy_quantile < 1.0:
@@ -251,22 +303,38 @@ def compute_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps:
         pg = pg * sampler_ratio
     per_token = (pg + s.beta * kl) * mask
     if weights is None:
-        weights = loss_weights(mask, s.loss_type, s.max_completion_length, num_items_in_batch=num_items_in_batch,
-                               gradient_accumulation_steps=s.gradient_accumulation_steps,
-                               steps_per_generation=s.steps_per_generation)
+        weights = loss_weights(
+            mask,
+            s.loss_type,
+            s.max_completion_length,
+            num_items_in_batch=num_items_in_batch,
+            gradient_accumulation_steps=s.gradient_accumulation_steps,
+            steps_per_generation=s.steps_per_generation,
+        )
     per_sample = (per_token * weights).sum(-1)
     if s.entropy_coef != 0:
         acting = mask if entropy_kept is None else mask * entropy_kept
         tokens = acting.sum().clamp(min=1.0) if entropy_tokens is None else entropy_tokens
         per_sample = per_sample - s.entropy_coef * (entropies * acting).sum(-1) / tokens / s.gradient_accumulation_steps
     low, high = clip_regions(clip_weight, A, s)
-    clipped = (low | high) & mask.bool() if s.loss_type in CLIPPED_LOSS_TYPES else torch.zeros_like(mask, dtype=torch.bool)
+    clipped = (
+        (low | high) & mask.bool() if s.loss_type in CLIPPED_LOSS_TYPES else torch.zeros_like(mask, dtype=torch.bool)
+    )
     metrics = loss_metrics(s, mask, kl if ref_logps is not None else None, entropies, clip_weight, A, phi, low, high)
-    return LossBreakdown(loss=per_sample.sum(), policy_loss=(pg * mask * weights).sum(),
-                         kl_loss=(s.beta * kl * mask * weights).sum(), per_token_loss=per_token,
-                         per_token_kl=kl * mask, per_sample_loss=per_sample, ratio=torch.exp(logps - old),
-                         importance_weight=weight, clipped=clipped.expand_as(mask), trained=trained.expand_as(mask),
-                         metrics=metrics, sampler_ratio=sampler_ratio)
+    return LossBreakdown(
+        loss=per_sample.sum(),
+        policy_loss=(pg * mask * weights).sum(),
+        kl_loss=(s.beta * kl * mask * weights).sum(),
+        per_token_loss=per_token,
+        per_token_kl=kl * mask,
+        per_sample_loss=per_sample,
+        ratio=torch.exp(logps - old),
+        importance_weight=weight,
+        clipped=clipped.expand_as(mask),
+        trained=trained.expand_as(mask),
+        metrics=metrics,
+        sampler_ratio=sampler_ratio,
+    )
 
 
 def clip_regions(weight: torch.Tensor, advantages: torch.Tensor, s: LossSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,9 +353,17 @@ def _sequence_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
 
 
-def loss_metrics(s: LossSpec, mask: torch.Tensor, kl: torch.Tensor | None, entropies: torch.Tensor | None,
-                 clip_weight: torch.Tensor, A: torch.Tensor, phi: torch.Tensor | None, low: torch.Tensor,
-                 high: torch.Tensor) -> dict[str, float]:
+def loss_metrics(
+    s: LossSpec,
+    mask: torch.Tensor,
+    kl: torch.Tensor | None,
+    entropies: torch.Tensor | None,
+    clip_weight: torch.Tensor,
+    A: torch.Tensor,
+    phi: torch.Tensor | None,
+    low: torch.Tensor,
+    high: torch.Tensor,
+) -> dict[str, float]:
     """The numbers TRL's `_compute_loss` logs, under its names (kl is logged here whatever beta); `low` and
     `high` are `clip_regions` of `clip_weight`."""
     out = {}
@@ -298,10 +374,15 @@ def loss_metrics(s: LossSpec, mask: torch.Tensor, kl: torch.Tensor | None, entro
     weight = clip_weight.detach()
     if s.loss_type in CLIPPED_LOSS_TYPES:
         low, high = low.float(), high.float()
-        out.update({"clip_ratio/low_mean": _global_mean(low, mask), "clip_ratio/high_mean": _global_mean(high, mask),
-                    "clip_ratio/region_mean": _global_mean(torch.maximum(low, high), mask),
-                    "clip_ratio/low_min": torch.nan_to_num(_sequence_means(low, mask), nan=math.inf).min().item(),
-                    "clip_ratio/high_max": torch.nan_to_num(_sequence_means(high, mask), nan=-math.inf).max().item()})
+        out.update(
+            {
+                "clip_ratio/low_mean": _global_mean(low, mask),
+                "clip_ratio/high_mean": _global_mean(high, mask),
+                "clip_ratio/region_mean": _global_mean(torch.maximum(low, high), mask),
+                "clip_ratio/low_min": torch.nan_to_num(_sequence_means(low, mask), nan=math.inf).min().item(),
+                "clip_ratio/high_max": torch.nan_to_num(_sequence_means(high, mask), nan=-math.inf).max().item(),
+            }
+        )
     elif s.loss_type == "cispo":
         out["cispo_clip_ratio"] = _global_mean(((weight > s.epsilon_high) & (A > 0)).float(), mask)
     elif s.loss_type == "vespo":
@@ -313,9 +394,15 @@ def loss_metrics(s: LossSpec, mask: torch.Tensor, kl: torch.Tensor | None, entro
 
 # ---- the sampler's importance-sampling correction (TRL: vllm_importance_sampling_correction)
 
-def sampler_importance_ratio(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
-                             mode: str = "sequence_mask", clip_min: float | None = None,
-                             clip_max: float | None = 3.0) -> torch.Tensor:
+
+def sampler_importance_ratio(
+    old_logps: torch.Tensor,
+    sampler_logps: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> torch.Tensor:
     """pi_old / pi_sampler, per token ((N, T), token_* modes) or per sequence ((N, 1), the product over
     its tokens, sequence_* modes); *_truncate clamps it to [clip_min, clip_max], *_mask sets it to 0
     outside. Tokens the sampler could not score (NaN) count as ratio 1."""
@@ -332,19 +419,22 @@ def sampler_importance_ratio(old_logps: torch.Tensor, sampler_logps: torch.Tenso
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
-def sampler_metrics(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
-                    ratio: torch.Tensor) -> dict[str, float]:
+def sampler_metrics(
+    old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, ratio: torch.Tensor
+) -> dict[str, float]:
     """TRL's sampling/sampling_logp_difference/* and sampling/importance_sampling_ratio/*."""
     scored = mask.bool()
     gap = (old_logps - sampler_logps).abs()
     gap = gap[scored & ~torch.isnan(gap)]
     flat = ratio.flatten() if ratio.shape[1] == 1 else ratio[scored]
     stat = lambda x, f: f(x).item() if x.numel() else 0.0
-    return {"sampling/sampling_logp_difference/mean": stat(gap, torch.mean),
-            "sampling/sampling_logp_difference/max": stat(gap, torch.max),
-            "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
-            "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
-            "sampling/importance_sampling_ratio/max": stat(flat, torch.max)}
+    return {
+        "sampling/sampling_logp_difference/mean": stat(gap, torch.mean),
+        "sampling/sampling_logp_difference/max": stat(gap, torch.max),
+        "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
+        "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
+        "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+    }
 
 
 def kl_estimator_check(vocab: int = 8, num_samples: int = 200_000, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -367,7 +457,10 @@ def kl_estimator_check(vocab: int = 8, num_samples: int = 200_000, seed: int = 0
         logp = torch.log_softmax(theta, 0)[samples]
         value = per_token_kl(logp, ref_logp[samples], None, estimator).mean()
         (grad,) = torch.autograd.grad(value, theta)
-        out[estimator] = {"value": value.item(), "exact_kl": exact_kl.item(),
-                          "grad_rel_error": ((grad - exact_grad).norm() / exact_grad.norm()).item(),
-                          "grad_cosine": torch.nn.functional.cosine_similarity(grad, exact_grad, 0).item()}
+        out[estimator] = {
+            "value": value.item(),
+            "exact_kl": exact_kl.item(),
+            "grad_rel_error": ((grad - exact_grad).norm() / exact_grad.norm()).item(),
+            "grad_cosine": torch.nn.functional.cosine_similarity(grad, exact_grad, 0).item(),
+        }
     return out

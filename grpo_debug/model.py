@@ -31,11 +31,13 @@ class LoadedModel:
 
 
 def _how_to_get(name: str) -> str:
-    return (f"Model {name!r} is neither a local folder nor in the Hugging Face cache, and the hub could not "
-            f"be reached. On a machine with internet run `huggingface-cli download {name}` (or "
-            f"`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('{name}')\"`), "
-            f"then copy the folder it prints (or ~/.cache/huggingface) here and pass that path; or use the bundled "
-            f"model: {DEFAULT_MODEL}")
+    return (
+        f"Model {name!r} is neither a local folder nor in the Hugging Face cache, and the hub could not "
+        f"be reached. On a machine with internet run `huggingface-cli download {name}` (or "
+        f"`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('{name}')\"`), "
+        f"then copy the folder it prints (or ~/.cache/huggingface) here and pass that path; or use the bundled "
+        f"model: {DEFAULT_MODEL}"
+    )
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -67,8 +69,10 @@ def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype
         name = str(Path(name).expanduser())
     elif name.startswith((".", "/", "~")) or name.count("/") != 1:
         origin = " (from GRPO_DEBUG_MODEL)" if name_or_path is None and os.environ.get("GRPO_DEBUG_MODEL") else ""
-        raise ModelUnavailable(f"no model folder at {name!r}{origin}. The bundled model is {DEFAULT_MODEL_DIR}; "
-                               f"a hub id looks like {HUB_MODEL!r}.")
+        raise ModelUnavailable(
+            f"no model folder at {name!r}{origin}. The bundled model is {DEFAULT_MODEL_DIR}; "
+            f"a hub id looks like {HUB_MODEL!r}."
+        )
     try:
         tokenizer, policy = _from_pretrained(name, dtype, local_files_only=True)
     except OSError as e:

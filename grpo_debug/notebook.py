@@ -14,9 +14,12 @@ def setup(threads: int = 1) -> None:
     torch.set_num_threads(threads)
     pinned = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
     if pinned and torch.backends.cpu.get_cpu_capability() != pinned:
-        warnings.warn(f"torch runs its CPU kernels at {torch.backends.cpu.get_cpu_capability()}, not the pinned "
-                      f"{pinned}: it ran an op before grpo_debug was imported, so the numbers may differ from the "
-                      "stored outputs; import grpo_debug first")
+        warnings.warn(
+            f"torch runs its CPU kernels at {torch.backends.cpu.get_cpu_capability()}, not the pinned "
+            f"{pinned}: it ran an op before grpo_debug was imported, so the numbers may differ from the "
+            "stored outputs; import grpo_debug first",
+            stacklevel=2,
+        )
     torch.use_deterministic_algorithms(True, warn_only=True)
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_colwidth", 70)
@@ -39,12 +42,15 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
     from .config import StepConfig
     from .paths import DEFAULT_MODEL
     from .step import GRPOStep
+
     setup()
     if capture is not None:
         kept = {k: v for k, v in fields.items() if StepConfig.phase_of(k) != "rollout"}
         if kept != fields:
-            print(f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
-                  "capture's own here")
+            print(
+                f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
+                "capture's own here"
+            )
         step = GRPOStep.from_capture(capture, task, **kept)
         return step.cfg, step
     cfg = StepConfig(model=model or DEFAULT_MODEL, **fields, **({"task": task} if task else {}))
@@ -54,5 +60,6 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
 def show_source(*functions) -> None:
     """Print the code of the functions a notebook is about: the readable path, not the fast one."""
     import inspect
+
     for function in functions:
         print(inspect.getsource(function))

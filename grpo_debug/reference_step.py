@@ -34,10 +34,20 @@ class ReferenceRun:
 
 def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg: StepConfig) -> ReferenceRun:
     """One GRPO step of `policy` on `prompts` (the reference stays frozen), rewards from `task`'s functions."""
-    samples = rollout(policy, tokenizer, prompts, num_generations=cfg.num_generations,
-                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                      seed=cfg.seed, pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=False,
-                      dropout=cfg.sample_dropout)
+    samples = rollout(
+        policy,
+        tokenizer,
+        prompts,
+        num_generations=cfg.num_generations,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+        pad_with_eos=cfg.pad_with_eos,
+        generation=cfg.generation,
+        fast=False,
+        dropout=cfg.sample_dropout,
+    )
 
     logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg), fast=False)
 
@@ -47,8 +57,18 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
 
     loss = batch_loss(cfg, samples, logprobs, advantages.values)
 
-    result = update(policy, samples, logprobs, advantages.values, scoring_of(cfg), loss_spec_of(cfg),
-                    optimization_of(cfg), **update_context(cfg, samples, logprobs),
-                    num_iterations=cfg.num_iterations, per_sample_grad_norms=cfg.per_sample_grad_norms, fast=False)
+    result = update(
+        policy,
+        samples,
+        logprobs,
+        advantages.values,
+        scoring_of(cfg),
+        loss_spec_of(cfg),
+        optimization_of(cfg),
+        **update_context(cfg, samples, logprobs),
+        num_iterations=cfg.num_iterations,
+        per_sample_grad_norms=cfg.per_sample_grad_norms,
+        fast=False,
+    )
 
     return ReferenceRun(samples, logprobs, rewards, advantages, loss, result)

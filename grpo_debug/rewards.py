@@ -57,15 +57,20 @@ def _merge_components(reported: dict[str, dict[str, torch.Tensor]]) -> dict[str,
     for components in reported.values():
         for k in components:
             counts[k] = counts.get(k, 0) + 1
-    return {(k if counts[k] == 1 else f"{func}/{k}"): v
-            for func, components in reported.items() for k, v in components.items()}
+    return {
+        (k if counts[k] == 1 else f"{func}/{k}"): v
+        for func, components in reported.items()
+        for k, v in components.items()
+    }
 
 
 def _merge_errors(per_function: dict[str, list[str]]) -> list[str]:
     if len(per_function) == 1:
         return next(iter(per_function.values()))
-    return ["; ".join(f"{name}: {e}" for name, errors in per_function.items() if (e := errors[i]))
-            for i in range(len(next(iter(per_function.values()))))]
+    return [
+        "; ".join(f"{name}: {e}" for name, errors in per_function.items() if (e := errors[i]))
+        for i in range(len(next(iter(per_function.values()))))
+    ]
 
 
 def _refuse_unusable(values: torch.Tensor, names: tuple[str, ...], prompts: list[str], G: int) -> None:
@@ -76,12 +81,13 @@ def _refuse_unusable(values: torch.Tensor, names: tuple[str, ...], prompts: list
         if bad:
             i = bad[0]
             row = ", ".join(f"{name}={v:g}" for name, v in zip(names, values[i].tolist()))
-            raise ValueError(f"{what} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
-                             f"{len(bad) - 1} more samples: every completion must get a finite score")
+            raise ValueError(
+                f"{what} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
+                f"{len(bad) - 1} more samples: every completion must get a finite score"
+            )
 
 
-def compute_rewards(prompts: list[str], completions: list[str], num_generations: int,
-                    task: Task | str) -> Rewards:
+def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, task: Task | str) -> Rewards:
     """Score sample i against prompt i // num_generations with every reward function of `task`."""
     start = time.perf_counter()
     task, G = as_task(task), num_generations
@@ -94,5 +100,10 @@ def compute_rewards(prompts: list[str], completions: list[str], num_generations:
     values = torch.stack(list(per_function.values()), dim=1)  # (N, F)
     _refuse_unusable(values, task.reward_names, prompts, G)
     total = (values * torch.tensor(task.weights, dtype=torch.float32)).nansum(dim=1)
-    return Rewards(total=total, components=_merge_components(reported), errors=_merge_errors(errors),
-                   seconds=time.perf_counter() - start, per_function=per_function)
+    return Rewards(
+        total=total,
+        components=_merge_components(reported),
+        errors=_merge_errors(errors),
+        seconds=time.perf_counter() - start,
+        per_function=per_function,
+    )

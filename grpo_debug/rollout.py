@@ -37,15 +37,29 @@ class Rollout:
     def group_of(self, sample: int) -> int:
         return sample // self.num_generations
 
-    def rows(self, index: torch.Tensor | list[int]) -> "Rollout":
+    def rows(self, index: torch.Tensor | list[int]) -> Rollout:
         """Some samples of the rollout, each its own group of one (num_generations=1)."""
         index = torch.as_tensor(index).flatten()
-        tensors = {name: getattr(self, name)[index] for name in
-                   ("prompt_ids", "prompt_mask", "completion_ids", "completion_lengths", "finished",
-                    "sampler_logps", "sampler_logps_temperature_only")}
-        return dataclasses.replace(self, **tensors, prompts=[self.prompts[self.group_of(i)] for i in index.tolist()],
-                                   completions=[self.completions[i] for i in index.tolist()], num_generations=1,
-                                   identical_groups=[])
+        tensors = {
+            name: getattr(self, name)[index]
+            for name in (
+                "prompt_ids",
+                "prompt_mask",
+                "completion_ids",
+                "completion_lengths",
+                "finished",
+                "sampler_logps",
+                "sampler_logps_temperature_only",
+            )
+        }
+        return dataclasses.replace(
+            self,
+            **tensors,
+            prompts=[self.prompts[self.group_of(i)] for i in index.tolist()],
+            completions=[self.completions[i] for i in index.tolist()],
+            num_generations=1,
+            identical_groups=[],
+        )
 
 
 ROWS_PER_PASS = 8  # one 64-row forward+backward was ~2x slower on CPU than eight 8-row ones (memory-bound)
@@ -63,9 +77,19 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_generations: int, *,
-           max_new_tokens: int, temperature: float, top_p: float, pad_token_id: int, eos_token_id: int,
-           fast: bool = True):
+def sample(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_generations: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    pad_token_id: int,
+    eos_token_id: int,
+    fast: bool = True,
+):
     """`num_generations` samples of each left-padded prompt (B, P): one `generate` call on the prompts
     repeated G times, rows grouped by prompt. Returns the (B*G, P) prompt ids and mask, the (B*G, C)
     completion ids, and each sampled token's log-prob under the sampler (temperature and top_p) and under
@@ -73,14 +97,23 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_gen
     and values computed once per group (`fast.shared_prompt`)."""
     G = num_generations
     input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                  pad_token_id=pad_token_id, eos_token_id=eos_token_id, output_scores=True, output_logits=True,
-                  return_dict_in_generate=True)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     if fast:
         out = generate_per_prompt(model, input_ids[::G], attention_mask[::G], G, **kwargs)
     else:
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    completion_ids = out.sequences[:, input_ids.shape[1]:]
+    completion_ids = out.sequences[:, input_ids.shape[1] :]
     chosen = completion_ids.unsqueeze(-1)
     scores = torch.stack(out.scores, dim=1).float()  # what was sampled from: / temperature, top_p -> -inf
     logits = torch.stack(out.logits, dim=1).float()  # raw
@@ -100,9 +133,20 @@ def _pad_left(tensors: list[torch.Tensor], value: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *, temperature: float = 0.7,
-                       top_p: float = 0.95, max_new_tokens: int = 128, seed: int = 0,
-                       batch_prompts: int = 16, progress: bool = True, fast: bool = True) -> list[list[str]]:
+def sample_completions(
+    model,
+    tokenizer,
+    prompts: list[str],
+    num_samples: int,
+    *,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    batch_prompts: int = 16,
+    progress: bool = True,
+    fast: bool = True,
+) -> list[list[str]]:
     """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk (texts
     only: no scores kept, so it also fits a large vocabulary)."""
     was_training = model.training
@@ -112,17 +156,27 @@ def sample_completions(model, tokenizer, prompts: list[str], num_samples: int, *
     chunks = range(0, len(prompts), batch_prompts)
     for start in tqdm(chunks, desc="sampling", disable=not progress):
         torch.manual_seed(seed + start)
-        chunk = prompts[start:start + batch_prompts]
+        chunk = prompts[start : start + batch_prompts]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        kwargs = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         if fast:
             generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, **kwargs)
         else:
-            generated = model.generate(input_ids=enc["input_ids"].repeat_interleave(num_samples, 0),
-                                       attention_mask=enc["attention_mask"].repeat_interleave(num_samples, 0), **kwargs)
-        texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        out.extend(texts[i * num_samples:(i + 1) * num_samples] for i in range(len(chunk)))
+            generated = model.generate(
+                input_ids=enc["input_ids"].repeat_interleave(num_samples, 0),
+                attention_mask=enc["attention_mask"].repeat_interleave(num_samples, 0),
+                **kwargs,
+            )
+        texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        out.extend(texts[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk)))
     model.train(was_training)
     return out
 
@@ -138,15 +192,25 @@ def eval_mode(model):
         model.train(was_training)
 
 
-def sample_batches(model, tokenizer, prompts: list[str], num_generations: int, generation: str, pad_id: int,
-                   **sampling) -> list[tuple]:
+def sample_batches(
+    model, tokenizer, prompts: list[str], num_generations: int, generation: str, pad_id: int, **sampling
+) -> list[tuple]:
     """One `sample` call for all prompts ("batched", KV cache) or one per prompt ("loop")."""
     batches = [prompts] if generation == "batched" else [[p] for p in prompts]
     parts = []
     for batch in batches:
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
-        parts.append(sample(model, enc["input_ids"], enc["attention_mask"], num_generations, pad_token_id=pad_id,
-                            eos_token_id=tokenizer.eos_token_id, **sampling))
+        parts.append(
+            sample(
+                model,
+                enc["input_ids"],
+                enc["attention_mask"],
+                num_generations,
+                pad_token_id=pad_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **sampling,
+            )
+        )
     return parts
 
 
@@ -164,12 +228,24 @@ def cut_after_eos(parts: list[tuple], pad_id: int, eos_id: int):
 def identical_groups(completions: list[str], num_generations: int) -> list[int]:
     """Prompts whose G completions are all the same text (no reward contrast possible)."""
     G = num_generations
-    return [b for b in range(len(completions) // G) if len(set(completions[b * G:(b + 1) * G])) == 1]
+    return [b for b in range(len(completions) // G) if len(set(completions[b * G : (b + 1) * G])) == 1]
 
 
-def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_new_tokens: int,
-            temperature: float, top_p: float, seed: int, pad_with_eos: bool = True, generation: str = "batched",
-            fast: bool = True, dropout: bool = False) -> Rollout:
+def rollout(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    pad_with_eos: bool = True,
+    generation: str = "batched",
+    fast: bool = True,
+    dropout: bool = False,
+) -> Rollout:
     """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
     TRL 1.16 generates with disable_dropout=False), seeded.
 
@@ -185,16 +261,34 @@ def rollout(model, tokenizer, prompts: list[str], *, num_generations: int, max_n
         model.train(dropout)
         start = time.perf_counter()
         torch.manual_seed(seed)
-        parts = sample_batches(model, tokenizer, prompts, num_generations, generation, pad_id,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               fast=fast and not dropout)  # a prompt computed once would share one dropout mask
+        parts = sample_batches(
+            model,
+            tokenizer,
+            prompts,
+            num_generations,
+            generation,
+            pad_id,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            fast=fast and not dropout,
+        )  # a prompt computed once would share one dropout mask
         seconds = time.perf_counter() - start
     completion_ids, lengths, finished, sampler, temperature_only = cut_after_eos(parts, pad_id, tokenizer.eos_token_id)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout(prompts=prompts, completions=completions,
-                   prompt_ids=_pad_left([p[0] for p in parts], tokenizer.pad_token_id),
-                   prompt_mask=_pad_left([p[1] for p in parts], 0), completion_ids=completion_ids,
-                   completion_lengths=lengths, finished=finished, sampler_logps=sampler,
-                   sampler_logps_temperature_only=temperature_only, num_generations=num_generations,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id,
-                   identical_groups=identical_groups(completions, num_generations), seconds=seconds)
+    return Rollout(
+        prompts=prompts,
+        completions=completions,
+        prompt_ids=_pad_left([p[0] for p in parts], tokenizer.pad_token_id),
+        prompt_mask=_pad_left([p[1] for p in parts], 0),
+        completion_ids=completion_ids,
+        completion_lengths=lengths,
+        finished=finished,
+        sampler_logps=sampler,
+        sampler_logps_temperature_only=temperature_only,
+        num_generations=num_generations,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        identical_groups=identical_groups(completions, num_generations),
+        seconds=seconds,
+    )

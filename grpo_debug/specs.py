@@ -15,26 +15,38 @@ from .update import Optimization
 
 
 def scoring_of(cfg: StepConfig) -> Scoring:
-    return Scoring(temperature=cfg.temperature if cfg.logprob_temperature else None, position_ids=cfg.position_ids,
-                   dropout=cfg.dropout, dtype=cfg.dtype, gather=cfg.gather, mask=cfg.mask,
-                   mask_truncated_completions=cfg.mask_truncated_completions)
+    return Scoring(
+        temperature=cfg.temperature if cfg.logprob_temperature else None,
+        position_ids=cfg.position_ids,
+        dropout=cfg.dropout,
+        dtype=cfg.dtype,
+        gather=cfg.gather,
+        mask=cfg.mask,
+        mask_truncated_completions=cfg.mask_truncated_completions,
+    )
 
 
 def loss_spec_of(cfg: StepConfig) -> LossSpec:
     """Every LossSpec field is the StepConfig field of the same name, but max_completion_length
     (max_new_tokens) and steps_per_generation (resolved: None means gradient_accumulation_steps)."""
-    names = [f.name for f in dataclasses.fields(LossSpec) if f.name not in ("max_completion_length",
-                                                                            "steps_per_generation")]
-    return LossSpec(**{k: getattr(cfg, k) for k in names}, max_completion_length=cfg.max_new_tokens,
-                    steps_per_generation=cfg.micro_batches)
+    names = [
+        f.name for f in dataclasses.fields(LossSpec) if f.name not in ("max_completion_length", "steps_per_generation")
+    ]
+    return LossSpec(
+        **{k: getattr(cfg, k) for k in names},
+        max_completion_length=cfg.max_new_tokens,
+        steps_per_generation=cfg.micro_batches,
+    )
 
 
 def needs_old_logps(cfg: StepConfig) -> bool:
     """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
     first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
     the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
-    return (cfg.gradient_accumulation_steps % (cfg.micro_batches * cfg.num_iterations) != 0
-            or cfg.vllm_importance_sampling_correction)
+    return (
+        cfg.gradient_accumulation_steps % (cfg.micro_batches * cfg.num_iterations) != 0
+        or cfg.vllm_importance_sampling_correction
+    )
 
 
 def optimization_of(cfg: StepConfig) -> Optimization:
@@ -47,17 +59,25 @@ def sampler_correction(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> 
     vLLM's; (None, {}) when the correction is off."""
     if not cfg.vllm_importance_sampling_correction:
         return None, {}
-    ratio = sampler_importance_ratio(lp.policy, rollout.sampler_logps, lp.mask, cfg.vllm_importance_sampling_mode,
-                                     cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max)
+    ratio = sampler_importance_ratio(
+        lp.policy,
+        rollout.sampler_logps,
+        lp.mask,
+        cfg.vllm_importance_sampling_mode,
+        cfg.vllm_importance_sampling_clip_min,
+        cfg.vllm_importance_sampling_clip_max,
+    )
     return ratio, sampler_metrics(lp.policy, rollout.sampler_logps, lp.mask, ratio)
 
 
 def update_context(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> dict:
     """The tensors `update` takes besides the rollout: pi_old's log-probs (or None) and the sampler's."""
     corrected = cfg.vllm_importance_sampling_correction
-    return dict(old_logps=lp.policy if needs_old_logps(cfg) else None,
-                sampler_ratio=sampler_correction(cfg, rollout, lp)[0],
-                sampler_logps=rollout.sampler_logps if corrected else None)
+    return dict(
+        old_logps=lp.policy if needs_old_logps(cfg) else None,
+        sampler_ratio=sampler_correction(cfg, rollout, lp)[0],
+        sampler_logps=rollout.sampler_logps if corrected else None,
+    )
 
 
 def batch_loss(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs, advantages: torch.Tensor) -> LossBreakdown:
@@ -65,7 +85,15 @@ def batch_loss(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs, advantages:
     ratio, sampling = sampler_correction(cfg, rollout, lp)
     corrected = cfg.vllm_importance_sampling_correction
     spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
-    breakdown = compute_loss(lp.policy, lp.policy, lp.reference, advantages, lp.mask, entropies=lp.entropies,
-                             sampler_logps=rollout.sampler_logps if corrected else None, sampler_ratio=ratio,
-                             **spec.kwargs())
+    breakdown = compute_loss(
+        lp.policy,
+        lp.policy,
+        lp.reference,
+        advantages,
+        lp.mask,
+        entropies=lp.entropies,
+        sampler_logps=rollout.sampler_logps if corrected else None,
+        sampler_ratio=ratio,
+        **spec.kwargs(),
+    )
     return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)

@@ -67,8 +67,16 @@ def _finite_or_none(value):
 def _t(mean: float, se: float, df: float, n_seeds: int, method: str, level: float) -> Interval:
     if not (se > 0 and df > 0 and math.isfinite(se)):
         exact = se == 0 and df > 0
-        return Interval(mean, mean if exact else None, mean if exact else None, df if df > 0 else None,
-                        (0.0 if mean != 0 else 1.0) if exact else None, n_seeds, method, level)
+        return Interval(
+            mean,
+            mean if exact else None,
+            mean if exact else None,
+            df if df > 0 else None,
+            (0.0 if mean != 0 else 1.0) if exact else None,
+            n_seeds,
+            method,
+            level,
+        )
     q = scipy_stats.t.ppf(0.5 + level / 2, df)
     p = 2 * scipy_stats.t.sf(abs(mean) / se, df)
     return Interval(mean, mean - q * se, mean + q * se, float(df), float(p), n_seeds, method, level)
@@ -96,7 +104,7 @@ def crossed_interval(table: torch.Tensor, level: float = LEVEL) -> Interval:
     ms_seed = P * ((seed_means - grand) ** 2).sum().item() / (S - 1)
     ms_prompt = S * ((prompt_means - grand) ** 2).sum().item() / (P - 1) if P > 1 else 0.0
     variance = (ms_seed + ms_prompt) / (S * P)
-    parts = ms_seed ** 2 / (S - 1) + (ms_prompt ** 2 / (P - 1) if P > 1 else 0.0)
+    parts = ms_seed**2 / (S - 1) + (ms_prompt**2 / (P - 1) if P > 1 else 0.0)
     df = (ms_seed + ms_prompt) ** 2 / parts if parts > 0 else float("nan")
     if ms_seed > 0:  # Satterthwaite's df, capped where the seed term's S - 1 df carry the variance
         df = min(df, (S - 1) * (ms_seed + ms_prompt) / ms_seed)
@@ -164,8 +172,9 @@ def prompt_bootstrap(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tupl
 
 def spearman(a, b) -> float:
     """Spearman's rank correlation (scipy; ties get average ranks)."""
-    return float(scipy_stats.spearmanr(torch.as_tensor(a).flatten().numpy(),
-                                       torch.as_tensor(b).flatten().numpy()).statistic)
+    return float(
+        scipy_stats.spearmanr(torch.as_tensor(a).flatten().numpy(), torch.as_tensor(b).flatten().numpy()).statistic
+    )
 
 
 def verdict(interval: Interval, what: str = "held-out reward", adjusted_p: float | None = None) -> str:
@@ -189,20 +198,34 @@ def variance_components(table: torch.Tensor) -> dict[str, float]:
     ms_seed = P * ((y.mean(1) - grand) ** 2).sum().item() / (S - 1)
     ms_prompt = S * ((y.mean(0) - grand) ** 2).sum().item() / (P - 1)
     residual = y - y.mean(1, keepdim=True) - y.mean(0, keepdim=True) + grand
-    ms_residual = (residual ** 2).sum().item() / ((S - 1) * (P - 1))
-    return {"seed": max((ms_seed - ms_residual) / P, 0.0), "prompt": max((ms_prompt - ms_residual) / S, 0.0),
-            "residual": ms_residual, "effect": grand.item()}
+    ms_residual = (residual**2).sum().item() / ((S - 1) * (P - 1))
+    return {
+        "seed": max((ms_seed - ms_residual) / P, 0.0),
+        "prompt": max((ms_prompt - ms_residual) / S, 0.0),
+        "residual": ms_residual,
+        "effect": grand.item(),
+    }
 
 
-def crossed_power(effect: float, components: dict[str, float], seeds: int, prompts: int, runs: int = 1000,
-                  seed: int = 0, level: float = LEVEL) -> float:
+def crossed_power(
+    effect: float,
+    components: dict[str, float],
+    seeds: int,
+    prompts: int,
+    runs: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> float:
     """The share of `runs` simulated experiments (the crossed model with these variance components and a true
     `effect`) whose `crossed_interval` excludes 0: the power of a planned run with `seeds` seeds."""
     g = torch.Generator().manual_seed(seed)
     hits = 0
     for _ in range(runs):
-        y = (effect + math.sqrt(components["seed"]) * torch.randn(seeds, 1, generator=g, dtype=torch.float64)
-             + math.sqrt(components["prompt"]) * torch.randn(1, prompts, generator=g, dtype=torch.float64)
-             + math.sqrt(components["residual"]) * torch.randn(seeds, prompts, generator=g, dtype=torch.float64))
+        y = (
+            effect
+            + math.sqrt(components["seed"]) * torch.randn(seeds, 1, generator=g, dtype=torch.float64)
+            + math.sqrt(components["prompt"]) * torch.randn(1, prompts, generator=g, dtype=torch.float64)
+            + math.sqrt(components["residual"]) * torch.randn(seeds, prompts, generator=g, dtype=torch.float64)
+        )
         hits += not crossed_interval(y, level).contains_zero()
     return hits / runs

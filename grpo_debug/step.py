@@ -25,7 +25,7 @@ from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
 from .task import Task, load_task
-from .update import Iteration, Optimization, StepResult, new_optimizer, reevaluate_passes, update
+from .update import Iteration, StepResult, new_optimizer, reevaluate_passes, update
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,12 @@ class GRPOStep:
         self.stored_rewards = False  # a capture opened without your task: rewards exist for its completions only
 
     @classmethod
-    def from_capture(cls, path, task=None, **changes) -> "GRPOStep":
+    def from_capture(cls, path, task=None, **changes) -> GRPOStep:
         """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`); the config
         is the `trl` preset with the capture's GRPOConfig, plus `changes`. `task`: your task plug-in, for the
         phases that sample new completions (`replay.open_capture`)."""
         from .replay import open_capture
+
         return open_capture(path, task, **changes)
 
     @property
@@ -117,8 +118,13 @@ class GRPOStep:
         """A captured step's rollout is the trainer's: a change of `fast` or `generation` (how we would sample)
         keeps it and re-runs from the log-probs; any other rollout field is refused."""
         how = ("fast", "generation")
-        fields = [f.name for f in dataclasses.fields(StepConfig) if StepConfig.phase_of(f.name) == "rollout"
-                  and f.name not in how and getattr(cfg, f.name) != getattr(before, f.name)]
+        fields = [
+            f.name
+            for f in dataclasses.fields(StepConfig)
+            if StepConfig.phase_of(f.name) == "rollout"
+            and f.name not in how
+            and getattr(cfg, f.name) != getattr(before, f.name)
+        ]
         if fields:
             raise ValueError(f"{fields} are rollout fields: a capture's rollout is the trainer's, fixed")
         if cfg.fast != before.fast:  # `fast` also picks the scoring path
@@ -129,16 +135,25 @@ class GRPOStep:
         """The last run with its update taken on the kept samples only (TracIn-selected GRPO): their loss
         normalised over themselves, as the seeds' trainers did."""
         run = self.result
-        done = {"rollout": run.rollout.rows(keep), "logprobs": run.logprobs.rows(keep),
-                "advantages": dataclasses.replace(run.advantages, values=run.advantages.values[keep])}
+        done = {
+            "rollout": run.rollout.rows(keep),
+            "logprobs": run.logprobs.rows(keep),
+            "advantages": dataclasses.replace(run.advantages, values=run.advantages.values[keep]),
+        }
         t0 = time.perf_counter()
         result = run_update(self, run.config, done, run, run.prompt_set)
         timings = {**run.timings, "update": PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())}
         self.result = dataclasses.replace(run, update=result, timings=timings, rerun=("update",))
         return self.result
 
-    def run(self, cfg: StepConfig | None = None, until: str = "evaluation", base: StepRun | None = None,
-            prompt_set: str = "train", remember: bool = True) -> StepRun:
+    def run(
+        self,
+        cfg: StepConfig | None = None,
+        until: str = "evaluation",
+        base: StepRun | None = None,
+        prompt_set: str = "train",
+        remember: bool = True,
+    ) -> StepRun:
         """A new StepRun of `cfg` up to phase `until`, re-using `base`'s (default: the last run's) results of
         the phases before the first one `cfg` changes. `prompt_set`: the task's prompts to sample (the
         validation pool of TracIn is the same phases on "validation"); `remember=False` leaves `result`
@@ -151,17 +166,22 @@ class GRPOStep:
         changed = "rollout" if prompt_set != base.prompt_set else cfg.first_changed_phase(base.config)
         if changed == "rollout" and self.capture is not None and prompt_set == "train":
             changed = self._captured_rollout_kept(cfg, base.config)
-        missing = next((p for p in PHASES[:stop + 1] if getattr(base, p) is None), None)
+        missing = next((p for p in PHASES[: stop + 1] if getattr(base, p) is None), None)
         due = [p for p in (changed, missing) if p is not None]
         start = PHASES.index(min(due, key=PHASES.index)) if due else stop + 1
         done = {p: getattr(base, p) for p in PHASES[:start]}
         timings = {p: t for p, t in base.timings.items() if p in done}
-        for phase in PHASES[start:stop + 1]:
+        for phase in PHASES[start : stop + 1]:
             t0 = time.perf_counter()
             done[phase] = PHASE_FUNCTIONS[phase](self, cfg, done, base, prompt_set)
             timings[phase] = PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())
-        run = StepRun(cfg, **{p: done.get(p) for p in PHASES[:stop + 1]}, timings=timings,
-                      rerun=tuple(PHASES[start:stop + 1]), prompt_set=prompt_set)
+        run = StepRun(
+            cfg,
+            **{p: done.get(p) for p in PHASES[: stop + 1]},
+            timings=timings,
+            rerun=tuple(PHASES[start : stop + 1]),
+            prompt_set=prompt_set,
+        )
         if remember:
             self.cfg, self.result = cfg, run
         return run
@@ -170,16 +190,26 @@ class GRPOStep:
 # ---- phases: each reads the config and the results of earlier phases (`done`) only; `base` is the run the
 # new one starts from (the log-probs reuse its scoring when only the mask changed)
 
+
 def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rollout:
     step.restore_policy()
     offset = cfg.prompt_offset if prompt_set == "train" else 0
     prompts = step.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
     check_positions(step.policy, step.loaded.tokenizer, prompts, cfg.max_new_tokens)
-    return rollout(step.policy, step.loaded.tokenizer, prompts,
-                   num_generations=cfg.num_generations,
-                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                   pad_with_eos=cfg.pad_with_eos, generation=cfg.generation, fast=cfg.fast,
-                   dropout=cfg.sample_dropout)
+    return rollout(
+        step.policy,
+        step.loaded.tokenizer,
+        prompts,
+        num_generations=cfg.num_generations,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+        pad_with_eos=cfg.pad_with_eos,
+        generation=cfg.generation,
+        fast=cfg.fast,
+        dropout=cfg.sample_dropout,
+    )
 
 
 def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
@@ -190,18 +220,30 @@ def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -
         return
     longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     if longest + max_new_tokens > limit:
-        raise ValueError(f"StepConfig.max_new_tokens = {max_new_tokens} is not allowed here: the longest prompt has "
-                         f"{longest} tokens and the model {limit} positions, so at most {limit - longest}")
+        raise ValueError(
+            f"StepConfig.max_new_tokens = {max_new_tokens} is not allowed here: the longest prompt has "
+            f"{longest} tokens and the model {limit} positions, so at most {limit - longest}"
+        )
 
 
 def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
     step.restore_policy()
     scoring = scoring_of(cfg)
-    same_scoring = (base.logprobs is not None and base.rollout is done["rollout"] and base.config.fast == cfg.fast
-                    and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring))  # e.g. only the mask changed
-    return compute_logprobs(step.policy, step.loaded.reference, done["rollout"], scoring,
-                            reference_is_policy=step.at_reference,
-                            scored=base.logprobs if same_scoring else None, fast=cfg.fast)
+    same_scoring = (
+        base.logprobs is not None
+        and base.rollout is done["rollout"]
+        and base.config.fast == cfg.fast
+        and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring)
+    )  # e.g. only the mask changed
+    return compute_logprobs(
+        step.policy,
+        step.loaded.reference,
+        done["rollout"],
+        scoring,
+        reference_is_policy=step.at_reference,
+        scored=base.logprobs if same_scoring else None,
+        fast=cfg.fast,
+    )
 
 
 def run_rewards(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
@@ -224,11 +266,20 @@ def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, promp
     step._policy_dirty = True
     lp = done["logprobs"]
     step._last_optimizer = step.optimizer or new_optimizer(step.policy, optimization_of(cfg))
-    return update(step.policy, done["rollout"], lp, done["advantages"].values, scoring_of(cfg),
-                  loss_spec_of(cfg), optimization_of(cfg), **update_context(cfg, done["rollout"], lp),
-                  optimizer=step._last_optimizer,
-                  num_iterations=cfg.num_iterations,
-                  per_sample_grad_norms=cfg.per_sample_grad_norms, fast=cfg.fast)
+    return update(
+        step.policy,
+        done["rollout"],
+        lp,
+        done["advantages"].values,
+        scoring_of(cfg),
+        loss_spec_of(cfg),
+        optimization_of(cfg),
+        **update_context(cfg, done["rollout"], lp),
+        optimizer=step._last_optimizer,
+        num_iterations=cfg.num_iterations,
+        per_sample_grad_norms=cfg.per_sample_grad_norms,
+        fast=cfg.fast,
+    )
 
 
 def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:
@@ -240,8 +291,10 @@ def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:
     if run.update is None or not all(StepConfig.phase_of(f) == "loss" for f in changed):
         return None
     lp, num_items = run.logprobs, run.logprobs.mask.sum()
-    sides = [(loss_spec_of(c), {**update_context(c, run.rollout, lp), "num_items_in_batch": num_items})
-             for c in (run.config, cfg)]
+    sides = [
+        (loss_spec_of(c), {**update_context(c, run.rollout, lp), "num_items_in_batch": num_items})
+        for c in (run.config, cfg)
+    ]
     return reevaluate_passes(run.update, lp, run.advantages.values, *sides)
 
 
@@ -249,9 +302,15 @@ def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, p
     return evaluate_pair(step.loaded.reference, step.policy, step.loaded.tokenizer, cfg, step.task)
 
 
-PHASE_FUNCTIONS = {"rollout": run_rollout, "logprobs": run_logprobs, "rewards": run_rewards,
-                   "advantages": run_advantages, "loss": run_loss, "update": run_update,
-                   "evaluation": run_evaluation}
+PHASE_FUNCTIONS = {
+    "rollout": run_rollout,
+    "logprobs": run_logprobs,
+    "rewards": run_rewards,
+    "advantages": run_advantages,
+    "loss": run_loss,
+    "update": run_update,
+    "evaluation": run_evaluation,
+}
 
 
 def metrics(run: StepRun) -> dict[str, float]:
@@ -260,33 +319,63 @@ def metrics(run: StepRun) -> dict[str, float]:
     r, lp, adv, loss, upd = run.rollout, run.logprobs, run.advantages, run.loss, run.update
     if r is not None:
         lengths = r.completion_lengths.float()
-        out.update({"completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
-                    "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": 1 - r.finished.float().mean().item(),
-                    "identical_groups": float(len(r.identical_groups))})
+        out.update(
+            {
+                "completions/mean_length": lengths.mean().item(),
+                "completions/min_length": lengths.min().item(),
+                "completions/max_length": lengths.max().item(),
+                "completions/clipped_ratio": 1 - r.finished.float().mean().item(),
+                "identical_groups": float(len(r.identical_groups)),
+            }
+        )
     if lp is not None:
-        out.update({"logps/max_sampler_gap": lp.max_sampler_gap, "logps/top_p_gap": lp.top_p_gap,
-                    "logps/eos_kept": lp.eos_kept})
+        out.update(
+            {
+                "logps/max_sampler_gap": lp.max_sampler_gap,
+                "logps/top_p_gap": lp.top_p_gap,
+                "logps/eos_kept": lp.eos_kept,
+            }
+        )
     if run.rewards is not None:
         for name, values in run.rewards.components.items():
             out[f"rewards/{name}/mean"] = torch.nanmean(values).item()
     if adv is not None:
-        out.update({"reward": adv.reward, "reward_std": adv.reward_std,
-                    "frac_reward_zero_std": adv.frac_reward_zero_std, "advantages/max_abs": adv.max_abs_advantage,
-                    "advantages/phantom_groups": float(len(adv.phantom_groups))})
+        out.update(
+            {
+                "reward": adv.reward,
+                "reward_std": adv.reward_std,
+                "frac_reward_zero_std": adv.frac_reward_zero_std,
+                "advantages/max_abs": adv.max_abs_advantage,
+                "advantages/phantom_groups": float(len(adv.phantom_groups)),
+            }
+        )
     if loss is not None:
-        out.update({"loss": loss.loss.item(), "loss/policy": loss.policy_loss.item(), "loss/kl": loss.kl_loss.item(),
-                    **loss.metrics})
+        out.update(
+            {
+                "loss": loss.loss.item(),
+                "loss/policy": loss.policy_loss.item(),
+                "loss/kl": loss.kl_loss.item(),
+                **loss.metrics,
+            }
+        )
     if upd is not None:
-        out.update({"grad_norm": upd.grad_norm, "update_norm": upd.update_norm,
-                    "optimizer_steps": float(upd.optimizer_steps)})
+        out.update(
+            {"grad_norm": upd.grad_norm, "update_norm": upd.update_norm, "optimizer_steps": float(upd.optimizer_steps)}
+        )
         out.update(update_metrics(upd))
         if len(upd.per_sample_grad_norms):
             out["per_sample_grad_norm/max"] = upd.per_sample_grad_norms.max().item()
     if run.evaluation is not None:
         ev = run.evaluation
-        out.update({"eval/reward_before": ev.before.reward, "eval/reward_after": ev.after.reward,
-                    "eval/delta": ev.delta, "eval/delta_ci_low": ev.ci_low, "eval/delta_ci_high": ev.ci_high})
+        out.update(
+            {
+                "eval/reward_before": ev.before.reward,
+                "eval/reward_after": ev.after.reward,
+                "eval/delta": ev.delta,
+                "eval/delta_ci_low": ev.ci_low,
+                "eval/delta_ci_high": ev.ci_high,
+            }
+        )
     for phase, timing in run.timings.items():
         out[f"time/{phase}_s"] = timing.seconds
     return out

@@ -44,8 +44,10 @@ class Task:
         if self.reward_weights is not None:
             object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
             if len(self.reward_weights) != len(self.reward_funcs):
-                raise ValueError(f"task {self.name!r}: number of reward weights ({len(self.reward_weights)}) must "
-                                 f"match number of reward functions ({len(self.reward_funcs)})")
+                raise ValueError(
+                    f"task {self.name!r}: number of reward weights ({len(self.reward_weights)}) must "
+                    f"match number of reward functions ({len(self.reward_funcs)})"
+                )
             if not all(math.isfinite(w) for w in self.reward_weights):
                 raise ValueError(f"task {self.name!r}: reward weights must be finite, got {self.reward_weights}")
 

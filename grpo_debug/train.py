@@ -37,20 +37,39 @@ from .evaluation import eval_prompts, eval_side
 from .files import write_atomically
 from .step import GRPOStep, StepRun, metrics
 from .tracin.experiments import SELECTIONS, scores_for, select
-from .tracin.influence import (VAL_LOSSES, VAL_SOURCES, influence_scores, per_sample_train_gradients,
-                               validation_gradient, validation_pool, validation_set)
+from .tracin.influence import (
+    VAL_LOSSES,
+    VAL_SOURCES,
+    influence_scores,
+    per_sample_train_gradients,
+    validation_gradient,
+    validation_pool,
+    validation_set,
+)
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
-LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean",
-          "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm", "loss", "completions/mean_length",
-          "completions/clipped_ratio",  # TRL's names, from `step.metrics`; then this suite's
-          "logps/max_sampler_gap")
+LOGGED = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "grad_norm",
+    "loss",
+    "completions/mean_length",
+    "completions/clipped_ratio",  # TRL's names, from `step.metrics`; then this suite's
+    "logps/max_sampler_gap",
+)
 COMPARED = ("kl", "entropy", "completions/mean_length")  # step metrics compared with the first arm's at the end
 
 
 @dataclass(frozen=True)
 class Selection:
     """TracIn-selected GRPO: which samples of each step's batch the update keeps."""
+
     keep: str = "influence>0"  # tracin.experiments.SELECTIONS
     source: str = "random"  # VAL_SOURCES: random or top-k fresh samples, or the batch itself (PPO's step_part_I)
     size: int = 64  # random / topk: samples in the validation set (16 to 128)
@@ -59,16 +78,26 @@ class Selection:
     score: str = "tracin"  # SCORES: "tracin" (the SGD gradient dot product) or "adam" (the step AdamW takes)
 
     def __post_init__(self):
-        for name, allowed in (("keep", SELECTIONS), ("source", VAL_SOURCES), ("kind", VAL_LOSSES),
-                              ("score", ("tracin", "adam"))):
+        for name, allowed in (
+            ("keep", SELECTIONS),
+            ("source", VAL_SOURCES),
+            ("kind", VAL_LOSSES),
+            ("score", ("tracin", "adam")),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TracIn {name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 16 <= self.size <= 128:
             raise ValueError(f"TracIn validation size must be 16 to 128, got {self.size}")
 
 
-SELECTION_KEYS = {"select": "keep", "val_source": "source", "val_size": "size", "val_kind": "kind",
-                  "flip_sign": "flip_sign", "score": "score"}  # arm keys -> Selection fields
+SELECTION_KEYS = {
+    "select": "keep",
+    "val_source": "source",
+    "val_size": "size",
+    "val_kind": "kind",
+    "flip_sign": "flip_sign",
+    "score": "score",
+}  # arm keys -> Selection fields
 
 
 @dataclass(frozen=True)
@@ -82,8 +111,11 @@ class Arm:
         return base.with_preset(self.preset).replace(**dict(self.changes))
 
     def describe(self) -> dict:
-        return {"preset": self.preset, "changes": dict(self.changes),
-                "selection": dataclasses.asdict(self.selection) if self.selection else None}
+        return {
+            "preset": self.preset,
+            "changes": dict(self.changes),
+            "selection": dataclasses.asdict(self.selection) if self.selection else None,
+        }
 
 
 # the named arms: the pitfalls that change the gradient, one at a time, and TracIn-selected GRPO as the seeds ran it
@@ -112,6 +144,7 @@ assert tuple(ARMS) == ARM_NAMES, "choices.ARM_NAMES lists the named arms for the
 def _selection_value(text: str, key: str, value: str):
     """A TracIn arm value, read by the rules `--set` reads a StepConfig value by."""
     from .config import _FALSE, _TRUE
+
     if key == "flip_sign":
         if value.lower() not in _TRUE + _FALSE:
             raise ValueError(f"arm {text!r}: flip_sign = {value!r} is not allowed: it must be true or false")
@@ -132,16 +165,18 @@ def parse_arm(text: str) -> Arm:
         raise ValueError(f"arm {text!r} has no name: NAME[:key=value,...]")
     pairs = [p for p in rest.split(",") if p] if rest else []
     if name not in ARMS and not pairs:
-        raise ValueError(f"arm {name!r} is not a named arm ({', '.join(ARMS)}); a new arm names its changes: "
-                         f"{name}:key=value,...")
+        raise ValueError(
+            f"arm {name!r} is not a named arm ({', '.join(ARMS)}); a new arm names its changes: {name}:key=value,..."
+        )
     arm = ARMS.get(name, Arm(name))
     if any("=" not in p for p in pairs):
         raise ValueError(f"arm {text!r}: each change is key=value, got {rest!r}")
     raw = dict(p.split("=", 1) for p in pairs)
     owned = sorted(set(raw) & {"seed", "prompt_offset"})
     if owned:
-        raise ValueError(f"arm {text!r}: {owned} are set by train for every step (paired seeds and prompts), "
-                         "not by an arm")
+        raise ValueError(
+            f"arm {text!r}: {owned} are set by train for every step (paired seeds and prompts), not by an arm"
+        )
     preset = raw.pop("preset", arm.preset)
     picked = {SELECTION_KEYS[k]: raw.pop(k) for k in list(raw) if k in SELECTION_KEYS}
     changes = {**dict(arm.changes), **parse_overrides([f"{k}={v}" for k, v in raw.items()])}
@@ -171,8 +206,11 @@ def influence(step: GRPOStep, run: StepRun, sel: Selection) -> tuple[torch.Tenso
         val = validation_set(run, sel.source, sel.size, pool)
     val_loss, val_grad = validation_gradient(step.policy, val, cfg, sel.kind, sel.flip_sign)
     train = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
-    scores = influence_scores(train, val_grad) if sel.score == "tracin" else \
-        scores_for(train.gradients(), val_grad, cfg, sel.score)
+    scores = (
+        influence_scores(train, val_grad)
+        if sel.score == "tracin"
+        else scores_for(train.gradients(), val_grad, cfg, sel.score)
+    )
     return scores, val_loss
 
 
@@ -212,8 +250,10 @@ class Progress:
         if lines and lines[0] != {"header": header}:
             raise ValueError(f"{self.path} holds another comparison ({lines[0]}); remove it or pick another path")
         if not lines and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
-            raise ValueError(f"{self.path} is empty or missing but {self.ckpt_dir} holds checkpoints: the records "
-                             "they belong to are lost; remove both to start over")
+            raise ValueError(
+                f"{self.path} is empty or missing but {self.ckpt_dir} holds checkpoints: the records "
+                "they belong to are lost; remove both to start over"
+            )
         self.records = lines[1:]
         if not lines:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,10 +290,13 @@ class Progress:
         with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
         path = self.checkpoint(arm, seed)
         done = torch.load(path, weights_only=True)["step"] if path.exists() else 0
-        if done and not any(r["arm"] == arm and r["seed"] == seed and r["step"] == done and "eval" in r
-                            for r in self.records):
-            raise ValueError(f"{path} was taken after step {done}, but {self.path} has no evaluation of {arm} seed "
-                             f"{seed} at that step: the two do not belong together; remove both to start over")
+        if done and not any(
+            r["arm"] == arm and r["seed"] == seed and r["step"] == done and "eval" in r for r in self.records
+        ):
+            raise ValueError(
+                f"{path} was taken after step {done}, but {self.path} has no evaluation of {arm} seed "
+                f"{seed} at that step: the two do not belong together; remove both to start over"
+            )
         stale = lambda r: r["arm"] == arm and r["seed"] == seed and (r["step"] > done or not done)
         if any(stale(r) for r in self.records):
             self.records = [r for r in self.records if not stale(r)]
@@ -267,8 +310,11 @@ class Progress:
 
     def save(self, step: GRPOStep, arm: str, seed: int, t: int) -> None:
         self.ckpt_dir.mkdir(exist_ok=True)
-        state = {"step": t, "policy": step.policy.state_dict(),
-                 "optimizer": step.optimizer.state_dict() if step.optimizer else None}
+        state = {
+            "step": t,
+            "policy": step.policy.state_dict(),
+            "optimizer": step.optimizer.state_dict() if step.optimizer else None,
+        }
         write_atomically(self.checkpoint(arm, seed), lambda f: torch.save(state, f), binary=True)
 
     def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
@@ -277,8 +323,17 @@ class Progress:
         step.start_from_current_weights(state["optimizer"])
 
 
-def run_arm(arm: Arm, seed: int, base: StepConfig, steps: int, eval_every: int, eval_prompts_n: int,
-            train_prompts: int, progress: Progress, bar) -> None:
+def run_arm(
+    arm: Arm,
+    seed: int,
+    base: StepConfig,
+    steps: int,
+    eval_every: int,
+    eval_prompts_n: int,
+    train_prompts: int,
+    progress: Progress,
+    bar,
+) -> None:
     step = GRPOStep(arm.config(base))
     done = progress.resume_point(arm.name, seed)
     if done:
@@ -295,9 +350,19 @@ def run_arm(arm: Arm, seed: int, base: StepConfig, steps: int, eval_every: int, 
         bar.update(1)
 
 
-def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = None, eval_every: int = 5,
-          eval_prompts_n: int = 32, train_prompts: int = 128, progress_path: str | Path = "train.progress.jsonl",
-          show_progress: bool = True, keep_progress: bool = False, first_seed: int = 0) -> dict:
+def train(
+    arms: list[Arm],
+    steps: int,
+    seeds: int,
+    base: StepConfig | None = None,
+    eval_every: int = 5,
+    eval_prompts_n: int = 32,
+    train_prompts: int = 128,
+    progress_path: str | Path = "train.progress.jsonl",
+    show_progress: bool = True,
+    keep_progress: bool = False,
+    first_seed: int = 0,
+) -> dict:
     """Every arm for `steps` steps and `seeds` seeds, first_seed .. first_seed + seeds - 1 (resuming from
     `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
     unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`)."""
@@ -305,21 +370,32 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
     if len({a.name for a in arms}) != len(arms):
         raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
     if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
-        raise ValueError(f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
-                         f"{eval_every}, {first_seed}")
+        raise ValueError(
+            f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
+            f"{eval_every}, {first_seed}"
+        )
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
     from .task import load_task
+
     task = load_task(base.task)  # its prompt sets must hold what the run asks for, before any model loads
-    for prompt_set, needed, flag in (("train", train_prompts, "--train-prompts"), ("test", eval_prompts_n, "--eval-prompts")):
+    for prompt_set, needed, flag in (
+        ("train", train_prompts, "--train-prompts"),
+        ("test", eval_prompts_n, "--eval-prompts"),
+    ):
         try:
             task.prompts(prompt_set, needed)
         except ValueError as e:
             raise ValueError(f"{flag} {needed}: {e}") from None
-    header = {"base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
-              "arms": {a.name: a.describe() for a in arms}, "eval_every": eval_every,
-              "eval_prompts": eval_prompts_n, "train_prompts": train_prompts, "seed_stride": TRAIN_SEED_STRIDE,
-              **({"first_seed": first_seed} if first_seed else {})}
+    header = {
+        "base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
+        "arms": {a.name: a.describe() for a in arms},
+        "eval_every": eval_every,
+        "eval_prompts": eval_prompts_n,
+        "train_prompts": train_prompts,
+        "seed_stride": TRAIN_SEED_STRIDE,
+        **({"first_seed": first_seed} if first_seed else {}),
+    }
     lock = _lock(Path(f"{progress_path}.lock"))
     progress = Progress(progress_path, header)
     for arm in arms:
@@ -327,10 +403,17 @@ def train(arms: list[Arm], steps: int, seeds: int, base: StepConfig | None = Non
             with tqdm(total=steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
                 run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar)
     order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
-    records = sorted((r for r in progress.records if r["step"] <= steps),
-                     key=lambda r: (order[r["arm"]], r["seed"], r["step"], "eval" in r))
-    results = {**header, "steps": steps, "seeds": seeds, "records": records,
-               "summary": summarize(records, [a.name for a in arms], seeds, steps)}
+    records = sorted(
+        (r for r in progress.records if r["step"] <= steps),
+        key=lambda r: (order[r["arm"]], r["seed"], r["step"], "eval" in r),
+    )
+    results = {
+        **header,
+        "steps": steps,
+        "seeds": seeds,
+        "records": records,
+        "summary": summarize(records, [a.name for a in arms], seeds, steps),
+    }
     if not keep_progress:
         progress.remove()
     lock.close()
@@ -352,22 +435,27 @@ def _lock(path: Path):
     """An exclusive lock on `path` for this process's life (released when it ends, however it ends): a second
     run on the same output is refused instead of interleaving its records with the first's."""
     import fcntl
+
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = path.open("w")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RuntimeError(f"another train run holds {path}: it writes the same output; wait for it or pick "
-                           "another --json") from None
+        raise RuntimeError(
+            f"another train run holds {path}: it writes the same output; wait for it or pick another --json"
+        ) from None
     return handle
 
 
 # ---- intervals (grpo_debug.stats): seeds are the unit, crossed with the test prompts
 
+
 def eval_table(records: list[dict], arm: str, seeds: int, step: int) -> torch.Tensor | None:
     """(seeds, prompts) the held-out reward per test prompt at `step`, rows in seed order."""
-    rows = {r["seed"]: r["eval"]["per_prompt"] for r in records if "eval" in r and r["arm"] == arm and r["step"] == step}
+    rows = {
+        r["seed"]: r["eval"]["per_prompt"] for r in records if "eval" in r and r["arm"] == arm and r["step"] == step
+    }
     return torch.tensor([rows[s] for s in sorted(rows)], dtype=torch.float64) if len(rows) == seeds else None
 
 
@@ -376,8 +464,18 @@ def last_steps_mean(records: list[dict], arm: str, seeds: int, key: str, first: 
     ids = sorted({r["seed"] for r in records if r["arm"] == arm})
     if len(ids) != seeds:
         return None
-    rows = [[r[key] for r in records if r["arm"] == arm and r["seed"] == s and first <= r["step"] <= last
-             and "eval" not in r and r.get(key) is not None] for s in ids]
+    rows = [
+        [
+            r[key]
+            for r in records
+            if r["arm"] == arm
+            and r["seed"] == s
+            and first <= r["step"] <= last
+            and "eval" not in r
+            and r.get(key) is not None
+        ]
+        for s in ids
+    ]
     return torch.tensor([sum(v) / len(v) for v in rows], dtype=torch.float64) if all(rows) else None
 
 
@@ -397,8 +495,16 @@ def family(intervals: dict[str, stats.Interval], what: str) -> dict[str, dict]:
     are computed at `stats.bonferroni_level` of the family's size by the caller, so a verdict never
     contradicts its interval."""
     adjusted = stats.holm([i.p_value for i in intervals.values()])
-    return {name: {**i.as_dict(), "holm_p": p, "family": what, "family_size": len(intervals),
-                   "verdict": stats.verdict(i, what, p)} for (name, i), p in zip(intervals.items(), adjusted)}
+    return {
+        name: {
+            **i.as_dict(),
+            "holm_p": p,
+            "family": what,
+            "family_size": len(intervals),
+            "verdict": stats.verdict(i, what, p),
+        }
+        for (name, i), p in zip(intervals.items(), adjusted)
+    }
 
 
 def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> dict:
@@ -411,16 +517,25 @@ def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> d
     tables = {arm: (eval_table(records, arm, seeds, 0), eval_table(records, arm, seeds, steps)) for arm in arms}
     done = [a for a in arms if tables[a][1] is not None]
     window = (steps - max(1, steps // 4) + 1, steps)
-    out = {arm: {"reward_start": stats.crossed_interval(tables[arm][0]).mean if tables[arm][0] is not None else None,
-                 "reward_final": stats.crossed_interval(tables[arm][1]).as_dict()} for arm in done}
+    out = {
+        arm: {
+            "reward_start": stats.crossed_interval(tables[arm][0]).mean if tables[arm][0] is not None else None,
+            "reward_final": stats.crossed_interval(tables[arm][1]).as_dict(),
+        }
+        for arm in done
+    }
     with_start = [a for a in done if tables[a][0] is not None]
     level = stats.bonferroni_level(len(with_start))
-    changes = family({a: stats.crossed_interval(tables[a][1] - tables[a][0], level) for a in with_start},
-                     "change of the held-out reward from step 0")
+    changes = family(
+        {a: stats.crossed_interval(tables[a][1] - tables[a][0], level) for a in with_start},
+        "change of the held-out reward from step 0",
+    )
     compared = [a for a in others if a in done and tables[ref][1] is not None]
     level = stats.bonferroni_level(len(compared))
-    minus = family({a: stats.crossed_interval(tables[a][1] - tables[ref][1], level) for a in compared},
-                   f"held-out reward minus {ref}")
+    minus = family(
+        {a: stats.crossed_interval(tables[a][1] - tables[ref][1], level) for a in compared},
+        f"held-out reward minus {ref}",
+    )
     metrics = {}
     for key in COMPARED:
         pairs = {a: [last_steps_mean(records, x, seeds, key, *window) for x in (a, ref)] for a in compared}
@@ -460,13 +575,13 @@ def metric_curve(results: dict, arm: str, key: str) -> list[dict]:
     for step, values in sorted(by_step.items()):
         x = torch.tensor(values, dtype=torch.float64)
         i = stats.crossed_interval(x) if key == "eval/reward" else stats.seed_interval(x)
-        rows.append({"arm": arm, "step": step, "mean": i.mean, "low": i.ci_low, "high": i.ci_high,
-                     "seeds": i.n_seeds})
+        rows.append({"arm": arm, "step": step, "mean": i.mean, "low": i.ci_low, "high": i.ci_high, "seeds": i.n_seeds})
     return rows
 
 
-def paired_difference(results: dict, arm: str, other: str, step: int | None = None,
-                      level: float = stats.LEVEL) -> stats.Interval:
+def paired_difference(
+    results: dict, arm: str, other: str, step: int | None = None, level: float = stats.LEVEL
+) -> stats.Interval:
     """The held-out reward of `arm` minus `other` at `step` (default: the last), paired by seed and test
     prompt, with its interval (`stats.crossed_interval`)."""
     step = results["steps"] if step is None else step
@@ -521,8 +636,12 @@ def select_arms(results: dict, arms: list[str]) -> dict:
     if missing:
         raise ValueError(f"no arm {missing} in these results (arms: {list(results['arms'])})")
     records = [r for r in results["records"] if r["arm"] in arms]
-    return {**results, "arms": {a: results["arms"][a] for a in arms}, "records": records,
-            "summary": summarize(records, arms, results["seeds"], results["steps"])}
+    return {
+        **results,
+        "arms": {a: results["arms"][a] for a in arms},
+        "records": records,
+        "summary": summarize(records, arms, results["seeds"], results["steps"]),
+    }
 
 
 def merge_results(first: dict, second: dict) -> dict:
@@ -538,5 +657,10 @@ def merge_results(first: dict, second: dict) -> dict:
             raise ValueError(f"arm {arm!r} logged other numbers in the two runs: not the same arm")
     arms = {**first["arms"], **{a: d for a, d in second["arms"].items() if a not in shared}}
     records = first["records"] + [r for r in second["records"] if r["arm"] not in shared]
-    return {**first, "arms": arms, "records": records, "command": [first.get("command"), second.get("command")],
-            "summary": summarize(records, list(arms), first["seeds"], first["steps"])}
+    return {
+        **first,
+        "arms": arms,
+        "records": records,
+        "command": [first.get("command"), second.get("command")],
+        "summary": summarize(records, list(arms), first["seeds"], first["steps"]),
+    }

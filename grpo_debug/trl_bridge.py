@@ -23,10 +23,26 @@ from .task import Task, load_task
 
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
 # StepConfig fields that are GRPOConfig fields of the same name
-SAME_NAME = ("beta", "loss_type", "epsilon_high", "scale_rewards", "delta", "importance_sampling_level",
-             "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef", "sapo_temperature_pos",
-             "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
-             "mask_truncated_completions", "num_iterations", "gradient_accumulation_steps")
+SAME_NAME = (
+    "beta",
+    "loss_type",
+    "epsilon_high",
+    "scale_rewards",
+    "delta",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+    "entropy_coef",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "mask_truncated_completions",
+    "num_iterations",
+    "gradient_accumulation_steps",
+)
 # StepConfig fields that TRL has a switch for (translated in `grpo_config`); the rest of the preset fields
 # are fixed in TRL, to the `trl` preset's value, and `position_ids` is this module's trainer class. The
 # sampler correction acts in TRL only with vLLM, which this bridge does not run.
@@ -36,8 +52,7 @@ TRL_SWITCHES = SAME_NAME + ("dropout", "dtype", "kl_estimator", "epsilon_low", "
 def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
     """The settings of `cfg` that TRL cannot express: pitfalls that exist only in grpo-debug."""
     trl = StepConfig.preset("trl")
-    out = {k: getattr(cfg, k) for k in PRESET_FIELDS
-           if k not in TRL_SWITCHES and getattr(cfg, k) != getattr(trl, k)}
+    out = {k: getattr(cfg, k) for k in PRESET_FIELDS if k not in TRL_SWITCHES and getattr(cfg, k) != getattr(trl, k)}
     if cfg.loss_type not in TRL_LOSS_TYPES:
         out["loss_type"] = cfg.loss_type
     if cfg.kl_estimator not in TRL_KL_ESTIMATORS:
@@ -52,6 +67,7 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
 def prompt_dataset(cfg: StepConfig, task: Task | None = None):
     """The step's prompts (the task's train prompts prompt_offset..prompt_offset+B-1) as TRL's `train_dataset`."""
     from datasets import Dataset
+
     task = task or load_task(cfg.task)
     offset = cfg.prompt_offset
     return Dataset.from_dict({"prompt": task.prompts("train", offset + cfg.num_prompts)[offset:]})
@@ -63,16 +79,32 @@ def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
     if unsupported:
         raise ValueError(f"TRL has no switch for {unsupported}: these pitfalls exist only in grpo-debug")
     args = dict(
-        output_dir=output_dir, use_cpu=True, bf16=cfg.dtype == "bfloat16", report_to="none", save_strategy="no",
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=cfg.dtype == "bfloat16",
+        report_to="none",
+        save_strategy="no",
         per_device_train_batch_size=cfg.num_prompts * cfg.num_generations // cfg.micro_batches,
-        steps_per_generation=cfg.micro_batches, num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        **{k: getattr(cfg, k) for k in SAME_NAME}, epsilon=cfg.epsilon_low,
+        steps_per_generation=cfg.micro_batches,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        **{k: getattr(cfg, k) for k in SAME_NAME},
+        epsilon=cfg.epsilon_low,
         use_bias_correction_kl=cfg.kl_estimator == "k3_corrected",
-        learning_rate=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
-        disable_dropout=not cfg.dropout, gradient_checkpointing=False, seed=cfg.seed,
+        learning_rate=cfg.learning_rate,
+        max_grad_norm=cfg.max_grad_norm,
+        weight_decay=cfg.weight_decay,
+        disable_dropout=not cfg.dropout,
+        gradient_checkpointing=False,
+        seed=cfg.seed,
         max_steps=cfg.num_iterations * cfg.micro_batches // cfg.gradient_accumulation_steps,
-        logging_steps=1, dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0)
+        logging_steps=1,
+        dataloader_num_workers=0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    )
     args.update(overrides)
     return GRPOConfig(**args)
 
@@ -106,12 +138,15 @@ def trl_trainer(cfg: StepConfig, output_dir: str, task: Task | None = None, **ov
     and the step's prompts: `PositionIdsGRPOTrainer` when `cfg.position_ids` (the `fixed` preset), TRL's own
     `GRPOTrainer` when not (the `trl` preset)."""
     from .model import load_model
+
     loaded = load_model(cfg.model)
     task = task or load_task(cfg.task)
     trainer_class = PositionIdsGRPOTrainer if cfg.position_ids else GRPOTrainer
     weights = {} if task.reward_weights is None else {"reward_weights": list(task.reward_weights)}
-    return trainer_class(model=loaded.name, reward_funcs=list(task.reward_funcs),
-                         args=grpo_config(cfg, output_dir, **{**weights, **overrides}),
-                         train_dataset=prompt_dataset(cfg, task), processing_class=loaded.tokenizer)
-
-
+    return trainer_class(
+        model=loaded.name,
+        reward_funcs=list(task.reward_funcs),
+        args=grpo_config(cfg, output_dir, **{**weights, **overrides}),
+        train_dataset=prompt_dataset(cfg, task),
+        processing_class=loaded.tokenizer,
+    )

@@ -49,14 +49,16 @@ def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) 
     if scoring.position_ids:
         inputs["position_ids"] = positions_from_mask(attention_mask)
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    with _mode(model, scoring.dropout), torch.autocast("cpu", dtype=torch.bfloat16,
-                                                       enabled=scoring.dtype == "bfloat16"):
+    with (
+        _mode(model, scoring.dropout),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"),
+    ):
         if fused:
             labels = input_ids.masked_fill(attention_mask == 0, -100)
             labels[:, :-C] = -100
             out = model(**inputs, labels=labels, fused_lm_head=True)
             return out.log_probs[:, -C:].float(), out.entropy[:, -C:].float().detach()
-        logits = model(**inputs).logits[:, P - 1:P + C - 1]
+        logits = model(**inputs).logits[:, P - 1 : P + C - 1]
     return token_logps(logits, rollout.completion_ids, scoring), token_entropies(logits, scoring)
 
 
@@ -75,10 +77,21 @@ def mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def trl_step(model, rollout: Rollout, mask: torch.Tensor, advantages: torch.Tensor, scoring: Scoring,
-             loss: LossSpec, micro_batches: list[list[int]], *, old_logps: torch.Tensor | None = None,
-             ref_logps: torch.Tensor | None = None, rng_states: list[torch.Tensor] | None = None,
-             max_grad_norm: float = 1.0, fused: bool = False) -> TRLStep:
+def trl_step(
+    model,
+    rollout: Rollout,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    scoring: Scoring,
+    loss: LossSpec,
+    micro_batches: list[list[int]],
+    *,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    rng_states: list[torch.Tensor] | None = None,
+    max_grad_norm: float = 1.0,
+    fused: bool = False,
+) -> TRLStep:
     """The optimizer step over `micro_batches` (rows of the generation batch, in TRL's order). `mask` (N, C) is
     the loss mask, `advantages` (N,), `old_logps` (N, C) pi_old (None: each micro-batch's own, detached, as TRL
     without pi_old), `ref_logps` (N, C) when beta != 0, `rng_states` the random state of each forward (dropout),
@@ -92,13 +105,25 @@ def trl_step(model, rollout: Rollout, mask: torch.Tensor, advantages: torch.Tens
         if rng_states is not None and scoring.dropout:
             torch.set_rng_state(rng_states[j].clone())  # a view with an offset is read from its start
         lp, entropies = trl_forward(model, rollout.rows(rows), scoring, fused)
-        weights = loss_weights(mask[rows], loss.loss_type, loss.max_completion_length, num_items_in_batch=num_items,
-                               gradient_accumulation_steps=loss.gradient_accumulation_steps,
-                               steps_per_generation=loss.steps_per_generation)
-        part = compute_loss(lp, None if old_logps is None else old_logps[rows],
-                            None if ref_logps is None or loss.beta == 0 else ref_logps[rows], advantages[rows],
-                            mask[rows], entropies=entropies, weights=weights,
-                            entropy_tokens=mask[rows].sum().clamp(min=1.0), **loss.kwargs())
+        weights = loss_weights(
+            mask[rows],
+            loss.loss_type,
+            loss.max_completion_length,
+            num_items_in_batch=num_items,
+            gradient_accumulation_steps=loss.gradient_accumulation_steps,
+            steps_per_generation=loss.steps_per_generation,
+        )
+        part = compute_loss(
+            lp,
+            None if old_logps is None else old_logps[rows],
+            None if ref_logps is None or loss.beta == 0 else ref_logps[rows],
+            advantages[rows],
+            mask[rows],
+            entropies=entropies,
+            weights=weights,
+            entropy_tokens=mask[rows].sum().clamp(min=1.0),
+            **loss.kwargs(),
+        )
         part.loss.backward()
         value += part.loss.item()
         parts.append(part.metrics)
@@ -106,5 +131,10 @@ def trl_step(model, rollout: Rollout, mask: torch.Tensor, advantages: torch.Tens
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     model.zero_grad(set_to_none=True)
-    return TRLStep(loss=value, grad_norm=grad_norm, metrics=mean_metrics(parts), logps=logps,
-                   micro_batches=tuple(tuple(r) for r in micro_batches))
+    return TRLStep(
+        loss=value,
+        grad_norm=grad_norm,
+        metrics=mean_metrics(parts),
+        logps=logps,
+        micro_batches=tuple(tuple(r) for r in micro_batches),
+    )

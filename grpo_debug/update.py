@@ -45,6 +45,7 @@ class Optimization:
 @dataclass(frozen=True)
 class Iteration:
     """One pass of the optimizer over the rollout (one of TRL's num_iterations)."""
+
     logps: torch.Tensor  # (N, C) the log-probs this pass took its loss on, detached
     entropies: torch.Tensor  # (N, C)
     ratio: torch.Tensor  # (N, C) per-token pi / pi_old
@@ -70,8 +71,11 @@ class StepResult:
 
 
 def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optimization.learning_rate,
-                             weight_decay=optimization.weight_decay)
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optimization.learning_rate,
+        weight_decay=optimization.weight_decay,
+    )
 
 
 def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]]:
@@ -81,39 +85,89 @@ def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]
     return [part.tolist() for part in parts if len(part)]
 
 
-def _chunk(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
-           loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool, old_logps, sampler_ratio,
-           entropy_tokens, sampler_logps=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _chunk(
+    model,
+    rollout: Rollout,
+    logprobs: TokenLogProbs,
+    advantages: torch.Tensor,
+    scoring: Scoring,
+    loss: LossSpec,
+    rows: list[int],
+    weights: torch.Tensor,
+    fast: bool,
+    old_logps,
+    sampler_ratio,
+    entropy_tokens,
+    sampler_logps=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """These rows' share of their micro-batch's loss (its normalisation `weights`, (N, C)), gradients
     flowing, and their (rows, C) log-probs and entropies."""
-    logps, entropies = score_rows_and_entropies(model, rollout.rows(rows), scoring, fast,
-                                                entropy_grad=loss.entropy_coef != 0)
-    part = compute_loss(logps, None if old_logps is None else old_logps[rows], logprobs.reference[rows],
-                        advantages[rows], logprobs.mask[rows], entropies=entropies,
-                        sampler_ratio=None if sampler_ratio is None else sampler_ratio[rows],
-                        sampler_logps=None if sampler_logps is None else sampler_logps[rows],
-                        weights=weights[rows], entropy_tokens=entropy_tokens, **loss.kwargs())
+    logps, entropies = score_rows_and_entropies(
+        model, rollout.rows(rows), scoring, fast, entropy_grad=loss.entropy_coef != 0
+    )
+    part = compute_loss(
+        logps,
+        None if old_logps is None else old_logps[rows],
+        logprobs.reference[rows],
+        advantages[rows],
+        logprobs.mask[rows],
+        entropies=entropies,
+        sampler_ratio=None if sampler_ratio is None else sampler_ratio[rows],
+        sampler_logps=None if sampler_logps is None else sampler_logps[rows],
+        weights=weights[rows],
+        entropy_tokens=entropy_tokens,
+        **loss.kwargs(),
+    )
     return part.loss, logps.detach(), entropies.detach()
 
 
-def chunk_loss(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
-               loss: LossSpec, rows: list[int], weights: torch.Tensor, fast: bool = True, *,
-               old_logps: torch.Tensor | None = None, sampler_ratio: torch.Tensor | None = None,
-               entropy_tokens: float | None = None, sampler_logps: torch.Tensor | None = None) -> torch.Tensor:
+def chunk_loss(
+    model,
+    rollout: Rollout,
+    logprobs: TokenLogProbs,
+    advantages: torch.Tensor,
+    scoring: Scoring,
+    loss: LossSpec,
+    rows: list[int],
+    weights: torch.Tensor,
+    fast: bool = True,
+    *,
+    old_logps: torch.Tensor | None = None,
+    sampler_ratio: torch.Tensor | None = None,
+    entropy_tokens: float | None = None,
+    sampler_logps: torch.Tensor | None = None,
+) -> torch.Tensor:
     """These rows' share of the loss whose normalisation is `weights` (N, C), gradients flowing."""
-    return _chunk(model, rollout, logprobs, advantages, scoring, loss, rows, weights, fast, old_logps,
-                  sampler_ratio, entropy_tokens, sampler_logps)[0]
+    return _chunk(
+        model,
+        rollout,
+        logprobs,
+        advantages,
+        scoring,
+        loss,
+        rows,
+        weights,
+        fast,
+        old_logps,
+        sampler_ratio,
+        entropy_tokens,
+        sampler_logps,
+    )[0]
 
 
-def per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows=None,
-                     **context) -> torch.Tensor:
+def per_sample_norms(
+    model, rollout, logprobs, advantages, scoring, loss, weights, rows=None, **context
+) -> torch.Tensor:
     """(len(rows),) each sample's gradient norm of its share of the loss: one backward per sample (readable, slow)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norms = []
-    for i in (range(rollout.num_samples) if rows is None else rows):
+    for i in range(rollout.num_samples) if rows is None else rows:
         torch.manual_seed(DROPOUT_SEED + i)
-        grads = torch.autograd.grad(chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights,
-                                               fast=False, **context), params, allow_unused=True)
+        grads = torch.autograd.grad(
+            chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights, fast=False, **context),
+            params,
+            allow_unused=True,
+        )
         norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
     return torch.stack(norms).float()
 
@@ -127,19 +181,40 @@ class MicroBatch:
     per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
 
 
-def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int], *, old_logps=None,
-             sampler_ratio=None, sampler_logps=None, num_items_in_batch=None, norms: bool = False,
-             fast: bool = True) -> MicroBatch:
+def backward(
+    model,
+    rollout,
+    logprobs,
+    advantages,
+    scoring,
+    loss,
+    rows: list[int],
+    *,
+    old_logps=None,
+    sampler_ratio=None,
+    sampler_logps=None,
+    num_items_in_batch=None,
+    norms: bool = False,
+    fast: bool = True,
+) -> MicroBatch:
     """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time (the whole micro-batch
     at once under top_entropy_quantile < 1: its entropy quantile is over the micro-batch)."""
     mask = logprobs.mask
     weights = torch.zeros_like(mask)
-    weights[rows] = loss_weights(mask[rows], loss.loss_type, loss.max_completion_length,
-                                 num_items_in_batch=num_items_in_batch,
-                                 gradient_accumulation_steps=loss.gradient_accumulation_steps,
-                                 steps_per_generation=loss.steps_per_generation)
-    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps,
-                   entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0))
+    weights[rows] = loss_weights(
+        mask[rows],
+        loss.loss_type,
+        loss.max_completion_length,
+        num_items_in_batch=num_items_in_batch,
+        gradient_accumulation_steps=loss.gradient_accumulation_steps,
+        steps_per_generation=loss.steps_per_generation,
+    )
+    context = dict(
+        old_logps=old_logps,
+        sampler_ratio=sampler_ratio,
+        sampler_logps=sampler_logps,
+        entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
+    )
     pieces = [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
     hooked = norms and fast
     built = conv1d_weights(model) if hooked else []
@@ -147,8 +222,9 @@ def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int
     for piece in pieces:
         hooks = PerSampleGradients(model)
         with hooks.capture() if hooked else contextlib.nullcontext(), no_autograd_for(built):
-            share, lp, ent = _chunk(model, rollout, logprobs, advantages, scoring, loss, piece, weights, fast,
-                                    **context)
+            share, lp, ent = _chunk(
+                model, rollout, logprobs, advantages, scoring, loss, piece, weights, fast, **context
+            )
             share.backward()
         value += share.item()
         logps.append(lp)
@@ -156,43 +232,83 @@ def backward(model, rollout, logprobs, advantages, scoring, loss, rows: list[int
         if hooked:
             per_sample.append(norms_and_batch_gradient(hooks, built))
     if norms and not fast:
-        per_sample.append(per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows,
-                                           **context))
-    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies),
-                      torch.cat(per_sample) if per_sample else torch.tensor([]))
+        per_sample.append(
+            per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows, **context)
+        )
+    return MicroBatch(
+        rows, value, torch.cat(logps), torch.cat(entropies), torch.cat(per_sample) if per_sample else torch.tensor([])
+    )
 
 
-def micro_batch_losses(logps: torch.Tensor, entropies: torch.Tensor, logprobs: TokenLogProbs,
-                       advantages: torch.Tensor, loss: LossSpec, *, old_logps=None, sampler_ratio=None,
-                       sampler_logps=None, num_items_in_batch=None) -> list[LossBreakdown]:
+def micro_batch_losses(
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+    logprobs: TokenLogProbs,
+    advantages: torch.Tensor,
+    loss: LossSpec,
+    *,
+    old_logps=None,
+    sampler_ratio=None,
+    sampler_logps=None,
+    num_items_in_batch=None,
+) -> list[LossBreakdown]:
     """Each micro-batch's loss as `backward` takes it (its normalisation, its entropy quantile), from a
     pass's (N, C) log-probs and entropies, which may require grad; the model is not run."""
     mask, pick = logprobs.mask, lambda t, rows: None if t is None else t[rows]
     parts = []
     for rows in micro_batches(len(mask), loss.steps_per_generation):
-        weights = loss_weights(mask[rows], loss.loss_type, loss.max_completion_length,
-                               num_items_in_batch=num_items_in_batch,
-                               gradient_accumulation_steps=loss.gradient_accumulation_steps,
-                               steps_per_generation=loss.steps_per_generation)
-        parts.append(compute_loss(logps[rows], pick(old_logps, rows), logprobs.reference[rows], advantages[rows],
-                                  mask[rows], entropies=entropies[rows], sampler_ratio=pick(sampler_ratio, rows),
-                                  sampler_logps=pick(sampler_logps, rows), weights=weights,
-                                  entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
-                                  **loss.kwargs()))
+        weights = loss_weights(
+            mask[rows],
+            loss.loss_type,
+            loss.max_completion_length,
+            num_items_in_batch=num_items_in_batch,
+            gradient_accumulation_steps=loss.gradient_accumulation_steps,
+            steps_per_generation=loss.steps_per_generation,
+        )
+        parts.append(
+            compute_loss(
+                logps[rows],
+                pick(old_logps, rows),
+                logprobs.reference[rows],
+                advantages[rows],
+                mask[rows],
+                entropies=entropies[rows],
+                sampler_ratio=pick(sampler_ratio, rows),
+                sampler_logps=pick(sampler_logps, rows),
+                weights=weights,
+                entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
+                **loss.kwargs(),
+            )
+        )
     return parts
 
 
-def iteration_record(logps: torch.Tensor, entropies: torch.Tensor, losses: list[float], grad_norms: list[float],
-                     logprobs, advantages, loss: LossSpec, **context) -> Iteration:
+def iteration_record(
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+    losses: list[float],
+    grad_norms: list[float],
+    logprobs,
+    advantages,
+    loss: LossSpec,
+    **context,
+) -> Iteration:
     """What one pass did, recomputed from its detached (N, C) log-probs, micro-batch by micro-batch as TRL logs it."""
     parts = micro_batch_losses(logps, entropies, logprobs, advantages, loss, **context)
     cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
     keys = parts[0].metrics.keys()
-    return Iteration(logps=logps, entropies=entropies,
-                     ratio=cat("ratio"), importance_weight=cat("importance_weight"), clipped=cat("clipped"),
-                     trained=cat("trained"), per_token_loss=cat("per_token_loss"),
-                     losses=tuple(losses), grad_norms=tuple(grad_norms),
-                     metrics={k: sum(p.metrics[k] for p in parts) / len(parts) for k in keys})
+    return Iteration(
+        logps=logps,
+        entropies=entropies,
+        ratio=cat("ratio"),
+        importance_weight=cat("importance_weight"),
+        clipped=cat("clipped"),
+        trained=cat("trained"),
+        per_token_loss=cat("per_token_loss"),
+        losses=tuple(losses),
+        grad_norms=tuple(grad_norms),
+        metrics={k: sum(p.metrics[k] for p in parts) / len(parts) for k in keys},
+    )
 
 
 def token_gradients(it: Iteration, logprobs, advantages, loss: LossSpec, **context) -> tuple[torch.Tensor, ...]:
@@ -200,12 +316,15 @@ def token_gradients(it: Iteration, logprobs, advantages, loss: LossSpec, **conte
     receives, so two specs with equal token gradients take the same optimizer step."""
     logps, entropies = it.logps.clone().requires_grad_(True), it.entropies.clone().requires_grad_(True)
     total = sum(p.loss for p in micro_batch_losses(logps, entropies, logprobs, advantages, loss, **context))
-    return tuple(torch.zeros_like(x) if g is None else g
-                 for x, g in zip((logps, entropies), torch.autograd.grad(total, (logps, entropies), allow_unused=True)))
+    return tuple(
+        torch.zeros_like(x) if g is None else g
+        for x, g in zip((logps, entropies), torch.autograd.grad(total, (logps, entropies), allow_unused=True))
+    )
 
 
-def reevaluate_passes(result: StepResult, logprobs, advantages, before: tuple[LossSpec, dict],
-                      after: tuple[LossSpec, dict]) -> tuple[Iteration, ...] | None:
+def reevaluate_passes(
+    result: StepResult, logprobs, advantages, before: tuple[LossSpec, dict], after: tuple[LossSpec, dict]
+) -> tuple[Iteration, ...] | None:
     """The passes of `result` (taken under the loss spec and context `before`) recomputed under `after`
     from the log-probs each pass scored, without running the model; None where that is not exact.
     Pass k+1 scores the weights the first k passes left, which are the same when every earlier pass sends
@@ -218,21 +337,35 @@ def reevaluate_passes(result: StepResult, logprobs, advantages, before: tuple[Lo
     spec, context = after
     GA, passes = spec.gradient_accumulation_steps, []
     for k, it in enumerate(result.iterations):
-        values = [p.loss.item() for p in micro_batch_losses(it.logps, it.entropies, logprobs, advantages, spec,
-                                                            **context)]
-        losses = [sum(values[w:w + GA]) for w in range(0, len(values), GA)]
+        values = [
+            p.loss.item() for p in micro_batch_losses(it.logps, it.entropies, logprobs, advantages, spec, **context)
+        ]
+        losses = [sum(values[w : w + GA]) for w in range(0, len(values), GA)]
         last = k == len(result.iterations) - 1
         grad_norms = [float("nan")] * len(losses) if last else list(it.grad_norms)
-        passes.append(iteration_record(it.logps, it.entropies, losses, grad_norms, logprobs, advantages, spec,
-                                       **context))
+        passes.append(
+            iteration_record(it.logps, it.entropies, losses, grad_norms, logprobs, advantages, spec, **context)
+        )
     return tuple(passes)
 
 
-def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, scoring: Scoring,
-           loss: LossSpec, optimization: Optimization, *, old_logps: torch.Tensor | None = None,
-           sampler_ratio: torch.Tensor | None = None, sampler_logps: torch.Tensor | None = None,
-           num_iterations: int = 1, per_sample_grad_norms: bool = True, fast: bool = True,
-           optimizer: torch.optim.Optimizer | None = None) -> StepResult:
+def update(
+    model,
+    rollout: Rollout,
+    logprobs: TokenLogProbs,
+    advantages: torch.Tensor,
+    scoring: Scoring,
+    loss: LossSpec,
+    optimization: Optimization,
+    *,
+    old_logps: torch.Tensor | None = None,
+    sampler_ratio: torch.Tensor | None = None,
+    sampler_logps: torch.Tensor | None = None,
+    num_iterations: int = 1,
+    per_sample_grad_norms: bool = True,
+    fast: bool = True,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> StepResult:
     """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
     (N, C) or None (on-policy); `sampler_ratio` ((N, C) or (N, 1)) and `sampler_logps` (N, C) when the
     sampler correction is on. `optimizer`: an AdamW over the model's parameters carried from earlier
@@ -245,29 +378,58 @@ def update(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.T
     S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
     batches = micro_batches(rollout.num_samples, S)
     num_items = logprobs.mask.sum()
-    context = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps,
-                   num_items_in_batch=num_items)
+    context = dict(
+        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, num_items_in_batch=num_items
+    )
     torch.manual_seed(DROPOUT_SEED)
     iterations, norms = [], torch.tensor([])
     for it in range(num_iterations):
         passes, losses, grad_norms = [], [], []
         for window in range(0, S, GA):
             optimizer.zero_grad(set_to_none=True)
-            done = [backward(model, rollout, logprobs, advantages, scoring, loss, rows, norms=per_sample_grad_norms
-                             and it == 0, fast=fast, **context) for rows in batches[window:window + GA]]
+            done = [
+                backward(
+                    model,
+                    rollout,
+                    logprobs,
+                    advantages,
+                    scoring,
+                    loss,
+                    rows,
+                    norms=per_sample_grad_norms and it == 0,
+                    fast=fast,
+                    **context,
+                )
+                for rows in batches[window : window + GA]
+            ]
             grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
             optimizer.step()
             passes += done
             losses.append(sum(mb.value for mb in done))
         if it == 0 and per_sample_grad_norms:
             norms = torch.cat([mb.per_sample_grad_norms for mb in passes])
-        iterations.append(iteration_record(torch.cat([mb.logps for mb in passes]),
-                                           torch.cat([mb.entropies for mb in passes]), losses, grad_norms,
-                                           logprobs, advantages, loss, **context))
+        iterations.append(
+            iteration_record(
+                torch.cat([mb.logps for mb in passes]),
+                torch.cat([mb.entropies for mb in passes]),
+                losses,
+                grad_norms,
+                logprobs,
+                advantages,
+                loss,
+                **context,
+            )
+        )
     optimizer.zero_grad(set_to_none=True)
     update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
     first = iterations[0]
-    return StepResult(loss=first.losses[0], grad_norm=first.grad_norms[0],
-                      clipped=first.grad_norms[0] > max_norm, per_sample_grad_norms=norms, update_norm=update_norm,
-                      seconds=time.perf_counter() - start, iterations=tuple(iterations),
-                      optimizer_steps=num_iterations * (S // GA))
+    return StepResult(
+        loss=first.losses[0],
+        grad_norm=first.grad_norms[0],
+        clipped=first.grad_norms[0] > max_norm,
+        per_sample_grad_norms=norms,
+        update_norm=update_norm,
+        seconds=time.perf_counter() - start,
+        iterations=tuple(iterations),
+        optimizer_steps=num_iterations * (S // GA),
+    )

@@ -57,6 +57,21 @@ for prompt, truth in examples:
     print(prompt + "|" + truth)
 
 # %% [markdown]
+# ## The whole step in one function
+#
+# Notebooks 01-06 take one GRPO step apart, one phase each. Here is the same step in one piece, the
+# function to keep open beside them: each line is one phase, called with tensors and the plain settings
+# `grpo_debug/specs.py` reads from the config. The `step` object the notebooks use computes the same
+# numbers bit for bit (`tests/test_reference_step.py`); it only keeps each phase's result and re-runs
+# just the phases a change touches.
+
+# %%
+from grpo_debug.notebook import show_source
+from grpo_debug.reference_step import grpo_step
+
+show_source(grpo_step)
+
+# %% [markdown]
 # ## Baseline: mean reward on held-out prompts
 #
 # The task's held-out test prompts, a few samples each at the step's temperature (printed below). The
@@ -64,6 +79,7 @@ for prompt, truth in examples:
 
 # %%
 import pandas as pd
+
 from grpo_debug.evaluation import eval_side
 
 task = step.task  # prompt sets and reward functions: the bundled RookWorld task unless CAPTURE/TASK say otherwise

@@ -27,6 +27,7 @@
 # %%
 from grpo_debug.notebook import show_source
 from grpo_debug.rollout import sample
+
 show_source(sample)
 
 # %%
@@ -48,6 +49,7 @@ print(f"{r.num_samples} samples = {len(r.prompts)} prompts x {r.num_generations}
 
 # %%
 import pandas as pd
+
 table = pd.DataFrame({"group": [i // r.num_generations for i in range(r.num_samples)],
                       "task": [r.prompts[i // r.num_generations][:2] for i in range(r.num_samples)],
                       "length": r.completion_lengths.tolist(), "finished": r.finished.tolist(),

@@ -41,10 +41,12 @@
 # %%
 from grpo_debug.logprobs import completion_logits, per_token_logps, token_logps
 from grpo_debug.notebook import show_source
+
 show_source(per_token_logps, completion_logits, token_logps)
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -82,6 +84,7 @@ table
 
 # %%
 from grpo_debug.ui import plots
+
 plots.gap_by_toggle(table["logps/max_sampler_gap"].to_dict())
 
 # %%

@@ -28,6 +28,7 @@
 # %%
 from grpo_debug.notebook import show_source
 from grpo_debug.rewards import compute_rewards
+
 show_source(compute_rewards)
 
 # %%
@@ -44,6 +45,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, 
 # %%
 run = step.run(cfg, until="rewards")
 from grpo_debug.ui.tables import per_sample
+
 table = per_sample(run)
 if CAPTURE is None:  # the bundled chess task's component weights
     from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
@@ -53,6 +55,7 @@ table[["group", "completion", "reward", *[c for c in table.columns if c.startswi
 
 # %%
 from grpo_debug.ui import plots
+
 plots.rewards_per_group(run.rewards, cfg.num_generations)
 
 # %% [markdown]
@@ -60,6 +63,7 @@ plots.rewards_per_group(run.rewards, cfg.num_generations)
 
 # %%
 import pandas as pd
+
 from grpo_debug.chess.data import load_split, policy_example
 from grpo_debug.chess.engine import PositionAnalysis
 from grpo_debug.chess.rewards import score_policy
@@ -84,6 +88,7 @@ pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_p
 
 # %%
 import chess
+
 from grpo_debug.chess.engine import Stockfish
 
 with Stockfish(depth=8) as engine:

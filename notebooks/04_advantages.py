@@ -42,10 +42,12 @@ assert sums.abs().max() < 1e-4
 
 # %%
 from grpo_debug.ui import plots
+
 plots.advantages_bars(adv, cfg.num_generations)
 
 # %%
 from grpo_debug.ui.tables import compare_variants
+
 scales = compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "batch"},
                                  "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
                           until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",
@@ -74,6 +76,7 @@ assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_gr
 # %%
 import pandas as pd
 import torch
+
 from grpo_debug.loss import loss_weights
 
 lp_mask = step.run(cfg, until="logprobs").logprobs.mask

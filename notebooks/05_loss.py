@@ -24,6 +24,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -39,11 +40,13 @@ from grpo_debug.notebook import open_step
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 run = step.run(cfg, until="loss")
 import torch
+
 assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
 print(f"grpo loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
 
 # %%
 from grpo_debug.ui.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
+
 variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
 table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy", "loss/kl"])
 for name, changes in variants.items():
@@ -79,7 +82,9 @@ if CAPTURE is None:  # the bundled step's completions differ in length, so dapo'
 
 # %%
 import pandas as pd
+
 from grpo_debug.loss import kl_estimator_check
+
 check = pd.DataFrame(kl_estimator_check()).T
 check["value biased"] = (check["value"] - check["exact_kl"]).abs() > 0.02
 check["gradient biased"] = check["grad_rel_error"] > 0.1
@@ -97,6 +102,7 @@ assert list(check.index[check["value biased"]]) == ["k2"]
 
 # %%
 from grpo_debug.ui import plots
+
 run = step.run(cfg.replace(dropout=True), until="loss", remember=False)
 plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask,
                    title="per-token KL with dropout on while scoring", chosen=cfg.kl_estimator)

@@ -37,6 +37,7 @@
 
 # %%
 from grpo_debug.notebook import setup, show_source
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -51,7 +52,6 @@ import pandas as pd
 import torch
 
 from grpo_debug.notebook import open_step
-from grpo_debug.step import metrics
 
 cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8, per_sample_grad_norms=False)
 one = step.run(cfg, until="update")  # mu = 1
@@ -89,10 +89,12 @@ print(f"pass 2: {it2.metrics['clip_ratio/region_mean']:.4f} of the scored tokens
 
 # %%
 from grpo_debug.loss import importance_weight, policy_term
+
 show_source(importance_weight, policy_term)
 
 # %%
 from grpo_debug.ui import plots
+
 scored = two.logprobs.mask.bool()
 plots.ratio_histograms({"pass 1": it1.ratio[scored], "pass 2": it2.ratio[scored]}, cfg.epsilon_low, cfg.epsilon_high)
 
@@ -102,6 +104,7 @@ plots.ratio_histograms({"pass 1": it1.ratio[scored], "pass 2": it2.ratio[scored]
 
 # %%
 from grpo_debug.ui.tables import marked_completions
+
 most = it2.clipped.sum(1).argsort(descending=True)[:4].tolist()
 marked_completions(two, it2.clipped, step.loaded.tokenizer, most)
 
@@ -113,13 +116,12 @@ marked_completions(two, it2.clipped, step.loaded.tokenizer, most)
 # recommended cap `epsilon_high = 5.0`; at the default 0.2 it scales every token by 0.2.
 
 # %%
-import numpy as np
-from grpo_debug.loss import TRL_LOSS_TYPES
 from grpo_debug.ui.tables import token_gradient_curves
+
 ratios = torch.logspace(-0.5, 0.5, 201)
 curves = token_gradient_curves(["grpo", "sapo", "vespo"], ratios, epsilon_low=0.2, epsilon_high=0.2)
-curves.update({f"cispo": token_gradient_curves(["cispo"], ratios, epsilon_high=5.0)["cispo"]})
-curves.update({f"grpo, delta=1.5": token_gradient_curves(["grpo"], ratios, delta=1.5)["grpo"]})
+curves.update({"cispo": token_gradient_curves(["cispo"], ratios, epsilon_high=5.0)["cispo"]})
+curves.update({"grpo, delta=1.5": token_gradient_curves(["grpo"], ratios, delta=1.5)["grpo"]})
 plots.gradient_by_ratio(curves, ratios.numpy(), 0.2, 0.2)
 
 # %%
@@ -147,6 +149,7 @@ pd.DataFrame({f"{name}, {sign}": {f"ratio {r}": curves[name][sign][i] for r, i i
 
 # %%
 from grpo_debug.loss import compute_loss, loss_weights
+
 lp, adv = two.logprobs, two.advantages.values
 M = lp.mask.sum()
 chunks = lambda S: torch.arange(len(adv)).chunk(S)
@@ -214,6 +217,7 @@ print(f"pass 2: largest |log ratio| per token {spread(it2.ratio[scored]):.3f}, p
 
 # %%
 from grpo_debug.loss import SAMPLER_CORRECTION_MODES, sampler_importance_ratio, sampler_metrics
+
 trl_scored = step.run(cfg.with_preset("trl"), until="logprobs", base=one, remember=False)
 fixed_scored = one if cfg.preset_name() == "fixed" else step.run(cfg.with_preset("fixed"), until="logprobs", base=one,
                                                                   remember=False)  # a capture: its rollout, every fix on
@@ -254,6 +258,7 @@ print(f"sequence_mask keeps {fixed_kept:.2f} of the sequences with every fix on,
 
 # %%
 from grpo_debug.loss import high_entropy_mask
+
 for rho in (1.0, 0.5, 0.2):
     kept = high_entropy_mask(lp.entropies, lp.mask, rho)
     print(f"top_entropy_quantile {rho}: {kept.sum().item() / lp.mask.sum().item():.3f} of the scored tokens trained, "
@@ -278,6 +283,7 @@ marked_completions(two, top, step.loaded.tokenizer, list(range(0, len(top), cfg.
 
 # %%
 from grpo_debug.diagnostics import null_step
+
 floor = null_step(step, base=cfg if CAPTURE is None else cfg.with_preset("fixed"))  # every fix on, then one change
 floor[[c for c in floor.columns if c.startswith("pass 2")]]
 
@@ -312,5 +318,6 @@ print(f"largest |log ratio| with identical weights: readable {f['fixed, readable
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.ui.widgets import OFF_POLICY_FIELDS, StepPanel
+
 panel = StepPanel(step, fields=["loss_type"] + OFF_POLICY_FIELDS)
 panel.widget()

@@ -27,10 +27,12 @@
 # %%
 from grpo_debug.notebook import show_source
 from grpo_debug.update import backward, per_sample_norms, update
+
 show_source(update, backward, per_sample_norms)
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -52,6 +54,7 @@ if CAPTURE is None:  # the bundled step: grpo at ratio 1 with the policy at the 
 
 # %%
 from grpo_debug.ui import plots
+
 plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 
 # %% [markdown]
@@ -76,6 +79,7 @@ plots.eval_before_after(ev)
 
 # %%
 import pandas as pd
+
 pd.DataFrame({"before": ev.before.components, "after": ev.after.components,
               "delta": ev.component_deltas})
 

@@ -49,6 +49,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread, as the experiments ran: the same numbers on every run
 
 # %%
@@ -57,8 +58,15 @@ import json
 import pandas as pd
 
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train import (base_config, claims, difference_curve, last_steps_mean, merge_results, metric_curve,
-                              select_arms)
+from grpo_debug.train import (
+    base_config,
+    claims,
+    difference_curve,
+    last_steps_mean,
+    merge_results,
+    metric_curve,
+    select_arms,
+)
 from grpo_debug.ui import plots
 
 EXPERIMENTS = DATA_DIR / "experiments"

@@ -29,6 +29,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -66,9 +67,10 @@ run = step.run(cfg, until="loss")
 
 # %%
 import pandas as pd
-from grpo_debug.ui import plots
-from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, validation_set
+
 from grpo_debug.tracin.experiments import first_order_checks
+from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, validation_set
+from grpo_debug.ui import plots
 
 influence = InfluenceCache(step.run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 check_sets = {"random 16": validation_set(run, "random", 16, influence.pool(cfg)),
@@ -130,6 +132,7 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.tracin.influence import InfluenceExplorer
 from grpo_debug.ui.widgets import InfluencePanel
+
 explorer = InfluenceExplorer(step, cache=influence)  # the panel follows the step's current run; same cache
 panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
 panel.widget()
@@ -145,7 +148,9 @@ panel.widget()
 
 # %%
 from scipy.stats import spearmanr
+
 from grpo_debug.tracin.influence import ZERO_TOLERANCE, sign_fractions
+
 sets = {"seqloss-lastadv": [("same_batch", 16, "per_group"), ("random", 16, "per_group"), ("random", 64, "per_group"),
                             ("random", 64, "whole_set"), ("random", 128, "per_group"), ("topk", 16, "per_group"),
                             ("topk", 16, "whole_set"), ("topk", 64, "whole_set")],
@@ -199,8 +204,15 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(influence.scores(model, run, Inf
 # strategies run on the random set in the same loop (section 4).
 
 # %%
-from grpo_debug.tracin.experiments import (OPTIMIZERS, SELECTIONS, held_out_baseline, matched_sgd_lr,
-                                           paired_contrast, selection_experiment)
+from grpo_debug.tracin.experiments import (
+    OPTIMIZERS,
+    SELECTIONS,
+    held_out_baseline,
+    matched_sgd_lr,
+    paired_contrast,
+    selection_experiment,
+)
+
 EVAL_PROMPTS = 16
 baseline = held_out_baseline(model, tokenizer, task, cfg, EVAL_PROMPTS)
 sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
@@ -259,9 +271,10 @@ plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 
 
 # %%
 import torch
-from grpo_debug.tracin.influence import per_sample_train_gradients, validation_gradient
-from grpo_debug.tracin.influence import signs
+
 from grpo_debug.tracin.experiments import predicted_subset_change
+from grpo_debug.tracin.influence import per_sample_train_gradients, signs, validation_gradient
+
 choice = InfluenceChoice(source="random", size=64)
 train_full = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
 _, val_grad = validation_gradient(model, influence.validation_set(run, choice), cfg, "seqloss-lastadv")
@@ -270,10 +283,11 @@ for optimizer in OPTIMIZERS:
     for strategy in SELECTIONS:
         r = results[("random 64", optimizer, strategy)]
         keep = torch.tensor(r.selected, dtype=torch.long)
-        predict = lambda how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, cfg, how, r.lr)
+        predicted = {how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, cfg, how, r.lr)
+                     for how in (optimizer, "sgd")}
         selection_rows[(optimizer, strategy)] = {
             "selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
-            "predicted (own optimizer)": predict(optimizer), "predicted (TracIn, as SGD)": predict("sgd"),
+            "predicted (own optimizer)": predicted[optimizer], "predicted (TracIn, as SGD)": predicted["sgd"],
             "reward change": r.reward_delta, "95% low": r.reward_ci_low, "95% high": r.reward_ci_high}
 del train_full
 selection = pd.DataFrame(selection_rows).T.astype({"selected": int})
@@ -329,8 +343,15 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # The cell measures every self-term with hooks and checks it against that relation.
 
 # %%
-from grpo_debug.tracin.influence import (VAL_LOSSES, self_terms, self_terms_from_norms, signs, train_coefficients,
-                                  validation_coefficients)
+from grpo_debug.tracin.influence import (
+    VAL_LOSSES,
+    self_terms,
+    self_terms_from_norms,
+    signs,
+    train_coefficients,
+    validation_coefficients,
+)
+
 train_grads = influence.train_gradients(model, run, "all")
 same = validation_set(run, "same_batch")
 c_train = train_coefficients(run.advantages.values, run.logprobs.mask, cfg)
@@ -362,6 +383,7 @@ pd.DataFrame(self_rows).T
 
 # %%
 from grpo_debug.tracin.influence import influence_scores
+
 bias = {run.rollout.num_samples: {"self-term share of the summed influence": self_rows["seqloss-lastadv"]["self-term share of the summed influence"],
              "influence > 0": self_rows["seqloss-lastadv"]["influence > 0"],
              "influence - self > 0": self_rows["seqloss-lastadv"]["influence - self > 0"]}}

@@ -21,6 +21,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -35,6 +36,7 @@ from grpo_debug.notebook import open_step
 
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 from grpo_debug.diagnostics import triage_zero_loss
+
 run = step.run(cfg, until="update")
 print(triage_zero_loss(run))
 
@@ -43,8 +45,11 @@ print(triage_zero_loss(run))
 
 # %%
 import dataclasses
+
 import torch
+
 from grpo_debug.advantages import summarize_advantages
+
 broken = dataclasses.replace(run, advantages=summarize_advantages(torch.full((run.rollout.num_samples,), 0.5),
                                                                   cfg.num_generations))
 print(triage_zero_loss(broken))
@@ -58,13 +63,16 @@ assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).
 
 # %% tags=["nbval-ignore-output"]
 import pandas as pd
+
 from grpo_debug.ui import plots
+
 print(pd.DataFrame({"seconds": {k: round(v.seconds, 2) for k, v in run.timings.items()},
                     "peak RSS after (MB)": {k: round(v.peak_rss_mb) for k, v in run.timings.items()}}))
 plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.rollout import rollout
+
 sampled = {generation: rollout(step.policy, step.loaded.tokenizer, step.result.rollout.prompts,  # sampled anew
                                num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
                                temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
@@ -81,6 +89,7 @@ print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; r
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.diagnostics import compile_comparison
+
 compiled = compile_comparison(step, rows=8)
 print(compiled)
 assert compiled.error == ""

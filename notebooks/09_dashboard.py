@@ -31,6 +31,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -48,11 +49,13 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4,
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.ui.widgets import StepPanel
+
 panel = StepPanel(step)
 panel.widget()
 
 # %%
 from grpo_debug.ui.widgets import apply_change
+
 result = apply_change(step, "kl_estimator", "k2")
 print("re-ran:", result.rerun)
 assert result.rerun == ["loss"]
@@ -62,8 +65,9 @@ assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollo
 print("the dashboard's step now:", step.cfg.mask, step.cfg.kl_estimator)
 
 # %%
-from grpo_debug.ui.tables import compare_variants
 from grpo_debug.config import PRESETS
+from grpo_debug.ui.tables import compare_variants
+
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
 table = compare_variants(step, {base: {}, "T not applied": {"logprob_temperature": False},
                                 "dropout": {"dropout": True}, "EOS dropped": {"mask": "drop_eos_and_pad"},
@@ -94,6 +98,7 @@ table
 
 # %%
 from grpo_debug.ui.widgets import summary
+
 step.run(cfg.replace(num_iterations=1), until="update")  # one pass first (a capture may have run more)
 result = apply_change(step, "num_iterations", 2, until="update")
 print("num_iterations=2 re-ran:", result.rerun)

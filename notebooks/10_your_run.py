@@ -38,6 +38,7 @@
 
 # %%
 from grpo_debug.notebook import setup
+
 setup()  # one torch thread: the same numbers on every run
 
 CAPTURE = None  # a capture folder ("captures/step-2") opens your step instead of the demo run below

@@ -19,18 +19,20 @@ def arithmetic_prompts(prompt_set: str, n: int) -> list[str]:
     if prompt_set not in SETS:
         raise ValueError(f"prompt set must be one of {PROMPT_SETS}, got {prompt_set!r}")
     if not 0 < n <= len(SETS[prompt_set]):
-        raise ValueError(f"{n} {prompt_set} prompts asked for; the arithmetic {prompt_set} set has "
-                         f"{len(SETS[prompt_set])}")
+        raise ValueError(
+            f"{n} {prompt_set} prompts asked for; the arithmetic {prompt_set} set has {len(SETS[prompt_set])}"
+        )
     return [f"What is {a}+{b}? " for a, b in SETS[prompt_set][:n]]
 
 
 def answer(prompt: str) -> str:
-    a, b = prompt[len("What is "):].rstrip("? ").split("+")
+    a, b = prompt[len("What is ") :].rstrip("? ").split("+")
     return str(int(a) + int(b))
 
 
 class ExactAnswer:
     """1 if the completion is the sum, else 0; components `exact` and `length_error` for the tables."""
+
     __name__ = "exact_answer"
 
     def __call__(self, prompts, completions, **kwargs):
@@ -69,19 +71,35 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     core = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, pad_token=PAD,
-                                        model_input_names=["input_ids", "attention_mask"], padding_side="left",
-                                        clean_up_tokenization_spaces=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=EOS,
+        bos_token=EOS,
+        pad_token=PAD,
+        model_input_names=["input_ids", "attention_mask"],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=len(vocab), n_layer=2, n_embd=32, n_head=2, n_positions=64,
-                        bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    config = GPT2Config(
+        vocab_size=len(vocab),
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
     GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
 
 
 def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
@@ -90,6 +108,7 @@ def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
     special tokens."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
     build_tiny_model(folder, seed)  # the tokenizer (and a GPT-2 config, replaced below)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if chat:
@@ -97,9 +116,18 @@ def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
     for old in folder.glob("*.safetensors"):
         old.unlink()
     LlamaForCausalLM(config).save_pretrained(folder)
@@ -108,7 +136,9 @@ def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
 
 def conversational(func):
     """`func` as TRL calls it on a conversational dataset: prompts and completions are message lists."""
+
     def reward(prompts, completions, **kwargs):
         return func([p[-1]["content"] for p in prompts], [c[-1]["content"] for c in completions])
+
     reward.__name__ = getattr(func, "__name__", type(func).__name__)
     return reward

@@ -26,10 +26,19 @@ if __name__ == "__main__":
     base = arithmetic_task()
     task = Task("arithmetic", lambda prompt_set, n: uneven[:n], base.reward_funcs, base.reward_weights)
     register_task("arithmetic", lambda: task)
-    cfg = StepConfig(model=model, task="arithmetic", num_prompts=2, num_generations=4, max_new_tokens=4, beta=0.04,
-                     fast=False, position_ids=False)
+    cfg = StepConfig(
+        model=model,
+        task="arithmetic",
+        num_prompts=2,
+        num_generations=4,
+        max_new_tokens=4,
+        beta=0.04,
+        fast=False,
+        position_ids=False,
+    )
     per_process = cfg.num_prompts * cfg.num_generations // PROCESSES  # the B*G rows split over the processes
-    trainer = trl_trainer(cfg, str(out), task, max_steps=2, disable_dropout=True,
-                          per_device_train_batch_size=per_process)
+    trainer = trl_trainer(
+        cfg, str(out), task, max_steps=2, disable_dropout=True, per_device_train_batch_size=per_process
+    )
     trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
     trainer.train()

@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def scorer():
     from grpo_debug.chess.task import bundled_scorer
+
     scorer = bundled_scorer()  # the one the registered chess tasks use
     yield scorer
     scorer.close()
@@ -26,6 +27,7 @@ def scorer():
 def task_registry_restored():
     """Opening a capture registers its task (capture:<path>): leave the registry as the other tests find it."""
     import grpo_debug.task as task_module
+
     factories, loaded = dict(task_module._FACTORIES), dict(task_module._LOADED)
     yield
     for registry, saved in ((task_module._FACTORIES, factories), (task_module._LOADED, loaded)):

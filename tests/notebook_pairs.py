@@ -28,8 +28,11 @@ def out_of_sync() -> list[str]:
         expected = jupytext.writes(jupytext.read(ipynb), fmt="py:percent")
         actual = source.read_text()
         if expected != actual:
-            diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
-                                                str(ipynb.name), str(source.name), n=1))
+            diff = "".join(
+                difflib.unified_diff(
+                    expected.splitlines(True), actual.splitlines(True), str(ipynb.name), str(source.name), n=1
+                )
+            )
             problems.append(f"{ipynb.name} and {source.name} differ:\n{diff}")
     return problems
 

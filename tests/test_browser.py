@@ -38,8 +38,7 @@ REDRAW = 600
 
 # Isolated JupyterLab settings: no news toast over the page, every cell attached to the DOM.
 LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                       "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
 
@@ -115,19 +114,41 @@ def lab(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "JUPYTER_PATH", "PYTHONPATH")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               IPYTHONDIR=str(tmp_path / "ipython"),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+    env.update(
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        IPYTHONDIR=str(tmp_path / "ipython"),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
     port, token = _free_port(), secrets.token_hex(16)
-    args = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-            f"--ServerApp.token={token}", "--ServerApp.open_browser=False", f"--notebook-dir={root}"]
+    args = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--ServerApp.token={token}",
+        "--ServerApp.open_browser=False",
+        f"--notebook-dir={root}",
+    ]
     if os.getuid() == 0:
         args.append("--allow-root")
     log = tmp_path / "jupyterlab.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     descendants: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + SERVER_START
@@ -139,8 +160,7 @@ def lab(tmp_path):
             except (OSError, ValueError):
                 assert time.monotonic() < deadline, f"JupyterLab did not answer in {SERVER_START} s:\n{_log_tail(log)}"
                 time.sleep(1)
-        yield {"port": port, "token": token, "root": root, "log": log, "proc": proc,
-               "descendants": descendants}
+        yield {"port": port, "token": token, "root": root, "log": log, "proc": proc, "descendants": descendants}
     finally:
         # Kernels run in sessions of their own: note them before the server goes, end them by pid after.
         try:
@@ -171,12 +191,18 @@ def _sync_playwright():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("the Python package `playwright` is missing: `make setup` installs it with the test extra "
-                    "(.venv/bin/pip install -e '.[test]'); never run `playwright install`, the test uses "
-                    f"{CHROMIUM}", pytrace=False)
+        pytest.fail(
+            "the Python package `playwright` is missing: `make setup` installs it with the test extra "
+            "(.venv/bin/pip install -e '.[test]'); never run `playwright install`, the test uses "
+            f"{CHROMIUM}",
+            pytrace=False,
+        )
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium when run as root, "
-                    "else `sudo apt-get install chromium`", pytrace=False)
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make setup` installs Debian's chromium when run as root, "
+            "else `sudo apt-get install chromium`",
+            pytrace=False,
+        )
     return sync_playwright
 
 
@@ -185,7 +211,9 @@ class Page:
 
     def __init__(self, page, lab):
         self.page, self.lab, self.console = page, lab, []
-        page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on(
+            "console", lambda m: self.console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+        )
         page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
 
     def notebook(self) -> dict | None:
@@ -203,9 +231,12 @@ class Page:
         return None
 
     def context(self, what: str) -> str:
-        return (f"{what}\nbrowser state: {self.notebook()}\npanel: {str(self.panel())[:600]}\nkernel: {self.kernel()}"
-                f"\nbrowser console (last 20):\n" + "\n".join(self.console[-20:])
-                + f"\nserver log:\n{_log_tail(self.lab['log'])}")
+        return (
+            f"{what}\nbrowser state: {self.notebook()}\npanel: {str(self.panel())[:600]}\nkernel: {self.kernel()}"
+            f"\nbrowser console (last 20):\n"
+            + "\n".join(self.console[-20:])
+            + f"\nserver log:\n{_log_tail(self.lab['log'])}"
+        )
 
     def wait(self, condition, seconds: float, what: str, poll: float = 1.0):
         """Poll `condition()` until it returns something truthy; fail with the whole picture on timeout."""
@@ -243,8 +274,12 @@ class Page:
         state = self.notebook()
         if state and state["errors"]:
             pytest.fail(self.context("a cell raised:\n" + "\n".join(state["errors"])[-3000:]), pytrace=False)
-        return bool(state and state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"])
-                    and self.kernel_ready())
+        return bool(
+            state
+            and state["prompts"]
+            and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"])
+            and self.kernel_ready()
+        )
 
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -258,8 +293,9 @@ def test_dashboard_toggle_redraws_numbers_and_plot_in_a_real_browser(lab):
     started = time.monotonic()
     url = f"http://127.0.0.1:{lab['port']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
         try:
             page = Page(browser.new_page(viewport={"width": 1600, "height": 1200}), lab)
             try:
@@ -282,12 +318,18 @@ def _drive_dashboard(page: Page, url: str) -> None:
     page.page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # the notebook is the current widget
     page.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-    page.wait(lambda: any(p != "[ ]:" for p in (page.notebook() or {"prompts": []})["prompts"]), 60,
-              "Run All Cells to start (a cell prompt showing [*] or a number)")
+    page.wait(
+        lambda: any(p != "[ ]:" for p in (page.notebook() or {"prompts": []})["prompts"]),
+        60,
+        "Run All Cells to start (a cell prompt showing [*] or a number)",
+    )
     page.wait(page.all_cells_done, RUN_ALL, "all cells to finish", poll=2)
 
-    panel = page.wait(lambda: (s := page.panel()) and len(s["images"]) == 3 and s["table"] and s, 120,
-                      "the StepPanel with its status, three plots and the per-sample table")
+    panel = page.wait(
+        lambda: (s := page.panel()) and len(s["images"]) == 3 and s["table"] and s,
+        120,
+        "the StepPanel with its status, three plots and the per-sample table",
+    )
     before = _summary_numbers(panel["status"])
     assert "max |sampler - recomputed|" in before and "loss" in before, panel["status"]
     checkbox = page.page.locator(".widget-checkbox", has_text=TOGGLE).locator("input[type=checkbox]")
@@ -312,7 +354,9 @@ def _drive_dashboard(page: Page, url: str) -> None:
 
     numbers = _summary_numbers(after["status"])
     rerun = after["status"].split(" in ", 1)[0]
-    assert "logprobs" in rerun and "rollout" not in rerun, f"{TOGGLE} re-runs from logprobs on the cached rollout: {after['status']}"
+    assert "logprobs" in rerun and "rollout" not in rerun, (
+        f"{TOGGLE} re-runs from logprobs on the cached rollout: {after['status']}"
+    )
     assert numbers.keys() == before.keys(), (before, numbers)
     assert numbers != before, f"the summary numbers did not change:\n{panel['status']}\n{after['status']}"
     assert numbers["max |sampler - recomputed|"] != before["max |sampler - recomputed|"], (before, numbers)

@@ -49,19 +49,24 @@ def test_a_capture_is_a_self_contained_folder(bundled):
     assert {"README.md", "capture.json", "batch.pt", "policy"} <= names
     assert "python -m grpo_debug replay" in (bundled / "README.md").read_text()
     size = sum(p.stat().st_size for p in bundled.rglob("*") if p.is_file())
-    assert size < 50 * 1024 ** 2, size
+    assert size < 50 * 1024**2, size
     capture = load_capture(bundled)
     meta, batch = capture.meta, capture.batch
     assert meta["step"] == 2 and meta["logged"]["loss"] == meta["logged"]["loss"]  # TRL's logged numbers
     assert meta["grpo_config"]["beta"] == 0.04 and meta["position_ids"] is True
     assert set(meta["rewards"]) == {"rookworld"} and meta["reward_weights"] == {"rookworld": 1.0}
     n = capture.num_samples
-    assert n == 8 and len(meta["completions"]) == n and batch["trainer_per_token_logps"].shape == batch["completion_ids"].shape
+    assert (
+        n == 8
+        and len(meta["completions"]) == n
+        and batch["trainer_per_token_logps"].shape == batch["completion_ids"].shape
+    )
     assert torch.allclose(torch.tensor(meta["advantages"]), batch["advantages"])
 
 
 def test_the_replay_reproduces_what_trl_logged(bundled):
     from grpo_debug.replay import reproduction
+
     step = GRPOStep.from_capture(bundled)
     run = step.run(until="update")
     out = reproduction(run, step.capture, step.policy, step)
@@ -76,19 +81,34 @@ def test_the_cli_writes_logged_and_replayed_and_takes_a_toggle(bundled, tmp_path
     runs = {}
     for name, extra in (("as_captured", []), ("toggled", ["--set", "position_ids=false"])):
         path = tmp_path / f"{name}.json"
-        done = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--json", str(path), *extra],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--json", str(path), *extra],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
         runs[name] = json.loads(path.read_text())
-    assert set(runs["as_captured"]["logged"]) >= set(EXACT) and runs["as_captured"]["replayed"].keys() == runs["as_captured"]["logged"].keys()
+    assert (
+        set(runs["as_captured"]["logged"]) >= set(EXACT)
+        and runs["as_captured"]["replayed"].keys() == runs["as_captured"]["logged"].keys()
+    )
     assert runs["toggled"]["config"]["position_ids"] is False
     # the bundled model has absolute positions and left-padded prompts: without position_ids the scores move
     assert runs["toggled"]["logps"]["max_abs_difference"] > 1.0 > runs["as_captured"]["logps"]["max_abs_difference"]
-    bad = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--set", "temperature=0.5"],
-                         capture_output=True, text=True, timeout=600)
+    bad = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "replay", str(bundled), "--set", "temperature=0.5"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bad.returncode == 2 and "rollout" in bad.stderr
-    missing = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(tmp_path / "nowhere")],
-                             capture_output=True, text=True, timeout=600)
+    missing = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "replay", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert missing.returncode == 2 and "not a capture" in missing.stderr
 
 
@@ -96,6 +116,7 @@ def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
     """The trl preset: TRL's GRPOTrainer without position_ids, dropout on. The replay draws the trainer's own
     dropout masks, so it reproduces the step; both pitfalls are named as pitfalls of the run, not as causes."""
     from grpo_debug.replay import reproduction
+
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)
     capture = captured_run(cfg, tmp_path)
     step = GRPOStep.from_capture(capture)
@@ -111,11 +132,20 @@ def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
 def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
     from grpo_debug.replay import reproduction
     from grpo_debug.task import register_task
+
     folder = build_tiny_llama(tmp_path / "llama")
     task = arithmetic_task()
     register_task("arithmetic", lambda: task)
-    cfg = StepConfig(model=str(folder), task="arithmetic", num_prompts=2, num_generations=4, max_new_tokens=4,
-                     beta=0.04, fast=False, position_ids=False)  # TRL's own trainer: rotary positions need none
+    cfg = StepConfig(
+        model=str(folder),
+        task="arithmetic",
+        num_prompts=2,
+        num_generations=4,
+        max_new_tokens=4,
+        beta=0.04,
+        fast=False,
+        position_ids=False,
+    )  # TRL's own trainer: rotary positions need none
     capture = captured_run(cfg, tmp_path / "run", task, disable_dropout=True)
     meta = load_capture(capture).meta
     assert set(meta["rewards"]) == set(task.reward_names) and list(meta["reward_weights"].values()) == [1.0, 0.5]
@@ -129,7 +159,9 @@ def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
 def test_the_dashboard_acts_on_a_captured_step(bundled):
     import contextlib
     import io
+
     from grpo_debug.ui.widgets import StepPanel
+
     step = GRPOStep.from_capture(bundled, per_sample_grad_norms=False)
     captured = step.result.rollout
     with contextlib.redirect_stdout(io.StringIO()):
@@ -142,21 +174,27 @@ def test_the_dashboard_acts_on_a_captured_step(bundled):
 def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     """A user's own script: GRPOTrainer on a conversational dataset (message lists), the tokenizer's chat
     template applied by TRL, reward functions that read message lists. The replay scores the templated ids."""
+    from arithmetic_task import ExactAnswer, arithmetic_prompts, conversational, format_reward
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
-    from arithmetic_task import ExactAnswer, arithmetic_prompts, conversational, format_reward
+
     from grpo_debug.replay import reproduction
     from grpo_debug.trl_bridge import grpo_config
+
     folder = build_tiny_llama(tmp_path / "chat", chat=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    cfg = StepConfig(model=str(folder), num_prompts=2, num_generations=4, max_new_tokens=4, beta=0.04,
-                     position_ids=False)
+    cfg = StepConfig(
+        model=str(folder), num_prompts=2, num_generations=4, max_new_tokens=4, beta=0.04, position_ids=False
+    )
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in arithmetic_prompts("train", 2)]})
-    trainer = GRPOTrainer(model=str(folder), reward_funcs=[conversational(ExactAnswer()), conversational(format_reward)],
-                          args=grpo_config(cfg, str(tmp_path / "run"), max_steps=2, disable_dropout=True,
-                                           reward_weights=[1.0, 0.5]),
-                          train_dataset=dataset, processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=str(folder),
+        reward_funcs=[conversational(ExactAnswer()), conversational(format_reward)],
+        args=grpo_config(cfg, str(tmp_path / "run"), max_steps=2, disable_dropout=True, reward_weights=[1.0, 0.5]),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
     trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[2]))
     trainer.train()
     capture = load_capture(tmp_path / "captures" / "step-2")
@@ -177,10 +215,24 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     """torchrun, 2 CPU processes (gloo), each generating half the batch: the capture holds all B*G rows, and the
     trainer's log-probs of each process's share are put back in place; the replay reproduces the logged step."""
     from grpo_debug.replay import reproduction
+
     folder = build_tiny_llama(tmp_path / "llama")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(TESTS / "capture_two_processes.py"), str(folder), str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(TESTS / "capture_two_processes.py"),
+            str(folder),
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     capture = load_capture(tmp_path / "run" / "captures" / "step-2")
     assert capture.meta["processes"] == 2 and capture.num_samples == 8
@@ -199,6 +251,7 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     """Stored rewards exist for the captured completions only: an evaluation (new samples on test prompts)
     is refused with what to do, and works once the capture is opened with the run's own task."""
     from grpo_debug.replay import reproduction
+
     stored = GRPOStep.from_capture(bundled, eval_prompts=4, eval_samples=2)
     assert stored.stored_rewards
     with pytest.raises(ValueError, match=r"from_capture\(path, task=NAME\)"):
@@ -210,5 +263,7 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     assert out["rewards"] == {"rookworld": 0.0}  # the task's functions give the stored rewards back exactly
     with pytest.raises(ValueError, match="not the run's reward functions"):
         from arithmetic_task import arithmetic_task
+
         from grpo_debug.replay import open_capture
+
         open_capture(bundled, arithmetic_task())

@@ -1,9 +1,19 @@
 import chess
 import pytest
 
-from grpo_debug.chess.format import (canonical_fen, env_completion, env_prompt, env_step, format_eval,
-                                     parse_env_completion, parse_env_prompt, parse_policy_completion,
-                                     policy_completion, policy_prompt, same_position)
+from grpo_debug.chess.format import (
+    canonical_fen,
+    env_completion,
+    env_prompt,
+    env_step,
+    format_eval,
+    parse_env_completion,
+    parse_env_prompt,
+    parse_policy_completion,
+    policy_completion,
+    policy_prompt,
+    same_position,
+)
 
 START = chess.STARTING_FEN
 
@@ -60,14 +70,27 @@ def test_policy_roundtrip_and_eval_format():
     assert [format_eval(x) for x in (1.0, -0.0, 0.25, -2.41, 100.0)] == ["1", "0", "0.25", "-2.41", "100"]
 
 
-@pytest.mark.parametrize("text", ["", "M: E: B:", "B: e2e4", "M: e2e4 E: nan B: e2e4", "M: e2e4 E: 1 2 B: e2e4",
-                                  "M: e2e4 E: 1 B: e2e4 junk", "\x00\u2603", "M: e2e4 E: inf B: e2e4"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "M: E: B:",
+        "B: e2e4",
+        "M: e2e4 E: nan B: e2e4",
+        "M: e2e4 E: 1 2 B: e2e4",
+        "M: e2e4 E: 1 B: e2e4 junk",
+        "\x00\u2603",
+        "M: e2e4 E: inf B: e2e4",
+    ],
+)
 def test_malformed_policy_completions_are_reported(text):
     parsed = parse_policy_completion(text)
     assert not parsed.ok and parsed.error
 
 
-@pytest.mark.parametrize("text", ["", "+++", "x+0.001+0+0", f"{START}+abc+0+0", f"{START}+0.001+2+0", f"{START}+0.001+0"])
+@pytest.mark.parametrize(
+    "text", ["", "+++", "x+0.001+0+0", f"{START}+abc+0+0", f"{START}+0.001+2+0", f"{START}+0.001+0"]
+)
 def test_malformed_env_completions_are_reported(text):
     parsed = parse_env_completion(text)
     assert not parsed.ok and parsed.error
@@ -81,7 +104,9 @@ def test_env_completion_parses_and_tolerates_trailing_plus():
 def test_the_policy_parser_is_linear_in_its_input():
     """'M:' + ' E:' * n with no B: made the old regex backtrack quadratically (27 s at 48 kB)."""
     import time
+
     from grpo_debug.chess.format import parse_policy_completion
+
     text = "M:" + " E:" * 350_000  # about 1 MB
     start = time.perf_counter()
     parsed = parse_policy_completion(text)

@@ -62,7 +62,15 @@ def test_rookworld_reward_is_a_trl_reward_function_with_details(scorer):
     assert totals == [scorer.score(p, c).total for p, c in zip(repeated, completions)]
     same, components, errors = reward.details(repeated, completions)
     assert same == totals and errors[1] and errors[3]
-    assert list(components) == ["best_move", "candidates", "evals", "format", "fen", "reward", "terminated",
-                                "truncated"]
+    assert list(components) == [
+        "best_move",
+        "candidates",
+        "evals",
+        "format",
+        "fen",
+        "reward",
+        "terminated",
+        "truncated",
+    ]
     assert math.isnan(components["fen"][0]) and math.isnan(components["best_move"][2])
     assert components["format"] == [scorer.score(p, c).components["format"] for p, c in zip(repeated, completions)]

@@ -2,8 +2,8 @@ import json
 
 import chess
 
-from grpo_debug.chess.format import env_step, parse_env_completion, parse_policy_completion
 from grpo_debug.chess.data import DATA_DIR, env_example, fen_key, load_split, policy_example
+from grpo_debug.chess.format import env_step, parse_env_completion, parse_policy_completion
 
 MANIFEST = json.loads((DATA_DIR / "manifest.json").read_text())
 

@@ -20,8 +20,9 @@ def step():
     return s
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="inductor's CPU backend needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor's CPU backend needs a C++ compiler"
+)
 def test_compiled_logps_match_eager(step):
     result = compile_comparison(step, rows=8, repeats=1)
     assert result.error == ""
@@ -38,6 +39,7 @@ def test_a_compile_failure_is_a_result_not_an_exception(step):
 def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
     from grpo_debug.diagnostics import triage_zero_loss
     from grpo_debug.ui.tables import loss_value_at_ratio_one
+
     grpo = step.run(ONE_GROUP, until="loss")
     assert triage_zero_loss(grpo).startswith("NORMAL") and "(~0)" in triage_zero_loss(grpo)
     dapo = step.run(ONE_GROUP.replace(loss_type="dapo", beta=0.0), until="loss")
@@ -49,8 +51,10 @@ def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
 
 def test_triage_sees_identical_rewards_that_trl_counts_as_varied(step):
     import dataclasses
+
     from grpo_debug.advantages import summarize_advantages
     from grpo_debug.diagnostics import triage_zero_loss
+
     run = step.run(ONE_GROUP, until="loss")
     rounded = summarize_advantages(torch.full((8,), 0.7314049005508423), 8)  # std 6.4e-8 after rounding
     assert rounded.frac_reward_zero_std == 0.0  # TRL's metric: this group varies

@@ -25,10 +25,12 @@ from grpo_debug.rewards import compute_rewards
 
 DEPTH = 6
 UNSCORABLE = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
-LIVE = ["r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",  # none of them bundled
-        "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2",
-        "r1bqkb1r/pppp1ppp/2n2n2/4p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4",
-        "r2q1rk1/ppp2ppp/2npbn2/2b1p3/2B1P3/2NP1N2/PPP2PPP/R1BQ1RK1 w - - 0 8"]
+LIVE = [
+    "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",  # none of them bundled
+    "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2",
+    "r1bqkb1r/pppp1ppp/2n2n2/4p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4",
+    "r2q1rk1/ppp2ppp/2npbn2/2b1p3/2B1P3/2NP1N2/PPP2PPP/R1BQ1RK1 w - - 0 8",
+]
 MATE = "rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3"
 STALEMATE = "7k/5Q2/6K1/8/8/8/8/8 b - - 0 1"
 
@@ -68,7 +70,10 @@ def reference():
     for fen in LIVE:
         top = analyses[fen].top5
         evals = [analyses[fen].evals[m] for m in top]
-        completions += [policy_completion(top, evals, top[0]), policy_completion(top[::-1], [e + 0.3 for e in evals], top[-1])]
+        completions += [
+            policy_completion(top, evals, top[0]),
+            policy_completion(top[::-1], [e + 0.3 for e in evals], top[-1]),
+        ]
     return analyses, prompts, completions
 
 
@@ -81,7 +86,7 @@ def faulty(engine: Stockfish, fault, at: set[int]) -> None:
         nonlocal attempt
         attempt += 1
         if attempt in at:
-            engine.version  # make sure a process is running
+            _ = engine.version  # make sure a process is running
             fault(engine.pid)
         return analyse_once(board)
 
@@ -127,7 +132,9 @@ def fuzz_scorer():
         yield scorer
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(fen=parseable_fens())
 @example(fen="4k3/8/8/8/8/8/8/K3K3 w - - 0 1")  # two white kings: analysed 3 of 8 legal moves
 @example(fen="4k3/8/8/8/8/8/8/P3K3 w - - 0 1")  # pawn on the first rank
@@ -258,7 +265,7 @@ def test_a_script_scoring_live_exits_without_close_and_prints_nothing_after_a_re
         from grpo_debug.chess.engine import Stockfish
         from grpo_debug.chess.rewards import RewardScorer
         scorer = RewardScorer(engine=Stockfish(depth=4))
-        scorer.engine.version
+        _ = scorer.engine.version
         os.kill(scorer.engine.pid, signal.SIGKILL)  # dies before the analysis: recovered by a restart
         print(scorer.score("P: {LIVE[0]} ", "M: f1b5 E: 0.3 B: f1b5").total)
         assert scorer.engine.restarts == 1

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo_debug.config import StepConfig
+from grpo_debug.fast.shared_prompt import shared_prompt_attention
 from grpo_debug.model import load_model
 from grpo_debug.rollout import rollout
-from grpo_debug.fast.shared_prompt import shared_prompt_attention
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
 def test_attention_over_a_shared_prompt_equals_sdpa():
@@ -26,22 +26,32 @@ def test_attention_over_a_shared_prompt_equals_sdpa():
 
     class Layer(torch.nn.Module):
         pass
+
     layer = Layer()
-    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=D ** -0.5)
+    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=D**-0.5)
     layer._shared_prompt = (prompt_len, G)
-    shared, _ = shared_prompt_attention(layer, query, key, value, mask, scaling=D ** -0.5)
+    shared, _ = shared_prompt_attention(layer, query, key, value, mask, scaling=D**-0.5)
     assert shared.shape == expected.shape
     assert torch.allclose(shared, expected, atol=1e-6)
 
 
 def _sample(fast, **overrides):
     from grpo_debug.task import load_task
+
     cfg = StepConfig(num_prompts=3, num_generations=4, max_new_tokens=48, task="mixed", **overrides)
     policy, _, tokenizer = load_model()
     prompts = load_task(cfg.task).prompts("train", cfg.num_prompts)
-    return policy, rollout(policy, tokenizer, prompts, num_generations=cfg.num_generations,
-                           max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                           seed=cfg.seed, fast=fast)
+    return policy, rollout(
+        policy,
+        tokenizer,
+        prompts,
+        num_generations=cfg.num_generations,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+        fast=fast,
+    )
 
 
 def test_rollout_samples_the_same_tokens_fast_and_readable():
@@ -53,12 +63,22 @@ def test_rollout_samples_the_same_tokens_fast_and_readable():
     assert (fast.sampler_logps - plain.sampler_logps).abs().max() > 0  # the two paths really differ in rounding
 
 
-@pytest.mark.parametrize("scoring", [dict(), dict(mask="all_positions"), dict(position_ids=False),
-                                     dict(dtype="bfloat16"), dict(gather="first_position")], ids=str)
+@pytest.mark.parametrize(
+    "scoring",
+    [
+        dict(),
+        dict(mask="all_positions"),
+        dict(position_ids=False),
+        dict(dtype="bfloat16"),
+        dict(gather="first_position"),
+    ],
+    ids=str,
+)
 def test_fast_scoring_equals_the_readable_forward(scoring):
     """Trimmed padding, and a group's prompt computed once (no grad): the same log-probs as one plain forward."""
     from grpo_debug.fast.scoring import per_token_logps_fast, prompt_is_shared, trim
     from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
+
     policy, r = _sample(True)
     spec = Scoring(temperature=0.7, **scoring)
     scored = completion_mask(r, "all_positions" if spec.score_after_eos else "keep_first_eos")
@@ -77,13 +97,16 @@ def test_fast_update_equals_the_readable_one():
     """Per-sample norms from hooks in the one backward (Conv1D weights' gradient summed from them) against
     one backward per sample; the total gradient and the step against plain autograd."""
     from grpo_debug.step import GRPOStep
+
     cfg = StepConfig(num_prompts=2, num_generations=3, max_new_tokens=40, learning_rate=1e-3)
     step = GRPOStep(cfg)
     fast = step.run(cfg, until="update")
     readable = step.run(cfg.replace(fast=False), until="update")
     assert torch.equal(fast.rollout.completion_ids, readable.rollout.completion_ids)
     assert torch.allclose(fast.logprobs.policy, readable.logprobs.policy, atol=2e-5)
-    assert torch.allclose(fast.update.per_sample_grad_norms, readable.update.per_sample_grad_norms, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(
+        fast.update.per_sample_grad_norms, readable.update.per_sample_grad_norms, rtol=1e-4, atol=1e-7
+    )
     assert fast.update.grad_norm == pytest.approx(readable.update.grad_norm, rel=1e-5)
     assert fast.update.update_norm == pytest.approx(readable.update.update_norm, rel=1e-3)
     assert fast.loss.loss.item() == pytest.approx(readable.loss.loss.item(), abs=1e-6)

@@ -12,13 +12,54 @@ from grpo_debug.config import StepConfig, parse_overrides
 
 FIELDS = [f.name for f in dataclasses.fields(StepConfig)]
 CHOICES = sorted({c for f in dataclasses.fields(StepConfig) for c in (f.metadata.get("choices") or ())})
-AWKWARD = ["", " ", "nan", "NaN", "inf", "-inf", "1e308", "-1e308", "1e309", "1e-320", "0", "-0", "-1", "1",
-           "0.5", "2", "18446744073709551616", "-9223372036854775809", "1_000", "0x10", " 3 ", "true", "False",
-           "yes", "no", "on", "None", "null", "off", "=", "a=b", "１", "\x00", "é", "../../etc/passwd"]
-values = st.one_of(st.sampled_from(AWKWARD + CHOICES), st.text(max_size=6),
-                   st.integers(-2**70, 2**70).map(str), st.floats().map(repr))
-keys = st.one_of(st.sampled_from(FIELDS), st.sampled_from(FIELDS).map(lambda k: k[:-1] + "x"),
-                 st.text(max_size=6).filter(lambda k: not set(k) & set("=,:")))  # those separate keys
+AWKWARD = [
+    "",
+    " ",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e308",
+    "-1e308",
+    "1e309",
+    "1e-320",
+    "0",
+    "-0",
+    "-1",
+    "1",
+    "0.5",
+    "2",
+    "18446744073709551616",
+    "-9223372036854775809",
+    "1_000",
+    "0x10",
+    " 3 ",
+    "true",
+    "False",
+    "yes",
+    "no",
+    "on",
+    "None",
+    "null",
+    "off",
+    "=",
+    "a=b",
+    "１",
+    "\x00",
+    "é",
+    "../../etc/passwd",
+]
+values = st.one_of(
+    st.sampled_from(AWKWARD + CHOICES),
+    st.text(max_size=6),
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats().map(repr),
+)
+keys = st.one_of(
+    st.sampled_from(FIELDS),
+    st.sampled_from(FIELDS).map(lambda k: k[:-1] + "x"),
+    st.text(max_size=6).filter(lambda k: not set(k) & set("=,:")),
+)  # those separate keys
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -46,6 +87,7 @@ def test_a_set_value_gives_a_checked_config_or_a_refusal_naming_its_key(key, val
 @example(name="fixed", key="seed", value="5")
 def test_an_arm_gives_a_checked_arm_or_a_refusal_naming_its_key(name, key, value):
     from grpo_debug.train import parse_arm
+
     text = f"{name}:{key}={value}"
     try:
         arm = parse_arm(text)
@@ -59,18 +101,44 @@ def test_an_arm_gives_a_checked_arm_or_a_refusal_naming_its_key(name, key, value
 def panel():
     from grpo_debug.step import GRPOStep
     from grpo_debug.ui.widgets import StepPanel
+
     cfg = StepConfig(num_prompts=2, num_generations=2, eval_prompts=2, eval_samples=2)
     step = GRPOStep(cfg)
     return StepPanel(step)
 
 
-panel_values = st.one_of(st.sampled_from([-5.0, -1, 0, 1e-9, 0.5, 1.0, 3.0, 1e6, 1e308, float("nan"), float("inf"),
-                                          True, False, None, "off", "bogus", ""] + CHOICES),
-                         st.floats(), st.integers(-10, 10), st.text(max_size=4))
+panel_values = st.one_of(
+    st.sampled_from(
+        [
+            -5.0,
+            -1,
+            0,
+            1e-9,
+            0.5,
+            1.0,
+            3.0,
+            1e6,
+            1e308,
+            float("nan"),
+            float("inf"),
+            True,
+            False,
+            None,
+            "off",
+            "bogus",
+            "",
+        ]
+        + CHOICES
+    ),
+    st.floats(),
+    st.integers(-10, 10),
+    st.text(max_size=4),
+)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(value=panel_values, data=st.data())
 def test_a_dashboard_change_runs_or_is_refused_in_the_status_line(panel, value, data):
     field = data.draw(st.sampled_from([*panel.fields, "bogus", "temprature"]))

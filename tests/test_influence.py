@@ -6,12 +6,18 @@ import dataclasses
 
 import pytest
 import torch
+from test_per_sample import naive_per_sample_gradients
 
 from grpo_debug.config import StepConfig
-from grpo_debug.tracin.influence import (ValidationSet, _val_share, batch_influence, influence_scores,
-                                  per_sample_train_gradients, validation_gradient)
 from grpo_debug.step import GRPOStep
-from test_per_sample import naive_per_sample_gradients
+from grpo_debug.tracin.influence import (
+    ValidationSet,
+    _val_share,
+    batch_influence,
+    influence_scores,
+    per_sample_train_gradients,
+    validation_gradient,
+)
 
 CFG = StepConfig(num_prompts=3, num_generations=4, beta=0.0, max_new_tokens=104)
 
@@ -54,7 +60,9 @@ def _naive_val_shares(model, val, cfg, kind) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad]
     out = []
     for i in range(val.rollout.num_samples):
-        out.append(torch.cat([g.flatten() for g in torch.autograd.grad(_val_share(model, val, cfg, kind, [i]), params)]))
+        out.append(
+            torch.cat([g.flatten() for g in torch.autograd.grad(_val_share(model, val, cfg, kind, [i]), params)])
+        )
     return torch.stack(out)
 
 
@@ -63,7 +71,13 @@ def test_same_batch_self_term_follows_the_derived_relation(setup, naive_train, k
     """g_val_i = (c_val_i / c_train_i) g_train_i for every sample with a gradient, so the self-term is
     that ratio times ||g_train_i||^2: >= 0 for seqloss-lastadv (ratio T_i under grpo), of the sign of
     A_i * r_i for seqloss-reward (negative for some samples of this batch)."""
-    from grpo_debug.tracin.influence import self_terms, self_terms_from_norms, train_coefficients, validation_coefficients
+    from grpo_debug.tracin.influence import (
+        self_terms,
+        self_terms_from_norms,
+        train_coefficients,
+        validation_coefficients,
+    )
+
     step, run, val = setup
     model = step.policy
     g_train = naive_train
@@ -93,6 +107,7 @@ def test_same_batch_self_term_follows_the_derived_relation(setup, naive_train, k
 
 def test_train_coefficients_refuse_a_kl_term(setup):
     from grpo_debug.tracin.influence import train_coefficients
+
     _, run, _ = setup
     with pytest.raises(ValueError, match="beta"):
         train_coefficients(run.advantages.values, run.logprobs.mask, CFG.replace(beta=0.04))
@@ -101,6 +116,7 @@ def test_train_coefficients_refuse_a_kl_term(setup):
 def test_adam_direction_is_torch_adamw_step():
     """Fresh and warmed states, with clipping: the update map against torch's AdamW doing the steps."""
     from grpo_debug.tracin.optimizer import adam_direction, clip_by_total_norm, warmed_state
+
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(4, generator=g))]
     batch = {p: torch.randn(p.shape, generator=g) for p in params}
@@ -128,6 +144,7 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
     """scores_for(..., 'adam'|'adam_batch') against <g_val, theta_before - theta_after> of torch's AdamW at
     lr 1 on a copy of the weights, sample by sample (the batch warm-up step taken by torch too)."""
     from grpo_debug.tracin.experiments import scores_for
+
     step, run, val = setup
     model = step.policy
     train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG).gradients()
@@ -138,15 +155,18 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
     for i in range(len(fast)):
         copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
         optimizer = torch.optim.AdamW(copies, lr=1.0, weight_decay=0.0)
-        steps = ([lambda p: train[p].sum(0)] if score == "adam_batch" else []) + [lambda p: train[p][i]]
+        steps = ([lambda p: train[p].sum(0)] if score == "adam_batch" else []) + [lambda p, i=i: train[p][i]]
         for grad_of in steps:
             before = [c.detach().clone() for c in copies]
             for c, p in zip(copies, params):
                 c.grad = grad_of(p).clone()
             torch.nn.utils.clip_grad_norm_(copies, CFG.max_grad_norm)
             optimizer.step()
-        independent.append(sum((val_grad[p].double() * (b - c.detach()).double()).sum()
-                               for p, b, c in zip(params, before, copies)).item())
+        independent.append(
+            sum(
+                (val_grad[p].double() * (b - c.detach()).double()).sum() for p, b, c in zip(params, before, copies)
+            ).item()
+        )
     independent = torch.tensor(independent, dtype=torch.float64)
     assert torch.allclose(fast.double(), independent, rtol=1e-4, atol=1e-5 * independent.abs().max().item())
     assert not torch.allclose(fast.double(), scores_for(train, val_grad, CFG, "tracin"), rtol=0.1)
@@ -156,9 +176,18 @@ def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
     """A real SGD step of lr 1e-4 on each sample alone changes L_val by -lr * influence_i to 5% (the
     second-order term) plus 5e-6 (float32 noise of L_val ~ 1.7, measured ~3e-6 here)."""
     from grpo_debug.tracin.experiments import first_order_checks
+
     step, run, val = setup
-    (check,) = first_order_checks(step.policy, run.rollout, run.logprobs, run.advantages.values, CFG, val,
-                                  lrs={"sgd": 1e-4}, pairs=(("tracin", "sgd"),))
+    (check,) = first_order_checks(
+        step.policy,
+        run.rollout,
+        run.logprobs,
+        run.advantages.values,
+        CFG,
+        val,
+        lrs={"sgd": 1e-4},
+        pairs=(("tracin", "sgd"),),
+    )
     assert check.moved >= 8
     assert ((check.measured - check.predicted).abs() <= 0.05 * check.predicted.abs() + 5e-6).all()
     assert check.spearman > 0.9 and check.sign_agreement == 1.0
@@ -174,6 +203,7 @@ def test_flip_sign_negates_the_validation_gradient_exactly(setup):
 
 def test_validation_pool_and_test_prompts_are_disjoint(setup):
     from grpo_debug.tracin.influence import validation_pool, validation_set
+
     step, run, _ = setup
     test_prompts = set(step.task.prompts("test", 256))
     for source in ("random", "topk"):
@@ -189,13 +219,17 @@ def test_validation_pool_and_test_prompts_are_disjoint(setup):
 def test_validation_advantages_per_group_and_whole_set(setup):
     from grpo_debug.advantages import compute_advantages
     from grpo_debug.tracin.influence import validation_pool, validation_set
+
     step, run, _ = setup
     pool = validation_pool(step.run, CFG, 16)
     for source in ("random", "topk"):
         per_group = validation_set(run, source, 8, pool, "per_group")
         whole = validation_set(run, source, 8, pool, "whole_set")
         assert torch.equal(per_group.rewards, whole.rewards)
-        assert torch.allclose(whole.advantages, compute_advantages(whole.rewards, 8)) and whole.advantages.sum().abs() < 1e-4
+        assert (
+            torch.allclose(whole.advantages, compute_advantages(whole.rewards, 8))
+            and whole.advantages.sum().abs() < 1e-4
+        )
     random = validation_set(run, "random", 8, pool, "per_group")
     assert torch.allclose(random.advantages, compute_advantages(random.rewards, CFG.num_generations))
     same = validation_set(run, "same_batch", val_advantages="per_group")
@@ -205,8 +239,9 @@ def test_validation_advantages_per_group_and_whole_set(setup):
 
 
 def test_sign_tolerance_counts_float_noise_as_zero():
-    from grpo_debug.tracin.influence import sign_fractions, signs
     from grpo_debug.tracin.experiments import select
+    from grpo_debug.tracin.influence import sign_fractions, signs
+
     scores = torch.tensor([0.3, -0.1, 1e-12, 2.0, -5.0, 1.0, -3e-11])
     assert signs(scores).tolist() == [1, -1, 0, 1, -1, 1, 0]
     assert sign_fractions(scores) == pytest.approx({"> 0": 3 / 7, "= 0": 2 / 7, "< 0": 2 / 7})
@@ -216,6 +251,7 @@ def test_sign_tolerance_counts_float_noise_as_zero():
 
 def test_selection_strategies_keep_what_they_say():
     from grpo_debug.tracin.experiments import select
+
     scores = torch.tensor([0.3, -0.1, 0.0, 2.0, -5.0, 1.0])
     assert select(scores, "all").tolist() == [0, 1, 2, 3, 4, 5]
     assert select(scores, "influence>0").tolist() == [0, 3, 5]
@@ -228,8 +264,9 @@ def test_selection_strategies_keep_what_they_say():
 
 
 def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
-    from grpo_debug.tracin.influence import validation_pool, validation_set
     from grpo_debug.tracin.experiments import held_out_baseline, influence_of_batch, selection_experiment
+    from grpo_debug.tracin.influence import validation_pool, validation_set
+
     step, run, _ = setup
     model, tokenizer = step.policy, step.loaded.tokenizer
     val = validation_set(run, "random", 16, validation_pool(step.run, CFG, 16))
@@ -237,9 +274,21 @@ def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
     weights = [p.detach().clone() for p in model.parameters()]
     baseline = held_out_baseline(model, tokenizer, step.task, CFG, 4)
     for optimizer in ("sgd", "adamw"):
-        results = {r.strategy: r for r in selection_experiment(model, run, tokenizer, step.task, val, scores,
-                                                               strategies=("top_half", "bottom_half"),
-                                                               optimizer=optimizer, eval_prompts=4, baseline=baseline)}
+        results = {
+            r.strategy: r
+            for r in selection_experiment(
+                model,
+                run,
+                tokenizer,
+                step.task,
+                val,
+                scores,
+                strategies=("top_half", "bottom_half"),
+                optimizer=optimizer,
+                eval_prompts=4,
+                baseline=baseline,
+            )
+        }
         top, bottom = results["top_half"], results["bottom_half"]
         assert top.val_loss_after < bottom.val_loss_after and top.val_loss_after < top.val_loss_before, optimizer
         assert top.reward_prompts == "test" and top.val_set == "random 16 (validation prompts)"
@@ -250,6 +299,7 @@ def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
 
 def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
     from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, InfluenceExplorer, score_key
+
     assert score_key(CFG) == score_key(CFG.replace(kl_estimator="k1", learning_rate=1.0, eval_prompts=2))
     assert score_key(CFG.replace(beta=0.1)) != score_key(CFG.replace(beta=0.1, kl_estimator="k1"))
     cfg = CFG.replace(num_prompts=2)
@@ -262,24 +312,31 @@ def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
     assert cache.is_cached(k1, choice) and torch.equal(cache.scores(step.policy, k1, choice), first)
     k1_beta = step.run(cfg.replace(kl_estimator="k1", beta=0.1), until="loss")
     assert not cache.is_cached(k1_beta, choice)
-    assert not torch.equal(cache.scores(step.policy, k1_beta, choice), first)  # k1's gradient at step 0 is beta * grad logp
+    assert not torch.equal(
+        cache.scores(step.policy, k1_beta, choice), first
+    )  # k1's gradient at step 0 is beta * grad logp
     flipped = dataclasses.replace(choice, flip_sign=True)
     assert torch.equal(cache.scores(step.policy, k1_beta, flipped), -cache.scores(step.policy, k1_beta, choice))
     explorer = InfluenceExplorer(step, cache=cache)  # the panel's entry: follows the step's current run
-    assert explorer.is_cached(choice) and torch.equal(explorer.scores(choice), cache.scores(step.policy, k1_beta, choice))
+    assert explorer.is_cached(choice) and torch.equal(
+        explorer.scores(choice), cache.scores(step.policy, k1_beta, choice)
+    )
 
 
 @pytest.mark.parametrize("model_kind", ["bundled", "random_gpt2"])
 @pytest.mark.parametrize("param_set", ["all", "blocks", "lora"])
 def test_influence_equals_naive_for_every_parameter_set(setup, model_kind, param_set):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     from grpo_debug.tracin.influence import lora_model, parameter_set
+
     step, run, val = setup
     model = step.policy
     if model_kind == "random_gpt2":
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(step.loaded.tokenizer), n_positions=256, n_embd=32,
-                                           n_layer=2, n_head=2)).eval()
+        model = GPT2LMHeadModel(
+            GPT2Config(vocab_size=len(step.loaded.tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2)
+        ).eval()
     if param_set == "lora":
         model = lora_model(model)
         with torch.no_grad():  # peft starts B at 0; move it so that A has a gradient too
@@ -292,8 +349,9 @@ def test_influence_equals_naive_for_every_parameter_set(setup, model_kind, param
         assert names and all(("lora_" in n) == (param_set == "lora") for n in names)
         assert (param_set == "all") == any("wte" in n for n in names)
         _, val_grad = validation_gradient(model, val, CFG, "seqloss-lastadv")
-        fast = influence_scores(per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values,
-                                                           CFG), val_grad)
+        fast = influence_scores(
+            per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG), val_grad
+        )
         naive = naive_per_sample_gradients(model, run, CFG).double() @ _flat(val_grad, params).double()
     assert torch.allclose(fast.double(), naive, rtol=1e-5, atol=1e-5 * naive.abs().max().item())
     assert all(p.requires_grad for p in step.policy.parameters())  # the set is restored afterwards

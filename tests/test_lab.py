@@ -21,8 +21,13 @@ def _free_port() -> int:
 def test_make_lab_serves_jupyterlab():
     port = _free_port()
     args = "--no-browser --ip=127.0.0.1 --ServerApp.token=test --ServerApp.open_browser=False"
-    proc = subprocess.Popen(["make", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        ["make", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         status = None

@@ -52,7 +52,12 @@ def test_an_unreachable_hub_id_fails_at_once_with_directions():
 def test_model_card_states_the_floor_metrics():
     text = CARD.read_text()
     metrics = json.loads(text.split("```json")[1].split("```")[0])
-    for key in ["policy/parse_rate", "policy/best_move_legal", "policy/best_move_top5", "groups_nonzero_std",
-                "env/next_fen_exact"]:
+    for key in [
+        "policy/parse_rate",
+        "policy/best_move_legal",
+        "policy/best_move_top5",
+        "groups_nonzero_std",
+        "env/next_fen_exact",
+    ]:
         assert key in metrics
     assert "python -m grpo_debug.chess.quality" in text

@@ -17,7 +17,7 @@ VERSION = re.compile(r"(?:TRL|transformers|torch|Python|jupytext|version|v)\s*$"
 
 def stated_numbers(markdown: str) -> list[str]:
     prose = re.sub(r"`[^`]*`", " ", markdown)
-    return [m.group(1) for m in DECIMAL.finditer(prose) if not VERSION.search(prose[:m.start()])]
+    return [m.group(1) for m in DECIMAL.finditer(prose) if not VERSION.search(prose[: m.start()])]
 
 
 def output_text(nb) -> str:
@@ -39,6 +39,11 @@ def test_the_check_finds_a_stated_number_and_skips_code_and_versions():
 def test_every_number_in_the_prose_is_printed_by_a_cell(path):
     nb = nbformat.read(path, as_version=4)
     printed = output_text(nb)
-    missing = [(n, cell.source[:60]) for cell in nb.cells if cell.cell_type == "markdown"
-               for n in stated_numbers(cell.source) if n not in printed]
+    missing = [
+        (n, cell.source[:60])
+        for cell in nb.cells
+        if cell.cell_type == "markdown"
+        for n in stated_numbers(cell.source)
+        if n not in printed
+    ]
     assert not missing, f"{path.name}: numbers stated in prose but printed by no cell: {missing}"

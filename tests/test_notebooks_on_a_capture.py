@@ -32,8 +32,11 @@ pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 
 TESTS = Path(__file__).resolve().parent
-USER_RUNS = {"defaults": {}, "chat": {"model": "my-chat", "chat": True},
-             "mu2-ga2": {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo"}}
+USER_RUNS = {
+    "defaults": {},
+    "chat": {"model": "my-chat", "chat": True},
+    "mu2-ga2": {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,7 @@ def captures(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """{name: (capture folder, TASK)}."""
     sys.path.insert(0, str(TESTS))
     from arithmetic_task import build_tiny_llama, build_tiny_model
+
     out = tmp_path_factory.mktemp("run")
     cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)
     trainer = trl_trainer(cfg, str(out), max_steps=2, disable_dropout=True)
@@ -52,8 +56,13 @@ def captures(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     build_tiny_llama(user / "my-chat", chat=True)
     shutil.copy(TESTS / "user_train.py", user / "user_train.py")
     for name, changes in USER_RUNS.items():
-        done = subprocess.run([sys.executable, "user_train.py", name, "10", json.dumps(changes)], cwd=user,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "user_train.py", name, "10", json.dumps(changes)],
+            cwd=user,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         found[name] = (user / name / "captures" / "step-2", f"{user / 'user_train.py'}:REWARD_FUNCS")
     return found
@@ -65,10 +74,13 @@ def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookN
     text = text.replace("\nCAPTURE = None\n", f"\nCAPTURE = {str(capture)!r}\n")
     text = text.replace("\nTASK = None\n", f"\nTASK = {task!r}\n")
     notebook = jupytext.reads(text, fmt="py:percent")
-    notebook.cells.append(nbformat.v4.new_code_cell(  # it walked the captured step, not the bundled one
-        "assert step.capture is not None and str(step.capture.path) == CAPTURE, step.capture\n"
-        "from pathlib import Path\n"
-        "assert Path(step.cfg.model) == step.capture.path.resolve() / 'policy'"))
+    notebook.cells.append(
+        nbformat.v4.new_code_cell(  # it walked the captured step, not the bundled one
+            "assert step.capture is not None and str(step.capture.path) == CAPTURE, step.capture\n"
+            "from pathlib import Path\n"
+            "assert Path(step.cfg.model) == step.capture.path.resolve() / 'policy'"
+        )
+    )
     return notebook
 
 
@@ -77,5 +89,6 @@ def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookN
 def test_the_notebook_walks_a_captured_step(name, run, captures):
     capture, task = captures[run]
     notebook = on_capture(name, capture, task)
-    NotebookClient(notebook, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(
+        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()

@@ -9,10 +9,17 @@ off-policy mask, the top-entropy mask, the entropy bonus, and every sampler impo
 
 import pytest
 import torch
-
-from grpo_debug.loss import (SAMPLER_CORRECTION_MODES, TRL_LOSS_TYPES, compute_loss, high_entropy_mask,
-                             off_policy_mask, sampler_importance_ratio, sampler_metrics)
 from trl_probes import LossProbe, trl_high_entropy_mask, trl_importance_sampling, trl_off_policy_mask
+
+from grpo_debug.loss import (
+    SAMPLER_CORRECTION_MODES,
+    TRL_LOSS_TYPES,
+    compute_loss,
+    high_entropy_mask,
+    off_policy_mask,
+    sampler_importance_ratio,
+    sampler_metrics,
+)
 
 N, T = 16, 10
 
@@ -30,8 +37,7 @@ def generation_batch(seed: int = 0, off_policy: bool = True):
     mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).float()
     advantages = torch.randn(N, generator=g)
     entropies = torch.rand(N, T, generator=g) * 2
-    return dict(logps=logps, old=old, sampler=sampler, ref=ref, mask=mask, advantages=advantages,
-                entropies=entropies)
+    return dict(logps=logps, old=old, sampler=sampler, ref=ref, mask=mask, advantages=advantages, entropies=entropies)
 
 
 def run_both(b, spec: dict, ga: int = 1, sampler_mode: str | None = None, beta: float = 0.0):
@@ -44,24 +50,52 @@ def run_both(b, spec: dict, ga: int = 1, sampler_mode: str | None = None, beta: 
     ours_in = b["logps"].clone().requires_grad_(True)
     trl_in = b["logps"].clone().requires_grad_(True)
     ours_total, trl_total, metrics = 0.0, 0.0, []
-    probe = LossProbe(loss_type=spec["loss_type"], beta=beta, epsilon=0.2, epsilon_high=spec.get("epsilon_high", 0.28),
-                      delta=spec.get("delta"), importance_sampling_level=spec.get("importance_sampling_level", "token"),
-                      max_completion_length=T + 2, grad_accum=ga, steps_per_generation=ga,
-                      top_entropy_quantile=spec.get("top_entropy_quantile", 1.0),
-                      off_policy_mask_threshold=spec.get("off_policy_mask_threshold"),
-                      entropy_coef=spec.get("entropy_coef", 0.0))
+    probe = LossProbe(
+        loss_type=spec["loss_type"],
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=spec.get("epsilon_high", 0.28),
+        delta=spec.get("delta"),
+        importance_sampling_level=spec.get("importance_sampling_level", "token"),
+        max_completion_length=T + 2,
+        grad_accum=ga,
+        steps_per_generation=ga,
+        top_entropy_quantile=spec.get("top_entropy_quantile", 1.0),
+        off_policy_mask_threshold=spec.get("off_policy_mask_threshold"),
+        entropy_coef=spec.get("entropy_coef", 0.0),
+    )
     for rows in torch.arange(N).chunk(ga):
-        take = lambda x: None if x is None else x[rows]
+        take = lambda x, rows=rows: None if x is None else x[rows]
         sampler_logps = take(b["sampler"]) if ratio is not None else None
-        ours = compute_loss(ours_in[rows], take(b["old"]), take(b["ref"]), b["advantages"][rows], b["mask"][rows],
-                            entropies=b["entropies"][rows], sampler_logps=sampler_logps, sampler_ratio=take(ratio),
-                            num_items_in_batch=num_items, beta=beta, kl_estimator="k3_corrected", epsilon_low=0.2,
-                            max_completion_length=T + 2, gradient_accumulation_steps=ga, steps_per_generation=ga,
-                            **{"epsilon_high": 0.28, **spec})
-        theirs, trl_metrics = probe.loss(trl_in[rows], b["advantages"][rows], b["mask"][rows],
-                                         old_per_token_logps=take(b["old"]), ref_per_token_logps=take(b["ref"]),
-                                         entropies=b["entropies"][rows], num_items_in_batch=num_items,
-                                         sampling_per_token_logps=sampler_logps, importance_sampling_ratio=take(ratio))
+        ours = compute_loss(
+            ours_in[rows],
+            take(b["old"]),
+            take(b["ref"]),
+            b["advantages"][rows],
+            b["mask"][rows],
+            entropies=b["entropies"][rows],
+            sampler_logps=sampler_logps,
+            sampler_ratio=take(ratio),
+            num_items_in_batch=num_items,
+            beta=beta,
+            kl_estimator="k3_corrected",
+            epsilon_low=0.2,
+            max_completion_length=T + 2,
+            gradient_accumulation_steps=ga,
+            steps_per_generation=ga,
+            **{"epsilon_high": 0.28, **spec},
+        )
+        theirs, trl_metrics = probe.loss(
+            trl_in[rows],
+            b["advantages"][rows],
+            b["mask"][rows],
+            old_per_token_logps=take(b["old"]),
+            ref_per_token_logps=take(b["ref"]),
+            entropies=b["entropies"][rows],
+            num_items_in_batch=num_items,
+            sampling_per_token_logps=sampler_logps,
+            importance_sampling_ratio=take(ratio),
+        )
         ours_total, trl_total = ours_total + ours.loss, trl_total + theirs
         metrics.append((ours, trl_metrics))
     ours_total.backward()
@@ -113,10 +147,17 @@ def test_sampler_importance_sampling_modes(loss_type, mode, ga):
     assert_same(run_both(b, {"loss_type": loss_type}, ga=ga, sampler_mode=mode))
 
 
-@pytest.mark.parametrize("option", [{"delta": 1.3}, {"delta": 1.1}, {"off_policy_mask_threshold": 0.05},
-                                    {"top_entropy_quantile": 0.2}, {"entropy_coef": 0.01},
-                                    {"delta": 1.3, "top_entropy_quantile": 0.5, "entropy_coef": 0.01,
-                                     "off_policy_mask_threshold": 0.05}])
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"delta": 1.3},
+        {"delta": 1.1},
+        {"off_policy_mask_threshold": 0.05},
+        {"top_entropy_quantile": 0.2},
+        {"entropy_coef": 0.01},
+        {"delta": 1.3, "top_entropy_quantile": 0.5, "entropy_coef": 0.01, "off_policy_mask_threshold": 0.05},
+    ],
+)
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "sapo", "luspo"])
 @pytest.mark.parametrize("ga", [1, 4])
 def test_options(option, loss_type, ga):
@@ -151,22 +192,27 @@ def test_sampler_ratio_and_metrics_match_trl(mode, clip):
 @pytest.mark.parametrize("quantile", [0.0, 0.2, 0.5, 1.0])
 def test_high_entropy_mask_matches_trl(quantile):
     b = generation_batch(seed=13)
-    assert torch.equal(high_entropy_mask(b["entropies"], b["mask"], quantile),
-                       trl_high_entropy_mask(b["entropies"], b["mask"], quantile))
+    assert torch.equal(
+        high_entropy_mask(b["entropies"], b["mask"], quantile),
+        trl_high_entropy_mask(b["entropies"], b["mask"], quantile),
+    )
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05, 0.5])
 def test_off_policy_mask_matches_trl(threshold):
     b = generation_batch(seed=17)
     A = b["advantages"].unsqueeze(1)
-    assert torch.equal(off_policy_mask(A, b["logps"], b["sampler"], b["mask"], threshold),
-                       trl_off_policy_mask(b["advantages"], b["logps"], b["sampler"], b["mask"], threshold))
+    assert torch.equal(
+        off_policy_mask(A, b["logps"], b["sampler"], b["mask"], threshold),
+        trl_off_policy_mask(b["advantages"], b["logps"], b["sampler"], b["mask"], threshold),
+    )
 
 
 def test_delta_caps_positive_advantages_too_below_one_plus_epsilon_high():
     """TRL clamps the ratio at delta before the min, for every token: with delta = 1.1 < 1 + epsilon_high a
     positive-advantage token whose ratio is 1.15 weighs 1.1 (the help text of StepConfig.delta says so)."""
     from grpo_debug.loss import compute_loss
+
     logps, old = torch.log(torch.tensor([[1.15]])), torch.zeros(1, 1)
     out = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), delta=1.1, epsilon_high=0.2)
     assert torch.allclose(out.per_token_loss, torch.tensor([[-1.1]]))

@@ -9,10 +9,17 @@ import torch
 
 from grpo_debug.config import StepConfig
 from grpo_debug.diagnostics import null_step
-from grpo_debug.step import GRPOStep, metrics
+from grpo_debug.step import GRPOStep
 
-SMALL = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=40, eval_prompts=2, eval_samples=1,
-                   bootstrap=100, per_sample_grad_norms=False)
+SMALL = StepConfig(
+    num_prompts=2,
+    num_generations=4,
+    max_new_tokens=40,
+    eval_prompts=2,
+    eval_samples=1,
+    bootstrap=100,
+    per_sample_grad_norms=False,
+)
 CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/high_max")
 
 
@@ -25,10 +32,20 @@ def step():
 
 def _cli(tmp_path, *settings):
     out = tmp_path / "out.json"
-    small = ["num_prompts=2", "num_generations=4", "max_new_tokens=40", "eval_prompts=2", "eval_samples=1",
-             "bootstrap=100"]
-    proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--set", *small, *settings, "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    small = [
+        "num_prompts=2",
+        "num_generations=4",
+        "max_new_tokens=40",
+        "eval_prompts=2",
+        "eval_samples=1",
+        "bootstrap=100",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "step", "--set", *small, *settings, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())["metrics"]
 
@@ -53,9 +70,11 @@ def test_one_iteration_is_exactly_on_policy(step):
 def test_dapo_is_invariant_to_micro_batching_and_bnpo_is_not(step):
     """dapo divides every micro-batch by the generation batch's tokens (TRL's num_items_in_batch), so two
     micro-batches accumulate to the one-batch gradient; bnpo divides each by its own token count."""
+
     def grad_norm(loss_type, S):
         cfg = SMALL.replace(loss_type=loss_type, beta=0.0, gradient_accumulation_steps=S, max_grad_norm=0.0)
         return step.run(cfg, until="update", remember=False).update.grad_norm
+
     assert grad_norm("dapo", 2) == pytest.approx(grad_norm("dapo", 1), rel=1e-4)
     assert grad_norm("bnpo", 1) == pytest.approx(grad_norm("dapo", 1), rel=1e-5)
     mask = step.result.logprobs.mask

@@ -6,17 +6,26 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
-from grpo_debug.tracin.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
 from grpo_debug.step import GRPOStep
+from grpo_debug.tracin.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.update import chunk_loss
 
 
 def _share(model, run, cfg, rows):
     """These samples' share of the batch loss (the batch normalisation held fixed)."""
     weights = loss_weights(run.logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    return chunk_loss(model, run.rollout, run.logprobs, run.advantages.values, scoring_of(cfg), loss_spec_of(cfg), rows,
-                      weights, fast=model.config.model_type == "gpt2")
+    return chunk_loss(
+        model,
+        run.rollout,
+        run.logprobs,
+        run.advantages.values,
+        scoring_of(cfg),
+        loss_spec_of(cfg),
+        rows,
+        weights,
+        fast=model.config.model_type == "gpt2",
+    )
 
 
 def naive_per_sample_gradients(model, run, cfg):
@@ -51,8 +60,9 @@ def test_hooks_equal_the_naive_reference(model_kind, beta, loss_type):
     model = step.policy
     if model_kind == "random_gpt2":
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(step.loaded.tokenizer), n_positions=256, n_embd=32,
-                                           n_layer=2, n_head=2)).eval()
+        model = GPT2LMHeadModel(
+            GPT2Config(vocab_size=len(step.loaded.tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2)
+        ).eval()
     # a perturbed policy, so the ratio, the clipping and the KL are all away from their step-0 values
     with torch.no_grad():
         for p in model.parameters():
@@ -68,6 +78,7 @@ def test_ghost_products_equal_building_the_gradients():
     """Gram ("ghost") inner products against materialised ones, for every pairing of dense and lookup
     factors that a tied embedding / LM head produces, and the dot with a vector."""
     from grpo_debug.tracin.per_sample import Outer, inner
+
     g = torch.Generator().manual_seed(0)
     N, T, S, V, d = 3, 7, 5, 11, 4
     head = Outer(torch.randn(N, T, V, generator=g), torch.randn(N, T, d, generator=g), V)
@@ -87,13 +98,17 @@ def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(
     """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path.
     GPT-2 builds (1, T) position ids itself here, with token ids or with embeddings passed in."""
     from grpo_debug.tracin.per_sample import Outer, _ghost_is_cheaper
+
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=48, n_layer=1, n_head=2)).eval()
     ids = torch.randint(0, 4000, (3, 12))
 
     def per_sample_loss(rows):
-        inputs = {"input_ids": ids[rows]} if call_with == "input_ids" else \
-            {"inputs_embeds": model.transformer.wte(ids[rows])}
+        inputs = (
+            {"input_ids": ids[rows]}
+            if call_with == "input_ids"
+            else {"inputs_embeds": model.transformer.wte(ids[rows])}
+        )
         logits = model(**inputs).logits
         return logits.log_softmax(-1)[:, :-1].gather(-1, ids[rows, 1:, None]).sum() * 0.1
 
@@ -116,6 +131,7 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     """With norms on, `update` takes the Conv1D weights' batch gradient as the sum of their per-sample
     gradients (autograd skips them): the norms equal the naive ones and the step equals autograd's."""
     from grpo_debug.update import update
+
     cfg = StepConfig(num_prompts=2, num_generations=3, max_new_tokens=40, learning_rate=1e-3)
     step = GRPOStep(cfg)
     run = step.run(cfg, until="loss")
@@ -124,8 +140,16 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     after = {}
     for norms in (False, True):
         model.load_state_dict(start)
-        result = update(model, run.rollout, run.logprobs, run.advantages.values, scoring_of(cfg), loss_spec_of(cfg),
-                        optimization_of(cfg), per_sample_grad_norms=norms)
+        result = update(
+            model,
+            run.rollout,
+            run.logprobs,
+            run.advantages.values,
+            scoring_of(cfg),
+            loss_spec_of(cfg),
+            optimization_of(cfg),
+            per_sample_grad_norms=norms,
+        )
         after[norms] = ({k: v.clone() for k, v in model.state_dict().items()}, result)
     model.load_state_dict(start)
     assert torch.allclose(after[True][1].per_sample_grad_norms.double(), naive, rtol=1e-5)
@@ -141,9 +165,18 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
 def _random_model(kind: str, vocab: int):
     """A tiny random model of each normalisation family transformers' decoders use."""
     from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config
+
     torch.manual_seed(0)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=2, max_position_embeddings=256, head_dim=16)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        head_dim=16,
+    )
     config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma2": Gemma2Config}[kind](**common)
     return AutoModelForCausalLM.from_config(config).eval()
 
@@ -157,7 +190,7 @@ def test_rmsnorm_models_get_exact_per_sample_gradients_for_every_parameter(kind)
     run = step.run(cfg, until="loss")
     model = _random_model(kind, len(step.loaded.tokenizer))
     with torch.no_grad():  # RMSNorm weights away from their initial ones (and zeros), so every rule is exercised
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     params = [p for p in model.parameters() if p.requires_grad]
     naive = naive_per_sample_gradients(model, run, cfg)
@@ -165,7 +198,9 @@ def test_rmsnorm_models_get_exact_per_sample_gradients_for_every_parameter(kind)
     start = 0
     for name, p in model.named_parameters():
         width = p.numel()
-        assert torch.allclose(fast[:, start:start + width], naive[:, start:start + width], rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(fast[:, start : start + width], naive[:, start : start + width], rtol=1e-4, atol=1e-6), (
+            name
+        )
         start += width
     assert start == naive.shape[1] and len(params) > 0
     assert any("norm" in name for name, _ in model.named_parameters())
@@ -181,6 +216,7 @@ def test_a_trainable_parameter_without_a_rule_is_refused_by_name():
 
 def test_the_blocks_parameter_set_is_found_by_module_type():
     from grpo_debug.tracin.influence import block_parameter_names
+
     llama = _random_model("llama", 16)
     names = block_parameter_names(llama)
     assert names and all(n.startswith("model.layers.") for n in names)

@@ -16,8 +16,9 @@ def both(cfg: StepConfig):
     step = GRPOStep(cfg)
     cached = step.run(cfg, until="update")
     loaded, task = load_model(cfg.model), load_task(cfg.task)
-    reference = grpo_step(loaded.policy, loaded.reference, loaded.tokenizer, task.prompts("train", cfg.num_prompts),
-                          task, cfg)
+    reference = grpo_step(
+        loaded.policy, loaded.reference, loaded.tokenizer, task.prompts("train", cfg.num_prompts), task, cfg
+    )
     return step, cached, loaded, reference
 
 
@@ -25,11 +26,15 @@ def weights(model) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("cfg", [
-    StepConfig(**SMALL, fast=False),
-    StepConfig.preset("trl", **SMALL, fast=False, num_iterations=2, steps_per_generation=2, beta=0.04),
-    StepConfig(**SMALL, fast=False, vllm_importance_sampling_correction=True, top_p=0.9),
-], ids=["fixed", "trl mu 2 S 2 beta", "sampler correction, top_p"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        StepConfig(**SMALL, fast=False),
+        StepConfig.preset("trl", **SMALL, fast=False, num_iterations=2, steps_per_generation=2, beta=0.04),
+        StepConfig(**SMALL, fast=False, vllm_importance_sampling_correction=True, top_p=0.9),
+    ],
+    ids=["fixed", "trl mu 2 S 2 beta", "sampler correction, top_p"],
+)
 def test_grpo_step_run_equals_the_reference_step_bit_for_bit(cfg):
     step, cached, loaded, reference = both(cfg)
     assert cached.rollout.completions == reference.rollout.completions

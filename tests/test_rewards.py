@@ -50,18 +50,26 @@ def test_perturbed_ground_truth_scores_lower():
     for record in ENV_EVAL[:100]:
         truth = EnvOutcome(record["next_fen"], record["reward"], record["terminated"], record["truncated"])
         fen, reward, terminated, truncated = truth.next_fen, truth.reward, truth.terminated, truth.truncated
-        wrongs = [EnvOutcome(fen, reward, not terminated, truncated), EnvOutcome(fen, reward, terminated, not truncated),
-                  EnvOutcome(fen, reward + 0.5, terminated, truncated),
-                  EnvOutcome(fen.replace(" w ", " b ") if " w " in fen else fen.replace(" b ", " w "), reward,
-                             terminated, truncated)]
+        wrongs = [
+            EnvOutcome(fen, reward, not terminated, truncated),
+            EnvOutcome(fen, reward, terminated, not truncated),
+            EnvOutcome(fen, reward + 0.5, terminated, truncated),
+            EnvOutcome(
+                fen.replace(" w ", " b ") if " w " in fen else fen.replace(" b ", " w "), reward, terminated, truncated
+            ),
+        ]
         for wrong in [env_completion(w) for w in wrongs] + ["", fen]:
             assert score_env(truth, wrong).total < 1.0, wrong
 
 
 def test_reward_graded_by_stockfish_ranking():
     analysis = PositionAnalysis.from_json(POLICY_EVAL[0])
-    scores = [score_policy(analysis, policy_completion(analysis.top5, [analysis.evals[m] for m in analysis.top5], m))
-              .components["best_move"] for m in analysis.ranked_moves]
+    scores = [
+        score_policy(
+            analysis, policy_completion(analysis.top5, [analysis.evals[m] for m in analysis.top5], m)
+        ).components["best_move"]
+        for m in analysis.ranked_moves
+    ]
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0 and scores[-1] > -1.0
 
 
@@ -88,15 +96,32 @@ MOVES = st.one_of(st.sampled_from(["e2e4", "a1a1", "e7e8q", "0000", "g1f3", "zz"
 NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.sampled_from(["1", "-0.3", "x", ""]))
 POLICY_TEXT = st.one_of(
     UNICODE,
-    st.builds(lambda ms, es, b, pad: f"{pad}M: {' '.join(ms)} E: {' '.join(es)} B: {b}",
-              st.lists(MOVES, max_size=7), st.lists(NUMBERS, max_size=7), MOVES, st.sampled_from(["", "   "])),
-    st.builds(lambda s, n: s[:n], st.sampled_from([policy_example(r)[1] for r in POLICY_EVAL[:20]]),
-              st.integers(0, 80)),
+    st.builds(
+        lambda ms, es, b, pad: f"{pad}M: {' '.join(ms)} E: {' '.join(es)} B: {b}",
+        st.lists(MOVES, max_size=7),
+        st.lists(NUMBERS, max_size=7),
+        MOVES,
+        st.sampled_from(["", "   "]),
+    ),
+    st.builds(
+        lambda s, n: s[:n], st.sampled_from([policy_example(r)[1] for r in POLICY_EVAL[:20]]), st.integers(0, 80)
+    ),
 )
-FENS = st.one_of(UNICODE, st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]),
-                 st.builds(lambda f, n: f[:n], st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]), st.integers(0, 90)))
-ENV_TEXT = st.one_of(UNICODE, st.builds(lambda f, r, t, u: f"{f}+{r}+{t}+{u}", FENS, NUMBERS,
-                                        st.sampled_from(["0", "1", "2", ""]), st.sampled_from(["0", "1", "x"])))
+FENS = st.one_of(
+    UNICODE,
+    st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]),
+    st.builds(lambda f, n: f[:n], st.sampled_from([r["next_fen"] for r in ENV_EVAL[:50]]), st.integers(0, 90)),
+)
+ENV_TEXT = st.one_of(
+    UNICODE,
+    st.builds(
+        lambda f, r, t, u: f"{f}+{r}+{t}+{u}",
+        FENS,
+        NUMBERS,
+        st.sampled_from(["0", "1", "2", ""]),
+        st.sampled_from(["0", "1", "x"]),
+    ),
+)
 
 
 @settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,6 +175,7 @@ def test_an_a_prompt_on_an_invalid_position_scores_its_own_ground_truth_1():
     FEN; the ground truth's next FEN is compared as text then, and scores 1.0 as the docstring promises."""
     from grpo_debug.chess.format import env_prompt
     from grpo_debug.chess.rewards import RewardScorer
+
     scorer = RewardScorer()
     prompt = env_prompt("4k3/8/8/8/8/8/8/K3P3 w - - 0 1", "a1a2", [])
     truth = scorer.env_truth_for(prompt)

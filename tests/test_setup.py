@@ -1,6 +1,7 @@
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,7 +15,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     declared = _names(project["dependencies"] + project["optional-dependencies"]["test"])
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:")
-    pip = [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
+    pip = [line.strip()[2:] for line in lines[start + 1 :] if line.strip().startswith("- ")]
     assert _names([p for p in pip if not p.startswith("-e")]) == declared
     assert "-e ." in pip
     conda = [line.strip()[2:] for line in lines[:start] if line.startswith("  - ")]
@@ -23,8 +24,11 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
 
 
 def test_ci_runs_make_test_and_nothing_else():
-    commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
-                if line.strip() and not line.startswith(("#", "set "))]
+    commands = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.startswith(("#", "set "))
+    ]
     assert commands == ["make test"]
 
 

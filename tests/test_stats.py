@@ -6,8 +6,17 @@ import math
 import pytest
 import torch
 
-from grpo_debug.stats import (crossed_interval, distinct_seeds, holm, log_ratio_interval, prompt_interval,
-                              seed_interval, sign_test, spearman, verdict)
+from grpo_debug.stats import (
+    crossed_interval,
+    distinct_seeds,
+    holm,
+    log_ratio_interval,
+    prompt_interval,
+    seed_interval,
+    sign_test,
+    spearman,
+    verdict,
+)
 
 REGIMES = {"seed-dominated": (1.0, 0.3, 0.5), "prompt-dominated": (0.1, 1.0, 0.5), "balanced": (0.7, 0.7, 0.5)}
 
@@ -21,9 +30,12 @@ def test_the_crossed_interval_covers_at_least_93_percent(seeds, regime):
     g = torch.Generator().manual_seed(seeds * 10 + len(regime))
     mu, hits, runs = 0.3, 0, 2000
     for _ in range(runs):
-        y = (mu + sa * torch.randn(seeds, 1, generator=g, dtype=torch.float64)
-             + sb * torch.randn(1, 24, generator=g, dtype=torch.float64)
-             + se * torch.randn(seeds, 24, generator=g, dtype=torch.float64))
+        y = (
+            mu
+            + sa * torch.randn(seeds, 1, generator=g, dtype=torch.float64)
+            + sb * torch.randn(1, 24, generator=g, dtype=torch.float64)
+            + se * torch.randn(seeds, 24, generator=g, dtype=torch.float64)
+        )
         i = crossed_interval(y)
         hits += i.ci_low <= mu <= i.ci_high
     assert hits / runs >= 0.93, hits / runs
@@ -35,8 +47,11 @@ def test_the_nested_bootstrap_it_replaces_undercovers_with_three_seeds():
     g = torch.Generator().manual_seed(0)
     hits, runs = 0, 400
     for _ in range(runs):
-        y = 0.3 + torch.randn(3, 1, generator=g, dtype=torch.float64) + 0.3 * torch.randn(1, 24, generator=g,
-                                                                                         dtype=torch.float64)
+        y = (
+            0.3
+            + torch.randn(3, 1, generator=g, dtype=torch.float64)
+            + 0.3 * torch.randn(1, 24, generator=g, dtype=torch.float64)
+        )
         seeds = torch.randint(0, 3, (500, 3), generator=g)
         prompts = torch.randint(0, 24, (500, 3, 24), generator=g)
         means = y[seeds.unsqueeze(-1), prompts].mean((1, 2))
@@ -83,8 +98,14 @@ def test_spearman_is_scipys():
 
 def test_variance_components_and_power_recover_a_known_design():
     from grpo_debug.stats import crossed_power, variance_components
+
     g = torch.Generator().manual_seed(3)
-    y = 0.5 + 0.4 * torch.randn(40, 1, generator=g) + 0.3 * torch.randn(1, 60, generator=g) + 0.2 * torch.randn(40, 60, generator=g)
+    y = (
+        0.5
+        + 0.4 * torch.randn(40, 1, generator=g)
+        + 0.3 * torch.randn(1, 60, generator=g)
+        + 0.2 * torch.randn(40, 60, generator=g)
+    )
     c = variance_components(y)
     assert abs(c["seed"] - 0.16) < 0.08 and abs(c["prompt"] - 0.09) < 0.05 and abs(c["residual"] - 0.04) < 0.005
     low = crossed_power(0.05, {"seed": 0.0, "prompt": 0.0, "residual": 0.05}, seeds=4, prompts=24, runs=300)

@@ -28,8 +28,16 @@ def test_all_fixes_on_sampler_and_recomputed_logps_agree(step):
     assert run.logprobs.max_sampler_gap < 1e-4
 
 
-@pytest.mark.parametrize("pitfall", [dict(logprob_temperature=False), dict(dropout=True), dict(position_ids=False),
-                                     dict(dtype="bfloat16"), dict(gather="first_position")])
+@pytest.mark.parametrize(
+    "pitfall",
+    [
+        dict(logprob_temperature=False),
+        dict(dropout=True),
+        dict(position_ids=False),
+        dict(dtype="bfloat16"),
+        dict(gather="first_position"),
+    ],
+)
 def test_each_pitfall_alone_breaks_the_agreement(step, pitfall):
     gap = step.run(SMALL.replace(**pitfall), until="logprobs").logprobs.max_sampler_gap
     step.run(SMALL, until="loss")
@@ -99,8 +107,11 @@ def test_sequence_reinforce_forms():
 
 
 def test_overrides_are_typed_and_checked():
-    assert parse_overrides(["beta=0.1", "dropout=true", "num_prompts=2"]) == {"beta": 0.1, "dropout": True,
-                                                                              "num_prompts": 2}
+    assert parse_overrides(["beta=0.1", "dropout=true", "num_prompts=2"]) == {
+        "beta": 0.1,
+        "dropout": True,
+        "num_prompts": 2,
+    }
     with pytest.raises(ValueError, match="'no_such_knob' is not a StepConfig key"):
         parse_overrides(["no_such_knob=1"])
     with pytest.raises(ValueError, match="did you mean temperature"):
@@ -112,9 +123,11 @@ def test_overrides_are_typed_and_checked():
 def test_a_cli_typo_is_answered_before_torch_loads():
     """The command line checks its arguments with the config alone: `import grpo_debug.config` and the parser
     import neither torch nor transformers (timing it would be a flaky test; the imports are what decide)."""
-    code = ("import sys, grpo_debug.__main__ as m\n"
-            "try:\n    m.main(['step', '--set', 'temprature=0.5'])\nexcept SystemExit as e:\n    assert e.code == 2\n"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported too early'")
+    code = (
+        "import sys, grpo_debug.__main__ as m\n"
+        "try:\n    m.main(['step', '--set', 'temprature=0.5'])\nexcept SystemExit as e:\n    assert e.code == 2\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported too early'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "did you mean temperature" in done.stderr
@@ -122,13 +135,33 @@ def test_a_cli_typo_is_answered_before_torch_loads():
 
 def test_cli_prints_a_report_and_writes_every_number(tmp_path):
     out = tmp_path / "step.json"
-    proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=2",
-                           "eval_prompts=2", "eval_samples=2", "mask=drop_eos_and_pad", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_debug",
+            "step",
+            "--set",
+            "num_prompts=2",
+            "num_generations=2",
+            "eval_prompts=2",
+            "eval_samples=2",
+            "mask=drop_eos_and_pad",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "differs from the fixed preset: mask=drop_eos_and_pad" in proc.stdout and "frac_reward_zero_std" in proc.stdout
+    assert (
+        "differs from the fixed preset: mask=drop_eos_and_pad" in proc.stdout and "frac_reward_zero_std" in proc.stdout
+    )
     data = json.loads(out.read_text())
-    assert {"reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "completions/mean_length"} <= set(data["metrics"])
+    assert {"reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "completions/mean_length"} <= set(
+        data["metrics"]
+    )
     assert len(data["completions"]) == 4
 
 
@@ -143,6 +176,7 @@ def test_per_prompt_loop_generation_scores_like_one_call():
 
 def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step):
     from grpo_debug.ui.tables import per_sample
+
     run = step.run(SMALL, until="loss")
     table = per_sample(run)
     tasks = {p[:2] for p in run.rollout.prompts}
@@ -155,9 +189,26 @@ def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step)
 @pytest.mark.parametrize("preset", ["fixed", "trl"])
 def test_cli_runs_each_preset_and_reports_its_sampler_gap(tmp_path, preset):
     out = tmp_path / "step.json"
-    proc = subprocess.run([sys.executable, "-m", "grpo_debug", "step", "--preset", preset, "--set", "num_prompts=2",
-                           "num_generations=2", "eval_prompts=2", "eval_samples=2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_debug",
+            "step",
+            "--preset",
+            preset,
+            "--set",
+            "num_prompts=2",
+            "num_generations=2",
+            "eval_prompts=2",
+            "eval_samples=2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"preset: {preset}" in proc.stdout
     data = json.loads(out.read_text())
@@ -168,6 +219,7 @@ def test_cli_runs_each_preset_and_reports_its_sampler_gap(tmp_path, preset):
 
 def test_every_run_is_a_new_frozen_run_and_a_later_run_leaves_it_alone(step):
     import dataclasses
+
     a = step.run(SMALL, until="loss")
     loss_a, logps_a = a.loss.loss.clone(), a.logprobs.policy.clone()
     b = step.run(SMALL.replace(beta=0.3, mask="all_positions"), until="loss")
@@ -181,18 +233,41 @@ def test_every_run_is_a_new_frozen_run_and_a_later_run_leaves_it_alone(step):
     assert step.result.config != side.config  # a side run leaves the step's current run as it was
 
 
-@pytest.mark.parametrize("args,message", [
-    (["step", "--set", "max_new_tokens=300"], "the model 256 positions, so at most"),
-    (["train", "--steps", "1", "--arm", "fixed", "--eval-prompts", "100000", "--json", "OUT"], "--eval-prompts 100000"),
-    (["train", "--steps", "1", "--arm", "fixed", "--set", "task=policy", "--train-prompts", "100000", "--json", "OUT"],
-     "--train-prompts 100000"),
-    (["train", "--steps", "0", "--arm", "fixed", "--json", "OUT"], "--steps, --seeds and --eval-every must be at least 1"),
-    (["train", "--steps", "1", "--arm", "bogus", "--json", "OUT"], "'bogus' is not a named arm"),
-    (["train", "--steps", "1", "--arm", "fixed:seed=5", "--json", "OUT"], "set by train for every step"),
-    (["train", "--steps", "1", "--arm", "tracin:flip_sign=maybe", "--json", "OUT"], "flip_sign = 'maybe'"),
-    (["train", "--steps", "1", "--arm", "fixed", "--arm", "fixed", "--json", "OUT"], "arm names must differ"),
-    (["step", "--threads", "0"], "--threads 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["step", "--set", "max_new_tokens=300"], "the model 256 positions, so at most"),
+        (
+            ["train", "--steps", "1", "--arm", "fixed", "--eval-prompts", "100000", "--json", "OUT"],
+            "--eval-prompts 100000",
+        ),
+        (
+            [
+                "train",
+                "--steps",
+                "1",
+                "--arm",
+                "fixed",
+                "--set",
+                "task=policy",
+                "--train-prompts",
+                "100000",
+                "--json",
+                "OUT",
+            ],
+            "--train-prompts 100000",
+        ),
+        (
+            ["train", "--steps", "0", "--arm", "fixed", "--json", "OUT"],
+            "--steps, --seeds and --eval-every must be at least 1",
+        ),
+        (["train", "--steps", "1", "--arm", "bogus", "--json", "OUT"], "'bogus' is not a named arm"),
+        (["train", "--steps", "1", "--arm", "fixed:seed=5", "--json", "OUT"], "set by train for every step"),
+        (["train", "--steps", "1", "--arm", "tracin:flip_sign=maybe", "--json", "OUT"], "flip_sign = 'maybe'"),
+        (["train", "--steps", "1", "--arm", "fixed", "--arm", "fixed", "--json", "OUT"], "arm names must differ"),
+        (["step", "--threads", "0"], "--threads 0"),
+    ],
+)
 def test_bad_command_lines_are_refused_with_the_field_named(args, message, tmp_path):
     args = [str(tmp_path / "out.json") if a == "OUT" else a for a in args]
     done = subprocess.run([sys.executable, "-m", "grpo_debug", *args], capture_output=True, text=True, timeout=300)
@@ -200,8 +275,17 @@ def test_bad_command_lines_are_refused_with_the_field_named(args, message, tmp_p
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("pair", ["seed=18446744073709551616", "epsilon_high=1e308", "learning_rate=1e30",
-                                  "entropy_coef=-1e30", "temperature=nan", "model="])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        "seed=18446744073709551616",
+        "epsilon_high=1e308",
+        "learning_rate=1e30",
+        "entropy_coef=-1e30",
+        "temperature=nan",
+        "model=",
+    ],
+)
 def test_values_that_overflow_later_are_refused_when_the_config_is_built(pair):
     with pytest.raises(ValueError, match=pair.split("=")[0]):
         StepConfig(**parse_overrides([pair]))

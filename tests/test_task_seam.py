@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from arithmetic_task import WEIGHTS, arithmetic_task, build_tiny_model, expected_total, format_reward
 
 import grpo_debug.task as task_module
-from arithmetic_task import WEIGHTS, ExactAnswer, arithmetic_task, build_tiny_model, expected_total, format_reward
 from grpo_debug.config import StepConfig
 from grpo_debug.rewards import compute_rewards
 from grpo_debug.task import PROMPT_SETS, Task, load_task, register_task, task_names
@@ -82,8 +82,11 @@ def test_task_and_registry_errors_are_named(arithmetic):
         Task("t", arithmetic_task().prompts, (format_reward,), (1.0, 2.0))
     with pytest.raises(ValueError, match="task must be one of .*arithmetic.*, got 'nope'"):
         load_task("nope")
-    with pytest.raises(ValueError, match=r"StepConfig\.task = 'nope' is not allowed: it must be one of policy, env, "
-                                         r"mixed, arithmetic"):
+    with pytest.raises(
+        ValueError,
+        match=r"StepConfig\.task = 'nope' is not allowed: it must be one of policy, env, "
+        r"mixed, arithmetic",
+    ):
         StepConfig(task="nope")
     assert StepConfig(task="arithmetic").task == "arithmetic" and "arithmetic" in task_names()
     for prompt_set in PROMPT_SETS:
@@ -94,6 +97,7 @@ def test_task_and_registry_errors_are_named(arithmetic):
 
 def test_trl_gets_the_task_functions_and_weights(arithmetic, tiny_model, tmp_path):
     from grpo_debug.trl_bridge import prompt_dataset, trl_trainer
+
     cfg = StepConfig(model=str(tiny_model), task="arithmetic", num_prompts=2, num_generations=2, max_new_tokens=4)
     trainer = trl_trainer(cfg, str(tmp_path))
     assert trainer.reward_func_names == ["exact_answer", "format_reward"]
@@ -139,8 +143,11 @@ def test_the_same_step_runs_the_arithmetic_task_end_to_end_without_importing_che
     assert set(out["per_function"]) == {"exact_answer", "format_reward"}
     assert out["components"] == ["exact", "length_error", "format_reward"]
     test_prompts = arithmetic.prompts("test", 3)
-    eval_want = torch.tensor([expected_total(test_prompts[i // 2], c)
-                              for i, c in enumerate(out["eval_completions"])]).view(3, 2).mean(1)
+    eval_want = (
+        torch.tensor([expected_total(test_prompts[i // 2], c) for i, c in enumerate(out["eval_completions"])])
+        .view(3, 2)
+        .mean(1)
+    )
     assert out["eval_per_prompt"] == pytest.approx(eval_want.tolist(), abs=1e-6)
     assert math.isfinite(out["grad_norm"]) and "rewards/exact/mean" in out["metrics"]
 
@@ -162,8 +169,12 @@ def _imported_modules(path: Path) -> list[str]:
 def test_no_engine_module_imports_the_chess_package():
     engine = [p for p in (ROOT / "grpo_debug").rglob("*.py") if "chess" not in p.relative_to(ROOT / "grpo_debug").parts]
     assert len(engine) > 10
-    offenders = {str(p.relative_to(ROOT)): m for p in engine for m in _imported_modules(p)
-                 if m == "grpo_debug.chess" or m.startswith("grpo_debug.chess.")}
+    offenders = {
+        str(p.relative_to(ROOT)): m
+        for p in engine
+        for m in _imported_modules(p)
+        if m == "grpo_debug.chess" or m.startswith("grpo_debug.chess.")
+    }
     assert not offenders
     chess_task = _imported_modules(ROOT / "grpo_debug" / "chess" / "task.py")
     assert "grpo_debug.task" in chess_task and "grpo_debug.chess.rewards" in chess_task  # the resolver works

@@ -26,8 +26,14 @@ def test_parse_arm_reads_names_changes_and_tracin_keys():
     assert parse_arm("trl").config(BASE).preset_name() == "trl"
     t = parse_arm("t16:select=top_half,val_source=topk,val_size=16,flip_sign=true")
     assert t.selection == Selection(keep="top_half", source="topk", size=16, flip_sign=True)
-    for bad, says in [("x:beta=-1", "beta"), ("x:nonsense=1", "nonsense"), ("x:val_size=8", "16 to 128"),
-                      ("x:select=best", "keep"), ("x:beta", "key=value"), (":beta=1", "no name")]:
+    for bad, says in [
+        ("x:beta=-1", "beta"),
+        ("x:nonsense=1", "nonsense"),
+        ("x:val_size=8", "16 to 128"),
+        ("x:select=best", "keep"),
+        ("x:beta", "key=value"),
+        (":beta=1", "no name"),
+    ]:
         with pytest.raises(ValueError, match=says):
             parse_arm(bad)
 
@@ -42,15 +48,32 @@ def test_arms_share_prompts_and_sampling_seeds_per_step():
 @pytest.fixture(scope="module")
 def three_steps(tmp_path_factory):
     path = tmp_path_factory.mktemp("train") / "p.jsonl"
-    return train([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts_n=4,
-                 progress_path=path, show_progress=False)
+    return train(
+        [ARMS["fixed"], parse_arm("k1")],
+        3,
+        1,
+        BASE,
+        eval_every=2,
+        eval_prompts_n=4,
+        progress_path=path,
+        show_progress=False,
+    )
 
 
 def test_a_run_logs_trl_metrics_every_step_and_the_held_out_reward(three_steps):
     steps = [r for r in three_steps["records"] if "eval" not in r]
     assert [(r["arm"], r["step"]) for r in steps] == [(a, t) for a in ("fixed", "k1") for t in (1, 2, 3)]
-    for name in ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "grad_norm", "loss",
-                 "completions/mean_length", "clip_ratio/region_mean"):
+    for name in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "kl",
+        "entropy",
+        "grad_norm",
+        "loss",
+        "completions/mean_length",
+        "clip_ratio/region_mean",
+    ):
         assert all(name in r for r in steps), name
     evals = [(r["arm"], r["step"]) for r in three_steps["records"] if "eval" in r]
     assert evals == [(a, t) for a in ("fixed", "k1") for t in (0, 2, 3)]
@@ -66,14 +89,31 @@ def test_a_run_logs_trl_metrics_every_step_and_the_held_out_reward(three_steps):
 
 def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
     path = tmp_path / "p.jsonl"
-    train([ARMS["fixed"], parse_arm("k1")], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=path,
-          show_progress=False, keep_progress=True)
+    train(
+        [ARMS["fixed"], parse_arm("k1")],
+        2,
+        1,
+        BASE,
+        eval_every=2,
+        eval_prompts_n=4,
+        progress_path=path,
+        show_progress=False,
+        keep_progress=True,
+    )
     assert (tmp_path / "p.ckpt" / "fixed-seed0.pt").exists()
     with path.open("a") as f:  # k1 seed 0 was stopped after its step-0 evaluation, before any checkpoint
         f.write(json.dumps({"arm": "k1", "seed": 0, "step": 0, "eval": {"reward": -1.0}}) + "\n")
     (tmp_path / "p.ckpt" / "k1-seed0.pt").unlink()
-    resumed = train([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts_n=4,
-                    progress_path=path, show_progress=False)
+    resumed = train(
+        [ARMS["fixed"], parse_arm("k1")],
+        3,
+        1,
+        BASE,
+        eval_every=2,
+        eval_prompts_n=4,
+        progress_path=path,
+        show_progress=False,
+    )
     assert numbers(resumed["records"]) == numbers(three_steps["records"])
     assert not path.exists() and not (tmp_path / "p.ckpt").exists()  # removed once complete
     with pytest.raises(ValueError, match="another comparison"):
@@ -83,6 +123,7 @@ def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
 
 def test_the_optimizer_carries_over_between_steps():
     from grpo_debug.step import GRPOStep
+
     step = GRPOStep(BASE)
     for t in range(2):
         step.run(step_config(BASE, ARMS["fixed"], 0, t, 128), until="update")
@@ -94,8 +135,9 @@ def test_the_optimizer_carries_over_between_steps():
 
 def test_a_tracin_arm_records_the_fraction_it_selected(tmp_path):
     arm = parse_arm("tr:select=influence>0,val_source=same_batch")
-    out = train([arm], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=tmp_path / "p.jsonl",
-                show_progress=False)
+    out = train(
+        [arm], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=tmp_path / "p.jsonl", show_progress=False
+    )
     steps = [r for r in out["records"] if "eval" not in r]
     assert all(0 <= r["selected_fraction"] <= 1 and "val_loss" in r for r in steps)
     assert 0 <= out["summary"]["tr"]["selected_fraction"]["mean"] <= 1
@@ -114,17 +156,52 @@ def test_the_cli_writes_the_same_numbers_twice(tmp_path):
     outs = []
     for k in range(2):
         out = tmp_path / f"out{k}.json"
-        cmd = [sys.executable, "-m", "grpo_debug", "train", "--steps", "2", "--arm", "fixed", "--arm",
-               "nodrop:dropout=true", "--seeds", "1", "--eval-prompts", "4", "--no-progress", "--json", str(out),
-               "--set", "num_prompts=2", "num_generations=4", "max_new_tokens=48"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "grpo_debug",
+            "train",
+            "--steps",
+            "2",
+            "--arm",
+            "fixed",
+            "--arm",
+            "nodrop:dropout=true",
+            "--seeds",
+            "1",
+            "--eval-prompts",
+            "4",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--set",
+            "num_prompts=2",
+            "num_generations=4",
+            "max_new_tokens=48",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         assert "held-out reward after 2 steps" in done.stdout and "nodrop" in done.stdout
         outs.append(json.loads(out.read_text()))
     assert numbers(outs[0]["records"]) == numbers(outs[1]["records"])
     assert outs[0]["command"].startswith("python -m grpo_debug train --steps 2")
-    bad = subprocess.run([sys.executable, "-m", "grpo_debug", "train", "--steps", "2", "--arm", "x:beta=-1",
-                          "--json", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_debug",
+            "train",
+            "--steps",
+            "2",
+            "--arm",
+            "x:beta=-1",
+            "--json",
+            str(tmp_path / "x.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "beta" in bad.stderr
 
 
@@ -132,6 +209,7 @@ def test_the_optimizer_aware_score_selects_too():
     """score=adam: each sample scored by the step a fresh AdamW would take on it (materialised gradients)."""
     from grpo_debug.step import GRPOStep
     from grpo_debug.train import influence
+
     step = GRPOStep(BASE)
     run = step.run(step_config(BASE, ARMS["fixed"], 0, 0, 128), until="loss")
     sgd, loss_sgd = influence(step, run, Selection(source="same_batch"))
@@ -144,7 +222,9 @@ def test_the_optimizer_aware_score_selects_too():
 
 def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_numbers(three_steps):
     import copy
+
     from grpo_debug.train import merge_results
+
     first = {**copy.deepcopy(three_steps), "command": "a"}
     second = {**copy.deepcopy(three_steps), "command": "b"}
     second["arms"] = {"fixed": second["arms"]["fixed"], "k1_again": second["arms"]["k1"]}
@@ -162,7 +242,9 @@ def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_number
 
 def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps):
     import copy
+
     from grpo_debug.train import merge_results, select_arms
+
     only_fixed = select_arms(three_steps, ["fixed"])
     assert list(only_fixed["arms"]) == ["fixed"] and {r["arm"] for r in only_fixed["records"]} == {"fixed"}
     assert only_fixed["summary"]["fixed"]["reward_final"] == three_steps["summary"]["fixed"]["reward_final"]
@@ -175,6 +257,7 @@ def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps)
 
 def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_steps):
     from grpo_debug.train import difference_curve, paired_difference
+
     rows = difference_curve(three_steps, "k1", "fixed")
     assert [r["step"] for r in rows] == [0, 2, 3]
     assert rows[0]["mean"] == rows[0]["low"] == rows[0]["high"] == 0  # one start, one evaluation seed: no difference
@@ -184,13 +267,18 @@ def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_ste
 
 def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_steps):
     import matplotlib
+
     matplotlib.use("Agg")
     from grpo_debug.train import difference_curve, metric_curve
     from grpo_debug.ui import plots
-    curves = {"kl": [row for arm in ("fixed", "k1") for row in metric_curve(three_steps, arm, "kl")],
-              "minus fixed": difference_curve(three_steps, "k1", "fixed")}  # a panel without fixed
-    colours = lambda fig: {(ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes
-                           for line in ax.get_lines()}
+
+    curves = {
+        "kl": [row for arm in ("fixed", "k1") for row in metric_curve(three_steps, arm, "kl")],
+        "minus fixed": difference_curve(three_steps, "k1", "fixed"),
+    }  # a panel without fixed
+    colours = lambda fig: {
+        (ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes for line in ax.get_lines()
+    }
     both = colours(plots.training_curves(curves))
     assert both[("kl", "k1")] == both[("minus fixed", "k1")] != both[("kl", "fixed")]
     alone = colours(plots.training_curves({"minus fixed": curves["minus fixed"]}, arms=["fixed", "k1"]))

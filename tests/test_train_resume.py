@@ -10,15 +10,35 @@ import time
 
 import pytest
 
-COMMAND = ["--steps", "3", "--eval-every", "1", "--arm", "fixed", "--seeds", "2", "--eval-prompts", "2",
-           "--no-progress", "--set", "num_prompts=2", "num_generations=2", "max_new_tokens=8",
-           "per_sample_grad_norms=false", "eval_samples=2"]
+COMMAND = [
+    "--steps",
+    "3",
+    "--eval-every",
+    "1",
+    "--arm",
+    "fixed",
+    "--seeds",
+    "2",
+    "--eval-prompts",
+    "2",
+    "--no-progress",
+    "--set",
+    "num_prompts=2",
+    "num_generations=2",
+    "max_new_tokens=8",
+    "per_sample_grad_norms=false",
+    "eval_samples=2",
+]
 
 
 def run(json_path, wait: bool = True, steps: int = 3):
     command = [*COMMAND[:1], str(steps), *COMMAND[2:]]
-    process = subprocess.Popen([sys.executable, "-m", "grpo_debug", "train", *command, "--json", str(json_path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpo_debug", "train", *command, "--json", str(json_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if wait:
         process.wait(timeout=600)
     return process
@@ -73,16 +93,25 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path):
 
 
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "grpo_debug", "train", *COMMAND, "--json", str(tmp_path / "no" / "x.json")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "train", *COMMAND, "--json", str(tmp_path / "no" / "x.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2 and "not a writable file path" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "grpo_debug", "train", *COMMAND, "--json", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "train", *COMMAND, "--json", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2 and "not a writable file path" in done.stderr
 
 
 def test_a_torn_or_mismatched_progress_file_is_named(tmp_path):
     from grpo_debug.train import Progress
+
     path = tmp_path / "p.jsonl"
     Progress(path, {"h": 1}).add({"arm": "fixed", "seed": 0, "step": 0, "eval": {}})
     with path.open("a") as f:

@@ -5,8 +5,8 @@ import torch
 from trl import GRPOTrainer
 
 from grpo_debug.advantages import summarize_advantages
-from grpo_debug.config import StepConfig
 from grpo_debug.chess.task import RookWorldReward, rookworld_task
+from grpo_debug.config import StepConfig
 from grpo_debug.trl_bridge import PositionIdsGRPOTrainer, grpo_config, no_trl_switch, trl_trainer
 
 SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=104)
@@ -42,6 +42,7 @@ def _sampler_and_recomputed(trainer_class, cfg, tmp_path, scorer):
     """Run one real step; return (sampler log-probs, TRL's recomputed log-probs, completion mask, prompt mask)."""
     from grpo_debug.model import load_model
     from grpo_debug.trl_bridge import prompt_dataset
+
     loaded = load_model(cfg.model)
     record = {"logits": []}
 
@@ -56,8 +57,13 @@ def _sampler_and_recomputed(trainer_class, cfg, tmp_path, scorer):
             record.setdefault("inputs", inputs)
             return super()._compute_loss(model, inputs)
 
-    trainer = Recording(model=loaded.name, reward_funcs=[RookWorldReward(scorer)], train_dataset=prompt_dataset(cfg),
-                        args=grpo_config(cfg, str(tmp_path)), processing_class=loaded.tokenizer)
+    trainer = Recording(
+        model=loaded.name,
+        reward_funcs=[RookWorldReward(scorer)],
+        train_dataset=prompt_dataset(cfg),
+        args=grpo_config(cfg, str(tmp_path)),
+        processing_class=loaded.tokenizer,
+    )
 
     def keep_sampling_logits(module, args, kwargs, output):
         if record["generating"]:  # one forward per sampled token: its last position's logits
@@ -81,11 +87,18 @@ def _sampler_and_recomputed(trainer_class, cfg, tmp_path, scorer):
     inputs = record["inputs"]
     prompt_ids, ids, cmask = inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
     logits = torch.stack(record["logits"], dim=1) / cfg.temperature  # (N, steps, V) in generation order
-    generated = record["sequences"][:, -logits.shape[1]:]
+    generated = record["sequences"][:, -logits.shape[1] :]
     # TRL shuffles the generation batch before the loss: find each scored row's generation row
-    order = [next(j for j in range(len(generated)) if torch.equal(generated[j, :ids.shape[1]] * cmask[i], ids[i] * cmask[i])
-                  and torch.equal(record["sequences"][j, :prompt_ids.shape[1]], prompt_ids[i])) for i in range(len(ids))]
-    sampler = logits[order, :ids.shape[1]].log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    order = [
+        next(
+            j
+            for j in range(len(generated))
+            if torch.equal(generated[j, : ids.shape[1]] * cmask[i], ids[i] * cmask[i])
+            and torch.equal(record["sequences"][j, : prompt_ids.shape[1]], prompt_ids[i])
+        )
+        for i in range(len(ids))
+    ]
+    sampler = logits[order, : ids.shape[1]].log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return sampler, record["recomputed"], cmask.bool(), inputs["prompt_mask"]
 
 
@@ -115,7 +128,9 @@ def test_pitfalls_trl_has_fixed_cannot_be_exported(tmp_path):
     with pytest.raises(ValueError, match="kl_estimator"):
         grpo_config(StepConfig(kl_estimator="k1"), str(tmp_path))
     assert no_trl_switch(StepConfig(mask="drop_eos_and_pad", gather="first_position")) == {
-        "mask": "drop_eos_and_pad", "gather": "first_position"}
+        "mask": "drop_eos_and_pad",
+        "gather": "first_position",
+    }
     assert no_trl_switch(StepConfig.preset("trl")) == {} and no_trl_switch(StepConfig()) == {}
     args = grpo_config(StepConfig(kl_estimator="k3_corrected", loss_type="dr_grpo"), str(tmp_path))
     assert args.use_bias_correction_kl and args.loss_type == "dr_grpo" and args.disable_dropout
@@ -131,6 +146,7 @@ def test_trl_preset_is_what_a_default_grpo_config_sets(tmp_path):
     assert trl.scale_rewards == defaults.scale_rewards and trl.epsilon_low == defaults.epsilon
     assert trl.epsilon_high == (defaults.epsilon_high or defaults.epsilon)
     from grpo_debug.trl_bridge import SAME_NAME
+
     for name in SAME_NAME:
         if name not in ("loss_type", "beta", "scale_rewards", "epsilon_high"):
             assert getattr(trl, name) == getattr(defaults, name), name
@@ -146,4 +162,5 @@ def test_trl_preset_is_what_a_default_grpo_config_sets(tmp_path):
 
 def GRPOConfig_defaults():
     from trl import GRPOConfig
+
     return GRPOConfig(output_dir="unused", use_cpu=True)

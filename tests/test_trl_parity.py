@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from trl_probes import AdvProbe, LossProbe
 
 from grpo_debug.advantages import compute_advantages, summarize_advantages
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import compute_loss
-from trl_probes import AdvProbe, LossProbe
 
 
 def _batch(seed=0, N=8, T=12, off_policy=True):
@@ -27,14 +27,32 @@ def _batch(seed=0, N=8, T=12, off_policy=True):
 def test_loss_and_gradient_match_trl(loss_type, kl_estimator, off_policy, beta):
     logps, old, ref, advantages, mask = _batch(off_policy=off_policy)
     ours_in = logps.clone().requires_grad_(True)
-    ours = compute_loss(ours_in, old, ref, advantages, mask, loss_type=loss_type, beta=beta,
-                        kl_estimator=kl_estimator, epsilon_low=0.2, epsilon_high=0.28, max_completion_length=16)
+    ours = compute_loss(
+        ours_in,
+        old,
+        ref,
+        advantages,
+        mask,
+        loss_type=loss_type,
+        beta=beta,
+        kl_estimator=kl_estimator,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        max_completion_length=16,
+    )
     ours.loss.backward()
     trl_in = logps.clone().requires_grad_(True)
-    probe = LossProbe(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, max_completion_length=16,
-                      use_bias_correction_kl=kl_estimator == "k3_corrected")
-    trl_loss, trl_metrics = probe.loss(trl_in, advantages, mask, old_per_token_logps=old,
-                                       ref_per_token_logps=ref if beta else None)
+    probe = LossProbe(
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        max_completion_length=16,
+        use_bias_correction_kl=kl_estimator == "k3_corrected",
+    )
+    trl_loss, trl_metrics = probe.loss(
+        trl_in, advantages, mask, old_per_token_logps=old, ref_per_token_logps=ref if beta else None
+    )
     trl_loss.backward()
     assert abs(ours.loss.item() - trl_loss.item()) <= 1e-6
     assert torch.allclose(ours_in.grad, trl_in.grad, atol=1e-6, rtol=0)
@@ -45,9 +63,11 @@ def test_loss_and_gradient_match_trl(loss_type, kl_estimator, off_policy, beta):
     assert torch.allclose(ours.policy_loss + ours.kl_loss, ours.loss, atol=1e-6)
 
 
-REWARDS = [torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.2, 0.9, -0.3, 0.4]),
-           torch.randn(64, generator=torch.Generator().manual_seed(1)),
-           torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])]
+REWARDS = [
+    torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.2, 0.9, -0.3, 0.4]),
+    torch.randn(64, generator=torch.Generator().manual_seed(1)),
+    torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0]),
+]
 
 
 @pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
@@ -89,6 +109,7 @@ def test_zero_std_groups_have_no_signal():
 @pytest.fixture(scope="module")
 def trl_step():
     from grpo_debug.step import GRPOStep
+
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4)
     step = GRPOStep(cfg)
     step.run(cfg, until="logprobs")
@@ -99,11 +120,19 @@ def test_trl_preset_logps_are_trl_own_scoring(trl_step):
     """The step's log-probs under the trl preset (dropout aside: see the next test) against TRL 1.16's real
     `_get_per_token_logps_and_entropies`, on the step's cached rollout."""
     from trl_probes import trl_per_token_logps
+
     cfg = trl_step.cfg.replace(dropout=False)
     run = trl_step.run(cfg, until="logprobs")
     r, ours = run.rollout, run.logprobs
-    trl_logps, _ = trl_per_token_logps(trl_step.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, ours.mask,
-                                       cfg.temperature, batch_size=cfg.num_generations)
+    trl_logps, _ = trl_per_token_logps(
+        trl_step.policy,
+        r.prompt_ids,
+        r.prompt_mask,
+        r.completion_ids,
+        ours.mask,
+        cfg.temperature,
+        batch_size=cfg.num_generations,
+    )
     mask = ours.mask.bool()
     assert ((ours.policy - trl_logps).abs() * mask).max() <= 1e-5
     padded = (r.prompt_mask == 0).any(1)
@@ -116,15 +145,27 @@ def test_trl_preset_dropout_is_trl_train_mode_forward(trl_step, dtype):
     """Dropout on (and bf16 autocast, TRL's resolved default): the same computation as TRL's train-mode
     forward, with the same seed and the same batch shape (dropout masks and bf16 rounding depend on both)."""
     from trl_probes import trl_per_token_logps
+
     from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
+
     cfg, r = trl_step.cfg, trl_step.result.rollout
     mask = completion_mask(r, cfg.mask)
-    trl_logps, _ = trl_per_token_logps(trl_step.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, mask,
-                                       cfg.temperature, bf16=dtype == "bfloat16", train=True, seed=7)
+    trl_logps, _ = trl_per_token_logps(
+        trl_step.policy,
+        r.prompt_ids,
+        r.prompt_mask,
+        r.completion_ids,
+        mask,
+        cfg.temperature,
+        bf16=dtype == "bfloat16",
+        train=True,
+        seed=7,
+    )
     torch.manual_seed(7)
     with torch.no_grad():
-        ours = per_token_logps(trl_step.policy, r, Scoring(temperature=cfg.temperature, position_ids=False,
-                                                           dropout=True, dtype=dtype))
+        ours = per_token_logps(
+            trl_step.policy, r, Scoring(temperature=cfg.temperature, position_ids=False, dropout=True, dtype=dtype)
+        )
     assert ((ours - trl_logps).abs() * mask).max() <= 1e-5
 
 

@@ -1,9 +1,9 @@
 """Self-checks of the TRL probes in trl_probes.py: each one runs and has the properties TRL's code gives it."""
+
 import math
 
 import pytest
 import torch
-
 from trl_probes import LossProbe, trl_high_entropy_mask, trl_importance_sampling, trl_off_policy_mask
 
 B, T = 5, 7
@@ -150,10 +150,23 @@ def test_loss_probe_with_importance_sampling_ratio_and_accumulation(loss_type, m
     m, old, per_token, sampling, adv, ent = _loss_inputs(7)
     ratio, _ = trl_importance_sampling(old, sampling, m, mode, clip_min=0.5)
     level = "sequence" if loss_type == "luspo" else "token"
-    probe = LossProbe(loss_type=loss_type, grad_accum=4, steps_per_generation=4, max_completion_length=T,
-                      epsilon_high=0.28, importance_sampling_level=level)
-    loss, metrics = probe.loss(per_token, adv, m, old_per_token_logps=old, entropies=ent,
-                               sampling_per_token_logps=sampling, importance_sampling_ratio=ratio)
+    probe = LossProbe(
+        loss_type=loss_type,
+        grad_accum=4,
+        steps_per_generation=4,
+        max_completion_length=T,
+        epsilon_high=0.28,
+        importance_sampling_level=level,
+    )
+    loss, metrics = probe.loss(
+        per_token,
+        adv,
+        m,
+        old_per_token_logps=old,
+        entropies=ent,
+        sampling_per_token_logps=sampling,
+        importance_sampling_ratio=ratio,
+    )
     assert probe.use_vllm and probe.vllm_importance_sampling_correction
     assert torch.isfinite(loss)
     (grad,) = torch.autograd.grad(loss, per_token)
@@ -168,8 +181,9 @@ def test_loss_probe_multiplies_per_token_loss_by_the_ratio(loss_type):
     probe = LossProbe(loss_type=loss_type, grad_accum=4, steps_per_generation=4, max_completion_length=T)
     plain, _ = probe.loss(per_token, adv, m, old_per_token_logps=old)
     assert not probe.use_vllm
-    doubled, _ = probe.loss(per_token, adv, m, old_per_token_logps=old,
-                            importance_sampling_ratio=torch.full((B, T), 2.0))
+    doubled, _ = probe.loss(
+        per_token, adv, m, old_per_token_logps=old, importance_sampling_ratio=torch.full((B, T), 2.0)
+    )
     torch.testing.assert_close(doubled, 2 * plain)
     again, _ = probe.loss(per_token, adv, m, old_per_token_logps=old)  # turned back off
     assert not probe.use_vllm
@@ -193,12 +207,29 @@ def test_loss_probe_every_option_at_once(loss_type, level):
     m, old, per_token, sampling, adv, ent = _loss_inputs(10)
     ratio, _ = trl_importance_sampling(old, sampling, m, "token_mask", clip_min=0.5)
     for training in (True, False):
-        probe = LossProbe(loss_type=loss_type, beta=0.04, delta=1.5, importance_sampling_level=level,
-                          grad_accum=4, steps_per_generation=4, max_completion_length=T, training=training,
-                          top_entropy_quantile=0.5, off_policy_mask_threshold=0.05, entropy_coef=0.01)
-        loss, metrics = probe.loss(per_token, adv, m, old_per_token_logps=old, ref_per_token_logps=old - 0.1,
-                                   entropies=ent, sampling_per_token_logps=sampling,
-                                   importance_sampling_ratio=ratio)
+        probe = LossProbe(
+            loss_type=loss_type,
+            beta=0.04,
+            delta=1.5,
+            importance_sampling_level=level,
+            grad_accum=4,
+            steps_per_generation=4,
+            max_completion_length=T,
+            training=training,
+            top_entropy_quantile=0.5,
+            off_policy_mask_threshold=0.05,
+            entropy_coef=0.01,
+        )
+        loss, metrics = probe.loss(
+            per_token,
+            adv,
+            m,
+            old_per_token_logps=old,
+            ref_per_token_logps=old - 0.1,
+            entropies=ent,
+            sampling_per_token_logps=sampling,
+            importance_sampling_ratio=ratio,
+        )
         assert torch.isfinite(loss)
         (grad,) = torch.autograd.grad(loss, per_token)
         assert torch.isfinite(grad).all() and grad.abs().sum() > 0

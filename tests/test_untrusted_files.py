@@ -23,12 +23,14 @@ def planted(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(wrap(Payload()), path)
         return path
+
     yield plant
     assert not Payload.marker.exists(), "a planted payload ran"
 
 
 def test_a_training_checkpoint_with_a_payload_is_refused(planted, tmp_path):
     from grpo_debug.train import Progress
+
     progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
     planted(progress.checkpoint("fixed", 0), lambda p: {"step": p, "policy": {}, "optimizer": None})
     with pytest.raises(Exception, match="Weights only load failed"):
@@ -38,6 +40,7 @@ def test_a_training_checkpoint_with_a_payload_is_refused(planted, tmp_path):
 def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
     from grpo_debug.chess.card import model_facts
     from grpo_debug.chess.train_model import restore_state
+
     planted(tmp_path / "model" / "train_state.pt", lambda p: {"model": p})
     with pytest.raises(Exception, match="Weights only load failed"):
         model_facts(tmp_path / "model")
@@ -48,7 +51,9 @@ def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
 
 def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     import json
+
     from grpo_debug.replay import CaptureError, load_capture
+
     capture = tmp_path / "step-2"
     planted(capture / "batch.pt", lambda p: {"prompt_ids": p})
     (capture / "capture.json").write_text(json.dumps({"step": 2}))
@@ -59,7 +64,9 @@ def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
     """A full disk in the middle of a write: the reader keeps the old file, the error names the file."""
     import errno
+
     from grpo_debug.files import write_atomically
+
     path = tmp_path / "results.json"
     path.write_text("old")
 

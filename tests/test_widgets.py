@@ -8,8 +8,19 @@ import torch
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTION_MODES
 from grpo_debug.step import GRPOStep
-from grpo_debug.ui.widgets import (DEFAULT_FIELDS, OFF, OFF_POLICY_FIELDS, PITFALL_FIELDS, StepPanel, apply_change,
-                                   make_control, panel_until, summary, config_value, widget_value)
+from grpo_debug.ui.widgets import (
+    DEFAULT_FIELDS,
+    OFF,
+    OFF_POLICY_FIELDS,
+    PITFALL_FIELDS,
+    StepPanel,
+    apply_change,
+    config_value,
+    make_control,
+    panel_until,
+    summary,
+    widget_value,
+)
 
 CFG = StepConfig(num_prompts=4, num_generations=4)
 
@@ -21,10 +32,18 @@ def step():
     return s
 
 
-@pytest.mark.parametrize("field,value,first", [("beta", 0.2, "loss"), ("kl_estimator", "k1", "loss"),
-                                               ("loss_type", "dr_grpo", "loss"), ("scale_rewards", "none", "advantages"),
-                                               ("std_floor", 0.1, "advantages"), ("mask", "drop_eos_and_pad", "logprobs"),
-                                               ("dropout", True, "logprobs")])
+@pytest.mark.parametrize(
+    "field,value,first",
+    [
+        ("beta", 0.2, "loss"),
+        ("kl_estimator", "k1", "loss"),
+        ("loss_type", "dr_grpo", "loss"),
+        ("scale_rewards", "none", "advantages"),
+        ("std_floor", 0.1, "advantages"),
+        ("mask", "drop_eos_and_pad", "logprobs"),
+        ("dropout", True, "logprobs"),
+    ],
+)
 def test_a_change_reruns_from_its_phase_on_the_cached_rollout(step, field, value, first):
     rollout = step.result.rollout
     result = apply_change(step, field, value)
@@ -65,8 +84,10 @@ def test_a_typed_value_is_never_clamped_the_config_accepts_or_refuses_it(step):
 
 def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     import torch
+
     from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer
     from grpo_debug.ui.widgets import InfluencePanel
+
     cfg = CFG.replace(beta=0.0)
     s = GRPOStep(cfg)
     s.run(cfg, until="loss")
@@ -116,6 +137,7 @@ def test_preset_menu_switches_every_loss_side_field_and_shows_it(step):
 
 # ---- the off-policy controls: the default panel has num_iterations, so it runs the update once mu >= 2
 
+
 @pytest.fixture(scope="module")
 def panel(step):
     step.run(CFG, until="loss")
@@ -146,11 +168,20 @@ def test_the_off_policy_controls_take_their_options_from_the_config():
     assert type(make_control("vllm_importance_sampling_correction", False)).__name__ == "Checkbox"
 
 
-@pytest.mark.parametrize("field,value,expected", [
-    ("num_iterations", 2, 2), ("epsilon_low", 0.1, 0.1), ("epsilon_high", 0.28, 0.28), ("delta", 1.5, 1.5),
-    ("importance_sampling_level", "sequence", "sequence"), ("vllm_importance_sampling_correction", True, True),
-    ("vllm_importance_sampling_mode", "token_truncate", "token_truncate"), ("top_entropy_quantile", 0.5, 0.5),
-    ("loss_type", "cispo", "cispo")])
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("num_iterations", 2, 2),
+        ("epsilon_low", 0.1, 0.1),
+        ("epsilon_high", 0.28, 0.28),
+        ("delta", 1.5, 1.5),
+        ("importance_sampling_level", "sequence", "sequence"),
+        ("vllm_importance_sampling_correction", True, True),
+        ("vllm_importance_sampling_mode", "token_truncate", "token_truncate"),
+        ("top_entropy_quantile", 0.5, 0.5),
+        ("loss_type", "cispo", "cispo"),
+    ],
+)
 def test_an_off_policy_control_sets_its_field_and_reruns_only_what_it_touches(panel, field, value, expected):
     step = panel.step
     before = step.result
@@ -183,8 +214,10 @@ def test_at_mu_2_a_clip_range_change_rereads_the_passes_exactly(panel, field, va
         assert torch.equal(reread.clipped, taken.clipped) and torch.equal(reread.logps, taken.logps)
         assert reread.losses == pytest.approx(taken.losses, rel=1e-6)
     assert all(math.isnan(g) for g in result.passes[-1].grad_norms)  # the last step itself is not re-taken
-    assert summary(result.run, result.passes)["iteration_2/clip_ratio/region_mean"] == \
-        full.update.iterations[1].metrics["clip_ratio/region_mean"]
+    assert (
+        summary(result.run, result.passes)["iteration_2/clip_ratio/region_mean"]
+        == full.update.iterations[1].metrics["clip_ratio/region_mean"]
+    )
     beta = panel.on_change("beta", 0.1)  # pass 1's gradient changes: pass 2 scores other weights
     assert beta.rerun == ["loss", "update"] and beta.passes is None
     panel.on_change("beta", CFG.beta)
@@ -212,8 +245,10 @@ def test_the_summary_shows_entropy_and_the_clip_ratio_of_each_pass(panel):
     assert "iteration_2/clip_ratio/region_mean" in panel.status.value
     wide = panel.on_change("epsilon_high", 4.0)  # a wider clip range cuts fewer tokens in the second pass
     assert wide.rerun == ["loss", "passes re-read"]
-    assert summary(wide.run, wide.passes)["iteration_2/clip_ratio/region_mean"] < \
-        shown["iteration_2/clip_ratio/region_mean"]
+    assert (
+        summary(wide.run, wide.passes)["iteration_2/clip_ratio/region_mean"]
+        < shown["iteration_2/clip_ratio/region_mean"]
+    )
     cispo = panel.on_change("loss_type", "cispo")  # cispo logs its own clip ratio
     assert "iteration_2/cispo_clip_ratio" in summary(cispo.run)
     panel.on_change("loss_type", CFG.loss_type)

@@ -17,9 +17,21 @@ sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_llama, build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
-COMPARED = ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
-            "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
-            "clip_ratio/high_max", "cispo_clip_ratio")
+COMPARED = (
+    "loss",
+    "grad_norm",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "cispo_clip_ratio",
+)
 
 
 def close(a: float, b: float) -> bool:
@@ -35,16 +47,26 @@ def user_dir(tmp_path_factory) -> Path:
 
 
 def train(user_dir: Path, out: str, logging_steps: int, changes: dict) -> Path:
-    done = subprocess.run([sys.executable, "user_train.py", out, str(logging_steps), json.dumps(changes)],
-                          cwd=user_dir, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "user_train.py", out, str(logging_steps), json.dumps(changes)],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return user_dir / out
 
 
 def replay_cli(capture: Path, cwd: Path, *extra: str) -> dict:
     out = cwd / f"replay-{capture.name}.json"
-    done = subprocess.run([sys.executable, "-m", "grpo_debug", "replay", str(capture), "--json", str(out), *extra],
-                          cwd=cwd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "replay", str(capture), "--json", str(out), *extra],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -60,13 +82,21 @@ def assert_reproduces(replayed: dict, logged: dict, must: tuple[str, ...]) -> No
         assert close(value, logged[name]), (replayed["step"], name, value, logged[name])
 
 
-@pytest.mark.parametrize("changes,steps,must", [
-    ({}, [2], ("loss", "grad_norm", "reward", "reward_std", "entropy", "clip_ratio/region_mean")),
-    ({"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo", "max_steps": 4},
-     [1, 2, 3, 4], ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean")),
-], ids=["defaults", "mu2-ga2-beta-grpo"])
+@pytest.mark.parametrize(
+    "changes,steps,must",
+    [
+        ({}, [2], ("loss", "grad_norm", "reward", "reward_std", "entropy", "clip_ratio/region_mean")),
+        (
+            {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo", "max_steps": 4},
+            [1, 2, 3, 4],
+            ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean"),
+        ),
+    ],
+    ids=["defaults", "mu2-ga2-beta-grpo"],
+)
 def test_a_plain_config_captured_every_10_steps_replays_each_step_from_another_directory(
-        user_dir, tmp_path, changes, steps, must):
+    user_dir, tmp_path, changes, steps, must
+):
     name = "-".join(f"{k}{v}" for k, v in changes.items()) or "defaults"
     captured = train(user_dir, f"run10-{name}", 10, {**changes, "capture": steps})
     every_step = train(user_dir, f"run1-{name}", 1, {**changes, "capture": steps[:1]})
@@ -84,17 +114,28 @@ def test_a_plain_config_captured_every_10_steps_replays_each_step_from_another_d
         assert out["causes"]["dropout"].startswith("absent: the trainer's dropout masks are replayed")
         assert "dropout" in out["pitfalls"]
     if changes:  # pass 2 of each generation: pi != pi_old, the clip region can be hit
-        schedule = [json.loads((captured / "captures" / f"step-{k}" / "capture.json").read_text())["schedule"]
-                    for k in steps]
+        schedule = [
+            json.loads((captured / "captures" / f"step-{k}" / "capture.json").read_text())["schedule"] for k in steps
+        ]
         assert [s["micro_batches"][0]["pass"] for s in schedule] == [0, 1, 0, 1]
 
 
 def test_a_step_spanning_two_generations_is_named_at_the_end(user_dir):
     """steps_per_generation 1 and GA 2: each optimizer step spans two generation batches, which a capture cannot
     hold; the warning names the step and why, and step 3 (beyond max_steps) is named too."""
-    done = subprocess.run([sys.executable, "user_train.py", "run-span", "1", json.dumps(
-        {"gradient_accumulation_steps": 2, "steps_per_generation": 1, "capture": [1, 3]})], cwd=user_dir,
-        capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "user_train.py",
+            "run-span",
+            "1",
+            json.dumps({"gradient_accumulation_steps": 2, "steps_per_generation": 1, "capture": [1, 3]}),
+        ],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1 was not captured: it spans two generation batches" in done.stderr
     assert "step 3 was not captured: training ended at step 2" in done.stderr
@@ -111,17 +152,31 @@ LAYOUTS = {
 def test_every_layout_replays_each_captured_step_in_process(layout, tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from user_train import REWARD_FUNCS
+
     from grpo_debug.capture import CaptureCallback
     from grpo_debug.replay import reproduction
     from grpo_debug.step import GRPOStep
-    from user_train import REWARD_FUNCS
+
     build_tiny_model(tmp_path / "model")
     prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=12, max_steps=2, report_to="none", use_cpu=True, logging_steps=1,
-                      **LAYOUTS[layout])
-    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        **LAYOUTS[layout],
+    )
+    trainer = GRPOTrainer(
+        model=str(tmp_path / "model"),
+        reward_funcs=REWARD_FUNCS,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+    )
     trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1, 2]))
     trainer.train()
     logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
@@ -136,16 +191,32 @@ def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
     """Rotary positions, RMSNorm, no dropout in its config: mu 2, GA 2, beta 0.04."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from user_train import REWARD_FUNCS
+
     from grpo_debug.capture import CaptureCallback
     from grpo_debug.replay import reproduction
     from grpo_debug.step import GRPOStep
-    from user_train import REWARD_FUNCS
+
     build_tiny_llama(tmp_path / "llama")
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, max_steps=2, report_to="none", use_cpu=True, logging_steps=1,
-                      num_iterations=2, gradient_accumulation_steps=2, beta=0.04)
-    trainer = GRPOTrainer(model=str(tmp_path / "llama"), reward_funcs=REWARD_FUNCS, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? ", "What is 33+4? "]}))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        num_iterations=2,
+        gradient_accumulation_steps=2,
+        beta=0.04,
+    )
+    trainer = GRPOTrainer(
+        model=str(tmp_path / "llama"),
+        reward_funcs=REWARD_FUNCS,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? ", "What is 33+4? "]}),
+    )
     trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1, 2]))
     trainer.train()
     logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
@@ -157,6 +228,7 @@ def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
 
 # ---- a capture is untrusted input
 
+
 def _damage(capture: Path, how: str) -> None:
     batch, meta = capture / "batch.pt", capture / "capture.json"
     if how == "no batch.pt":
@@ -165,7 +237,7 @@ def _damage(capture: Path, how: str) -> None:
         batch.write_bytes(batch.read_bytes()[:200])
     elif how == "corrupted batch.pt":
         data = bytearray(batch.read_bytes())
-        data[len(data) // 2:len(data) // 2 + 64] = b"\xff" * 64
+        data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
         batch.write_bytes(bytes(data))
     elif how == "a pickle payload in batch.pt":
         import pickle
@@ -173,6 +245,7 @@ def _damage(capture: Path, how: str) -> None:
         class Payload:
             def __reduce__(self):
                 return (print, ("payload ran",))
+
         batch.write_bytes(pickle.dumps({"prompt_ids": Payload()}))
     elif how in ("NaN old log-probs", "advantages of another shape", "a token id outside the vocabulary"):
         tensors = torch.load(batch, weights_only=True)
@@ -181,7 +254,7 @@ def _damage(capture: Path, how: str) -> None:
         elif how == "advantages of another shape":
             tensors["advantages"] = tensors["advantages"][:-1]
         else:
-            tensors["completion_ids"][0, 0] = 10 ** 6
+            tensors["completion_ids"][0, 0] = 10**6
         torch.save(tensors, batch)
     elif how == "truncated capture.json":
         meta.write_text(meta.read_text()[:100])
@@ -203,10 +276,20 @@ def _damage(capture: Path, how: str) -> None:
             f.unlink()
 
 
-DAMAGES = ["no batch.pt", "truncated batch.pt", "corrupted batch.pt", "a pickle payload in batch.pt",
-           "NaN old log-probs", "advantages of another shape", "a token id outside the vocabulary",
-           "truncated capture.json", "edited architecture", "a schedule row out of range",
-           "rewards of another length", "no weights"]
+DAMAGES = [
+    "no batch.pt",
+    "truncated batch.pt",
+    "corrupted batch.pt",
+    "a pickle payload in batch.pt",
+    "NaN old log-probs",
+    "advantages of another shape",
+    "a token id outside the vocabulary",
+    "truncated capture.json",
+    "edited architecture",
+    "a schedule row out of range",
+    "rewards of another length",
+    "no weights",
+]
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +301,7 @@ def good_capture(user_dir) -> Path:
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, capsys):
     from grpo_debug.replay import CaptureError, load_capture
+
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
     load_capture(copy)  # the good one opens
@@ -234,16 +318,31 @@ def test_trl_generates_in_train_mode_with_dropout_on_and_the_trl_preset_samples_
     switched on a cached rollout keeps the rollout's mode; the bridge refuses the mix TRL cannot express."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from user_train import REWARD_FUNCS
+
     from grpo_debug.config import StepConfig
     from grpo_debug.trl_bridge import no_trl_switch
-    from user_train import REWARD_FUNCS
+
     build_tiny_model(tmp_path / "model")
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True)
-    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(
+        model=str(tmp_path / "model"),
+        reward_funcs=REWARD_FUNCS,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}),
+    )
     modes = []
-    trainer.model.register_forward_pre_hook(lambda m, a: modes.append(m.training) if not torch.is_grad_enabled() else None)
+    trainer.model.register_forward_pre_hook(
+        lambda m, a: modes.append(m.training) if not torch.is_grad_enabled() else None
+    )
     trainer.train()
     assert modes and all(modes)  # every no-grad forward (generation) ran in train mode
     assert StepConfig.preset("trl").sample_dropout and not StepConfig().sample_dropout
@@ -257,24 +356,43 @@ def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_pat
     StepConfig holds the trainer's own values."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from user_train import REWARD_FUNCS
+
     from grpo_debug.capture import CaptureCallback
     from grpo_debug.replay import config_from_capture, load_capture
-    from user_train import REWARD_FUNCS
+
     build_tiny_model(tmp_path / "model")
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True)
-    trainer = GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=REWARD_FUNCS, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(
+        model=str(tmp_path / "model"),
+        reward_funcs=REWARD_FUNCS,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["What is 1+2? "] * 4}),
+    )
     trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[1]))
     trainer.train()
     capture = load_capture(tmp_path / "captures" / "step-1")
     assert capture.meta["grpo_config"]["epsilon_high"] is None  # as saved
     cfg = config_from_capture(capture)
     assert (cfg.epsilon_low, cfg.epsilon_high) == (trainer.epsilon_low, trainer.epsilon_high)
-    assert (cfg.micro_batches, cfg.gradient_accumulation_steps) == (trainer.args.steps_per_generation,
-                                                                   trainer.args.gradient_accumulation_steps)
+    assert (cfg.micro_batches, cfg.gradient_accumulation_steps) == (
+        trainer.args.steps_per_generation,
+        trainer.args.gradient_accumulation_steps,
+    )
     assert (cfg.num_iterations, cfg.beta, cfg.loss_type, cfg.temperature) == (
-        trainer.num_iterations, trainer.beta, trainer.loss_type, trainer.temperature)
+        trainer.num_iterations,
+        trainer.beta,
+        trainer.loss_type,
+        trainer.temperature,
+    )
     assert cfg.dtype == ("bfloat16" if str(trainer.accelerator.mixed_precision) == "bf16" else "float32")
     assert cfg.dropout == cfg.sample_dropout == (not trainer.args.disable_dropout)
     assert cfg.max_new_tokens == trainer.max_completion_length and cfg.learning_rate == trainer.args.learning_rate

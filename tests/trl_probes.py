@@ -7,6 +7,7 @@ method with `use_vllm=True, vllm_importance_sampling_correction=True` to get TRL
 and its sampling/* metrics. `trl_high_entropy_mask` and `trl_off_policy_mask` call TRL's own helpers. Only the
 attributes those methods read are set.
 """
+
 import types
 from collections import defaultdict, deque
 
@@ -42,12 +43,28 @@ class _StubAccelerator:
 class LossProbe(GRPOTrainer):
     """GRPOTrainer subclass whose __init__ only sets the attributes `_compute_loss` reads."""
 
-    def __init__(self, *, loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=None, delta=None,
-                 use_bias_correction_kl=True, importance_sampling_level="token", max_completion_length=512,
-                 grad_accum=1, steps_per_generation=1, training=True, accelerator=None,
-                 top_entropy_quantile=1.0, off_policy_mask_threshold=None, entropy_coef=0.0,
-                 sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                 vespo=(2.0, 3.0, 3.0, 2.0)):
+    def __init__(
+        self,
+        *,
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=None,
+        delta=None,
+        use_bias_correction_kl=True,
+        importance_sampling_level="token",
+        max_completion_length=512,
+        grad_accum=1,
+        steps_per_generation=1,
+        training=True,
+        accelerator=None,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        entropy_coef=0.0,
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=1.05,
+        vespo=(2.0, 3.0, 3.0, 2.0),
+    ):
         # NB: do NOT call super().__init__
         self.loss_type = loss_type
         self.beta = beta
@@ -72,10 +89,19 @@ class LossProbe(GRPOTrainer):
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         # self.args.* read by _compute_loss
         self.args = types.SimpleNamespace(
-            use_bias_correction_kl=use_bias_correction_kl, delta=delta, steps_per_generation=steps_per_generation,
-            sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
-            vespo_k_pos=vespo[0], vespo_lambda_pos=vespo[1], vespo_k_neg=vespo[2], vespo_lambda_neg=vespo[3],
-            entropy_target=None, entropy_coef_delta=None, entropy_coef_max=None, entropy_coef_min=None,
+            use_bias_correction_kl=use_bias_correction_kl,
+            delta=delta,
+            steps_per_generation=steps_per_generation,
+            sapo_temperature_pos=sapo_temperature_pos,
+            sapo_temperature_neg=sapo_temperature_neg,
+            vespo_k_pos=vespo[0],
+            vespo_lambda_pos=vespo[1],
+            vespo_k_neg=vespo[2],
+            vespo_lambda_neg=vespo[3],
+            entropy_target=None,
+            entropy_coef_delta=None,
+            entropy_coef_max=None,
+            entropy_coef_min=None,
         )
         self._given = None
 
@@ -85,9 +111,18 @@ class LossProbe(GRPOTrainer):
         assert logps.shape[1] == logits_to_keep
         return logps, ent, None
 
-    def loss(self, per_token_logps, advantages, completion_mask, old_per_token_logps=None,
-             ref_per_token_logps=None, entropies=None, num_items_in_batch=None,
-             sampling_per_token_logps=None, importance_sampling_ratio=None):
+    def loss(
+        self,
+        per_token_logps,
+        advantages,
+        completion_mask,
+        old_per_token_logps=None,
+        ref_per_token_logps=None,
+        entropies=None,
+        num_items_in_batch=None,
+        sampling_per_token_logps=None,
+        importance_sampling_ratio=None,
+    ):
         """Run the real `_compute_loss` on the given tensors; returns (loss, {metric: last value}).
 
         `sampling_per_token_logps` (B, T) goes into `inputs` as the trainer puts it there with vLLM (read by the
@@ -125,8 +160,15 @@ class LossProbe(GRPOTrainer):
 
 
 class AdvProbe(GRPOTrainer):
-    def __init__(self, rewards_per_func, num_generations, scale_rewards="group", reward_weights=None,
-                 multi_objective_aggregation="sum_then_normalize", training=True):
+    def __init__(
+        self,
+        rewards_per_func,
+        num_generations,
+        scale_rewards="group",
+        reward_weights=None,
+        multi_objective_aggregation="sum_then_normalize",
+        training=True,
+    ):
         # rewards_per_func: (N, K) tensor/list; None/NaN entries allowed (= reward func returned None)
         r = torch.as_tensor(rewards_per_func, dtype=torch.float32)
         if r.dim() == 1:
@@ -137,12 +179,15 @@ class AdvProbe(GRPOTrainer):
         self.num_generations_eval = num_generations
         self.scale_rewards = scale_rewards
         self.multi_objective_aggregation = multi_objective_aggregation
-        self.reward_weights = torch.ones(K) if reward_weights is None else torch.tensor(reward_weights, dtype=torch.float32)
+        self.reward_weights = (
+            torch.ones(K) if reward_weights is None else torch.tensor(reward_weights, dtype=torch.float32)
+        )
 
         # real reward functions -> real _calculate_rewards (None -> NaN conversion, float32 tensor, gather)
         def make(k):
             def f(prompts, completions, idx, **kw):
                 return [None if torch.isnan(r[i, k]) else r[i, k].item() for i in idx]
+
             f.__name__ = f"reward_{k}"
             return f
 
@@ -152,9 +197,14 @@ class AdvProbe(GRPOTrainer):
 
         self.accelerator = _StubAccelerator()
         self.model = types.SimpleNamespace(training=training, is_gradient_checkpointing=False)
-        self.args = types.SimpleNamespace(per_device_train_batch_size=N, per_device_eval_batch_size=N,
-                                          steps_per_generation=1, gradient_accumulation_steps=1,
-                                          gradient_checkpointing_kwargs=None, report_to=[])
+        self.args = types.SimpleNamespace(
+            per_device_train_batch_size=N,
+            per_device_eval_batch_size=N,
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+            gradient_checkpointing_kwargs=None,
+            report_to=[],
+        )
         self.num_iterations = 1
         self.use_vllm = False
         self.vllm_importance_sampling_correction = False
@@ -169,8 +219,14 @@ class AdvProbe(GRPOTrainer):
         self.log_multimodal = False
         self.state = types.SimpleNamespace(global_step=0)  # read by profiling_context + passed to reward funcs
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._logs = {"images": deque(), "prompt": deque(), "completion": deque(),
-                      "rewards": defaultdict(deque), "advantages": deque(), "extra": defaultdict(deque)}
+        self._logs = {
+            "images": deque(),
+            "prompt": deque(),
+            "completion": deque(),
+            "rewards": defaultdict(deque),
+            "advantages": deque(),
+            "extra": defaultdict(deque),
+        }
         self._pending_extra_logs = defaultdict(list)
         self._pending_metrics = defaultdict(list)
 
@@ -186,10 +242,18 @@ class AdvProbe(GRPOTrainer):
         return out["advantages"], {k: v[-1] for k, v in self._metrics[mode].items()}
 
 
-
-
-def trl_per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                        bf16=False, batch_size=None, train=False, seed=None):
+def trl_per_token_logps(
+    model,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    temperature,
+    bf16=False,
+    batch_size=None,
+    train=False,
+    seed=None,
+):
     """TRL 1.16's own `GRPOTrainer._get_per_token_logps_and_entropies` on a copy of `model` patched with TRL's
     `add_fused_lm_head` (as `GRPOTrainer.__init__` does): input_ids and attention_mask as the trainer builds
     them, autocast as accelerate's with `bf16`. Returns (log-probs, entropies), each (N, C)."""
@@ -198,6 +262,7 @@ def trl_per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completi
     from contextlib import nullcontext
 
     from trl.trainer.utils import add_fused_lm_head
+
     patched = copy.deepcopy(model)
     add_fused_lm_head(patched, temperature=temperature, outputs=("log_probs", "entropy"))
     patched.train(train)
@@ -209,8 +274,14 @@ def trl_per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completi
         torch.manual_seed(seed)
     with torch.no_grad():
         logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-            probe, patched, input_ids, attention_mask, completion_ids.shape[1], batch_size=batch_size,
-            compute_entropy=True)
+            probe,
+            patched,
+            input_ids,
+            attention_mask,
+            completion_ids.shape[1],
+            batch_size=batch_size,
+            compute_entropy=True,
+        )
     return logps, entropies
 
 
@@ -221,8 +292,9 @@ class ISProbe(AdvProbe):
     advantage path runs but is not looked at); beta=0 so there is no reference forward; no tools, images or
     environments."""
 
-    def __init__(self, old_per_token_logps, sampling_per_token_logps, completion_mask, mode,
-                 clip_min=None, clip_max=3.0):
+    def __init__(
+        self, old_per_token_logps, sampling_per_token_logps, completion_mask, mode, clip_min=None, clip_max=3.0
+    ):
         B, T = old_per_token_logps.shape
         assert sampling_per_token_logps.shape == (B, T) and completion_mask.shape == (B, T)
         super().__init__(torch.zeros(B, 1), num_generations=B)
@@ -266,8 +338,9 @@ class ISProbe(AdvProbe):
         return out, metrics
 
 
-def trl_importance_sampling(old_per_token_logps, sampling_per_token_logps, completion_mask, mode,
-                            clip_min=None, clip_max=3.0):
+def trl_importance_sampling(
+    old_per_token_logps, sampling_per_token_logps, completion_mask, mode, clip_min=None, clip_max=3.0
+):
     """TRL 1.16's vLLM importance-sampling correction, run inside the real `_generate_and_score_completions`
     (see `ISProbe`). `mode`: token_truncate | token_mask | sequence_truncate | sequence_mask.
 
@@ -275,8 +348,9 @@ def trl_importance_sampling(old_per_token_logps, sampling_per_token_logps, compl
     sequence modes (detached; dtype as TRL computes it: the sampling log-probs go through Python floats into a
     float32 tensor, as vLLM's do); metrics holds `sampling/sampling_logp_difference/{mean,max}` and
     `sampling/importance_sampling_ratio/{min,mean,max}` as floats."""
-    out, metrics = ISProbe(old_per_token_logps, sampling_per_token_logps, completion_mask, mode,
-                           clip_min=clip_min, clip_max=clip_max).run()
+    out, metrics = ISProbe(
+        old_per_token_logps, sampling_per_token_logps, completion_mask, mode, clip_min=clip_min, clip_max=clip_max
+    ).run()
     return out["importance_sampling_ratio"], metrics
 
 
@@ -293,6 +367,10 @@ def trl_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, m
     `_compute_loss` does before calling it. Returns a (B, 1) tensor of mask's dtype: 1 keep, 0 drop."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
-    return GRPOTrainer.get_off_policy_mask(advantages=advantages, per_token_logps=per_token_logps,
-                                           sampling_per_token_logps=sampling_per_token_logps, mask=mask,
-                                           off_policy_threshold=threshold)
+    return GRPOTrainer.get_off_policy_mask(
+        advantages=advantages,
+        per_token_logps=per_token_logps,
+        sampling_per_token_logps=sampling_per_token_logps,
+        mask=mask,
+        off_policy_threshold=threshold,
+    )

@@ -5,6 +5,7 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 
 `model` (a folder), `capture` (the steps) and `chat` (message-list prompts) are read from the JSON too.
 """
+
 import json
 import sys
 
@@ -37,11 +38,20 @@ if __name__ == "__main__":
     prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]]
     if changes.pop("chat", False):  # a conversational dataset: the tokenizer's chat template applies
         prompts = [[{"role": "user", "content": p}] for p in prompts]
-    args = GRPOConfig(output_dir=out, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
-                      max_steps=changes.pop("max_steps", 2), report_to="none", use_cpu=True,
-                      logging_steps=logging_steps, **changes)
-    trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCS, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}))
+    args = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=changes.pop("max_steps", 2),
+        report_to="none",
+        use_cpu=True,
+        logging_steps=logging_steps,
+        **changes,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=REWARD_FUNCS, args=args, train_dataset=Dataset.from_dict({"prompt": prompts})
+    )
     trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps))
     trainer.train()
     with open(f"{out}/log_history.json", "w") as f:

@@ -21,8 +21,17 @@ from .quality import FLOORS, floor_metrics
 def _curve_table(model_dir: Path) -> str:
     path = model_dir / "learning_curve.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    cols = ["step", "minutes", "val_loss_policy", "val_loss_env", "policy/parse_rate", "policy/best_move_legal",
-            "policy/best_move_top5", "env/next_fen_exact", "groups_nonzero_std"]
+    cols = [
+        "step",
+        "minutes",
+        "val_loss_policy",
+        "val_loss_env",
+        "policy/parse_rate",
+        "policy/best_move_legal",
+        "policy/best_move_top5",
+        "env/next_fen_exact",
+        "groups_nonzero_std",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
@@ -34,15 +43,19 @@ def _runs(model_dir: Path) -> str:
     order rebuilds the model."""
     path = model_dir / "training_runs.jsonl"
     runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return "\n".join(f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.chess.train_model --lr {r['lr']} "
-                     f"--min-lr {r['min_lr']} --warmup-steps {r['warmup_steps']} --max-steps {r['max_steps']} "
-                     f"--policy-fraction {r.get('policy_fraction', 0.5)} "
-                     f"--eval-every {r['eval_every']} --metrics-every {r['metrics_every']} --stop-step {r['to_step']} "
-                     f"--minutes 1000`" for i, r in enumerate(runs))
+    return "\n".join(
+        f"  {i + 1}. steps {r['from_step']} to {r['to_step']}: `python -m grpo_debug.chess.train_model --lr {r['lr']} "
+        f"--min-lr {r['min_lr']} --warmup-steps {r['warmup_steps']} --max-steps {r['max_steps']} "
+        f"--policy-fraction {r.get('policy_fraction', 0.5)} "
+        f"--eval-every {r['eval_every']} --metrics-every {r['metrics_every']} --stop-step {r['to_step']} "
+        f"--minutes 1000`"
+        for i, r in enumerate(runs)
+    )
 
 
 class ModelFacts(NamedTuple):
     """What the card quotes about the model and its training, read from its folder."""
+
     train: dict  # the training config of train_state.pt
     step: int
     minutes: float
@@ -54,11 +67,15 @@ class ModelFacts(NamedTuple):
 
 def model_facts(model_dir: Path) -> ModelFacts:
     state = torch.load(model_dir / "train_state.pt", weights_only=True, map_location="cpu")
-    return ModelFacts(train=state["config"], step=state["step"], minutes=state["trained_seconds"] / 60,
-                      arch=json.loads((model_dir / "config.json").read_text()),
-                      n_params=sum(v.numel() for k, v in state["model"].items() if k != "lm_head.weight"),
-                      size_mb=sum(p.stat().st_size for p in model_dir.iterdir() if p.name != "train_state.pt") / 2**20,
-                      manifest=json.loads((DATA_DIR / "manifest.json").read_text()))
+    return ModelFacts(
+        train=state["config"],
+        step=state["step"],
+        minutes=state["trained_seconds"] / 60,
+        arch=json.loads((model_dir / "config.json").read_text()),
+        n_params=sum(v.numel() for k, v in state["model"].items() if k != "lm_head.weight"),
+        size_mb=sum(p.stat().st_size for p in model_dir.iterdir() if p.name != "train_state.pt") / 2**20,
+        manifest=json.loads((DATA_DIR / "manifest.json").read_text()),
+    )
 
 
 def _about(model_dir: Path) -> str:
@@ -71,11 +88,11 @@ A GPT-2 (`GPT2LMHeadModel`) trained from scratch on the bundled RookWorld-format
 grpo-debug runs offline. It stands in for `jrahn/RookWorld-LM-124M`: same text formats (P: policy,
 A: environment), same architecture family, same dropout (0.1), much smaller and much weaker.
 
-- {m.n_params / 1e6:.2f}M parameters: {config['n_layer']} layers, {config['n_embd']} wide, {config['n_head']} heads,
-  {config['n_positions']} positions; vocabulary {config['vocab_size']} (BPE with one token per board square, see
+- {m.n_params / 1e6:.2f}M parameters: {config["n_layer"]} layers, {config["n_embd"]} wide, {config["n_head"]} heads,
+  {config["n_positions"]} positions; vocabulary {config["vocab_size"]} (BPE with one token per board square, see
   `grpo_debug/chess/tokenizer.py`); {m.size_mb:.1f} MB on disk (the resumable `train_state.pt` is not part of the model).
-- Trained {m.step} steps of {cfg['batch_size']} samples (each run's P: share is its `--policy-fraction`, the rest
-  A:), AdamW lr {cfg['lr']} cosine to {cfg['min_lr']}, bfloat16 autocast on one CPU thread: {m.minutes:.0f} minutes
+- Trained {m.step} steps of {cfg["batch_size"]} samples (each run's P: share is its `--policy-fraction`, the rest
+  A:), AdamW lr {cfg["lr"]} cosine to {cfg["min_lr"]}, bfloat16 autocast on one CPU thread: {m.minutes:.0f} minutes
   of training. Loss on completion tokens and the EOS. The runs (a resumed run keeps the step, optimizer and
   data order, and follows the cosine of its own `--max-steps`, so it can raise the learning rate where it resumes):
 {_runs(model_dir)}
@@ -84,15 +101,16 @@ A: environment), same architecture family, same dropout (0.1), much smaller and 
   but only 53.5% of A: groups (75.25% of all groups) had a reward std above 0. A run on P: alone lets the
   model forget part of the A: task (`val_loss_env` rises in the learning curve) while the policy keeps
   learning; the table below is measured after it.
-- Data: `data/` ({manifest['counts']['policy_train']} P: positions, {manifest['counts']['env_train']} A: transitions;
-  {manifest['stockfish']}), see `data/README.md`.
+- Data: `data/` ({manifest["counts"]["policy_train"]} P: positions, {manifest["counts"]["env_train"]} A: transitions;
+  {manifest["stockfish"]}), see `data/README.md`.
 - Reproduce: the runs above in order, from an empty folder (`--out`), with the tokenizer trained first by
   the same command (same seed, same data order; one thread)."""
 
 
 def _floors_table(metrics: dict) -> str:
-    return "\n".join(f"| `{k}` | {metrics[k]:.4f} | {v} | {'met' if metrics[k] >= v else 'NOT met'} |"
-                     for k, v in FLOORS.items())
+    return "\n".join(
+        f"| `{k}` | {metrics[k]:.4f} | {v} | {'met' if metrics[k] >= v else 'NOT met'} |" for k, v in FLOORS.items()
+    )
 
 
 def _verdict(metrics: dict) -> str:
@@ -102,10 +120,12 @@ def _verdict(metrics: dict) -> str:
         return "Every floor is met."
     verdict = f"**Not finished**: this checkpoint does not meet {', '.join(f'`{k}`' for k in missing)}."
     if "groups_nonzero_std" in missing:
-        verdict += (f" Groups with a non-zero reward std: P: {metrics['policy/groups_nonzero_std']:.1%}, A: "
-                    f"{metrics['env/groups_nonzero_std']:.1%}. An environment model that predicts the next position "
-                    "right gives all 8 samples the same answer, so its A: group carries no GRPO signal; the A: share "
-                    "falls as `env/next_fen_exact` rises.")
+        verdict += (
+            f" Groups with a non-zero reward std: P: {metrics['policy/groups_nonzero_std']:.1%}, A: "
+            f"{metrics['env/groups_nonzero_std']:.1%}. An environment model that predicts the next position "
+            "right gives all 8 samples the same answer, so its A: group carries no GRPO signal; the A: share "
+            "falls as `env/next_fen_exact` rises."
+        )
     return verdict
 
 

@@ -28,8 +28,16 @@ from tqdm import tqdm
 
 from ..paths import DATA_DIR
 from .engine import PositionAnalysis, Stockfish
-from .format import (HISTORY_LENGTH, EnvOutcome, env_completion, env_prompt, env_step, policy_completion,
-                     policy_prompt, write_fen)
+from .format import (
+    HISTORY_LENGTH,
+    EnvOutcome,
+    env_completion,
+    env_prompt,
+    env_step,
+    policy_completion,
+    policy_prompt,
+    write_fen,
+)
 
 
 @dataclass
@@ -86,9 +94,16 @@ def random_illegal_move(board: chess.Board, rng: random.Random) -> str:
 
 def env_record(board: chess.Board, move: str, history: list[str], cfg: BuildConfig, kind: str) -> dict:
     outcome = env_step(board, move, cfg.fen_convention)
-    return {"fen": write_fen(board, cfg.fen_convention), "move": move, "history": history[-HISTORY_LENGTH:],
-            "next_fen": outcome.next_fen, "reward": outcome.reward, "terminated": outcome.terminated,
-            "truncated": outcome.truncated, "kind": kind}
+    return {
+        "fen": write_fen(board, cfg.fen_convention),
+        "move": move,
+        "history": history[-HISTORY_LENGTH:],
+        "next_fen": outcome.next_fen,
+        "reward": outcome.reward,
+        "terminated": outcome.terminated,
+        "truncated": outcome.truncated,
+        "kind": kind,
+    }
 
 
 def special_moves(board: chess.Board) -> list[tuple[str, str]]:
@@ -138,7 +153,9 @@ def play_game(index: int, kind: str, cfg: BuildConfig, engine: Stockfish | None)
             move = rng.choice(list(board.legal_moves)).uci()
         records.env.append(env_record(board, move, history, cfg, "played"))
         if rng.random() < cfg.alternative_prob:
-            records.env.append(env_record(board, rng.choice(list(board.legal_moves)).uci(), history, cfg, "alternative"))
+            records.env.append(
+                env_record(board, rng.choice(list(board.legal_moves)).uci(), history, cfg, "alternative")
+            )
         if rng.random() < cfg.illegal_prob:
             records.env.append(env_record(board, random_illegal_move(board, rng), history, cfg, "illegal"))
         for special, termination in special_moves(board):
@@ -162,11 +179,12 @@ def _game_plan(cfg: BuildConfig) -> list[tuple[int, str]]:
 
 
 def play_all(plan: list[tuple[int, str]], cfg: BuildConfig, depth: int, desc: str) -> list[GameRecords]:
-    chunks = [plan[i::cfg.workers * 8] for i in range(cfg.workers * 8)]
+    chunks = [plan[i :: cfg.workers * 8] for i in range(cfg.workers * 8)]
     results: list[GameRecords] = []
     with mp.Pool(cfg.workers) as pool:
-        for chunk_result in tqdm(pool.imap_unordered(_worker, [(c, cfg, depth) for c in chunks]),
-                                 total=len(chunks), desc=desc):
+        for chunk_result in tqdm(
+            pool.imap_unordered(_worker, [(c, cfg, depth) for c in chunks]), total=len(chunks), desc=desc
+        ):
             results.extend(chunk_result)
     return sorted(results, key=lambda g: g.index)
 
@@ -214,8 +232,10 @@ def build(cfg: BuildConfig, out_dir: Path = DATA_DIR) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = _game_plan(cfg)
     rng = random.Random(cfg.seed)
-    eval_indices = set(rng.sample([i for i, kind in plan if kind == "selfplay"], cfg.eval_games // 2)
-                       + rng.sample([i for i, kind in plan if kind == "random"], cfg.eval_games // 2))
+    eval_indices = set(
+        rng.sample([i for i, kind in plan if kind == "selfplay"], cfg.eval_games // 2)
+        + rng.sample([i for i, kind in plan if kind == "random"], cfg.eval_games // 2)
+    )
     games = play_all(plan, cfg, cfg.train_depth, "games")
     train_games = [g for g in games if g.index not in eval_indices]
     heldout_games = [g for g in games if g.index in eval_indices]
@@ -228,24 +248,33 @@ def build(cfg: BuildConfig, out_dir: Path = DATA_DIR) -> dict:
     if len(heldout) < needed:
         raise RuntimeError(f"only {len(heldout)} held-out positions, need {needed}: raise eval_games")
     heldout = reanalyse(heldout[:needed], cfg.eval_depth)
-    prompt_positions, eval_positions = heldout[:cfg.prompt_positions], heldout[cfg.prompt_positions:]
+    prompt_positions, eval_positions = heldout[: cfg.prompt_positions], heldout[cfg.prompt_positions :]
 
     train_env = dedupe([r for g in train_games for r in g.env], env_key, set())
     train_env_keys = {env_key(r) for r in train_env}
     eval_env = dedupe([r for g in heldout_games for r in g.env], env_key, train_env_keys)
     random.Random(cfg.seed + 2).shuffle(eval_env)
-    eval_env = eval_env[:cfg.eval_env_records]
+    eval_env = eval_env[: cfg.eval_env_records]
 
-    files = {"policy_train": train_positions, "policy_eval": eval_positions, "policy_prompts": prompt_positions,
-             "env_train": train_env, "env_eval": eval_env}
+    files = {
+        "policy_train": train_positions,
+        "policy_eval": eval_positions,
+        "policy_prompts": prompt_positions,
+        "env_train": train_env,
+        "env_eval": eval_env,
+    }
     for name, records in files.items():
         write_jsonl(out_dir / f"{name}.jsonl.gz", records)
     with Stockfish(depth=cfg.eval_depth) as engine:
         version = engine.version
-    manifest = {"config": vars(cfg), "stockfish": version, "counts": {k: len(v) for k, v in files.items()},
-                "env_kinds": _count(r["kind"] for r in train_env + eval_env),
-                "position_sources": _count(p["source"] for p in train_positions),
-                "build_seconds": round(time.time() - start, 1)}
+    manifest = {
+        "config": vars(cfg),
+        "stockfish": version,
+        "counts": {k: len(v) for k, v in files.items()},
+        "env_kinds": _count(r["kind"] for r in train_env + eval_env),
+        "position_sources": _count(p["source"] for p in train_positions),
+        "build_seconds": round(time.time() - start, 1),
+    }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out_dir / "README.md").write_text(data_readme(manifest))
     return manifest
@@ -256,33 +285,33 @@ def data_readme(manifest: dict) -> str:
     rows = "\n".join(f"| `{name}.jsonl.gz` | {count} |" for name, count in counts.items())
     return f"""# Bundled RookWorld data
 
-Built by `python -m grpo_debug.chess.data build` (seed {cfg['seed']}, {manifest['build_seconds']:.0f} s on 2 cores) with
-{manifest['stockfish']}; `manifest.json` holds every setting. Rebuilding with the same settings gives the same files.
+Built by `python -m grpo_debug.chess.data build` (seed {cfg["seed"]}, {manifest["build_seconds"]:.0f} s on 2 cores) with
+{manifest["stockfish"]}; `manifest.json` holds every setting. Rebuilding with the same settings gives the same files.
 
 | file | records |
 |---|---|
 {rows}
 
 ## Positions (P: task)
-- {cfg['selfplay_games']} Stockfish self-play games (softmax over the evaluations at temperature
-  {cfg['softmax_temperature']} pawns, a uniformly random move with probability {cfg['random_move_prob']}) and
-  {cfg['random_games']} random playouts (every {cfg['random_analyse_every']}th position analysed). Sources of the
-  training positions: {manifest['position_sources']}.
+- {cfg["selfplay_games"]} Stockfish self-play games (softmax over the evaluations at temperature
+  {cfg["softmax_temperature"]} pawns, a uniformly random move with probability {cfg["random_move_prob"]}) and
+  {cfg["random_games"]} random playouts (every {cfg["random_analyse_every"]}th position analysed). Sources of the
+  training positions: {manifest["position_sources"]}.
 - Every record: `fen`, `depth`, and `evals`: Stockfish's evaluation of **every legal move** (pawns, side to move,
   MultiPV = number of legal moves), best first. The top 5 are the M: list, the first is B:. A forced mate counts
   100 pawns minus the plies to it.
-- Depth {cfg['train_depth']} for `policy_train`; depth {cfg['eval_depth']} for `policy_eval` and `policy_prompts`
+- Depth {cfg["train_depth"]} for `policy_train`; depth {cfg["eval_depth"]} for `policy_eval` and `policy_prompts`
   (the notebook prompt set). Train, eval and prompts come from different games, and no eval or prompt position
   (board, side, castling, en passant) occurs in train.
 
 ## Transitions (A: task)
-- Fields: `fen`, `move`, `history` (the last {cfg.get('history_length', 10)} moves before `move`), `next_fen`, `reward`,
-  `terminated`, `truncated`, `kind`. Prompt `A: <fen>+<move>+<history joined by "{cfg['history_separator']}">+`,
+- Fields: `fen`, `move`, `history` (the last {cfg.get("history_length", 10)} moves before `move`), `next_fen`, `reward`,
+  `terminated`, `truncated`, `kind`. Prompt `A: <fen>+<move>+<history joined by "{cfg["history_separator"]}">+`,
   completion `<next_fen>+<reward>+<terminated>+<truncated>`.
-- FEN convention `{cfg['fen_convention']}` (python-chess's default `board.fen()`: the en-passant square only when a
+- FEN convention `{cfg["fen_convention"]}` (python-chess's default `board.fen()`: the en-passant square only when a
   capture is legal); rewards 0.001 legal, 1 mate by the mover, 0.5 draw (stalemate, insufficient material, 50/75-move,
   threefold/fivefold), -1 illegal (position unchanged, truncated = 1).
-- Kinds: {manifest['env_kinds']}.
+- Kinds: {manifest["env_kinds"]}.
 """
 
 
@@ -316,8 +345,11 @@ def env_example(record: dict, separator: str = ",") -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_debug.chess.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("command", choices=["build", "stats"])
     parser.add_argument("--out", type=Path, default=DATA_DIR)
     for name, default in vars(BuildConfig()).items():

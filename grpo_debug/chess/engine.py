@@ -31,8 +31,10 @@ ANALYSE_TIMEOUT = 30.0  # seconds per attempt; depth 10 over every legal move ta
 STARTUP_TIMEOUT = 10.0  # seconds for the UCI handshake, python-chess's default
 QUIT_TIMEOUT = 1.0
 DEFAULT_PATH = "/usr/games/stockfish"
-INSTALL_HINT = ("Install Stockfish (Debian/Ubuntu: `sudo apt-get install stockfish`; conda: "
-                "`conda install -c conda-forge stockfish`) or set STOCKFISH_PATH to the binary.")
+INSTALL_HINT = (
+    "Install Stockfish (Debian/Ubuntu: `sudo apt-get install stockfish`; conda: "
+    "`conda install -c conda-forge stockfish`) or set STOCKFISH_PATH to the binary."
+)
 
 
 class EngineNotFound(RuntimeError):
@@ -92,6 +94,7 @@ def position_problem(board: chess.Board) -> str:
 @dataclass
 class PositionAnalysis:
     """Evaluations (pawns, side to move) of every legal move, best first."""
+
     fen: str
     depth: int
     evals: dict[str, float]
@@ -108,7 +111,7 @@ class PositionAnalysis:
         return {"fen": self.fen, "depth": self.depth, "evals": self.evals}
 
     @classmethod
-    def from_json(cls, record: dict) -> "PositionAnalysis":
+    def from_json(cls, record: dict) -> PositionAnalysis:
         return cls(fen=record["fen"], depth=record["depth"], evals=dict(record["evals"]))
 
 
@@ -171,13 +174,16 @@ class _Process:
             await asyncio.wait([task, self.protocol.returncode], return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
-            raise chess.engine.EngineTerminatedError(f"engine process died (exit code {self.protocol.returncode.result()})")
+            raise chess.engine.EngineTerminatedError(
+                f"engine process died (exit code {self.protocol.returncode.result()})"
+            )
         finally:
             task.cancel()
 
 
 class _Slot:
     """The current process, shared with the finalizer (which must not hold the Stockfish object)."""
+
     process: _Process | None = None
 
 
@@ -208,8 +214,14 @@ class Stockfish:
     manager or call `close()`; engines left open are closed when garbage-collected or at exit.
     """
 
-    def __init__(self, depth: int = 10, path: str | None = None, hash_mb: int = 16,
-                 timeout: float = ANALYSE_TIMEOUT, startup_timeout: float = STARTUP_TIMEOUT):
+    def __init__(
+        self,
+        depth: int = 10,
+        path: str | None = None,
+        hash_mb: int = 16,
+        timeout: float = ANALYSE_TIMEOUT,
+        startup_timeout: float = STARTUP_TIMEOUT,
+    ):
         self.depth = depth
         self.path = check_engine_path(path) if path else find_stockfish()
         self.hash_mb = hash_mb
@@ -230,8 +242,10 @@ class Stockfish:
             if process is not None:
                 _kill(process)
             if not self._started_once:
-                raise EngineNotFound(f"{self.path!r} is not a working UCI engine: the handshake failed "
-                                     f"({type(e).__name__}: {e or 'no reply'}). {INSTALL_HINT}") from None
+                raise EngineNotFound(
+                    f"{self.path!r} is not a working UCI engine: the handshake failed "
+                    f"({type(e).__name__}: {e or 'no reply'}). {INSTALL_HINT}"
+                ) from None
             raise
         self._started_once = True
         return process
@@ -262,15 +276,19 @@ class Stockfish:
             except ENGINE_FAILURES as e:
                 failures.append(f"{type(e).__name__}: {e}")
                 self.restart()
-        raise EngineFailed(f"analysis of {board.fen()} failed, then failed again after a restart: "
-                           + "; ".join(failures))
+        raise EngineFailed(
+            f"analysis of {board.fen()} failed, then failed again after a restart: " + "; ".join(failures)
+        )
 
     def _analyse_once(self, board: chess.Board) -> PositionAnalysis:
         process = self._process()
         # game=object(): a new game every call, so python-chess sends ucinewgame and the hash starts empty
-        search = process.protocol.analyse(board.copy(), chess.engine.Limit(depth=self.depth),
-                                          multipv=board.legal_moves.count(), game=object())
-        return PositionAnalysis(fen=board.fen(), depth=self.depth, evals=_evals(board, process.call(search, self.timeout)))
+        search = process.protocol.analyse(
+            board.copy(), chess.engine.Limit(depth=self.depth), multipv=board.legal_moves.count(), game=object()
+        )
+        return PositionAnalysis(
+            fen=board.fen(), depth=self.depth, evals=_evals(board, process.call(search, self.timeout))
+        )
 
     def restart(self) -> None:
         """Kill the engine; the next call starts a fresh one."""
@@ -282,7 +300,7 @@ class Stockfish:
     def close(self) -> None:
         _shut_down(self._slot)
 
-    def __enter__(self) -> "Stockfish":
+    def __enter__(self) -> Stockfish:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -103,7 +103,7 @@ def _policy_sections(text: str) -> tuple[str, str, str] | None:
     b = text.find("B:", e + 2) if e >= 0 else -1
     if b < 0:
         return None
-    return text[start + 2:e], text[e + 2:b], text[b + 2:]
+    return text[start + 2 : e], text[e + 2 : b], text[b + 2 :]
 
 
 def _parse_float(token: str) -> float | None:
@@ -156,13 +156,14 @@ class EnvPrompt:
 def parse_env_prompt(prompt: str, separator: str = HISTORY_SEPARATOR) -> EnvPrompt:
     if not prompt.startswith(ENV_PREFIX) or not prompt.endswith("+") or prompt.count("+") != 3:
         raise ValueError(f"not an A: prompt `A: <FEN>+<move>+<recent moves>+`: {prompt!r}")
-    fen, move, history, _ = prompt[len(ENV_PREFIX):].split("+")
+    fen, move, history, _ = prompt[len(ENV_PREFIX) :].split("+")
     return EnvPrompt(fen=fen, move=move, history=[m for m in history.split(separator) if m])
 
 
 @dataclass
 class EnvOutcome:
     """The environment's answer to a move: what `env_step` returns and what an A: completion is scored against."""
+
     next_fen: str
     reward: float
     terminated: bool
@@ -170,8 +171,7 @@ class EnvOutcome:
 
 
 def env_completion(outcome: EnvOutcome) -> str:
-    return (f"{outcome.next_fen}+{format_reward(outcome.reward)}"
-            f"+{int(outcome.terminated)}+{int(outcome.truncated)}")
+    return f"{outcome.next_fen}+{format_reward(outcome.reward)}+{int(outcome.terminated)}+{int(outcome.truncated)}"
 
 
 def env_step(board: chess.Board, move_text: str, fen_convention: str = "legal") -> EnvOutcome:
@@ -225,11 +225,17 @@ def parse_env_completion(text: str) -> EnvCompletion:
     if fields and fields[-1] == "" and len(fields) == 5:
         fields = fields[:4]  # tolerate a trailing `+`
     if len(fields) != 4:
-        return EnvCompletion(ok=False, next_fen=fields[0] if fields else "",
-                             error=f"expected 4 `+`-separated fields, got {len(fields)}")
+        return EnvCompletion(
+            ok=False, next_fen=fields[0] if fields else "", error=f"expected 4 `+`-separated fields, got {len(fields)}"
+        )
     next_fen, reward, terminated, truncated = fields
-    parsed = EnvCompletion(ok=True, next_fen=next_fen.strip(), reward=_parse_float(reward.strip()),
-                           terminated=_parse_flag(terminated), truncated=_parse_flag(truncated))
+    parsed = EnvCompletion(
+        ok=True,
+        next_fen=next_fen.strip(),
+        reward=_parse_float(reward.strip()),
+        terminated=_parse_flag(terminated),
+        truncated=_parse_flag(truncated),
+    )
     errors = []
     if parsed.reward is None:
         errors.append("reward is not a finite number")

@@ -18,7 +18,6 @@ import statistics
 import time
 
 import torch
-from tqdm import tqdm
 
 from ..rollout import sample_completions
 from .data import env_example, load_split, policy_example
@@ -26,8 +25,13 @@ from .engine import PositionAnalysis
 from .format import EnvOutcome, parse_env_completion, parse_policy_completion, same_position
 from .rewards import score_env, score_policy
 
-FLOORS = {"policy/parse_rate": 0.95, "policy/best_move_legal": 0.30, "policy/best_move_top5": 0.05,
-          "groups_nonzero_std": 0.80, "env/next_fen_exact": 0.20}
+FLOORS = {
+    "policy/parse_rate": 0.95,
+    "policy/best_move_legal": 0.30,
+    "policy/best_move_top5": 0.05,
+    "groups_nonzero_std": 0.80,
+    "env/next_fen_exact": 0.20,
+}
 
 
 def _rate(flags: list[bool]) -> float:
@@ -50,9 +54,13 @@ def policy_metrics(records: list[dict], completions: list[list[str]]) -> dict[st
             top5.append(parsed.best in analysis.top5)
             rewards.append(score_policy(analysis, text).total)
         groups.append(rewards)
-    return {"policy/parse_rate": _rate(parse), "policy/best_move_legal": _rate(legal),
-            "policy/best_move_top5": _rate(top5), "policy/groups_nonzero_std": _rate(_nonzero_std(groups)),
-            "policy/reward_mean": statistics.fmean(r for g in groups for r in g)}
+    return {
+        "policy/parse_rate": _rate(parse),
+        "policy/best_move_legal": _rate(legal),
+        "policy/best_move_top5": _rate(top5),
+        "policy/groups_nonzero_std": _rate(_nonzero_std(groups)),
+        "policy/reward_mean": statistics.fmean(r for g in groups for r in g),
+    }
 
 
 def env_metrics(records: list[dict], completions: list[list[str]]) -> dict[str, float]:
@@ -66,20 +74,38 @@ def env_metrics(records: list[dict], completions: list[list[str]]) -> dict[str, 
             exact.append(same_position(parsed.next_fen, truth.next_fen))
             rewards.append(score_env(truth, text).total)
         groups.append(rewards)
-    return {"env/parse_rate": _rate(parse), "env/next_fen_exact": _rate(exact),
-            "env/groups_nonzero_std": _rate(_nonzero_std(groups)),
-            "env/reward_mean": statistics.fmean(r for g in groups for r in g)}
+    return {
+        "env/parse_rate": _rate(parse),
+        "env/next_fen_exact": _rate(exact),
+        "env/groups_nonzero_std": _rate(_nonzero_std(groups)),
+        "env/reward_mean": statistics.fmean(r for g in groups for r in g),
+    }
 
 
-def floor_metrics(model, tokenizer, num_prompts: int = 200, num_samples: int = 8, seed: int = 0,
-                  progress: bool = True) -> dict[str, float]:
+def floor_metrics(
+    model, tokenizer, num_prompts: int = 200, num_samples: int = 8, seed: int = 0, progress: bool = True
+) -> dict[str, float]:
     start = time.time()
     policy_records = load_split("policy_eval")[:num_prompts]
     env_records = load_split("env_eval")[:num_prompts]
-    policy_out = sample_completions(model, tokenizer, [policy_example(r)[0] for r in policy_records], num_samples,
-                                    max_new_tokens=64, seed=seed, progress=progress)
-    env_out = sample_completions(model, tokenizer, [env_example(r)[0] for r in env_records], num_samples,
-                                 max_new_tokens=120, seed=seed, progress=progress)
+    policy_out = sample_completions(
+        model,
+        tokenizer,
+        [policy_example(r)[0] for r in policy_records],
+        num_samples,
+        max_new_tokens=64,
+        seed=seed,
+        progress=progress,
+    )
+    env_out = sample_completions(
+        model,
+        tokenizer,
+        [env_example(r)[0] for r in env_records],
+        num_samples,
+        max_new_tokens=120,
+        seed=seed,
+        progress=progress,
+    )
     metrics = {**policy_metrics(policy_records, policy_out), **env_metrics(env_records, env_out)}
     metrics["groups_nonzero_std"] = (metrics["policy/groups_nonzero_std"] + metrics["env/groups_nonzero_std"]) / 2
     metrics = {k: round(v, 4) for k, v in metrics.items()}
@@ -89,8 +115,12 @@ def floor_metrics(model, tokenizer, num_prompts: int = 200, num_samples: int = 8
 
 def main(argv: list[str] | None = None) -> None:
     from ..model import load_model
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.quality", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_debug.chess.quality",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default=None, help="folder or hub id (default: the bundled model)")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--samples", type=int, default=8)

@@ -47,8 +47,15 @@ from rapidfuzz.distance import Levenshtein
 
 from .data import env_example, fen_key, load_split
 from .engine import EngineFailed, PositionAnalysis, PositionError, Stockfish, position_problem
-from .format import (EnvOutcome, canonical_fen, env_step, parse_env_completion, parse_env_prompt,
-                     parse_policy_completion, task_of)
+from .format import (
+    EnvOutcome,
+    canonical_fen,
+    env_step,
+    parse_env_completion,
+    parse_env_prompt,
+    parse_policy_completion,
+    task_of,
+)
 
 POLICY_WEIGHTS = {"best_move": 0.5, "candidates": 0.3, "evals": 0.2}
 ENV_WEIGHTS = {"fen": 0.6, "reward": 0.2, "terminated": 0.1, "truncated": 0.1}
@@ -144,6 +151,7 @@ def score_env(truth: EnvOutcome, completion: str) -> Score:
 @dataclass
 class RewardScorer:
     """Scores (prompt, completion) pairs of either task against bundled or live ground truth."""
+
     analyses: dict[str, PositionAnalysis] = field(default_factory=dict)  # bundled, by position (no clocks)
     live: dict[str, PositionAnalysis] = field(default_factory=dict)  # analysed here, by full FEN: the halfmove
     # clock changes Stockfish's evaluation (a draw by the 50-move rule nears), so a position seen with another clock
@@ -153,7 +161,7 @@ class RewardScorer:
     engine_depth: int = 10
 
     @classmethod
-    def bundled(cls, splits: tuple[str, ...] = ("policy_eval", "policy_prompts", "env_eval"), **kwargs) -> "RewardScorer":
+    def bundled(cls, splits: tuple[str, ...] = ("policy_eval", "policy_prompts", "env_eval"), **kwargs) -> RewardScorer:
         scorer = cls(**kwargs)
         for split in splits:
             for record in load_split(split):
@@ -161,8 +169,9 @@ class RewardScorer:
                     scorer.add_analysis(PositionAnalysis.from_json(record))
                 else:
                     prompt, _ = env_example(record)
-                    scorer.env_truths[prompt] = EnvOutcome(record["next_fen"], record["reward"],
-                                                           record["terminated"], record["truncated"])
+                    scorer.env_truths[prompt] = EnvOutcome(
+                        record["next_fen"], record["reward"], record["terminated"], record["truncated"]
+                    )
         return scorer
 
     def add_analysis(self, analysis: PositionAnalysis) -> None:
@@ -218,7 +227,7 @@ class RewardScorer:
         if self.engine is not None:
             self.engine.close()
 
-    def __enter__(self) -> "RewardScorer":
+    def __enter__(self) -> RewardScorer:
         return self
 
     def __exit__(self, *exc) -> None:

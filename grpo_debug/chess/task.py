@@ -27,7 +27,7 @@ VALIDATION_SLICE = slice(256, 512)
 TRAIN_ENV_FIRST = 512  # env_eval[512:] reversed are the A: training prompts
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pools(prompt_set: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if prompt_set == "train":
         policy = [policy_example(r)[0] for r in load_split("policy_prompts")]
@@ -82,7 +82,7 @@ class RookWorldReward:
         return [s.total for s in scores], components, [s.error for s in scores]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bundled_scorer() -> RewardScorer:
     """One scorer over the bundled ground truth, shared by the three chess tasks (live analyses cached once)."""
     return RewardScorer.bundled()

@@ -24,17 +24,20 @@ _BOARD_CHAR = r"[_pnbrqkPNBRQK/]"
 
 
 def _normalizer() -> normalizers.Normalizer:
-    return normalizers.Sequence([normalizers.Replace(Regex(f"{d}{_BOARD_CONTEXT}"), EMPTY * d)
-                                 for d in range(8, 0, -1)])
+    return normalizers.Sequence(
+        [normalizers.Replace(Regex(f"{d}{_BOARD_CONTEXT}"), EMPTY * d) for d in range(8, 0, -1)]
+    )
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_BOARD_CHAR + _BOARD_CONTEXT), behavior="isolated"),
-        pre_tokenizers.Split(Regex("[a-h][1-8]"), behavior="isolated"),
-        pre_tokenizers.Split(" ", behavior="merged_with_previous"),
-        pre_tokenizers.Split("+", behavior="merged_with_previous"),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_BOARD_CHAR + _BOARD_CONTEXT), behavior="isolated"),
+            pre_tokenizers.Split(Regex("[a-h][1-8]"), behavior="isolated"),
+            pre_tokenizers.Split(" ", behavior="merged_with_previous"),
+            pre_tokenizers.Split("+", behavior="merged_with_previous"),
+        ]
+    )
 
 
 def _decoder() -> decoders.Decoder:
@@ -47,14 +50,21 @@ def train_tokenizer(lines: list[str], vocab_size: int = 512) -> PreTrainedTokeni
     tokenizer.pre_tokenizer = _pre_tokenizer()
     tokenizer.decoder = _decoder()
     alphabet = sorted(set("".join(lines[:20000])) | set("_pnbrqkPNBRQK/12345678abcdefgh0123456789 +-.:wEMBPA,"))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], initial_alphabet=alphabet,
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS, PAD], initial_alphabet=alphabet, show_progress=False
+    )
     tokenizer.train_from_iterator(lines, trainer=trainer)
     return wrap(tokenizer)
 
 
 def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token=EOS, bos_token=EOS, pad_token=PAD, unk_token=None,
-        model_input_names=["input_ids", "attention_mask"], padding_side="left",
-        clean_up_tokenization_spaces=False)
+        tokenizer_object=tokenizer,
+        eos_token=EOS,
+        bos_token=EOS,
+        pad_token=PAD,
+        unk_token=None,
+        model_input_names=["input_ids", "attention_mask"],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )

@@ -69,9 +69,9 @@ def encode(tokenizer: PreTrainedTokenizerFast, pairs: list[tuple[str, str]], max
     fulls = tokenizer([p + c for p, c in pairs], add_special_tokens=False)["input_ids"]
     examples = []
     for prompt, full in zip(prompts, fulls):
-        if full[:len(prompt)] != prompt:
+        if full[: len(prompt)] != prompt:
             raise ValueError("a prompt tokenizes differently alone than inside its line")
-        completion = full[len(prompt):] + [tokenizer.eos_token_id]
+        completion = full[len(prompt) :] + [tokenizer.eos_token_id]
         if len(prompt) + len(completion) <= max_len:
             examples.append(Example(prompt, completion))
     return examples
@@ -85,9 +85,9 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
     for i, e in enumerate(examples):
         ids = e.prompt_ids + e.completion_ids
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        labels[i, len(e.prompt_ids):len(ids)] = torch.tensor(e.completion_ids)
-        attention_mask[i, :len(ids)] = 1
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, len(e.prompt_ids) : len(ids)] = torch.tensor(e.completion_ids)
+        attention_mask[i, : len(ids)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -99,11 +99,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def build_model(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast) -> GPT2LMHeadModel:
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.n_positions, n_embd=cfg.n_embd,
-                        n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
-                        embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -113,10 +121,11 @@ def validation_loss(model: GPT2LMHeadModel, examples: list[Example], pad_id: int
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
-        batch = collate(examples[i:i + batch_size], pad_id)
+        batch = collate(examples[i : i + batch_size], pad_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                                 ignore_index=-100, reduction="sum")
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100, reduction="sum"
+        )
         total += loss.item()
         count += (batch["labels"][:, 1:] != -100).sum().item()
     model.train(was_training)
@@ -124,8 +133,9 @@ def validation_loss(model: GPT2LMHeadModel, examples: list[Example], pad_id: int
 
 
 def sample_batch(policy: list[Example], env: list[Example], cfg: TrainConfig, rng: random.Random) -> list[Example]:
-    return [rng.choice(policy) if rng.random() < cfg.policy_fraction else rng.choice(env)
-            for _ in range(cfg.batch_size)]
+    return [
+        rng.choice(policy) if rng.random() < cfg.policy_fraction else rng.choice(env) for _ in range(cfg.batch_size)
+    ]
 
 
 @dataclass
@@ -146,19 +156,32 @@ def load_training_data(cfg: TrainConfig, out: Path) -> TrainingData:
         lines = [p + c for pairs in train_pairs.values() for p, c in pairs[:40000]]
         tokenizer = train_tokenizer(lines, cfg.vocab_size)
         tokenizer.save_pretrained(out)
-    data = TrainingData(tokenizer, encode(tokenizer, train_pairs["policy"], cfg.n_positions),
-                        encode(tokenizer, train_pairs["env"], cfg.n_positions),
-                        encode(tokenizer, text_examples("policy_eval")[:200], cfg.n_positions),
-                        encode(tokenizer, text_examples("env_eval")[:200], cfg.n_positions))
+    data = TrainingData(
+        tokenizer,
+        encode(tokenizer, train_pairs["policy"], cfg.n_positions),
+        encode(tokenizer, train_pairs["env"], cfg.n_positions),
+        encode(tokenizer, text_examples("policy_eval")[:200], cfg.n_positions),
+        encode(tokenizer, text_examples("env_eval")[:200], cfg.n_positions),
+    )
     print(f"train: {len(data.policy)} P: and {len(data.env)} A: examples; tokenizer vocab {len(tokenizer)}")
     return data
 
 
-def save_state(path: Path, model, optimizer, rng: random.Random, step: int, seconds: float, cfg: TrainConfig,
-               tokenizer) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "step": step, "trained_seconds": seconds,
-                "config": asdict(cfg)}, path / "train_state.pt")
+def save_state(
+    path: Path, model, optimizer, rng: random.Random, step: int, seconds: float, cfg: TrainConfig, tokenizer
+) -> None:
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "step": step,
+            "trained_seconds": seconds,
+            "config": asdict(cfg),
+        },
+        path / "train_state.pt",
+    )
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 
@@ -192,11 +215,16 @@ def train_step(model, optimizer, batch: dict[str, torch.Tensor], lr: float, bf16
 def evaluation_record(model, data: TrainingData, cfg: TrainConfig, step: int, seconds: float, loss: float) -> dict:
     """Validation losses every `eval_every` steps, the quality floors every `metrics_every`."""
     pad = data.tokenizer.pad_token_id
-    record = {"step": step, "minutes": round(seconds / 60, 2), "train_loss": round(loss, 4),
-              "val_loss_policy": round(validation_loss(model, data.val_policy, pad), 4),
-              "val_loss_env": round(validation_loss(model, data.val_env, pad), 4)}
+    record = {
+        "step": step,
+        "minutes": round(seconds / 60, 2),
+        "train_loss": round(loss, 4),
+        "val_loss_policy": round(validation_loss(model, data.val_policy, pad), 4),
+        "val_loss_env": round(validation_loss(model, data.val_env, pad), 4),
+    }
     if step % cfg.metrics_every == 0:
         from .quality import floor_metrics
+
         model.eval()
         record.update(floor_metrics(model, data.tokenizer, num_prompts=24, num_samples=4, progress=False))
         model.train()
@@ -239,17 +267,30 @@ def train(cfg: TrainConfig) -> None:
             save_state(out, model, optimizer, rng, step, trained_seconds, cfg, data.tokenizer)
             last_save = time.time()
     save_state(out, model, optimizer, rng, step, trained_seconds, cfg, data.tokenizer)
-    append_jsonl(out / "training_runs.jsonl", {  # what the model card quotes to reproduce the model
-        "from_step": start_step, "to_step": step, "lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
-        "max_steps": cfg.max_steps, "policy_fraction": cfg.policy_fraction, "eval_every": cfg.eval_every,
-        "metrics_every": cfg.metrics_every})
+    append_jsonl(
+        out / "training_runs.jsonl",
+        {  # what the model card quotes to reproduce the model
+            "from_step": start_step,
+            "to_step": step,
+            "lr": cfg.lr,
+            "min_lr": cfg.min_lr,
+            "warmup_steps": cfg.warmup_steps,
+            "max_steps": cfg.max_steps,
+            "policy_fraction": cfg.policy_fraction,
+            "eval_every": cfg.eval_every,
+            "metrics_every": cfg.metrics_every,
+        },
+    )
     bar.close()
     print(f"stopped at step {step}, {trained_seconds / 60:.1f} min of training; saved to {out}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug.chess.train_model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_debug.chess.train_model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for name, default in vars(TrainConfig()).items():
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)

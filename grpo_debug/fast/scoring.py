@@ -22,33 +22,47 @@ def trim(rollout, left: bool, right: bool):
     number of completion columns dropped on the right."""
     first = int(rollout.prompt_mask.any(0).int().argmax()) if left else 0
     width = int(rollout.completion_lengths.max()) if right else rollout.completion_ids.shape[1]
-    trimmed = dataclasses.replace(rollout, prompt_ids=rollout.prompt_ids[:, first:],
-                                  prompt_mask=rollout.prompt_mask[:, first:],
-                                  completion_ids=rollout.completion_ids[:, :width])
+    trimmed = dataclasses.replace(
+        rollout,
+        prompt_ids=rollout.prompt_ids[:, first:],
+        prompt_mask=rollout.prompt_mask[:, first:],
+        completion_ids=rollout.completion_ids[:, :width],
+    )
     return trimmed, rollout.completion_ids.shape[1] - width
 
 
 def prompt_is_shared(model, rollout, scoring) -> bool:
     """No-grad, float32, dropout-free scoring of rows that all share one prompt, with position_ids."""
     ids, mask = rollout.prompt_ids, rollout.prompt_mask
-    return (not torch.is_grad_enabled() and not scoring.dropout and scoring.position_ids
-            and scoring.dtype == "float32" and ids.shape[0] > 1 and ids.shape[1] > 1
-            and bool((ids == ids[:1]).all()) and bool((mask == mask[:1]).all()))
+    return (
+        not torch.is_grad_enabled()
+        and not scoring.dropout
+        and scoring.position_ids
+        and scoring.dtype == "float32"
+        and ids.shape[0] > 1
+        and ids.shape[1] > 1
+        and bool((ids == ids[:1]).all())
+        and bool((mask == mask[:1]).all())
+    )
 
 
 def completion_logits_after_shared_prompt(model, rollout, model_inputs: dict) -> torch.Tensor:
     """(N, C, V) logits that score the completion, with the group's prompt computed once."""
     P, C, N = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1], rollout.num_samples
     cache = shared_prompt_cache(model, rollout.prompt_ids[:1], rollout.prompt_mask[:1], N, C)
-    return model(input_ids=model_inputs["input_ids"][:, P - 1:P + C - 1],
-                 attention_mask=model_inputs["attention_mask"][:, :P + C - 1],
-                 position_ids=model_inputs["position_ids"][:, P - 1:P + C - 1], past_key_values=cache,
-                 use_cache=True).logits
+    return model(
+        input_ids=model_inputs["input_ids"][:, P - 1 : P + C - 1],
+        attention_mask=model_inputs["attention_mask"][:, : P + C - 1],
+        position_ids=model_inputs["position_ids"][:, P - 1 : P + C - 1],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
 
 
 def _trimmed_logits(model, rollout, scoring):
     """(N, C', V) logits of the trimmed rollout, its completion ids, and the C - C' columns dropped on the right."""
     from ..logprobs import completion_logits, model_inputs
+
     trimmed, dropped = trim(rollout, left=scoring.position_ids, right=not scoring.score_after_eos)
     if prompt_is_shared(model, trimmed, scoring):
         logits = completion_logits_after_shared_prompt(model, trimmed, model_inputs(trimmed, scoring.position_ids))
@@ -61,6 +75,7 @@ def per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad: bo
     """(N, C) log-probs and (N, C) entropies as `logprobs.per_token_logps_and_entropies`, for less work
     (the dropped columns after every EOS get 0)."""
     from ..logprobs import token_entropies, token_logps
+
     logits, ids, dropped = _trimmed_logits(model, rollout, scoring)
     pad = lambda x: torch.nn.functional.pad(x, (0, dropped))
     return pad(token_logps(logits, ids, scoring)), pad(token_entropies(logits, scoring, entropy_grad))
@@ -69,5 +84,6 @@ def per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad: bo
 def per_token_logps_fast(model, rollout, scoring) -> torch.Tensor:
     """(N, C) as `logprobs.per_token_logps(model, rollout, scoring)`, for less work."""
     from ..logprobs import token_logps
+
     logits, ids, dropped = _trimmed_logits(model, rollout, scoring)
     return torch.nn.functional.pad(token_logps(logits, ids, scoring), (0, dropped))

@@ -20,16 +20,24 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 IMPLEMENTATION = "grpo_debug_shared_prompt"
 
 
-def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
-                        max_new_tokens: int) -> StaticCache:
+def shared_prompt_cache(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int, max_new_tokens: int
+) -> StaticCache:
     """The prompts' keys and values (all but the last token, which `generate` feeds) computed once per
     prompt and repeated for each of its samples. A static cache because a growing one re-copies itself
     every token."""
     from ..logprobs import positions_from_mask  # (logprobs imports rollout, which imports this module)
+
     cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)
     positions = positions_from_mask(attention_mask)  # padding keys are masked
-    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=positions[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     for layer in cache.layers:  # transformers' StaticLayer has no batch_repeat_interleave
         layer.keys = layer.keys.repeat_interleave(copies, 0)
         layer.values = layer.values.repeat_interleave(copies, 0)
@@ -52,7 +60,9 @@ def shared_prompt_attention(module, query, key, value, attention_mask, scaling=N
     """SDPA's result, with the first `prompt_len` keys and values read from one row per group."""
     shared = getattr(module, "_shared_prompt", None)
     if shared is None or attention_mask is None or attention_mask.dtype != torch.bool or dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     prompt_len, copies = shared
     used = int(attention_mask.any(dim=(0, 1, 2)).nonzero()[-1]) + 1  # the static cache's filled length
     prompt_keys, prompt_values = key[::copies, :, :prompt_len], value[::copies, :, :prompt_len]
@@ -88,12 +98,17 @@ def attending_once_per_group(model, prompt_len: int, copies: int) -> Iterator[No
         model.set_attn_implementation(previous)
 
 
-def generate_per_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
-                        max_new_tokens: int, **generate_kwargs):
+def generate_per_prompt(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int, max_new_tokens: int, **generate_kwargs
+):
     """`model.generate` of `copies` samples per (left-padded) prompt, rows grouped by prompt, each prompt
     computed and read once."""
     cache = shared_prompt_cache(model, input_ids, attention_mask, copies, max_new_tokens)
     with attending_once_per_group(model, input_ids.shape[1] - 1, copies):
-        return model.generate(input_ids=input_ids.repeat_interleave(copies, 0),
-                              attention_mask=attention_mask.repeat_interleave(copies, 0), past_key_values=cache,
-                              max_new_tokens=max_new_tokens, **generate_kwargs)
+        return model.generate(
+            input_ids=input_ids.repeat_interleave(copies, 0),
+            attention_mask=attention_mask.repeat_interleave(copies, 0),
+            past_key_values=cache,
+            max_new_tokens=max_new_tokens,
+            **generate_kwargs,
+        )

@@ -22,16 +22,21 @@ from dataclasses import dataclass
 import torch
 
 from ..config import StepConfig
-from .influence import (ValidationSet, influence_scores, per_sample_train_gradients, signs, validation_gradient,
-                        validation_loss_value)
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
-from .optimizer import (BETAS, EPS, adam_direction, clip_by_total_norm, optimizer_influence, sample,
-                                  warmed_state)
 from ..rollout import Rollout, row_chunks
 from ..specs import loss_spec_of, optimization_of, scoring_of
-from ..update import DROPOUT_SEED, chunk_loss
 from ..stats import prompt_bootstrap, spearman
+from ..update import DROPOUT_SEED, chunk_loss
+from .influence import (
+    ValidationSet,
+    influence_scores,
+    per_sample_train_gradients,
+    signs,
+    validation_gradient,
+    validation_loss_value,
+)
+from .optimizer import BETAS, EPS, adam_direction, clip_by_total_norm, optimizer_influence, sample, warmed_state
 
 STEP_KINDS = ("sgd", "adamw", "adamw_batch")
 SCORES = ("tracin", "adam", "adam_batch")
@@ -61,16 +66,33 @@ def resolvable(own_prediction: torch.Tensor, noise_floor: float) -> torch.Tensor
     return own_prediction.abs() > max(noise_floor, 1e-4 * own_prediction.abs().max().item())
 
 
-def compare(score: str, step: str, lr: float, predicted: torch.Tensor, measured: torch.Tensor,
-            moved: torch.Tensor, noise_floor: float = 0.0) -> FirstOrderCheck:
+def compare(
+    score: str,
+    step: str,
+    lr: float,
+    predicted: torch.Tensor,
+    measured: torch.Tensor,
+    moved: torch.Tensor,
+    noise_floor: float = 0.0,
+) -> FirstOrderCheck:
     """Spearman and sign agreement of predicted against measured changes over the `moved` samples."""
     agree = (torch.sign(predicted[moved]) == torch.sign(measured[moved])).float().mean().item()
-    return FirstOrderCheck(score, step, lr, predicted, measured, spearman(predicted[moved], measured[moved]), agree,
-                           int(moved.sum()), noise_floor)
+    return FirstOrderCheck(
+        score,
+        step,
+        lr,
+        predicted,
+        measured,
+        spearman(predicted[moved], measured[moved]),
+        agree,
+        int(moved.sum()),
+        noise_floor,
+    )
 
 
-def evaluation_noise(model, val: ValidationSet, cfg: StepConfig, kind: str, val_grad: dict, length: float,
-                     draws: int = 4, seed: int = 0) -> float:
+def evaluation_noise(
+    model, val: ValidationSet, cfg: StepConfig, kind: str, val_grad: dict, length: float, draws: int = 4, seed: int = 0
+) -> float:
     """The largest |change of L_val| after `draws` random steps of `length` orthogonal to grad L_val: steps
     with no first-order effect, so what they measure is float32 noise of L_val (and a little curvature)."""
     params = list(val_grad)
@@ -98,8 +120,9 @@ def _sum_over_samples(grads: dict) -> dict:
     return {p: g.sum(0) for p, g in grads.items()}
 
 
-def single_sample_changes(model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str, step: str,
-                          lr: float) -> torch.Tensor:
+def single_sample_changes(
+    model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str, step: str, lr: float
+) -> torch.Tensor:
     """(N,) L_val after one real `step` (STEP_KINDS) on sample i alone minus L_val before; train_grads
     {param: (N, *shape)}. The AdamW steps are torch's own optimizer, as update.py builds it."""
     params = list(train_grads)
@@ -132,8 +155,11 @@ def _adamw_step(params, grads: dict, lr: float, cfg: StepConfig, warm=None) -> N
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=BETAS, eps=EPS)
     if warm is not None:
         for p in params:
-            optimizer.state[p] = {"step": torch.tensor(float(warm.step)), "exp_avg": warm.exp_avg[p].clone(),
-                                  "exp_avg_sq": warm.exp_avg_sq[p].clone()}
+            optimizer.state[p] = {
+                "step": torch.tensor(float(warm.step)),
+                "exp_avg": warm.exp_avg[p].clone(),
+                "exp_avg_sq": warm.exp_avg_sq[p].clone(),
+            }
     for p in params:
         p.grad = grads[p].clone()
     if cfg.max_grad_norm > 0:
@@ -145,19 +171,37 @@ def _adamw_step(params, grads: dict, lr: float, cfg: StepConfig, warm=None) -> N
 def scores_for(train_grads: dict, val_grad: dict, cfg: StepConfig, score: str) -> torch.Tensor:
     """(N,) one of SCORES for materialised per-sample gradients {param: (N, *shape)}."""
     if score == "tracin":
-        return torch.stack([sum((g[i].double() * val_grad[p].double()).sum() for p, g in train_grads.items())
-                            for i in range(len(next(iter(train_grads.values()))))])
+        return torch.stack(
+            [
+                sum((g[i].double() * val_grad[p].double()).sum() for p, g in train_grads.items())
+                for i in range(len(next(iter(train_grads.values()))))
+            ]
+        )
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    state = warmed_state(list(train_grads), _sum_over_samples(train_grads), "fresh" if score == "adam" else "batch",
-                         cfg.max_grad_norm)
+    state = warmed_state(
+        list(train_grads), _sum_over_samples(train_grads), "fresh" if score == "adam" else "batch", cfg.max_grad_norm
+    )
     return optimizer_influence(train_grads, val_grad, state, cfg.max_grad_norm)
 
 
-def first_order_checks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
-                       val: ValidationSet, kind: str = "seqloss-lastadv", lrs: dict | None = None,
-                       pairs=(("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw"),
-                              ("tracin", "adamw_batch"), ("adam_batch", "adamw_batch"))) -> list[FirstOrderCheck]:
+def first_order_checks(
+    model,
+    rollout: Rollout,
+    logprobs: TokenLogProbs,
+    advantages: torch.Tensor,
+    cfg: StepConfig,
+    val: ValidationSet,
+    kind: str = "seqloss-lastadv",
+    lrs: dict | None = None,
+    pairs=(
+        ("tracin", "sgd"),
+        ("tracin", "adamw"),
+        ("adam", "adamw"),
+        ("tracin", "adamw_batch"),
+        ("adam_batch", "adamw_batch"),
+    ),
+) -> list[FirstOrderCheck]:
     """Each (score, step kind) pair's predicted against measured changes. `lrs`: step kind -> lr
     (default: 1e-3 for SGD, small enough for the first-order term to dominate; the step's own lr for AdamW).
     The statistics of a step kind are taken over the samples whose step is `resolvable` (by the step's own
@@ -166,7 +210,9 @@ def first_order_checks(model, rollout: Rollout, logprobs: TokenLogProbs, advanta
     lrs = {"sgd": 1e-3, "adamw": cfg.learning_rate, "adamw_batch": cfg.learning_rate, **(lrs or {})}
     train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg).gradients()
     _, val_grad = validation_gradient(model, val, cfg, kind)
-    longest = lrs["sgd"] * torch.sqrt(sum(g.double().flatten(1).pow(2).sum(1) for g in train_grads.values())).max().item()
+    longest = (
+        lrs["sgd"] * torch.sqrt(sum(g.double().flatten(1).pow(2).sum(1) for g in train_grads.values())).max().item()
+    )
     noise = evaluation_noise(model, val, cfg, kind, val_grad, longest)
     decay = sum((val_grad[p].double() * p.detach().double()).sum() for p in train_grads).item()
     steps = list(dict.fromkeys(k for _, k in pairs))
@@ -179,12 +225,21 @@ def first_order_checks(model, rollout: Rollout, logprobs: TokenLogProbs, advanta
         return -lrs[step] * (scores[score].float() + weight_decay)
 
     moved = {k: resolvable(predicted(OWN_SCORE[k], k), noise) for k in steps}
-    return [compare(score, step, lrs[step], predicted(score, step), measured[step], moved[step], noise)
-            for score, step in pairs]
+    return [
+        compare(score, step, lrs[step], predicted(score, step), measured[step], moved[step], noise)
+        for score, step in pairs
+    ]
 
 
-def predicted_subset_change(train_grads: dict, val_grad: dict, keep: torch.Tensor, mask: torch.Tensor,
-                            cfg: StepConfig, optimizer: str, lr: float) -> float:
+def predicted_subset_change(
+    train_grads: dict,
+    val_grad: dict,
+    keep: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: StepConfig,
+    optimizer: str,
+    lr: float,
+) -> float:
     """First-order change of L_val for the step `selection_experiment` takes on the kept samples.
     sgd: -lr * sum of their TracIn scores (their batch shares). adamw: `update` normalises the subset's loss
     on its own (a uniform factor on the batch shares), clips, then a fresh AdamW: -lr * <g_val, U(clip(g_S))>.
@@ -197,8 +252,9 @@ def predicted_subset_change(train_grads: dict, val_grad: dict, keep: torch.Tenso
     weights = loss_weights(mask, cfg.loss_type, cfg.max_new_tokens)
     factor = (loss_weights(mask[keep], cfg.loss_type, cfg.max_new_tokens).sum() / weights[keep].sum()).item()
     state = warmed_state(list(g_sum), g_sum, "fresh", cfg.max_grad_norm)
-    scores = optimizer_influence({p: (factor * g).unsqueeze(0) for p, g in g_sum.items()}, val_grad, state,
-                                 cfg.max_grad_norm)
+    scores = optimizer_influence(
+        {p: (factor * g).unsqueeze(0) for p, g in g_sum.items()}, val_grad, state, cfg.max_grad_norm
+    )
     return -lr * scores.item()
 
 
@@ -211,11 +267,11 @@ def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:
     elif strategy in ("influence>0", "influence<0"):
         keep = (signs(scores) == (1 if strategy == "influence>0" else -1)).nonzero().flatten()
     elif strategy == "top_half":
-        keep = order[:n // 2]
+        keep = order[: n // 2]
     elif strategy == "bottom_half":
-        keep = order[n - n // 2:]
+        keep = order[n - n // 2 :]
     elif strategy == "random_half":
-        keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:n // 2]
+        keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: n // 2]
     else:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {strategy!r}")
     return keep.sort().values
@@ -239,22 +295,34 @@ class SelectionResult:
     reward_after_per_prompt: tuple[float, ...]  # mean reward of each test prompt after the step (paired seeds)
 
 
-def batch_share_gradient(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
-                         keep: torch.Tensor) -> dict:
+def batch_share_gradient(
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig, keep: torch.Tensor
+) -> dict:
     """{param: sum of the kept samples' gradients of their shares of the BATCH loss}, 8 rows at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
     weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
     grads = [torch.zeros_like(p) for p in params]
     torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(len(keep)):
-        share = chunk_loss(model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), keep[rows].tolist(),
-                           weights, cfg.fast)
+        share = chunk_loss(
+            model,
+            rollout,
+            logprobs,
+            advantages,
+            scoring_of(cfg),
+            loss_spec_of(cfg),
+            keep[rows].tolist(),
+            weights,
+            cfg.fast,
+        )
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
     return dict(zip(params, grads))
 
 
-def matched_sgd_lr(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig) -> float:
+def matched_sgd_lr(
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig
+) -> float:
     """The SGD lr whose step on the whole batch is as long as the step's AdamW step: a fair comparison
     (at AdamW's lr, SGD would barely move)."""
     g = batch_share_gradient(model, rollout, logprobs, advantages, cfg, torch.arange(rollout.num_samples))
@@ -266,19 +334,33 @@ def matched_sgd_lr(model, rollout: Rollout, logprobs: TokenLogProbs, advantages:
 
 def held_out_baseline(model, tokenizer, task, cfg: StepConfig, eval_prompts: int = 16):
     """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling settings of `cfg`)."""
-    from ..evaluation import eval_prompts as test_prompts, eval_side
+    from ..evaluation import eval_prompts as test_prompts
+    from ..evaluation import eval_side
+
     return eval_side(model, tokenizer, test_prompts(task, eval_prompts), cfg.replace(eval_prompts=eval_prompts), task)
 
 
-def selection_experiment(model, run, tokenizer, task, val: ValidationSet, scores: torch.Tensor,
-                         kind: str = "seqloss-lastadv", strategies=SELECTIONS, optimizer: str = "adamw",
-                         sgd_lr: float | None = None, eval_prompts: int = 16, baseline=None) -> list[SelectionResult]:
+def selection_experiment(
+    model,
+    run,
+    tokenizer,
+    task,
+    val: ValidationSet,
+    scores: torch.Tensor,
+    kind: str = "seqloss-lastadv",
+    strategies=SELECTIONS,
+    optimizer: str = "adamw",
+    sgd_lr: float | None = None,
+    eval_prompts: int = 16,
+    baseline=None,
+) -> list[SelectionResult]:
     """For each strategy: one step of `model` on the selected samples of `run` (the StepRun `model`
     produced) only, then L_val and the test-prompt reward against the same model before (`baseline`: an
     EvalSide of `held_out_baseline` on the same prompts, to share across calls). adamw: `update.update` on
     the subset (clip + a fresh AdamW, the step's lr). sgd: the kept samples' shares of the batch loss, lr
     `sgd_lr` (default `matched_sgd_lr`). The weights are restored after each strategy."""
     from ..evaluation import eval_prompts as test_prompts
+
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     cfg = run.config.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
@@ -289,16 +371,31 @@ def selection_experiment(model, run, tokenizer, task, val: ValidationSet, scores
         prompts = len(test_prompts(task, eval_prompts))
         if len(before.per_prompt) != prompts:
             raise ValueError(f"baseline has {len(before.per_prompt)} prompts, the experiment {prompts}")
-        lr = cfg.learning_rate if optimizer == "adamw" else \
-            sgd_lr or matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
+        lr = (
+            cfg.learning_rate
+            if optimizer == "adamw"
+            else sgd_lr or matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
+        )
         loss_before = validation_loss_value(model, val, cfg, kind)
         results = []
         for strategy in strategies:
             keep = select(scores, strategy, cfg.seed)
             step_on_selection(model, run, keep, optimizer, lr, cfg)
             after = evaluate() if len(keep) else before
-            results.append(selection_result(strategy, optimizer, lr, keep, val, cfg, before, after, loss_before,
-                                            validation_loss_value(model, val, cfg, kind)))
+            results.append(
+                selection_result(
+                    strategy,
+                    optimizer,
+                    lr,
+                    keep,
+                    val,
+                    cfg,
+                    before,
+                    after,
+                    loss_before,
+                    validation_loss_value(model, val, cfg, kind),
+                )
+            )
             model.load_state_dict(saved)
         return results
     finally:
@@ -309,12 +406,22 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
     """One step on the kept samples of `run` only (none kept: no step). adamw: `update.update` on the subset;
     sgd: minus lr times the kept samples' gradients of their shares of the batch loss."""
     from ..update import update
+
     r, lp, adv = run.rollout, run.logprobs, run.advantages.values
     if not len(keep):
         return
     if optimizer == "adamw":
-        update(model, r.rows(keep), lp.rows(keep), adv[keep], scoring_of(cfg), loss_spec_of(cfg),
-               optimization_of(cfg), per_sample_grad_norms=False, fast=cfg.fast)
+        update(
+            model,
+            r.rows(keep),
+            lp.rows(keep),
+            adv[keep],
+            scoring_of(cfg),
+            loss_spec_of(cfg),
+            optimization_of(cfg),
+            per_sample_grad_norms=False,
+            fast=cfg.fast,
+        )
         return
     grads = batch_share_gradient(model, r, lp, adv, cfg, keep)
     with torch.no_grad():
@@ -322,14 +429,37 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
             p.sub_(lr * g)
 
 
-def selection_result(strategy: str, optimizer: str, lr: float, keep: torch.Tensor, val: ValidationSet,
-                     cfg: StepConfig, before, after, loss_before: float, loss_after: float) -> SelectionResult:
+def selection_result(
+    strategy: str,
+    optimizer: str,
+    lr: float,
+    keep: torch.Tensor,
+    val: ValidationSet,
+    cfg: StepConfig,
+    before,
+    after,
+    loss_before: float,
+    loss_after: float,
+) -> SelectionResult:
     """The paired reward change over the test prompts (bootstrap interval) next to L_val before and after."""
     diffs = after.per_prompt - before.per_prompt
     low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
-    return SelectionResult(strategy, optimizer, lr, tuple(keep.tolist()), f"{val.name} ({val.prompt_set} prompts)",
-                           loss_before, loss_after, "test", before.reward, after.reward, diffs.mean().item(), low,
-                           high, tuple(after.per_prompt.tolist()))
+    return SelectionResult(
+        strategy,
+        optimizer,
+        lr,
+        tuple(keep.tolist()),
+        f"{val.name} ({val.prompt_set} prompts)",
+        loss_before,
+        loss_after,
+        "test",
+        before.reward,
+        after.reward,
+        diffs.mean().item(),
+        low,
+        high,
+        tuple(after.per_prompt.tolist()),
+    )
 
 
 def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 1000, seed: int = 0):

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PHASES, StepConfig
+from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs, score_rows
 from ..loss import loss_weights
-from ..fast.backward import conv1d_weights, no_autograd_for
-from .per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..specs import loss_spec_of, scoring_of
 from ..update import DROPOUT_SEED, chunk_loss
+from .per_sample import PerSampleGradients, SampleGradients
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 PARAMETER_SETS = ("all", "blocks", "lora")
@@ -53,9 +53,11 @@ def lora_model(model, rank: int = 8, alpha: int = 16):
     only the B matrices have a gradient."""
     from peft import LoraConfig, get_peft_model
     from transformers.pytorch_utils import Conv1D
+
     conv1d = any(isinstance(m, Conv1D) for m in model.modules())  # GPT-2 stores its projections transposed
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=conv1d,
-                        target_modules="all-linear")  # every projection of every block, found by type
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, fan_in_fan_out=conv1d, target_modules="all-linear"
+    )  # every projection of every block, found by type
     with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(copy.deepcopy(model), config)
@@ -98,8 +100,14 @@ def parameter_set(model, param_set: str = "all"):
             p.requires_grad_(flag)
 
 
-def validation_loss(logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, rewards: torch.Tensor,
-                    kind: str = "seqloss-lastadv", flip_sign: bool = False) -> torch.Tensor:
+def validation_loss(
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    kind: str = "seqloss-lastadv",
+    flip_sign: bool = False,
+) -> torch.Tensor:
     """Per-sequence validation losses (N,) from (N, T) log-probs and mask; their mean is L_val.
     `flip_sign` is the seed-000 "fix"."""
     seq_logp = (logps * mask).sum(-1)
@@ -116,6 +124,7 @@ def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") ->
     """(N,) the set's rewards normalised over the whole set as ONE group of N. Seed 000 does this to its
     validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
     from ..advantages import normalize_over_set
+
     return normalize_over_set(rewards, scale_rewards)
 
 
@@ -146,10 +155,12 @@ def validation_pool(run_phases, cfg: StepConfig, size: int) -> ValidationSet:
     `GRPOStep.run` (e.g. `step.run`): the pool is the step's own phases rollout..advantages on the
     'validation' prompts, run aside (the step's current run is left as it was)."""
     from ..step import StepRun
+
     pool_cfg = pool_config(cfg, size)
     run = run_phases(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)
-    return ValidationSet(run.rollout, run.logprobs, run.advantages.values, run.rewards.total, f"pool {size}",
-                         "validation", "per_group")
+    return ValidationSet(
+        run.rollout, run.logprobs, run.advantages.values, run.rewards.total, f"pool {size}", "validation", "per_group"
+    )
 
 
 def same_batch_set(run) -> ValidationSet:
@@ -170,8 +181,13 @@ def pool_rows(pool: ValidationSet, source: str, size: int, num_generations: int)
     return pool.rewards[:needed].argsort(descending=True)[:size].sort().values
 
 
-def validation_set(run, source: str = "same_batch", size: int = 64, pool: ValidationSet | None = None,
-                   val_advantages: str = "per_group") -> ValidationSet:
+def validation_set(
+    run,
+    source: str = "same_batch",
+    size: int = 64,
+    pool: ValidationSet | None = None,
+    val_advantages: str = "per_group",
+) -> ValidationSet:
     """A validation set for the step's `run` (a StepRun). same_batch: the training batch itself. random
     and topk: cut from `pool` (a `validation_pool` on 'validation' prompts; see `pool_rows`).
     `val_advantages`: 'per_group' keeps each sample's advantage within its own generation group (for
@@ -188,11 +204,15 @@ def validation_set(run, source: str = "same_batch", size: int = 64, pool: Valida
     else:
         full, keep = pool, pool_rows(pool, source, size, run.config.num_generations)
     rewards = full.rewards[keep]
-    advantages = full.advantages[keep] if val_advantages == "per_group" else \
-        whole_set_advantages(rewards, run.config.scale_rewards)
+    advantages = (
+        full.advantages[keep]
+        if val_advantages == "per_group"
+        else whole_set_advantages(rewards, run.config.scale_rewards)
+    )
     name = "same_batch" if source == "same_batch" else f"{source} {size}"
-    return ValidationSet(full.rollout.rows(keep), full.logprobs.rows(keep), advantages, rewards, name,
-                         full.prompt_set, val_advantages)
+    return ValidationSet(
+        full.rollout.rows(keep), full.logprobs.rows(keep), advantages, rewards, name, full.prompt_set, val_advantages
+    )
 
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
@@ -219,8 +239,11 @@ def same_prompt_chunks(rollout: Rollout, size: int = ROWS_PER_PASS) -> list[list
     """Runs of at most `size` consecutive rows with one prompt: no-grad scoring computes each run's prompt once."""
     chunks: list[list[int]] = []
     for i in range(rollout.num_samples):
-        same = chunks and len(chunks[-1]) < size and \
-            rollout.prompts[rollout.group_of(i)] == rollout.prompts[rollout.group_of(chunks[-1][0])]
+        same = (
+            chunks
+            and len(chunks[-1]) < size
+            and rollout.prompts[rollout.group_of(i)] == rollout.prompts[rollout.group_of(chunks[-1][0])]
+        )
         chunks[-1].append(i) if same else chunks.append([i])
     return chunks
 
@@ -264,7 +287,9 @@ def validation_coefficients(val: ValidationSet, kind: str) -> torch.Tensor:
     return -weight.double() / val.rollout.num_samples
 
 
-def self_terms_from_norms(train_squared_norms: torch.Tensor, c_train: torch.Tensor, c_val: torch.Tensor) -> torch.Tensor:
+def self_terms_from_norms(
+    train_squared_norms: torch.Tensor, c_train: torch.Tensor, c_val: torch.Tensor
+) -> torch.Tensor:
     """(N,) <g_train_i, g_val_i> = (c_val_i / c_train_i) ||g_train_i||^2; 0 where g_train_i = 0 (A_i = 0)."""
     ratio = torch.where(c_train == 0, torch.zeros_like(c_val), c_val / torch.where(c_train == 0, 1.0, c_train))
     return ratio * train_squared_norms.double()
@@ -279,20 +304,23 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture(), no_autograd_for(skipped):
-            chunk_loss(model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), rows, weights,
-                       cfg.fast).backward()
+            chunk_loss(
+                model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), rows, weights, cfg.fast
+            ).backward()
         yield hooks
     model.zero_grad(set_to_none=True)
 
 
-def per_sample_train_gradients(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor,
-                               cfg: StepConfig) -> SampleGradients:
+def per_sample_train_gradients(
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig
+) -> SampleGradients:
     """Each sample's gradient of its share of the GRPO loss, factored."""
     return SampleGradients([hooks.factors() for hooks in _train_chunks(model, rollout, logprobs, advantages, cfg)])
 
 
-def batch_influence(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig,
-                    val_grad: dict) -> torch.Tensor:
+def batch_influence(
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig, val_grad: dict
+) -> torch.Tensor:
     """(N,) influence of every sample: each chunk's factors are dotted with the validation gradient
     and dropped, so memory stays that of one chunk's backward."""
     chunks = _train_chunks(model, rollout, logprobs, advantages, cfg)
@@ -313,13 +341,17 @@ def signs(scores: torch.Tensor, rel_tol: float = ZERO_TOLERANCE) -> torch.Tensor
 def sign_fractions(scores: torch.Tensor, rel_tol: float = ZERO_TOLERANCE) -> dict[str, float]:
     """Fractions of scores > 0, = 0 and < 0 under `signs`' tolerance."""
     s = signs(scores, rel_tol)
-    return {"> 0": (s > 0).float().mean().item(), "= 0": (s == 0).float().mean().item(),
-            "< 0": (s < 0).float().mean().item()}
+    return {
+        "> 0": (s > 0).float().mean().item(),
+        "= 0": (s == 0).float().mean().item(),
+        "< 0": (s < 0).float().mean().item(),
+    }
 
 
 @dataclass(frozen=True)
 class InfluenceChoice:
     """What the influence is measured against; every field is a toggle of notebook 07."""
+
     kind: str = "seqloss-lastadv"
     source: str = "random"
     size: int = 16
@@ -334,13 +366,13 @@ def _fields(cfg: StepConfig, phases: tuple[str, ...]) -> tuple:
 
 def pool_key(cfg: StepConfig) -> tuple:
     """What a validation pool depends on: the rollout, scoring and advantage fields."""
-    return _fields(cfg, PHASES[:PHASES.index("advantages") + 1])
+    return _fields(cfg, PHASES[: PHASES.index("advantages") + 1])
 
 
 def score_key(cfg: StepConfig) -> tuple:
     """What influence scores depend on: the pool's fields and the loss fields; with beta = 0 the KL
     estimator multiplies nothing, so it is left out (changing it recomputes nothing)."""
-    fields = _fields(cfg, PHASES[:PHASES.index("loss") + 1])
+    fields = _fields(cfg, PHASES[: PHASES.index("loss") + 1])
     return tuple(kv for kv in fields if not (cfg.beta == 0 and kv[0] == "kl_estimator"))
 
 
@@ -391,8 +423,9 @@ class InfluenceCache:
             self._train = {k: v for k, v in self._train.items() if k[0] == train_key[0]}  # memory: one config
             scored = self.model_for(model, param_set)
             with parameter_set(scored, param_set):
-                self._train[train_key] = per_sample_train_gradients(scored, run.rollout, run.logprobs,
-                                                                    run.advantages.values, run.config)
+                self._train[train_key] = per_sample_train_gradients(
+                    scored, run.rollout, run.logprobs, run.advantages.values, run.config
+                )
         return self._train[train_key]
 
     def scores(self, model, run, choice: InfluenceChoice) -> torch.Tensor:

@@ -51,8 +51,11 @@ def clip_by_total_norm(grads: Grads, max_norm: float) -> Grads:
 def adam_moments(grads: Grads, state: AdamState, betas=BETAS) -> AdamState:
     """The state after one step on `grads`."""
     b1, b2 = betas
-    return AdamState({p: b1 * state.exp_avg[p] + (1 - b1) * g for p, g in grads.items()},
-                     {p: b2 * state.exp_avg_sq[p] + (1 - b2) * g * g for p, g in grads.items()}, state.step + 1)
+    return AdamState(
+        {p: b1 * state.exp_avg[p] + (1 - b1) * g for p, g in grads.items()},
+        {p: b2 * state.exp_avg_sq[p] + (1 - b2) * g * g for p, g in grads.items()},
+        state.step + 1,
+    )
 
 
 def adam_direction(grads: Grads, state: AdamState, betas=BETAS, eps: float = EPS) -> Grads:

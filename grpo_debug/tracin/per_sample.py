@@ -23,7 +23,6 @@ The update's fast path (`fast.backward`) uses these hooks for every sample's gra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from transformers.pytorch_utils import Conv1D
 class Outer:
     """Per-sample gradient sum_t left[n, t] (x) right[n, t] of a (rows, cols) weight; an integer `left`
     (N, T) stands for one-hot rows (an embedding lookup)."""
+
     left: torch.Tensor  # (N, T, rows) float, or (N, T) token ids
     right: torch.Tensor  # (N, T, cols)
     rows: int
@@ -49,7 +49,11 @@ class Outer:
             return torch.einsum("ntr,ntc->nrc", self.left, self.right)
         N, _, C = self.right.shape
         flat = (self.left + torch.arange(N, device=self.left.device).unsqueeze(1) * self.rows).flatten()
-        return torch.zeros(N * self.rows, C, device=self.right.device).index_add_(0, flat, self.right.flatten(0, 1)).view(N, self.rows, C)
+        return (
+            torch.zeros(N * self.rows, C, device=self.right.device)
+            .index_add_(0, flat, self.right.flatten(0, 1))
+            .view(N, self.rows, C)
+        )
 
     def dot(self, vector: torch.Tensor) -> torch.Tensor:
         """(N,) <dW_n, vector> without building dW_n."""
@@ -100,8 +104,11 @@ def dot(contribution: Contribution, vector: torch.Tensor) -> torch.Tensor:
 
 def is_rms_norm(module: torch.nn.Module) -> bool:
     """transformers' RMSNorm layers (LlamaRMSNorm, Qwen2RMSNorm, GemmaRMSNorm, ...): one weight, no bias."""
-    return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor) \
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
         and getattr(module, "bias", None) is None
+    )
 
 
 def rms_normalized(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -145,11 +152,16 @@ class PerSampleGradients:
     def capture(self):
         """Record inputs and output gradients of every parameterised layer during forward + backward."""
         self.records, self.batch = [], None
-        unruled = [f"{name} ({type(module).__name__})" for name, module in self.model.named_modules()
-                   if any(p.requires_grad for p in module.parameters(recurse=False)) and not has_rule(module)]
+        unruled = [
+            f"{name} ({type(module).__name__})"
+            for name, module in self.model.named_modules()
+            if any(p.requires_grad for p in module.parameters(recurse=False)) and not has_rule(module)
+        ]
         if unruled:
-            raise ValueError(f"no per-sample gradient rule for the trainable parameters of {', '.join(unruled)}: "
-                             "freeze them (requires_grad_(False)) or add a rule to grpo_debug/tracin/per_sample.py")
+            raise ValueError(
+                f"no per-sample gradient rule for the trainable parameters of {', '.join(unruled)}: "
+                "freeze them (requires_grad_(False)) or add a rule to grpo_debug/tracin/per_sample.py"
+            )
         self.handles.append(self.model.register_forward_pre_hook(self._batch_size, with_kwargs=True))
         for module in self.model.modules():
             if has_rule(module) and any(p.requires_grad for p in module.parameters(recurse=False)):
@@ -175,8 +187,14 @@ class PerSampleGradients:
                     yield module.bias, G.sum(1)
             elif isinstance(module, torch.nn.Embedding):
                 scale = getattr(module, "embed_scale", None)  # Gemma's scaled embedding multiplies inside its forward
-                yield module.weight, Outer(inputs[0], G if scale is None else G * scale.to(G.dtype)
-                                           if torch.is_tensor(scale) else G * scale, module.weight.shape[0])
+                yield (
+                    module.weight,
+                    Outer(
+                        inputs[0],
+                        G if scale is None else G * scale.to(G.dtype) if torch.is_tensor(scale) else G * scale,
+                        module.weight.shape[0],
+                    ),
+                )
             elif isinstance(module, torch.nn.LayerNorm):
                 xhat = F.layer_norm(inputs[0].float(), module.normalized_shape, eps=module.eps)
                 yield module.weight, (G * xhat).sum(1)
@@ -199,7 +217,7 @@ class SampleGradients:
         self.chunks = chunks
 
     @classmethod
-    def of(cls, hooks: PerSampleGradients) -> "SampleGradients":
+    def of(cls, hooks: PerSampleGradients) -> SampleGradients:
         return cls([hooks.factors()])
 
     @property
@@ -208,17 +226,23 @@ class SampleGradients:
 
     def gradients(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         """{param: (N, *param.shape)}, materialised (small models and tests only)."""
-        return {p: torch.cat([sum(materialize(c) for c in chunk[p]).view(-1, *p.shape) for chunk in self.chunks])
-                for p in self.params}
+        return {
+            p: torch.cat([sum(materialize(c) for c in chunk[p]).view(-1, *p.shape) for chunk in self.chunks])
+            for p in self.params
+        }
 
     def dot(self, vectors: dict[torch.nn.Parameter, torch.Tensor]) -> torch.Tensor:
         """(N,) <g_n, vectors> summed over every parameter, in float64."""
         return torch.cat([sum(dot(c, vectors[p]) for p, cs in chunk.items() for c in cs) for chunk in self.chunks])
 
-    def inner(self, other: "SampleGradients") -> torch.Tensor:
+    def inner(self, other: SampleGradients) -> torch.Tensor:
         """(N,) <g_n, h_n>: each sample's gradient against the same sample's gradient in `other`."""
-        return torch.cat([sum(inner(a, b) for p, cs in mine.items() for a in cs for b in theirs[p])
-                          for mine, theirs in zip(self.chunks, other.chunks)])
+        return torch.cat(
+            [
+                sum(inner(a, b) for p, cs in mine.items() for a in cs for b in theirs[p])
+                for mine, theirs in zip(self.chunks, other.chunks)
+            ]
+        )
 
     def squared_norms(self) -> torch.Tensor:
         return self.inner(self)

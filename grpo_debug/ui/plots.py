@@ -35,8 +35,14 @@ def rewards_per_group(rewards: Rewards, num_generations: int, title: str = "rewa
 def advantages_bars(adv: Advantages, num_generations: int, title: str = "advantages"):
     values = adv.values.numpy()
     fig, ax = plt.subplots(figsize=(7, 3))
-    colors = ["tab:red" if (i // num_generations) in adv.phantom_groups else
-              "tab:gray" if (i // num_generations) in adv.zero_std_groups else "tab:blue" for i in range(len(values))]
+    colors = [
+        "tab:red"
+        if (i // num_generations) in adv.phantom_groups
+        else "tab:gray"
+        if (i // num_generations) in adv.zero_std_groups
+        else "tab:blue"
+        for i in range(len(values))
+    ]
     ax.bar(np.arange(len(values)), values, color=colors)
     for b in range(1, len(values) // num_generations):
         ax.axvline(b * num_generations - 0.5, color="k", lw=0.5)
@@ -56,20 +62,28 @@ def logprob_gap_heatmap(logprobs: TokenLogProbs, title: str = "|sampler - recomp
 def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recomputed| log-prob"):
     names = list(gaps)
     fig, ax = plt.subplots(figsize=(7, 3))
-    ax.barh(names, [max(gaps[n], 1e-8) for n in names], color=["tab:green" if gaps[n] < 1e-4 else "tab:red" for n in names])
+    ax.barh(
+        names, [max(gaps[n], 1e-8) for n in names], color=["tab:green" if gaps[n] < 1e-4 else "tab:red" for n in names]
+    )
     ax.set_xscale("log")
     ax.axvline(1e-4, color="k", ls="--", lw=0.8)
     ax.set(xlabel="nats (log scale; dashed: 1e-4)", title=title)
     return _done(fig)
 
 
-def kl_per_token(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, sample: int = 0,
-                 title: str = "per-token KL estimates", chosen: str | None = None):
+def kl_per_token(
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    sample: int = 0,
+    title: str = "per-token KL estimates",
+    chosen: str | None = None,
+):
     """Every estimator on one sample's tokens; `chosen` (the loss's estimator) drawn thick."""
     length = int(mask[sample].sum())
     fig, ax = plt.subplots(figsize=(8, 3))
     for estimator in KL_ESTIMATORS:
-        values = per_token_kl(logps[sample:sample + 1], ref_logps[sample:sample + 1], None, estimator)[0, :length]
+        values = per_token_kl(logps[sample : sample + 1], ref_logps[sample : sample + 1], None, estimator)[0, :length]
         label = f"{estimator} (this step's estimator)" if estimator == chosen else estimator
         ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
     ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=f"{title}, sample {sample}")
@@ -90,8 +104,13 @@ def eval_before_after(evaluation: Evaluation, title: str = "held-out reward, pai
     for b, a in zip(before, after):
         ax1.plot([0, 1], [b, a], color="tab:gray", alpha=0.5)
     ax1.set(xticks=[0, 1], xticklabels=["before", "after"], ylabel="mean reward per prompt", title=title)
-    ax2.errorbar([0], [evaluation.delta], yerr=[[evaluation.delta - evaluation.ci_low], [evaluation.ci_high - evaluation.delta]],
-                 fmt="o", capsize=6)
+    ax2.errorbar(
+        [0],
+        [evaluation.delta],
+        yerr=[[evaluation.delta - evaluation.ci_low], [evaluation.ci_high - evaluation.delta]],
+        fmt="o",
+        capsize=6,
+    )
     ax2.axhline(0, color="k", lw=0.8)
     ax2.set(xticks=[], ylabel="after - before (95% CI)")
     return _done(fig)
@@ -115,8 +134,7 @@ def _grid(n: int, ncols: int = 3, size=(3.6, 2.9), **shared):
     return fig, flat[:n]
 
 
-def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: str = "influence",
-                         sharex: bool = False):
+def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: str = "influence", sharex: bool = False):
     """One histogram per name, at most three per row, counts on a shared axis; `sharex` where the panels'
     scores are on one scale (the same validation loss)."""
     fig, axes = _grid(len(panels), sharey=True, sharex=sharex)
@@ -136,6 +154,7 @@ def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_v
     prediction the diagonal marks a perfect one; otherwise only the ranking and the signs can agree, and
     each axis keeps its own scale."""
     from ..tracin.experiments import OWN_SCORE
+
     fig, axes = _grid(len(checks), size=(3.8, 3.4))
     for ax, (name, c) in zip(axes, checks.items()):
         ax.scatter(c.predicted.numpy(), c.measured.numpy(), s=14)
@@ -166,8 +185,9 @@ def selection_results(results: list, title: str = "one step on the selected samp
         pos = x + (k - (len(optimizers) - 1) / 2) * width
         left.bar(pos, [r.val_loss_after - r.val_loss_before if r else np.nan for r in rs], width, label=opt)
         deltas = np.array([r.reward_delta if r else np.nan for r in rs])
-        errors = np.array([[r.reward_delta - r.reward_ci_low, r.reward_ci_high - r.reward_delta] if r else [0, 0]
-                           for r in rs]).T
+        errors = np.array(
+            [[r.reward_delta - r.reward_ci_low, r.reward_ci_high - r.reward_delta] if r else [0, 0] for r in rs]
+        ).T
         right.bar(pos, deltas, width, yerr=errors.clip(min=0), capsize=3, label=opt)
     left.set(ylabel="change of L_val (lower: helped)")
     right.set(ylabel=f"change of reward on {results[0].reward_prompts} prompts")
@@ -185,8 +205,14 @@ def reward_changes(rows: dict, title: str = "change of the test-prompt reward (9
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(labels) + 1.2))
     for y, label in enumerate(labels):
         r = rows[label]
-        ax.errorbar([r.reward_delta], [y], xerr=[[r.reward_delta - r.reward_ci_low], [r.reward_ci_high - r.reward_delta]],
-                    fmt="o", capsize=4, color="tab:blue" if "influence>0" in r.strategy else "tab:red")
+        ax.errorbar(
+            [r.reward_delta],
+            [y],
+            xerr=[[r.reward_delta - r.reward_ci_low], [r.reward_ci_high - r.reward_delta]],
+            fmt="o",
+            capsize=4,
+            color="tab:blue" if "influence>0" in r.strategy else "tab:red",
+        )
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -194,8 +220,14 @@ def reward_changes(rows: dict, title: str = "change of the test-prompt reward (9
     return _done(fig)
 
 
-def ratio_histograms(ratios: dict[str, torch.Tensor], epsilon_low: float, epsilon_high: float,
-                     delta: float | None = None, bins: int = 40, title: str = "pi / pi_old per scored token"):
+def ratio_histograms(
+    ratios: dict[str, torch.Tensor],
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    bins: int = 40,
+    title: str = "pi / pi_old per scored token",
+):
     """One panel per pass: the per-token ratios (flattened, scored tokens only) on a log axis, the clip
     bounds 1 - epsilon_low and 1 + epsilon_high (and delta) drawn."""
     fig, axes = _grid(len(ratios), ncols=3, size=(4.2, 3.0))
@@ -203,8 +235,9 @@ def ratio_histograms(ratios: dict[str, torch.Tensor], epsilon_low: float, epsilo
         logs = torch.log(values.clamp(min=1e-12)).numpy()
         ax.hist(logs, bins=bins, color="C0", alpha=0.8)
         ax.set_yscale("log")
-        for bound, label in [(1 - epsilon_low, "1 - eps_low"), (1 + epsilon_high, "1 + eps_high")] + \
-                ([(delta, "delta")] if delta else []):
+        for bound, label in [(1 - epsilon_low, "1 - eps_low"), (1 + epsilon_high, "1 + eps_high")] + (
+            [(delta, "delta")] if delta else []
+        ):
             ax.axvline(np.log(bound), color="C3", ls="--", lw=1)
             ax.text(np.log(bound), ax.get_ylim()[1], label, rotation=90, va="top", ha="right", fontsize=7)
         ax.set(xlabel="log ratio", ylabel="tokens", title=name)
@@ -212,8 +245,13 @@ def ratio_histograms(ratios: dict[str, torch.Tensor], epsilon_low: float, epsilo
     return _done(fig)
 
 
-def gradient_by_ratio(curves: dict[str, dict[str, np.ndarray]], ratios: np.ndarray, epsilon_low: float,
-                      epsilon_high: float, title: str = "d loss / d logp of one token against its ratio"):
+def gradient_by_ratio(
+    curves: dict[str, dict[str, np.ndarray]],
+    ratios: np.ndarray,
+    epsilon_low: float,
+    epsilon_high: float,
+    title: str = "d loss / d logp of one token against its ratio",
+):
     """`curves[loss_type][sign]`: the gradient one token receives at each ratio, sign "A = +1" or "A = -1"."""
     signs = list(next(iter(curves.values())))
     fig, axes = _grid(len(signs), ncols=2, size=(5.0, 3.4))
@@ -229,8 +267,13 @@ def gradient_by_ratio(curves: dict[str, dict[str, np.ndarray]], ratios: np.ndarr
     return _done(fig)
 
 
-def sequence_vs_token_ratios(token_ratio: torch.Tensor, sequence_ratio: torch.Tensor, mask: torch.Tensor,
-                             rows: int = 16, title: str = "GSPO: one ratio per sequence against its tokens' ratios"):
+def sequence_vs_token_ratios(
+    token_ratio: torch.Tensor,
+    sequence_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    rows: int = 16,
+    title: str = "GSPO: one ratio per sequence against its tokens' ratios",
+):
     """Each sequence's token ratios (dots) and its sequence ratio exp(mean log ratio) (a bar)."""
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for i in range(min(rows, token_ratio.shape[0])):
@@ -244,7 +287,9 @@ def sequence_vs_token_ratios(token_ratio: torch.Tensor, sequence_ratio: torch.Te
     return _done(fig)
 
 
-def sampler_weights_by_mode(weights: dict[str, torch.Tensor], title: str = "importance-sampling weight pi_old / pi_sampler"):
+def sampler_weights_by_mode(
+    weights: dict[str, torch.Tensor], title: str = "importance-sampling weight pi_old / pi_sampler"
+):
     """One histogram per correction mode (token modes: scored tokens; sequence modes: one per sequence)."""
     fig, axes = _grid(len(weights), ncols=4, size=(3.4, 2.8))
     for ax, (mode, values) in zip(axes, weights.items()):
@@ -254,13 +299,18 @@ def sampler_weights_by_mode(weights: dict[str, torch.Tensor], title: str = "impo
     return _done(fig)
 
 
-def token_entropies(entropies: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor, samples: list[int],
-                    title: str = "entropy of the next-token distribution, per completion token"):
+def token_entropies(
+    entropies: torch.Tensor,
+    mask: torch.Tensor,
+    kept: torch.Tensor,
+    samples: list[int],
+    title: str = "entropy of the next-token distribution, per completion token",
+):
     """Each chosen sample's per-token entropy; the tokens `kept` (e.g. the top-entropy mask) marked."""
     fig, ax = plt.subplots(figsize=(9, 3))
     for i in samples:
         length = int(mask[i].sum())
-        line, = ax.plot(entropies[i, :length].numpy(), lw=1, label=f"sample {i}")
+        (line,) = ax.plot(entropies[i, :length].numpy(), lw=1, label=f"sample {i}")
         marked = kept[i, :length].nonzero()[:, 0].numpy()
         ax.scatter(marked, entropies[i, marked].numpy(), color=line.get_color(), s=14)
     ax.set(xlabel="completion token", ylabel="entropy (nats)", title=title + " (dots: trained tokens)")
@@ -272,8 +322,11 @@ def _nan(value):
     return float("nan") if value is None else value
 
 
-def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean over seeds (band: 95% interval)",
-                    arms: list[str] | None = None):
+def training_curves(
+    curves: dict[str, list[dict]],
+    title: str = "per step, mean over seeds (band: 95% interval)",
+    arms: list[str] | None = None,
+):
     """curves: metric -> rows of `train.metric_curve` (arm, step, mean, low, high) for every arm; one panel
     per metric, one line per arm with its interval band (none where it is undefined: one seed). `arms` fixes
     each arm's colour (default: the order the arms first appear), so that two figures of one comparison colour
@@ -286,10 +339,23 @@ def training_curves(curves: dict[str, list[dict]], title: str = "per step, mean 
         for arm in dict.fromkeys(r["arm"] for r in rows):
             mine = [r for r in rows if r["arm"] == arm]
             steps = [r["step"] for r in mine]
-            ax.plot(steps, [r["mean"] for r in mine], marker="o" if len(mine) < 8 else None, ms=3, lw=1.2,
-                    label=arm, color=color[arm])
-            ax.fill_between(steps, [_nan(r["low"]) for r in mine], [_nan(r["high"]) for r in mine],
-                            color=color[arm], alpha=0.15, lw=0)
+            ax.plot(
+                steps,
+                [r["mean"] for r in mine],
+                marker="o" if len(mine) < 8 else None,
+                ms=3,
+                lw=1.2,
+                label=arm,
+                color=color[arm],
+            )
+            ax.fill_between(
+                steps,
+                [_nan(r["low"]) for r in mine],
+                [_nan(r["high"]) for r in mine],
+                color=color[arm],
+                alpha=0.15,
+                lw=0,
+            )
         means = [r["mean"] for r in rows if r["mean"] is not None]
         if means and min(means) > 0 and max(means) / min(means) >= 1e3:
             ax.set_yscale("log")
@@ -313,8 +379,14 @@ def interval_rows(rows: dict[str, dict], xlabel: str, title: str):
             ax.plot([r["mean"]], [y], "o", color="tab:gray")
             continue
         detected = r["ci_low"] > 0 or r["ci_high"] < 0
-        ax.errorbar([r["mean"]], [y], xerr=[[r["mean"] - r["ci_low"]], [r["ci_high"] - r["mean"]]], fmt="o",
-                    capsize=4, color="tab:red" if detected else "tab:gray")
+        ax.errorbar(
+            [r["mean"]],
+            [y],
+            xerr=[[r["mean"] - r["ci_low"]], [r["ci_high"] - r["mean"]]],
+            fmt="o",
+            capsize=4,
+            color="tab:red" if detected else "tab:gray",
+        )
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()

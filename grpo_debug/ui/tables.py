@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -15,9 +16,11 @@ def per_sample(run: StepRun) -> pd.DataFrame:
     """One row per completion: its group, text, total reward, reward components (`rewards/<name>`, TRL's
     prefix, so that no component can overwrite the total), advantage, log-prob and loss share."""
     r, lp = run.rollout, run.logprobs
-    rows = {"group": [i // r.num_generations for i in range(r.num_samples)],
-            "completion": [c if len(c) <= 60 else c[:57] + "..." for c in r.completions],
-            "length": r.completion_lengths.tolist()}
+    rows = {
+        "group": [i // r.num_generations for i in range(r.num_samples)],
+        "completion": [c if len(c) <= 60 else c[:57] + "..." for c in r.completions],
+        "length": r.completion_lengths.tolist(),
+    }
     if run.rewards is not None:
         rows["reward"] = run.rewards.total.tolist()
         rows.update({f"rewards/{name}": values.tolist() for name, values in run.rewards.components.items()})
@@ -34,8 +37,13 @@ def per_sample(run: StepRun) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compare_variants(step: GRPOStep, variants: dict[str, dict], base: StepConfig | None = None,
-                     until: str = "loss", columns: list[str] | None = None) -> pd.DataFrame:
+def compare_variants(
+    step: GRPOStep,
+    variants: dict[str, dict],
+    base: StepConfig | None = None,
+    until: str = "loss",
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
     """Each variant (a dict of StepConfig changes) run from the same base run (its cached rollout); one row
     per variant. The step's current run stays the base run."""
     base_run = step.run(base or step.cfg, until=until)
@@ -51,8 +59,15 @@ def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
     """d loss / d logp per token: what the backward pass sends into the model, even when the loss is ~0."""
     lp = run.logprobs
     logps = lp.policy.clone().requires_grad_(True)
-    loss = compute_loss(logps, lp.policy, lp.reference, run.advantages.values, lp.mask, entropies=lp.entropies,
-                        **loss_spec_of(cfg).kwargs()).loss
+    loss = compute_loss(
+        logps,
+        lp.policy,
+        lp.reference,
+        run.advantages.values,
+        lp.mask,
+        entropies=lp.entropies,
+        **loss_spec_of(cfg).kwargs(),
+    ).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad
 
@@ -62,12 +77,14 @@ def loss_value_at_ratio_one(run: StepRun) -> float:
     the total weight the loss type gives sample i's tokens (grpo: 1/N, so ~0 for centred advantages;
     bnpo/dapo: T_i / sum T; dr_grpo: T_i / (N * max_completion_length))."""
     from ..loss import loss_weights
+
     weights = loss_weights(run.logprobs.mask, run.config.loss_type, run.config.max_new_tokens).sum(-1)
     return -(run.advantages.values * weights).sum().item()
 
 
-def marked_completions(run: StepRun, flags: torch.Tensor, tokenizer, samples: list[int], left: str = "«",
-                       right: str = "»") -> pd.DataFrame:
+def marked_completions(
+    run: StepRun, flags: torch.Tensor, tokenizer, samples: list[int], left: str = "«", right: str = "»"
+) -> pd.DataFrame:
     """Each chosen completion's text with the flagged tokens ((N, C) bool, e.g. an iteration's `clipped`)
     between `left` and `right`, and its advantage and number of flagged tokens."""
     r = run.rollout
@@ -76,12 +93,15 @@ def marked_completions(run: StepRun, flags: torch.Tensor, tokenizer, samples: li
         length = int(r.completion_lengths[i])
         pieces = [tokenizer.decode([t]) for t in r.completion_ids[i, :length].tolist()]
         text = "".join(f"{left}{p}{right}" if flags[i, k] else p for k, p in enumerate(pieces))
-        rows[i] = {"advantage": run.advantages.values[i].item(), "flagged": int(flags[i, :length].sum()),
-                   "completion": text}
+        rows[i] = {
+            "advantage": run.advantages.values[i].item(),
+            "flagged": int(flags[i, :length].sum()),
+            "completion": text,
+        }
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -> dict[str, dict[str, "np.ndarray"]]:
+def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -> dict[str, dict[str, np.ndarray]]:
     """d loss / d logp that one token receives from each loss type at each ratio pi / pi_old, for A = +1 and
     A = -1: a batch of one-token sequences with old_logp = 0 and logp = log(ratio), one per ratio, the
     normalisation (1 / number of sequences) undone."""
@@ -91,8 +111,14 @@ def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -
         out[loss_type] = {}
         for sign, value in (("A = +1", 1.0), ("A = -1", -1.0)):
             logps = torch.log(ratios).unsqueeze(1).clone().requires_grad_(True)
-            loss = compute_loss(logps, old, None, torch.full((len(ratios),), value), torch.ones_like(old),
-                                **{**spec, "loss_type": loss_type}).loss
+            loss = compute_loss(
+                logps,
+                old,
+                None,
+                torch.full((len(ratios),), value),
+                torch.ones_like(old),
+                **{**spec, "loss_type": loss_type},
+            ).loss
             (grad,) = torch.autograd.grad(loss, logps)
             out[loss_type][sign] = (grad[:, 0] * len(ratios)).numpy()
     return out

@@ -24,12 +24,20 @@ import torch
 import traitlets
 from IPython.display import display
 
-from . import plots
-from ..tracin.influence import (PARAMETER_SETS, VAL_ADVANTAGES, VAL_LOSSES, VAL_SOURCES, ZERO_TOLERANCE, InfluenceChoice,
-                        InfluenceExplorer, sign_fractions)
 from ..config import PRESETS, StepConfig
 from ..step import GRPOStep, StepRun, passes_under
+from ..tracin.influence import (
+    PARAMETER_SETS,
+    VAL_ADVANTAGES,
+    VAL_LOSSES,
+    VAL_SOURCES,
+    ZERO_TOLERANCE,
+    InfluenceChoice,
+    InfluenceExplorer,
+    sign_fractions,
+)
 from ..update import Iteration
+from . import plots
 from .tables import per_sample
 
 FIELDS = StepConfig.__dataclass_fields__
@@ -42,18 +50,37 @@ def _range(name: str, step: float, high: float | None = None) -> tuple[float, fl
     return m["low"], m["high"] if m["high"] is not None else high, step
 
 
-SLIDERS = {"beta": (0.0, 0.5, 0.01), "std_floor": (0.0, 0.5, 0.01),
-           "epsilon_low": _range("epsilon_low", 0.01),
-           "epsilon_high": _range("epsilon_high", 0.01, high=5.0),  # 5: TRL's recommendation for cispo
-           "top_entropy_quantile": _range("top_entropy_quantile", 0.05),
-           "num_iterations": _range("num_iterations", 1, high=4)}  # mu: each pass costs about one update
+SLIDERS = {
+    "beta": (0.0, 0.5, 0.01),
+    "std_floor": (0.0, 0.5, 0.01),
+    "epsilon_low": _range("epsilon_low", 0.01),
+    "epsilon_high": _range("epsilon_high", 0.01, high=5.0),  # 5: TRL's recommendation for cispo
+    "top_entropy_quantile": _range("top_entropy_quantile", 0.05),
+    "num_iterations": _range("num_iterations", 1, high=4),
+}  # mu: each pass costs about one update
 OFF = "off"  # the menu entry of None in a field that may be None
 OPTIONAL = {"delta": [1.25, 1.5, 2.0, 4.0]}  # offered after "off" (delta > 0; TRL suggests > 1 + epsilon_high)
 TOGGLES = ["logprob_temperature", "dropout", "position_ids"]
-PITFALL_FIELDS = TOGGLES + ["mask", "dtype", "gather", "scale_rewards", "std_floor", "loss_type", "kl_estimator",
-                            "beta"]
-OFF_POLICY_FIELDS = ["num_iterations", "epsilon_low", "epsilon_high", "delta", "importance_sampling_level",
-                     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "top_entropy_quantile"]
+PITFALL_FIELDS = TOGGLES + [
+    "mask",
+    "dtype",
+    "gather",
+    "scale_rewards",
+    "std_floor",
+    "loss_type",
+    "kl_estimator",
+    "beta",
+]
+OFF_POLICY_FIELDS = [
+    "num_iterations",
+    "epsilon_low",
+    "epsilon_high",
+    "delta",
+    "importance_sampling_level",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "top_entropy_quantile",
+]
 DEFAULT_FIELDS = PITFALL_FIELDS + OFF_POLICY_FIELDS
 
 
@@ -116,8 +143,15 @@ class SliderEntry(W.HBox):
         lo, hi, step = SLIDERS[field]
         whole = FIELDS[field].type == "int"
         self.slider = (W.IntSlider if whole else W.FloatSlider)(
-            value=min(max(value, lo), hi), min=lo, max=max(hi, value), step=step, description=field,
-            readout=False, continuous_update=False, style=LABEL)
+            value=min(max(value, lo), hi),
+            min=lo,
+            max=max(hi, value),
+            step=step,
+            description=field,
+            readout=False,
+            continuous_update=False,
+            style=LABEL,
+        )
         self.entry = (W.IntText if whole else W.FloatText)(value=value, layout=W.Layout(width="7em"))
         super().__init__([self.slider, self.entry])
         self.value = value
@@ -165,24 +199,39 @@ def summary(run: StepRun, passes: tuple[Iteration, ...] | None = None) -> dict[s
     entropy (`iteration_k/`, TRL's metric names): the first pass is on-policy (ratio 1), the clip range
     bites from the second."""
     lp, adv, loss = run.logprobs, run.advantages, run.loss
-    out = {"max |sampler - recomputed|": lp.max_sampler_gap, "EOS inside mask": lp.eos_kept,
-           "reward": adv.reward, "frac_reward_zero_std": adv.frac_reward_zero_std,
-           "max |advantage|": adv.max_abs_advantage, "loss": loss.loss.item(), "kl": loss.metrics["kl"]}
+    out = {
+        "max |sampler - recomputed|": lp.max_sampler_gap,
+        "EOS inside mask": lp.eos_kept,
+        "reward": adv.reward,
+        "frac_reward_zero_std": adv.frac_reward_zero_std,
+        "max |advantage|": adv.max_abs_advantage,
+        "loss": loss.loss.item(),
+        "kl": loss.metrics["kl"],
+    }
     if "entropy" in loss.metrics:
         out["entropy"] = loss.metrics["entropy"]
     passes = passes if passes is not None else run.update.iterations if run.update is not None else ()
     if passes:
         for k, iteration in enumerate(passes, start=1):
-            out.update({f"iteration_{k}/{name}": iteration.metrics[name] for name in ITERATION_METRICS
-                        if name in iteration.metrics})
+            out.update(
+                {
+                    f"iteration_{k}/{name}": iteration.metrics[name]
+                    for name in ITERATION_METRICS
+                    if name in iteration.metrics
+                }
+            )
     return out
 
 
 FIGURES = {  # name -> (the phase result it draws, how): a figure is redrawn only when that result changed
     "logprob gap": ("logprobs", lambda run: plots.logprob_gap_heatmap(run.logprobs)),
     "advantages": ("advantages", lambda run: plots.advantages_bars(run.advantages, run.rollout.num_generations)),
-    "kl per token": ("loss", lambda run: plots.kl_per_token(run.logprobs.policy, run.logprobs.reference,
-                                                            run.logprobs.mask, chosen=run.config.kl_estimator)),
+    "kl per token": (
+        "loss",
+        lambda run: plots.kl_per_token(
+            run.logprobs.policy, run.logprobs.reference, run.logprobs.mask, chosen=run.config.kl_estimator
+        ),
+    ),
 }
 
 
@@ -215,8 +264,9 @@ class StepPanel:
         self.updated: StepRun | None = None  # the last run with the update, whose passes a change may re-read
         self._run(step.cfg)
         self.controls = {f: make_control(f, getattr(step.cfg, f)) for f in fields}
-        self.preset = W.Dropdown(options=[*PRESETS, "custom"], value=step.cfg.preset_name() or "custom",
-                                 description="preset")
+        self.preset = W.Dropdown(
+            options=[*PRESETS, "custom"], value=step.cfg.preset_name() or "custom", description="preset"
+        )
         self.status = W.HTML()
         self.outputs = {name: W.Output() for name in [*FIGURES, "table"]}
         self.drawn: dict[str, object] = {}  # figure -> the phase result it shows
@@ -264,8 +314,10 @@ class StepPanel:
         if self._syncing or name == "custom":
             return None
         if name not in PRESETS:
-            self.status.value = (f"<b>no preset {html.escape(repr(name), quote=False)}</b> (presets: {', '.join(PRESETS)}); "
-                                 "nothing re-ran")
+            self.status.value = (
+                f"<b>no preset {html.escape(repr(name), quote=False)}</b> (presets: {', '.join(PRESETS)}); "
+                "nothing re-ran"
+            )
             return None
         result = apply_preset(self.step, name, self.until_for(self.step.cfg.with_preset(name)))
         self.updated = result.run if result.run.update is not None else None
@@ -291,8 +343,10 @@ class StepPanel:
 
     def redraw(self, result: ChangeResult) -> None:
         run = result.run
-        self.status.value = (f"re-ran <b>{', '.join(result.rerun) or 'nothing'}</b> in {result.seconds:.2f} s; "
-                             + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run, result.passes).items()))
+        self.status.value = (
+            f"re-ran <b>{', '.join(result.rerun) or 'nothing'}</b> in {result.seconds:.2f} s; "
+            + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run, result.passes).items())
+        )
         for name in self.stale_figures(run):
             phase, draw = FIGURES[name]
             self.drawn[name] = getattr(run, phase)
@@ -311,8 +365,13 @@ class StepPanel:
 
 
 ENGINE_FIELDS = ["logprob_temperature", "kl_estimator", "beta"]  # StepConfig fields: re-run from their phase
-INFLUENCE_CHOICES = {"kind": list(VAL_LOSSES), "source": list(VAL_SOURCES), "size": [16, 64, 128],
-                     "param_set": list(PARAMETER_SETS), "val_advantages": list(VAL_ADVANTAGES)}
+INFLUENCE_CHOICES = {
+    "kind": list(VAL_LOSSES),
+    "source": list(VAL_SOURCES),
+    "size": [16, 64, 128],
+    "param_set": list(PARAMETER_SETS),
+    "val_advantages": list(VAL_ADVANTAGES),
+}
 
 
 @dataclass(frozen=True)
@@ -336,12 +395,17 @@ def _label(cfg, choice: InfluenceChoice) -> str:
 class InfluencePanel:
     """Influence histograms side by side: the previous choice next to the current one, same samples."""
 
-    def __init__(self, explorer: InfluenceExplorer, choice: InfluenceChoice = InfluenceChoice()):
+    def __init__(self, explorer: InfluenceExplorer, choice: InfluenceChoice | None = None):
+        choice = choice or InfluenceChoice()
         self.explorer, self.choice, self.previous = explorer, choice, None
         step = explorer.step
         self.controls = {"flip_sign": W.Checkbox(value=choice.flip_sign, description="flip_sign (seed 000)")}
-        self.controls.update({f: W.Dropdown(options=opts, value=getattr(choice, f), description=f)
-                              for f, opts in INFLUENCE_CHOICES.items()})
+        self.controls.update(
+            {
+                f: W.Dropdown(options=opts, value=getattr(choice, f), description=f)
+                for f, opts in INFLUENCE_CHOICES.items()
+            }
+        )
         self.controls.update({f: make_control(f, getattr(step.cfg, f)) for f in ENGINE_FIELDS})
         self.status = W.HTML()
         self.out = W.Output()
@@ -354,8 +418,13 @@ class InfluencePanel:
         start = time.perf_counter()
         cached = self.explorer.is_cached(self.choice)
         scores = self.explorer.scores(self.choice)
-        return InfluenceView(_label(self.explorer.step.cfg, self.choice), scores, not cached,
-                             time.perf_counter() - start, self.choice.kind)
+        return InfluenceView(
+            _label(self.explorer.step.cfg, self.choice),
+            scores,
+            not cached,
+            time.perf_counter() - start,
+            self.choice.kind,
+        )
 
     def on_change(self, field: str, value) -> InfluenceView:
         if field in ENGINE_FIELDS:
@@ -376,15 +445,21 @@ class InfluencePanel:
     def redraw(self) -> None:
         v = self.current
         signs = sign_fractions(v.scores)
-        self.status.value = (f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
-                             f"fraction > 0 = {signs['> 0']:.2f}, = 0 = {signs['= 0']:.2f} "
-                             f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}")
+        self.status.value = (
+            f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
+            f"fraction > 0 = {signs['> 0']:.2f}, = 0 = {signs['= 0']:.2f} "
+            f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}"
+        )
         self.out.clear_output(wait=True)
         with self.out:
             views = [self.previous, v] if self.previous is not None else [v]
             same_scale = len({w.kind for w in views}) == 1
-            fig = plots.influence_histograms({w.label: w.scores.numpy() for w in views}, bins=15,
-                                             title="influence of the same training samples", sharex=same_scale)
+            fig = plots.influence_histograms(
+                {w.label: w.scores.numpy() for w in views},
+                bins=15,
+                title="influence of the same training samples",
+                sharex=same_scale,
+            )
             display(fig)
             plt.close(fig)
 
