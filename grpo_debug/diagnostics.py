@@ -1,4 +1,4 @@
-"""Seed 002's questions answered from a step's numbers: is a loss of 0.0000 a failure? where does the time go?
+"""The zero-loss notes' questions answered from a step's numbers: is a loss of 0.0000 a failure? where does the time go?
 does torch.compile make the scoring faster, and give the same numbers?"""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Ten
     """(N, C) float: which completion tokens count.
 
     keep_first_eos    positions up to and including the first EOS, from the lengths (TRL's mask).
-    drop_eos_and_pad  positions before the first EOS, and no token equal to the pad id (seed 004's fix):
+    drop_eos_and_pad  positions before the first EOS, and no token equal to the pad id (the critical-fixes report's fix):
                       the EOS is dropped, and with pad == eos a value mask drops every EOS the model
                       produced anyway; the model is never taught to stop.
     all_positions     every position, PAD after the EOS included.

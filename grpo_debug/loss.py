@@ -23,7 +23,7 @@ With one micro-batch (GA = S = 1) bnpo and dapo are the same number; with GA = S
 micro-batch's tokens by its own count and dapo by the generation batch's.
 Minus entropy_coef times the mean entropy of the trained tokens, / GA.
 
-Sequence REINFORCE of the seed-003 script (no weight, no clipping):
+Sequence REINFORCE of the manual-step analysis's script (no weight, no clipping):
   reinforce_sum   -A sum_t logp + beta mean_t kl, mean over sequences
   reinforce_mean  -A sum_t logp / T + beta mean_t kl
 KL estimators, with d = ref_logp - logp (samples come from the policy):

@@ -9,7 +9,7 @@ carries on from step to step as TRL's does (at a constant learning rate: TRL's d
 it linearly to 0 over the run). Every `eval_every` steps, and before the first, the policy samples the
 task's test prompts (never a training or validation prompt) with fixed seeds, the same in every arm.
 
-TracIn-selected GRPO (seeds 000 and 001): each step, every sample's influence on a validation loss
+TracIn-selected GRPO (the two TracIn reports): each step, every sample's influence on a validation loss
 (same batch, or a random or top-k-by-reward set of fresh samples of the validation prompts), then the
 update on the selected samples only, their loss normalised over themselves as the seeds' trainers did.
 
@@ -74,7 +74,7 @@ class Selection:
     source: str = "random"  # VAL_SOURCES: random or top-k fresh samples, or the batch itself (PPO's step_part_I)
     size: int = 64  # random / topk: samples in the validation set (16 to 128)
     kind: str = "seqloss-lastadv"  # VAL_LOSSES: the validation loss
-    flip_sign: bool = False  # seed 000's sign: the gradient of minus the validation loss
+    flip_sign: bool = False  # the TracIn-sign report's sign: the gradient of minus the validation loss
     score: str = "tracin"  # SCORES: "tracin" (the SGD gradient dot product) or "adam" (the step AdamW takes)
 
     def __post_init__(self):

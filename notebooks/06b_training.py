@@ -210,17 +210,17 @@ own = fs["summary"]["fixed"]["change_from_start"]
 print(f"fixed, {fs['seeds']} seeds, after {fs['steps']} steps: {own['verdict']}")
 
 # %% [markdown]
-# ## 2. Seeds 000 and 001: TracIn-selected GRPO
+# ## 2. The two TracIn reports: TracIn-selected GRPO
 #
 # Each step, every training sample gets a TracIn score: its gradient's dot product with the gradient of a
 # validation loss. The update then takes only the samples that score > 0, and their loss is normalised over
 # themselves, as the seeds' trainers did. The arms:
 # - `tracin`: a random 64-sample validation set, drawn fresh from the validation prompts each step, with the
 #   right sign.
-# - `tracin_flipped`: the same set with seed 000's flipped sign.
+# - `tracin_flipped`: the same set with the TracIn-sign report's flipped sign.
 # - `tracin_top16`: the seeds' 16-sample top-by-reward set.
 # - `tracin_random128`: a random 128-sample set.
-# - `tracin_same_batch`: the training batch itself as the validation set (PPO's step_part_I), which seed 001
+# - `tracin_same_batch`: the training batch itself as the validation set (PPO's step_part_I), which the same-batch TracIn report
 #   says fixed it.
 #
 # Every arm is compared with vanilla GRPO (`fixed`, the pitfalls run's arm) on the same prompts and seeds.
@@ -248,11 +248,11 @@ pd.DataFrame(rows).set_index("arm")
 print(f"TracIn runs: K = {tr['steps']} steps, {tr['seeds']} seeds; fixed arm: "
       + tr["summary"]["fixed"]["change_from_start"]["verdict"])
 seed_claims = [
-    ("seed 000: TracIn-selected GRPO does worse than vanilla", "tracin", "fixed"),
-    ("seed 000: the flipped sign is what hurts (flipped minus right sign)", "tracin_flipped", "tracin"),
-    ("seed 001: a 16-sample top-k set hurts (top-16 minus random 128)", "tracin_top16", "tracin_random128"),
-    ("seed 001: same-batch validation fixes it (same batch minus vanilla)", "tracin_same_batch", "fixed"),
-    ("seed 001: same-batch validation fixes it (same batch minus top-16)", "tracin_same_batch", "tracin_top16"),
+    ("the TracIn-sign report: TracIn-selected GRPO does worse than vanilla", "tracin", "fixed"),
+    ("the TracIn-sign report: the flipped sign is what hurts (flipped minus right sign)", "tracin_flipped", "tracin"),
+    ("the same-batch TracIn report: a 16-sample top-k set hurts (top-16 minus random 128)", "tracin_top16", "tracin_random128"),
+    ("the same-batch TracIn report: same-batch validation fixes it (same batch minus vanilla)", "tracin_same_batch", "fixed"),
+    ("the same-batch TracIn report: same-batch validation fixes it (same batch minus top-16)", "tracin_same_batch", "tracin_top16"),
 ]
 answers = answer(tr, seed_claims)
 
@@ -278,7 +278,7 @@ for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
         numbers(r for r in tr["records"] if r["arm"] == arm), arm
 assert answers["tracin_flipped - tracin"]["ci_low"] < 0 < answers["tracin_flipped - tracin"]["ci_high"]
 claims8 = [(claim, a, b) for claim, a, b in seed_claims if a in eight["arms"] and b in eight["arms"]]
-claims8.append(("seed 001: a 16-sample top-k set hurts (top-16 minus vanilla)", "tracin_top16", "fixed"))
+claims8.append(("the same-batch TracIn report: a 16-sample top-k set hurts (top-16 minus vanilla)", "tracin_top16", "fixed"))
 print(f"{eight['seeds']} seeds, K = {eight['steps']}; fixed arm: " + eight["summary"]["fixed"]["change_from_start"]["verdict"])
 answers8 = answer(eight, claims8)
 for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
@@ -293,7 +293,7 @@ plots.interval_rows(answers8, "held-out reward difference after K steps",
 # What to notice, asserted below. On 8 seeds, within the family of four claims, none is detected: TracIn
 # selection against a random-64 or a top-16 validation set ends a few hundredths below vanilla GRPO, and the
 # same-batch set a hundredth below, but every interval holds 0 and is about a tenth wide (printed). So at this
-# K and with 8 seeds the suite cannot say that TracIn selection hurts, nor that seed 001's same-batch set
+# K and with 8 seeds the suite cannot say that TracIn selection hurts, nor that the same-batch TracIn report's same-batch set
 # closes a gap: a gap is not established to begin with. The confirmatory run of section 5 does not test these
 # claims; a TracIn step costs 2 to 4 vanilla steps (`benchmarks/README.md`).
 
@@ -305,7 +305,7 @@ assert undecided == list(answers8) and all(d["ci_high"] - d["ci_low"] < 0.15 for
 assert all(d["mean"] < 0 for name, d in answers8.items() if name.endswith("- fixed"))
 
 # %% [markdown]
-# ## 3. Seed 002: the loss reads 0.0000 at step 1
+# ## 3. The zero-loss notes: the loss reads 0.0000 at step 1
 #
 # Three arms:
 # - `fixed`: loss_type grpo at ratio 1. The policy term is minus the mean advantage, and centred advantages

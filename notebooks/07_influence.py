@@ -20,8 +20,8 @@
 # Under **SGD**, a step of size lr on sample i alone changes the validation loss by about -lr * influence_i
 # (first order), so influence > 0 means that step lowers L_val. The step's own optimizer is **AdamW**
 # (`update.py`), whose first step is about lr * sign(g): under it the prediction has to be measured, or the
-# gradient passed through AdamW's update map first (as LESS does). Seed 000 argues that the sign of
-# `-seq_logprob * advantage` is backwards and flips it; seed 001 blames a top-reward validation set with no
+# gradient passed through AdamW's update map first (as LESS does). The TracIn-sign report argues that the sign of
+# `-seq_logprob * advantage` is backwards and flips it; the same-batch TracIn report blames a top-reward validation set with no
 # contrast. Both claims are measured here.
 #
 # Prompt sets are named and disjoint: the batch trains on `train` prompts, separate validation sets are
@@ -114,7 +114,7 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # (measured with random steps that have no first-order effect); under SGD and a fresh AdamW that includes
 # every zero-advantage sample, whose step is exactly zero.
 #
-# Seed 000's flip negates L_val, so it negates its gradient, every score and every prediction: on the same
+# The TracIn-sign report's flip negates L_val, so it negates its gradient, every score and every prediction: on the same
 # real steps its agreement is the mirror image of the one above. That is an identity, not evidence about
 # which samples help. The test of the sign on the quantity the seed cares about, the reward, is section 3.
 
@@ -143,7 +143,7 @@ panel.widget()
 # Each set's scores against the largest random set (128 samples), as rank correlation, for both validation
 # losses. `val_advantages`: `per_group` keeps each validation sample's advantage within its own generation
 # group (the step's convention); `whole_set` normalises the set's rewards over the whole set as one group,
-# which is what seed 000 did (`compute_group_advantages(val_scores, 1)`) and what seed 001's proposed fix
+# which is what the TracIn-sign report did (`compute_group_advantages(val_scores, 1)`) and what the same-batch TracIn report's proposed fix
 # does to its random set ("advantages = (reward - mean) / std" over all of it).
 
 # %%
@@ -193,9 +193,9 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(influence.scores(model, run, Inf
                                                 all_params).statistic} for ps in ["all", "blocks", "lora"]}).T
 
 # %% [markdown]
-# ## 3. Seed 000's sign, settled on the reward
+# ## 3. The TracIn-sign report's sign, settled on the reward
 #
-# Keep the samples with influence > 0 under the loss as written, and under seed 000's flipped sign (which
+# Keep the samples with influence > 0 under the loss as written, and under the TracIn-sign report's flipped sign (which
 # keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
 # prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
 # bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
@@ -235,7 +235,7 @@ for name in selection_sets:
         right, flipped = results[(name, optimizer, "influence>0")], results[(name, optimizer, "influence<0")]
         contrast = paired_contrast(right, flipped, cfg.bootstrap, cfg.seed)
         within_noise += contrast[1] <= 0 <= contrast[2]
-        for sign, r in [("as written: influence > 0", right), ("seed-000 flip: influence < 0", flipped)]:
+        for sign, r in [("as written: influence > 0", right), ("the sign report's flip: influence < 0", flipped)]:
             sign_rows[(name, optimizer, sign)] = {"selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
                                                   "reward change": r.reward_delta, "95% low": r.reward_ci_low,
                                                   "95% high": r.reward_ci_high}
@@ -253,7 +253,7 @@ plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 
                       for name in selection_sets for opt in OPTIMIZERS for s in ("influence>0", "influence<0")})
 
 # %% [markdown]
-# The table's last row per setting is the test of seed 000's claim: the reward after training on what the
+# The table's last row per setting is the test of the TracIn-sign report's claim: the reward after training on what the
 # loss as written selects, minus the reward after training on what the flipped sign selects, on the same
 # test prompts and sampling seeds. Where its interval contains 0 (counted above) the two signs make no
 # detectable difference to the reward on this many test prompts, whatever L_val does; where it excludes 0,
@@ -415,8 +415,8 @@ pd.DataFrame(bias).T.rename_axis("batch size")
 # **What to notice.** The sign question splits in two. As a Taylor expansion it is settled by measurement
 # and holds for SGD; under the step's AdamW the optimizer-aware score ranks single-sample steps better than
 # TracIn on both validation sets, and the table in section 1 says by how much. On the reward, the quantity
-# seed 000 cares about, section 3 counts how many of the paired contrasts between the two signs are within
+# the TracIn-sign report cares about, section 3 counts how many of the paired contrasts between the two signs are within
 # the sampling noise of this many test prompts. What changes the histograms is the validation set: for seqloss-lastadv the same batch
 # adds a non-negative self-term to every score; for seqloss-reward the self-term takes the sign of A_i * r_i;
 # a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier"
-# (seed 001). Selecting by influence is only as good as the validation set and the optimizer behind it.
+# (the same-batch TracIn report). Selecting by influence is only as good as the validation set and the optimizer behind it.

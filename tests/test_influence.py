@@ -194,7 +194,7 @@ def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
 
 
 def test_flip_sign_negates_the_validation_gradient_exactly(setup):
-    """Seed 000's flip is an identity on the scores (no evidence either way): it negates grad L_val."""
+    """The TracIn-sign report's flip is an identity on the scores (no evidence either way): it negates grad L_val."""
     step, run, val = setup
     _, right = validation_gradient(step.policy, val, CFG, "seqloss-lastadv")
     _, flipped = validation_gradient(step.policy, val, CFG, "seqloss-lastadv", flip_sign=True)

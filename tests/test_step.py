@@ -166,7 +166,7 @@ def test_cli_prints_a_report_and_writes_every_number(tmp_path):
 
 
 def test_per_prompt_loop_generation_scores_like_one_call():
-    """Seed 003's loop (one generate per prompt) gives the same kind of rollout: sampler and recomputed
+    """The manual-step analysis's loop (one generate per prompt) gives the same kind of rollout: sampler and recomputed
     log-probs agree, each group has its own prompt."""
     cfg = StepConfig(num_prompts=2, num_generations=3, generation="loop")
     run = GRPOStep(cfg).run(cfg, until="logprobs")

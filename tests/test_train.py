@@ -217,7 +217,7 @@ def test_the_optimizer_aware_score_selects_too():
     assert sgd.shape == adam.shape == (run.rollout.num_samples,) and loss_sgd == loss_adam
     assert torch.isfinite(adam).all() and not torch.allclose(sgd.double(), adam.double())
     flipped, _ = influence(step, run, Selection(source="same_batch", flip_sign=True))
-    assert torch.allclose(flipped, -sgd, rtol=1e-5, atol=1e-12)  # seed 000's sign negates every score
+    assert torch.allclose(flipped, -sgd, rtol=1e-5, atol=1e-12)  # the TracIn-sign report's sign negates every score
 
 
 def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_numbers(three_steps):

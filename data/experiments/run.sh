@@ -22,10 +22,10 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
   tracin_sets|all)  # the validation set: a separate run, so that the two share the machine
     python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin_same_batch --arm tracin_top16 --arm tracin_random128 \
       "${COMMON[@]}" --json data/experiments/tracin_sets.json ;;&
-  tracin_seeds|all)  # seed 000's claim on 8 seeds, paired with fixed_seeds.json (seeds 0-2 are tracin.json's)
+  tracin_seeds|all)  # the TracIn-sign report's claim on 8 seeds, paired with fixed_seeds.json (seeds 0-2 are tracin.json's)
     python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin "${COMMON[@]}" --seeds 8 \
       --json data/experiments/tracin_seeds.json ;;&
-  tracin_sets_seeds|all)  # seed 001's claims on 8 seeds (seeds 0-2 are tracin_sets.json's)
+  tracin_sets_seeds|all)  # the same-batch TracIn report's claims on 8 seeds (seeds 0-2 are tracin_sets.json's)
     python -m grpo_debug train --steps 36 --eval-every 6 --arm tracin_same_batch --arm tracin_top16 "${COMMON[@]}" \
       --seeds 8 --json data/experiments/tracin_sets_seeds.json ;;&
   zero_loss|all)

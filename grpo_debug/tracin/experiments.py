@@ -10,7 +10,7 @@
    (tracin/optimizer.py). Predicted change = -lr * score.
 2. Selection: keep the samples a strategy selects, take one step (SGD or the step's AdamW) on them only,
    then measure L_val and the held-out reward on the 'test' prompts (paired sampling seeds, bootstrap
-   95% interval over prompts). "influence<0" is what "influence>0" keeps under seed 000's flipped sign:
+   95% interval over prompts). "influence<0" is what "influence>0" keeps under the TracIn-sign report's flipped sign:
    comparing the two settles the sign on the quantity the seed cares about, the reward.
 """
 

@@ -8,7 +8,7 @@ L_val is a loss to minimise. The step's real optimizer is AdamW, whose step is n
 
 Validation losses (per sequence, averaged over the N_val sequences):
   seqloss-lastadv   -seq_logprob * advantage     (advantages: `VAL_ADVANTAGES`)
-  seqloss-reward    -seq_logprob * reward        (seed 001: no contrast when every reward is high)
+  seqloss-reward    -seq_logprob * reward        (the same-batch TracIn report: no contrast when every reward is high)
 
 The same-batch self-term (validation = the training batch, PPO's step_part_I). At step 0 (ratio 1, no
 clipping) with beta = 0, both of sample i's gradients lie along G_i = grad seq_logprob_i:
@@ -109,7 +109,7 @@ def validation_loss(
     flip_sign: bool = False,
 ) -> torch.Tensor:
     """Per-sequence validation losses (N,) from (N, T) log-probs and mask; their mean is L_val.
-    `flip_sign` is the seed-000 "fix"."""
+    `flip_sign` is the TracIn-sign report's "fix"."""
     seq_logp = (logps * mask).sum(-1)
     if kind == "seqloss-lastadv":
         per_seq = -seq_logp * advantages
@@ -121,7 +121,7 @@ def validation_loss(
 
 
 def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
-    """(N,) the set's rewards normalised over the whole set as ONE group of N. Seed 000 does this to its
+    """(N,) the set's rewards normalised over the whole set as ONE group of N. The TracIn-sign report does this to its
     validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
     from ..advantages import normalize_over_set
 
@@ -170,7 +170,7 @@ def same_batch_set(run) -> ValidationSet:
 
 def pool_rows(pool: ValidationSet, source: str, size: int, num_generations: int) -> torch.Tensor:
     """The pool's rows a set keeps. random: the first `size` (whole groups); topk: the `size` best by
-    reward of the pool's first 2 x size (seed 000/001: all good samples, no contrast)."""
+    reward of the pool's first 2 x size (the two TracIn reports: all good samples, no contrast)."""
     needed = size * (2 if source == "topk" else 1)
     if source not in VAL_SOURCES or needed % num_generations:
         raise ValueError(f"source must be one of {VAL_SOURCES} and size a multiple of G={num_generations}")
@@ -192,7 +192,7 @@ def validation_set(
     and topk: cut from `pool` (a `validation_pool` on 'validation' prompts; see `pool_rows`).
     `val_advantages`: 'per_group' keeps each sample's advantage within its own generation group (for
     same_batch: the step's advantages); 'whole_set' normalises the set's rewards over the set as one
-    group, as seed 000 did."""
+    group, as the TracIn-sign report did."""
     if val_advantages not in VAL_ADVANTAGES:
         raise ValueError(f"val_advantages must be one of {VAL_ADVANTAGES}, got {val_advantages!r}")
     if source not in VAL_SOURCES:
