@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from grpo_debug.arms import parse_arm
 from grpo_debug.config import StepConfig, parse_overrides
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train import parse_arm, train
+from grpo_debug.train import train
 
 DEFAULT_SET = ["num_prompts=4", "num_generations=8", "learning_rate=0.0002", "per_sample_grad_norms=false"]
 

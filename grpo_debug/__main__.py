@@ -140,7 +140,9 @@ def train_command(parser, args) -> int:
     except ValueError as e:
         parser.error(str(e))
     _threads(args.threads)
-    from .train import parse_arm, remove_progress, train
+    from .arms import parse_arm
+    from .progress import remove_progress
+    from .train import train
 
     try:
         arms = [parse_arm(a) for a in args.arm]
@@ -188,14 +190,14 @@ def check_writable(parser, path: str) -> None:
 def write_json(path: str, value) -> None:
     """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
     from .files import write_atomically
-    from .train import strict_json
+    from .train_results import strict_json
 
     write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
 
 
 def analyze_command(parser, args) -> int:
     """Every verdict of committed training results, recomputed from their records (grpo_debug.stats)."""
-    from .train import reanalyze
+    from .train_results import reanalyze
 
     for path in args.paths:
         try:

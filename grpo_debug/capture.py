@@ -47,6 +47,7 @@ import torch
 from transformers import TrainerCallback
 
 from .files import write_atomically
+from .trl_bridge import PositionIdsGRPOTrainer
 from .trl_step import mean_like_trl_log
 
 FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
@@ -412,8 +413,6 @@ class CaptureCallback(TrainerCallback):
 
     def _write(self, step: int, capture: dict, generation: dict) -> Path:
         import trl
-
-        from .trl_bridge import PositionIdsGRPOTrainer
 
         t, model = self.trainer, self._model()
         path = self.out_dir / f"step-{step}"

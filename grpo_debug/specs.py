@@ -8,9 +8,10 @@ import dataclasses
 import torch
 
 from .config import StepConfig
-from .logprobs import Scoring, TokenLogProbs
+from .logprobs import TokenLogProbs
 from .loss import LossBreakdown, LossSpec, compute_loss, sampler_importance_ratio, sampler_metrics
 from .rollout import Rollout
+from .scoring import Scoring
 from .update import Optimization
 
 

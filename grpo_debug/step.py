@@ -16,15 +16,18 @@ from dataclasses import dataclass, field
 import torch
 
 from .advantages import Advantages, summarize_advantages
+from .capture_file import Capture, config_from_capture, load_capture
+from .captured import StoredReward, captured_models, captured_rollout, captured_task
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, evaluate_pair
-from .logprobs import Scoring, TokenLogProbs, compute_logprobs
+from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
+from .scoring import Scoring
 from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
-from .task import Task, load_task
+from .task import Task, load_task, register_task
 from .update import Iteration, StepResult, new_optimizer, reevaluate_passes, update
 
 
@@ -61,27 +64,62 @@ def _peak_rss_mb() -> float:
 class GRPOStep:
     """A model, its frozen reference, a task (prompts and reward functions), and the last `StepRun`."""
 
-    def __init__(self, cfg: StepConfig | None = None, task: Task | None = None, loaded: LoadedModel | None = None):
+    def __init__(
+        self,
+        cfg: StepConfig | None = None,
+        task: Task | None = None,
+        loaded: LoadedModel | None = None,
+        *,
+        capture: Capture | None = None,
+        rollout: Rollout | None = None,
+        at_reference: bool = True,
+    ):
+        """`capture` and its `rollout`: a step opened from a TRL run (`from_capture`). `at_reference`: the
+        policy's starting weights are the reference's (False once trained)."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
         self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
-        self.result = StepRun(self.cfg)
+        timings = {"rollout": PhaseTiming(0.0, 0.0)} if rollout is not None else {}
+        self.result = StepRun(self.cfg, rollout=rollout, timings=timings)
         self._policy_dirty = False
-        self.at_reference = True  # the policy's starting weights are the reference's (False once trained)
+        self.at_reference = at_reference
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
-        self.capture = None  # the Capture a replayed step was opened from (`from_capture`)
-        self.stored_rewards = False  # a capture opened without your task: rewards exist for its completions only
+        self.capture = capture
 
     @classmethod
     def from_capture(cls, path, task=None, **changes) -> GRPOStep:
-        """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`); the config
-        is the `trl` preset with the capture's GRPOConfig, plus `changes`. `task`: your task plug-in, for the
-        phases that sample new completions (`replay.open_capture`)."""
-        from .replay import open_capture
+        """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`), under
+        `config_from_capture` plus `changes` (not rollout fields: the capture's rollout is the trainer's).
+        `task`: the run's reward functions (a list, "file.py:name") or a task plug-in (a registered name or a
+        Task), for the phases that sample new completions; without it the stored rewards are replayed."""
+        capture = load_capture(path)
+        cfg = config_from_capture(capture, **changes)
+        as_captured = config_from_capture(capture)
+        changed = [
+            f.name
+            for f in dataclasses.fields(StepConfig)
+            if StepConfig.phase_of(f.name) == "rollout" and getattr(cfg, f.name) != getattr(as_captured, f.name)
+        ]
+        if changed:
+            raise ValueError(f"{changed} are rollout fields: a capture's rollout is the trainer's, fixed")
+        loaded, beta_zero = captured_models(capture)
+        task = captured_task(capture, loaded.tokenizer, task)
+        register_task(task.name, lambda: task)
+        return cls(
+            cfg,
+            task,
+            loaded,
+            capture=capture,
+            rollout=captured_rollout(capture, loaded.tokenizer),
+            at_reference=beta_zero,
+        )
 
-        return open_capture(path, task, **changes)
+    @property
+    def stored_rewards(self) -> bool:
+        """A capture opened without your task: rewards exist for its completions only."""
+        return self.capture is not None and all(isinstance(f, StoredReward) for f in self.task.reward_funcs)
 
     @property
     def policy(self):
@@ -160,7 +198,10 @@ class GRPOStep:
         (the run later calls start from) as it was."""
         cfg = cfg or self.cfg
         if cfg.model != self.cfg.model or cfg.task != self.cfg.task:
-            self.__init__(cfg, None if cfg.task != self.cfg.task else self.task)
+            raise ValueError(
+                f"a GRPOStep keeps its model and task ({self.cfg.model!r}, {self.cfg.task!r}): open a new "
+                f"GRPOStep for model {cfg.model!r}, task {cfg.task!r}"
+            )
         base = base or self.result
         stop = PHASES.index(until)
         changed = "rollout" if prompt_set != base.prompt_set else cfg.first_changed_phase(base.config)

@@ -17,8 +17,9 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import PRESET_FIELDS, StepConfig
-from .logprobs import positions_from_mask
 from .loss import TRL_LOSS_TYPES
+from .model import load_model
+from .scoring import positions_from_mask
 from .task import Task, load_task
 
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
@@ -137,7 +138,6 @@ def trl_trainer(cfg: StepConfig, output_dir: str, task: Task | None = None, **ov
     """A ready trainer on `cfg.model` with the task's reward functions and weights (default: the task `cfg.task`)
     and the step's prompts: `PositionIdsGRPOTrainer` when `cfg.position_ids` (the `fixed` preset), TRL's own
     `GRPOTrainer` when not (the `trl` preset)."""
-    from .model import load_model
 
     loaded = load_model(cfg.model)
     task = task or load_task(cfg.task)

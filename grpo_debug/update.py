@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from .fast.backward import conv1d_weights, no_autograd_for, norms_and_batch_gradient
-from .logprobs import Scoring, TokenLogProbs, score_rows_and_entropies
+from .logprobs import TokenLogProbs, score_rows_and_entropies
 from .loss import LossBreakdown, LossSpec, compute_loss, loss_weights
+from .per_sample import PerSampleGradients
 from .rollout import Rollout, row_chunks
-from .tracin.per_sample import PerSampleGradients
+from .scoring import Scoring
 
 DROPOUT_SEED = 0  # the update's dropout masks, when dropout is on
 

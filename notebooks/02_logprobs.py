@@ -39,8 +39,8 @@
 # `Scoring`.
 
 # %%
-from grpo_debug.logprobs import completion_logits, per_token_logps, token_logps
 from grpo_debug.notebook import show_source
+from grpo_debug.scoring import completion_logits, per_token_logps, token_logps
 
 show_source(per_token_logps, completion_logits, token_logps)
 

@@ -58,7 +58,7 @@ import json
 import pandas as pd
 
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train import (
+from grpo_debug.train_results import (
     base_config,
     claims,
     difference_curve,
@@ -384,7 +384,8 @@ assert len(runs) == 1 and own["n_seeds"] == 1
 # exactly (times aside).
 
 # %%
-from grpo_debug.train import ARMS, train
+from grpo_debug.arms import ARMS
+from grpo_debug.train import train
 
 live = train([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
              eval_prompts_n=pit["eval_prompts"], train_prompts=pit["train_prompts"], show_progress=False,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture_file import load_capture
 from grpo_debug.config import StepConfig
-from grpo_debug.replay import load_capture
 from grpo_debug.step import GRPOStep
 from grpo_debug.trl_bridge import trl_trainer
 
@@ -264,6 +264,4 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     with pytest.raises(ValueError, match="not the run's reward functions"):
         from arithmetic_task import arithmetic_task
 
-        from grpo_debug.replay import open_capture
-
-        open_capture(bundled, arithmetic_task())
+        GRPOStep.from_capture(bundled, arithmetic_task())

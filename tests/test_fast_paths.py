@@ -77,7 +77,8 @@ def test_rollout_samples_the_same_tokens_fast_and_readable():
 def test_fast_scoring_equals_the_readable_forward(scoring):
     """Trimmed padding, and a group's prompt computed once (no grad): the same log-probs as one plain forward."""
     from grpo_debug.fast.scoring import per_token_logps_fast, prompt_is_shared, trim
-    from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
+    from grpo_debug.logprobs import completion_mask
+    from grpo_debug.scoring import Scoring, per_token_logps
 
     policy, r = _sample(True)
     spec = Scoring(temperature=0.7, **scoring)

@@ -8,8 +8,10 @@ import sys
 import pytest
 import torch
 
+from grpo_debug.arms import ARMS, Selection, parse_arm, step_config
 from grpo_debug.config import StepConfig
-from grpo_debug.train import ARMS, Selection, metric_curve, parse_arm, step_config, train
+from grpo_debug.train import train
+from grpo_debug.train_results import metric_curve
 
 BASE = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48, per_sample_grad_norms=False)
 TIMES = ("seconds",)
@@ -223,7 +225,7 @@ def test_the_optimizer_aware_score_selects_too():
 def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_numbers(three_steps):
     import copy
 
-    from grpo_debug.train import merge_results
+    from grpo_debug.train_results import merge_results
 
     first = {**copy.deepcopy(three_steps), "command": "a"}
     second = {**copy.deepcopy(three_steps), "command": "b"}
@@ -243,7 +245,7 @@ def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_number
 def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps):
     import copy
 
-    from grpo_debug.train import merge_results, select_arms
+    from grpo_debug.train_results import merge_results, select_arms
 
     only_fixed = select_arms(three_steps, ["fixed"])
     assert list(only_fixed["arms"]) == ["fixed"] and {r["arm"] for r in only_fixed["records"]} == {"fixed"}
@@ -256,7 +258,7 @@ def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps)
 
 
 def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_steps):
-    from grpo_debug.train import difference_curve, paired_difference
+    from grpo_debug.train_results import difference_curve, paired_difference
 
     rows = difference_curve(three_steps, "k1", "fixed")
     assert [r["step"] for r in rows] == [0, 2, 3]
@@ -269,7 +271,7 @@ def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_ste
     import matplotlib
 
     matplotlib.use("Agg")
-    from grpo_debug.train import difference_curve, metric_curve
+    from grpo_debug.train_results import difference_curve, metric_curve
     from grpo_debug.ui import plots
 
     curves = {

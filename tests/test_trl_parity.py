@@ -146,7 +146,8 @@ def test_trl_preset_dropout_is_trl_train_mode_forward(trl_step, dtype):
     forward, with the same seed and the same batch shape (dropout masks and bf16 rounding depend on both)."""
     from trl_probes import trl_per_token_logps
 
-    from grpo_debug.logprobs import Scoring, completion_mask, per_token_logps
+    from grpo_debug.logprobs import completion_mask
+    from grpo_debug.scoring import Scoring, per_token_logps
 
     cfg, r = trl_step.cfg, trl_step.result.rollout
     mask = completion_mask(r, cfg.mask)

@@ -29,7 +29,7 @@ def planted(tmp_path):
 
 
 def test_a_training_checkpoint_with_a_payload_is_refused(planted, tmp_path):
-    from grpo_debug.train import Progress
+    from grpo_debug.progress import Progress
 
     progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
     planted(progress.checkpoint("fixed", 0), lambda p: {"step": p, "policy": {}, "optimizer": None})
@@ -52,7 +52,7 @@ def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
 def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     import json
 
-    from grpo_debug.replay import CaptureError, load_capture
+    from grpo_debug.capture_file import CaptureError, load_capture
 
     capture = tmp_path / "step-2"
     planted(capture / "batch.pt", lambda p: {"prompt_ids": p})

@@ -300,7 +300,7 @@ def good_capture(user_dir) -> Path:
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, capsys):
-    from grpo_debug.replay import CaptureError, load_capture
+    from grpo_debug.capture_file import CaptureError, load_capture
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -359,7 +359,7 @@ def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_pat
     from user_train import REWARD_FUNCS
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.replay import config_from_capture, load_capture
+    from grpo_debug.capture_file import config_from_capture, load_capture
 
     build_tiny_model(tmp_path / "model")
     args = GRPOConfig(

@@ -2,7 +2,7 @@
 
 `no_autograd_for` turns autograd's weight gradient off for every Conv1D weight and
 `norms_and_batch_gradient` builds those weights' per-sample gradients from the layer hooks
-(`tracin.per_sample`) instead, takes their norms and adds their sum to `.grad` ("book-keeping"): building
+(`per_sample`) instead, takes their norms and adds their sum to `.grad` ("book-keeping"): building
 them costs what autograd's batch weight gradient would have, so the transformer blocks' per-sample norms
 come almost free. Readable twin: `update.per_sample_norms` (one backward per sample).
 """
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from ..tracin.per_sample import PerSampleGradients, SampleGradients, materialize
+from ..per_sample import PerSampleGradients, SampleGradients, materialize
 
 
 def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:

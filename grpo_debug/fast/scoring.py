@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from ..scoring import completion_logits, model_inputs, token_entropies, token_logps
 from .shared_prompt import shared_prompt_cache
 
 
@@ -61,8 +62,6 @@ def completion_logits_after_shared_prompt(model, rollout, model_inputs: dict) ->
 
 def _trimmed_logits(model, rollout, scoring):
     """(N, C', V) logits of the trimmed rollout, its completion ids, and the C - C' columns dropped on the right."""
-    from ..logprobs import completion_logits, model_inputs
-
     trimmed, dropped = trim(rollout, left=scoring.position_ids, right=not scoring.score_after_eos)
     if prompt_is_shared(model, trimmed, scoring):
         logits = completion_logits_after_shared_prompt(model, trimmed, model_inputs(trimmed, scoring.position_ids))
@@ -74,8 +73,6 @@ def _trimmed_logits(model, rollout, scoring):
 def per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad: bool = False):
     """(N, C) log-probs and (N, C) entropies as `logprobs.per_token_logps_and_entropies`, for less work
     (the dropped columns after every EOS get 0)."""
-    from ..logprobs import token_entropies, token_logps
-
     logits, ids, dropped = _trimmed_logits(model, rollout, scoring)
     pad = lambda x: torch.nn.functional.pad(x, (0, dropped))
     return pad(token_logps(logits, ids, scoring)), pad(token_entropies(logits, scoring, entropy_grad))
@@ -83,7 +80,5 @@ def per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad: bo
 
 def per_token_logps_fast(model, rollout, scoring) -> torch.Tensor:
     """(N, C) as `logprobs.per_token_logps(model, rollout, scoring)`, for less work."""
-    from ..logprobs import token_logps
-
     logits, ids, dropped = _trimmed_logits(model, rollout, scoring)
     return torch.nn.functional.pad(token_logps(logits, ids, scoring), (0, dropped))

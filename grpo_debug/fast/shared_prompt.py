@@ -17,6 +17,8 @@ from transformers import AttentionInterface, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from ..scoring import positions_from_mask
+
 IMPLEMENTATION = "grpo_debug_shared_prompt"
 
 
@@ -26,7 +28,6 @@ def shared_prompt_cache(
     """The prompts' keys and values (all but the last token, which `generate` feeds) computed once per
     prompt and repeated for each of its samples. A static cache because a growing one re-copies itself
     every token."""
-    from ..logprobs import positions_from_mask  # (logprobs imports rollout, which imports this module)
 
     cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + max_new_tokens)
     positions = positions_from_mask(attention_mask)  # padding keys are masked

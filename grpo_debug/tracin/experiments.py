@@ -22,12 +22,14 @@ from dataclasses import dataclass
 import torch
 
 from ..config import StepConfig
+from ..evaluation import eval_prompts as test_prompts
+from ..evaluation import eval_side
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..rollout import Rollout, row_chunks
 from ..specs import loss_spec_of, optimization_of, scoring_of
 from ..stats import prompt_bootstrap, spearman
-from ..update import DROPOUT_SEED, chunk_loss
+from ..update import DROPOUT_SEED, chunk_loss, update
 from .influence import (
     ValidationSet,
     influence_scores,
@@ -334,8 +336,6 @@ def matched_sgd_lr(
 
 def held_out_baseline(model, tokenizer, task, cfg: StepConfig, eval_prompts: int = 16):
     """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling settings of `cfg`)."""
-    from ..evaluation import eval_prompts as test_prompts
-    from ..evaluation import eval_side
 
     return eval_side(model, tokenizer, test_prompts(task, eval_prompts), cfg.replace(eval_prompts=eval_prompts), task)
 
@@ -359,7 +359,6 @@ def selection_experiment(
     EvalSide of `held_out_baseline` on the same prompts, to share across calls). adamw: `update.update` on
     the subset (clip + a fresh AdamW, the step's lr). sgd: the kept samples' shares of the batch loss, lr
     `sgd_lr` (default `matched_sgd_lr`). The weights are restored after each strategy."""
-    from ..evaluation import eval_prompts as test_prompts
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
@@ -405,7 +404,6 @@ def selection_experiment(
 def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float, cfg: StepConfig) -> None:
     """One step on the kept samples of `run` only (none kept: no step). adamw: `update.update` on the subset;
     sgd: minus lr times the kept samples' gradients of their shares of the batch loss."""
-    from ..update import update
 
     r, lp, adv = run.rollout, run.logprobs, run.advantages.values
     if not len(keep):

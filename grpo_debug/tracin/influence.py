@@ -31,14 +31,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..advantages import normalize_over_set
 from ..config import PHASES, StepConfig
 from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs, score_rows
 from ..loss import loss_weights
+from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..specs import loss_spec_of, scoring_of
+from ..step import StepRun
 from ..update import DROPOUT_SEED, chunk_loss
-from .per_sample import PerSampleGradients, SampleGradients
 
 VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 PARAMETER_SETS = ("all", "blocks", "lora")
@@ -123,7 +125,6 @@ def validation_loss(
 def whole_set_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
     """(N,) the set's rewards normalised over the whole set as ONE group of N. The TracIn-sign report does this to its
     validation set (`compute_group_advantages(val_scores, 1)`, normalised across the batch by its own account)."""
-    from ..advantages import normalize_over_set
 
     return normalize_over_set(rewards, scale_rewards)
 
@@ -154,7 +155,6 @@ def validation_pool(run_phases, cfg: StepConfig, size: int) -> ValidationSet:
     weights, advantages within their groups; random and top-k sets are cut from it. `run_phases` is
     `GRPOStep.run` (e.g. `step.run`): the pool is the step's own phases rollout..advantages on the
     'validation' prompts, run aside (the step's current run is left as it was)."""
-    from ..step import StepRun
 
     pool_cfg = pool_config(cfg, size)
     run = run_phases(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)

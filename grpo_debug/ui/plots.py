@@ -14,6 +14,7 @@ from ..evaluation import Evaluation
 from ..logprobs import TokenLogProbs
 from ..loss import KL_ESTIMATORS, per_token_kl
 from ..rewards import Rewards
+from ..tracin.experiments import OWN_SCORE
 
 
 def _done(fig):
@@ -153,7 +154,6 @@ def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_v
     """checks: name -> FirstOrderCheck (tracin_experiments). Where the score is the step's own first-order
     prediction the diagonal marks a perfect one; otherwise only the ranking and the signs can agree, and
     each axis keeps its own scale."""
-    from ..tracin.experiments import OWN_SCORE
 
     fig, axes = _grid(len(checks), size=(3.8, 3.4))
     for ax, (name, c) in zip(axes, checks.items()):

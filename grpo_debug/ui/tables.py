@@ -7,7 +7,7 @@ import pandas as pd
 import torch
 
 from ..config import StepConfig
-from ..loss import compute_loss
+from ..loss import compute_loss, loss_weights
 from ..specs import loss_spec_of
 from ..step import GRPOStep, StepRun, metrics
 
@@ -76,7 +76,6 @@ def loss_value_at_ratio_one(run: StepRun) -> float:
     """The policy term's value at ratio 1 from the advantages and lengths alone: -sum_i A_i * w_i, with w_i
     the total weight the loss type gives sample i's tokens (grpo: 1/N, so ~0 for centred advantages;
     bnpo/dapo: T_i / sum T; dr_grpo: T_i / (N * max_completion_length))."""
-    from ..loss import loss_weights
 
     weights = loss_weights(run.logprobs.mask, run.config.loss_type, run.config.max_new_tokens).sum(-1)
     return -(run.advantages.values * weights).sum().item()

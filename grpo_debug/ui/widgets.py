@@ -399,7 +399,9 @@ class InfluencePanel:
         choice = choice or InfluenceChoice()
         self.explorer, self.choice, self.previous = explorer, choice, None
         step = explorer.step
-        self.controls = {"flip_sign": W.Checkbox(value=choice.flip_sign, description="flip_sign (as the TracIn-sign report)")}
+        self.controls = {
+            "flip_sign": W.Checkbox(value=choice.flip_sign, description="flip_sign (as the TracIn-sign report)")
+        }
         self.controls.update(
             {
                 f: W.Dropdown(options=opts, value=getattr(choice, f), description=f)

@@ -1,0 +1,203 @@
+"""A capture's batch as the step's rollout, and its rewards as a task: the stored values (`StoredReward`),
+or your own reward functions (`task=[f, g]`, `task="my_rewards.py:funcs"`, or a registered task name), which
+can also score new completions."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from pathlib import Path
+
+from .capture_file import Capture, CaptureError, task_name
+from .model import LoadedModel, ModelUnavailable, load_model
+from .rollout import Rollout
+from .task import Task, callable_name, load_task, task_names
+
+
+class StoredReward:
+    """A reward function that returns the captured values of the captured completions, by text."""
+
+    def __init__(self, name: str, table: dict[tuple[str, str], float | None]):
+        self.__name__, self.table = name, table
+
+    def __call__(self, prompts, completions, **kwargs):
+        missing = [(p, c) for p, c in zip(prompts, completions) if (p, c) not in self.table]
+        if missing:
+            raise ValueError(
+                f"reward {self.__name__!r} is known only for the captured completions; {len(missing)} "
+                "are new: open the capture with your reward functions (task=[...]) to score them"
+            )
+        return [self.table[(p, c)] for p, c in zip(prompts, completions)]
+
+
+def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
+    """The B prompts and B*G completions as our rollout decodes them (special tokens removed)."""
+    b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
+    prompts = [
+        tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+        for ids, m in zip(b["prompt_ids"][::G], b["prompt_mask"][::G])
+    ]
+    completions = [
+        tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+        for ids, m in zip(b["completion_ids"], b["completion_mask"])
+    ]
+    return prompts, completions
+
+
+def reward_functions(spec) -> list:
+    """Your reward functions: a list of callables, or "file.py:name" naming one function or a list of them."""
+    if callable(spec):
+        return [spec]
+    if isinstance(spec, (list, tuple)) and spec and all(callable(f) for f in spec):
+        return list(spec)
+    if isinstance(spec, str) and ".py:" in spec:
+        file, _, name = spec.rpartition(":")
+        if not Path(file).is_file():
+            raise ValueError(f"task {spec!r}: no file {file}")
+        module_spec = importlib.util.spec_from_file_location(Path(file).stem, file)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, name):
+            raise ValueError(f"task {spec!r}: {file} defines no {name!r}")
+        return reward_functions(getattr(module, name))
+    raise ValueError(f"task must be a registered task name, a Task, reward functions or 'file.py:name', got {spec!r}")
+
+
+def _as_messages(func, prompt_messages: dict[str, list]):
+    """`func` called as TRL calls it in a conversational run: message lists, not strings."""
+
+    def reward(prompts, completions, **kwargs):
+        return func(
+            prompts=[prompt_messages.get(p, [{"role": "user", "content": p}]) for p in prompts],
+            completions=[[{"role": "assistant", "content": c}] for c in completions],
+            **kwargs,
+        )
+
+    reward.__name__ = callable_name(func)
+    return reward
+
+
+def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
+    """The capture as a task: its train prompts are the captured prompts. Without `rewards_from` its reward
+    functions replay the stored values (the captured completions only). With your task or reward functions, new
+    completions (evaluation, validation sets) are rewarded too; a Task also brings its validation and test
+    prompts. In a conversational capture, your functions get message lists, as TRL gave them."""
+    prompts, completions = captured_texts(capture, tokenizer)
+    G = capture.meta["grpo_config"]["num_generations"]
+    names = list(capture.meta["rewards"])
+    weights = [capture.meta["reward_weights"][name] for name in names]
+    yours = None
+    has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
+    if isinstance(rewards_from, str) and ".py:" not in rewards_from:
+        try:
+            yours = load_task(rewards_from)
+        except ValueError:
+            names = ", ".join(n for n in task_names() if not n.startswith("capture:"))
+            raise ValueError(
+                f"task {rewards_from!r} is neither a registered task ({names}) nor "
+                "'file.py:NAME' naming your reward functions; pass the functions themselves "
+                "(task=[f, g]) or register a Task (grpo_debug.task.register_task)"
+            ) from None
+    elif isinstance(rewards_from, Task):
+        yours = rewards_from
+    elif rewards_from is not None:
+        funcs = reward_functions(rewards_from)
+        if capture.conversational:
+            messages = {p: capture.meta["prompts"][i * G] for i, p in enumerate(prompts)}
+            funcs = [_as_messages(f, messages) for f in funcs]
+        yours = Task(
+            name="your reward functions",
+            prompts=lambda s, n: prompts[:n],
+            reward_funcs=tuple(funcs),
+            reward_weights=tuple(weights),
+        )
+
+    told = []
+
+    def prompt_set(name: str, n: int) -> list[str]:
+        if name == "train" and n <= len(prompts):
+            return prompts[:n]
+        if has_sets and name != "train":
+            return yours.prompts(name, n)
+        if yours is not None and name != "train":  # your reward functions, no prompt sets of yours
+            if not told:
+                told.append(name)
+                warnings.warn(
+                    f"the capture has no {name} prompts of its own: new completions are sampled on its "
+                    f"{len(prompts)} train prompts, repeated (open it with a Task for separate sets)",
+                    stacklevel=2,
+                )
+            return [prompts[i % len(prompts)] for i in range(n)]
+        raise ValueError(
+            f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts: to "
+            "sample new completions on other prompts, open it with a task that has them, "
+            "GRPOStep.from_capture(path, task=NAME)"
+        )
+
+    if yours is not None:
+        theirs = list(yours.reward_weights or [1.0] * len(yours.reward_funcs))
+        if list(yours.reward_names) != names or theirs != weights:
+            raise ValueError(
+                f"{yours.name!r} has the reward functions {list(yours.reward_names)} weighted {theirs}; "
+                f"the captured run had {names} weighted {weights}: not the run's reward functions"
+            )
+        return Task(
+            name=task_name(capture), prompts=prompt_set, reward_funcs=yours.reward_funcs, reward_weights=tuple(weights)
+        )
+    funcs = []
+    for name, values in capture.meta["rewards"].items():
+        table = {
+            (prompts[i // G], c): (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for i, (c, v) in enumerate(zip(completions, values))
+        }
+        funcs.append(StoredReward(name, table))
+    return Task(name=task_name(capture), prompts=prompt_set, reward_funcs=tuple(funcs), reward_weights=tuple(weights))
+
+
+def captured_rollout(capture: Capture, tokenizer):
+    """The captured batch as a Rollout. The sampler's log-probs are the engine's (`sampling_per_token_logps`)
+    where one generated, else the trainer's own scoring (NaN rows, not trained on at this step, as 0)."""
+
+    b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
+    prompts, completions = captured_texts(capture, tokenizer)
+    lengths = b["completion_mask"].sum(1).long()
+    last = b["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    sampler = b.get("sampling_per_token_logps", b.get("old_per_token_logps", b["trainer_per_token_logps"]))
+    sampler = sampler.float().nan_to_num(0.0)
+    groups = [g for g in range(len(prompts)) if len(set(completions[g * G : (g + 1) * G])) == 1]
+    return Rollout(
+        prompts=prompts,
+        completions=completions,
+        prompt_ids=b["prompt_ids"],
+        prompt_mask=b["prompt_mask"],
+        completion_ids=b["completion_ids"],
+        completion_lengths=lengths,
+        finished=(last == tokenizer.eos_token_id) & (lengths > 0),
+        sampler_logps=sampler * b["completion_mask"],
+        sampler_logps_temperature_only=sampler * b["completion_mask"],
+        num_generations=G,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        identical_groups=groups,
+        seconds=0.0,
+    )
+
+
+def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
+    """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
+    (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference)."""
+    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
+    reference_name = capture.meta["reference"]["name_or_path"]
+    if reference_name is None:
+        return loaded, True
+    try:
+        reference = load_model(reference_name).policy.eval()
+    except ModelUnavailable as e:
+        raise CaptureError(
+            f"{capture.path / 'capture.json'}: the run's reference model {reference_name!r} "
+            f"cannot be loaded here ({e}); copy it to that path, or edit reference.name_or_path "
+            "to a folder holding it"
+        ) from None
+    reference.requires_grad_(False)
+    return LoadedModel(loaded.policy, reference, loaded.tokenizer, loaded.name), False

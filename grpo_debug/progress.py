@@ -1,0 +1,125 @@
+"""A training run's progress on disk: a JSON-lines file of every record so far (rewritten atomically, a torn
+last line dropped), one checkpoint per (arm, seed) at its last evaluation (tensors and plain values, read
+with `weights_only=True`), and a lock that refuses a second run on the same output."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from pathlib import Path
+
+import torch
+
+from .config import StepConfig
+from .files import write_atomically
+from .step import GRPOStep
+
+
+class Progress:
+    """The JSON-lines file of every record so far, and one checkpoint per (arm, seed) at its last evaluation."""
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path, self.header = Path(path), header
+        self.ckpt_dir = self.path.with_suffix(".ckpt")
+        lines = self._read()
+        if lines and lines[0] != {"header": header}:
+            raise ValueError(f"{self.path} holds another comparison ({lines[0]}); remove it or pick another path")
+        if not lines and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
+            raise ValueError(
+                f"{self.path} is empty or missing but {self.ckpt_dir} holds checkpoints: the records "
+                "they belong to are lost; remove both to start over"
+            )
+        self.records = lines[1:]
+        if not lines:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._rewrite()
+
+    def _read(self) -> list[dict]:
+        """The file's lines; a torn last line (a kill while appending) is dropped, any other bad line refused."""
+        if not self.path.exists():
+            return []
+        text = self.path.read_text().splitlines()
+        out = []
+        for number, line in enumerate(text, start=1):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if number == len(text):
+                    break  # the record being appended when the run stopped: it is taken again
+                raise ValueError(f"{self.path}, line {number}: not a JSON record ({e})") from None
+        return out
+
+    def _rewrite(self) -> None:
+        """The whole file written atomically (temporary file, fsync, rename)."""
+        text = "".join(json.dumps(x) + "\n" for x in [{"header": self.header}, *self.records])
+        write_atomically(self.path, lambda f: f.write(text))
+
+    def remove(self) -> None:
+        remove_progress(self.path)
+
+    def checkpoint(self, arm: str, seed: int) -> Path:
+        return self.ckpt_dir / f"{arm}-seed{seed}.pt"
+
+    def resume_point(self, arm: str, seed: int) -> int:
+        """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped, and
+        with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
+        path = self.checkpoint(arm, seed)
+        done = torch.load(path, weights_only=True)["step"] if path.exists() else 0
+        if done and not any(
+            r["arm"] == arm and r["seed"] == seed and r["step"] == done and "eval" in r for r in self.records
+        ):
+            raise ValueError(
+                f"{path} was taken after step {done}, but {self.path} has no evaluation of {arm} seed "
+                f"{seed} at that step: the two do not belong together; remove both to start over"
+            )
+        stale = lambda r: r["arm"] == arm and r["seed"] == seed and (r["step"] > done or not done)
+        if any(stale(r) for r in self.records):
+            self.records = [r for r in self.records if not stale(r)]
+            self._rewrite()
+        return done
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save(self, step: GRPOStep, arm: str, seed: int, t: int) -> None:
+        self.ckpt_dir.mkdir(exist_ok=True)
+        state = {
+            "step": t,
+            "policy": step.policy.state_dict(),
+            "optimizer": step.optimizer.state_dict() if step.optimizer else None,
+        }
+        write_atomically(self.checkpoint(arm, seed), lambda f: torch.save(state, f), binary=True)
+
+    def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
+        state = torch.load(self.checkpoint(arm, seed), weights_only=True)
+        step.policy.load_state_dict(state["policy"])
+        step.start_from_current_weights(state["optimizer"])
+
+
+def remove_progress(progress_path: str | Path) -> None:
+    """A finished run's progress file and checkpoints (once its result is written)."""
+    path = Path(progress_path)
+    ckpt_dir = path.with_suffix(".ckpt")
+    if ckpt_dir.exists():
+        for file in ckpt_dir.iterdir():
+            file.unlink()
+        ckpt_dir.rmdir()
+    path.unlink(missing_ok=True)
+
+
+def _lock(path: Path):
+    """An exclusive lock on `path` for this process's life (released when it ends, however it ends): a second
+    run on the same output is refused instead of interleaving its records with the first's."""
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(
+            f"another train run holds {path}: it writes the same output; wait for it or pick another --json"
+        ) from None
+    return handle

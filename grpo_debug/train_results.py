@@ -1,0 +1,229 @@
+"""Training results read back: the held-out reward and step metrics per arm, with intervals for seeds crossed
+with test prompts (`grpo_debug.stats`), each family of verdicts corrected for multiplicity; `reanalyze`
+recomputes every verdict of a committed result from its records."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import stats
+from .config import StepConfig
+
+COMPARED = ("kl", "entropy", "completions/mean_length")  # step metrics compared with the first arm's at the end
+
+
+def eval_table(records: list[dict], arm: str, seeds: int, step: int) -> torch.Tensor | None:
+    """(seeds, prompts) the held-out reward per test prompt at `step`, rows in seed order."""
+    rows = {
+        r["seed"]: r["eval"]["per_prompt"] for r in records if "eval" in r and r["arm"] == arm and r["step"] == step
+    }
+    return torch.tensor([rows[s] for s in sorted(rows)], dtype=torch.float64) if len(rows) == seeds else None
+
+
+def last_steps_mean(records: list[dict], arm: str, seeds: int, key: str, first: int, last: int) -> torch.Tensor | None:
+    """(seeds,) each seed's mean of a step metric over steps first..last."""
+    ids = sorted({r["seed"] for r in records if r["arm"] == arm})
+    if len(ids) != seeds:
+        return None
+    rows = [
+        [
+            r[key]
+            for r in records
+            if r["arm"] == arm
+            and r["seed"] == s
+            and first <= r["step"] <= last
+            and "eval" not in r
+            and r.get(key) is not None
+        ]
+        for s in ids
+    ]
+    return torch.tensor([sum(v) / len(v) for v in rows], dtype=torch.float64) if all(rows) else None
+
+
+HEAVY_TAILED = ("kl",)  # compared as log ratios per seed (stats.log_ratio_interval)
+
+
+def metric_difference(mine: torch.Tensor, theirs: torch.Tensor, key: str, level: float = stats.LEVEL) -> stats.Interval:
+    """A step metric of two arms, paired by seed: a log ratio for a heavy-tailed positive metric, else the
+    difference, Student's t over seeds."""
+    if key in HEAVY_TAILED and (mine > 0).all() and (theirs > 0).all():
+        return stats.log_ratio_interval(mine, theirs, level)
+    return stats.seed_interval(mine - theirs, level)
+
+
+def family(intervals: dict[str, stats.Interval], what: str) -> dict[str, dict]:
+    """A family of verdicts: Holm's adjusted p-values across it, and each verdict in words. The intervals
+    are computed at `stats.bonferroni_level` of the family's size by the caller, so a verdict never
+    contradicts its interval."""
+    adjusted = stats.holm([i.p_value for i in intervals.values()])
+    return {
+        name: {
+            **i.as_dict(),
+            "holm_p": p,
+            "family": what,
+            "family_size": len(intervals),
+            "verdict": stats.verdict(i, what, p),
+        }
+        for (name, i), p in zip(intervals.items(), adjusted)
+    }
+
+
+def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> dict:
+    """Per arm: the held-out reward at the start and after `steps` (`stats.crossed_interval`: seeds crossed with
+    test prompts; a deterministic arm counts once), its change from the start, and its difference from the first
+    arm paired by seed and prompt; the step metrics of `COMPARED` over the last quarter of the steps against the
+    first arm's (`metric_difference`). Each kind of comparison across the arms is one family: its intervals are
+    shown at the Bonferroni level (95% when the family has one member) and its verdicts carry Holm's p."""
+    ref, others = arms[0], arms[1:]
+    tables = {arm: (eval_table(records, arm, seeds, 0), eval_table(records, arm, seeds, steps)) for arm in arms}
+    done = [a for a in arms if tables[a][1] is not None]
+    window = (steps - max(1, steps // 4) + 1, steps)
+    out = {
+        arm: {
+            "reward_start": stats.crossed_interval(tables[arm][0]).mean if tables[arm][0] is not None else None,
+            "reward_final": stats.crossed_interval(tables[arm][1]).as_dict(),
+        }
+        for arm in done
+    }
+    with_start = [a for a in done if tables[a][0] is not None]
+    level = stats.bonferroni_level(len(with_start))
+    changes = family(
+        {a: stats.crossed_interval(tables[a][1] - tables[a][0], level) for a in with_start},
+        "change of the held-out reward from step 0",
+    )
+    compared = [a for a in others if a in done and tables[ref][1] is not None]
+    level = stats.bonferroni_level(len(compared))
+    minus = family(
+        {a: stats.crossed_interval(tables[a][1] - tables[ref][1], level) for a in compared},
+        f"held-out reward minus {ref}",
+    )
+    metrics = {}
+    for key in COMPARED:
+        pairs = {a: [last_steps_mean(records, x, seeds, key, *window) for x in (a, ref)] for a in compared}
+        pairs = {a: p for a, p in pairs.items() if p[0] is not None and p[1] is not None}
+        level = stats.bonferroni_level(len(pairs))
+        what = f"{key} {'log ratio to' if key in HEAVY_TAILED else 'minus'} {ref}, last quarter"
+        metrics[key] = family({a: metric_difference(m, t, key, level) for a, (m, t) in pairs.items()}, what)
+    for arm in done:
+        row = out[arm]
+        if arm in changes:
+            row["change_from_start"] = changes[arm]
+        if arm in minus:
+            row[f"minus_{ref}"] = minus[arm]
+            row["verdict"] = minus[arm]["verdict"]
+        for key in COMPARED:
+            if arm in metrics[key]:
+                row[f"{key} minus_{ref}"] = metrics[key][arm]
+        selected = last_steps_mean(records, arm, seeds, "selected_fraction", 1, steps)
+        if selected is not None:
+            row["selected_fraction"] = stats.seed_interval(selected).as_dict()
+    return out
+
+
+def metric_curve(results: dict, arm: str, key: str) -> list[dict]:
+    """Per step: the mean over seeds of `key` ("eval/reward": the held-out reward) with its 95% interval
+    (the held-out reward: `stats.crossed_interval`; a step metric: Student's t over seeds, none for one
+    seed); `seeds` counts the distinct seeds behind it."""
+    by_step: dict[int, list] = {}
+    for r in results["records"]:
+        if r["arm"] != arm:
+            continue
+        if key == "eval/reward" and "eval" in r:
+            by_step.setdefault(r["step"], []).append(r["eval"]["per_prompt"])
+        elif r.get(key) is not None:
+            by_step.setdefault(r["step"], []).append(r[key])
+    rows = []
+    for step, values in sorted(by_step.items()):
+        x = torch.tensor(values, dtype=torch.float64)
+        i = stats.crossed_interval(x) if key == "eval/reward" else stats.seed_interval(x)
+        rows.append({"arm": arm, "step": step, "mean": i.mean, "low": i.ci_low, "high": i.ci_high, "seeds": i.n_seeds})
+    return rows
+
+
+def paired_difference(
+    results: dict, arm: str, other: str, step: int | None = None, level: float = stats.LEVEL
+) -> stats.Interval:
+    """The held-out reward of `arm` minus `other` at `step` (default: the last), paired by seed and test
+    prompt, with its interval (`stats.crossed_interval`)."""
+    step = results["steps"] if step is None else step
+    a, b = (eval_table(results["records"], name, results["seeds"], step) for name in (arm, other))
+    if a is None or b is None:
+        raise ValueError(f"no held-out reward of {arm!r} and {other!r} at step {step} for every seed")
+    return stats.crossed_interval(a - b, level)
+
+
+def difference_curve(results: dict, arm: str, other: str) -> list[dict]:
+    """`paired_difference` at every evaluation step, as `metric_curve` rows (arm, step, mean, low, high)."""
+    rows = []
+    for step in sorted({r["step"] for r in results["records"] if "eval" in r and r["arm"] == arm}):
+        d = paired_difference(results, arm, other, step)
+        rows.append({"arm": arm, "step": step, "mean": d.mean, "low": d.ci_low, "high": d.ci_high})
+    return rows
+
+
+def claims(results: dict, pairs: list[tuple[str, str, str]], what: str = "held-out reward") -> dict[str, dict]:
+    """A family of claims (label, arm, other), each the paired held-out difference arm - other after K steps:
+    intervals at the family's Bonferroni level, Holm's p, the verdict in words."""
+    level = stats.bonferroni_level(len(pairs))
+    return family({label: paired_difference(results, a, b, level=level) for label, a, b in pairs}, what)
+
+
+def reanalyze(results: dict) -> dict:
+    """`results` with its summary recomputed from its records by this module's statistics."""
+    arms = list(results["arms"])
+    return {**results, "summary": summarize(results["records"], arms, results["seeds"], results["steps"])}
+
+
+def strict_json(value):
+    """`value` with every non-finite float as None: strict JSON (RFC 8259) has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def base_config(results: dict) -> StepConfig:
+    """The StepConfig every arm of `results` started from (the header stores its non-default fields)."""
+    return StepConfig(**results["base"])
+
+
+def select_arms(results: dict, arms: list[str]) -> dict:
+    """`results` with only `arms` (in that order; the first is the reference of the summary), e.g. to pair
+    the fixed arm of one comparison with another comparison's arms through `merge_results`."""
+    missing = [a for a in arms if a not in results["arms"]]
+    if missing:
+        raise ValueError(f"no arm {missing} in these results (arms: {list(results['arms'])})")
+    records = [r for r in results["records"] if r["arm"] in arms]
+    return {
+        **results,
+        "arms": {a: results["arms"][a] for a in arms},
+        "records": records,
+        "summary": summarize(records, arms, results["seeds"], results["steps"]),
+    }
+
+
+def merge_results(first: dict, second: dict) -> dict:
+    """Two comparisons run apart (to share a machine) as one, their arms paired: they must have the same
+    base config, steps, seeds and evaluation, and their shared arms must have logged the same numbers."""
+    same = ("base", "steps", "seeds", "eval_every", "eval_prompts", "train_prompts", "seed_stride", "first_seed")
+    if any(first.get(k) != second.get(k) for k in same):
+        raise ValueError(f"the two runs differ in {[k for k in same if first.get(k) != second.get(k)]}: not paired")
+    strip = lambda rs, arm: [{k: v for k, v in r.items() if k != "seconds"} for r in rs if r["arm"] == arm]
+    shared = [a for a in second["arms"] if a in first["arms"]]
+    for arm in shared:
+        if strip(first["records"], arm) != strip(second["records"], arm):
+            raise ValueError(f"arm {arm!r} logged other numbers in the two runs: not the same arm")
+    arms = {**first["arms"], **{a: d for a, d in second["arms"].items() if a not in shared}}
+    records = first["records"] + [r for r in second["records"] if r["arm"] not in shared]
+    return {
+        **first,
+        "arms": arms,
+        "records": records,
+        "command": [first.get("command"), second.get("command")],
+        "summary": summarize(records, list(arms), first["seeds"], first["steps"]),
+    }
