@@ -31,7 +31,7 @@ def _line(name: str, value, note: str = "") -> str:
 
 def report(run) -> str:
     from .advantages import PHANTOM_STD
-    from .step import metrics
+    from .metrics import metrics
 
     m = metrics(run)
     cfg, r, lp, adv, loss, upd, ev = (
@@ -119,7 +119,7 @@ def report(run) -> str:
 
 
 def _jsonable(run) -> dict:
-    from .step import metrics
+    from .metrics import metrics
 
     return {
         "config": dataclasses.asdict(run.config),

@@ -11,8 +11,8 @@ import math
 import torch
 
 from .capture_file import Capture, config_from_capture
+from .metrics import metrics
 from .specs import loss_spec_of, scoring_of
-from .step import metrics
 from .trl_step import trl_step
 
 COMPARED = (
@@ -142,7 +142,7 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
     "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
     |ours - captured|, "pitfalls": `pitfalls`, "causes": `causes`}. With `step` (the GRPOStep) and a
     captured schedule, the optimizer step is replayed micro-batch by micro-batch (`replay_trl_step`); without,
-    from the whole batch as one (`step.metrics`)."""
+    from the whole batch as one (`metrics.metrics`)."""
 
     trainer_logps = capture.batch["trainer_per_token_logps"].float()
     ours = metrics(run)

@@ -231,6 +231,20 @@ def identical_groups(completions: list[str], num_generations: int) -> list[int]:
     return [b for b in range(len(completions) // G) if len(set(completions[b * G : (b + 1) * G])) == 1]
 
 
+def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
+    """Refuse, before sampling, a completion budget that runs past the model's positions (an absolute-position
+    model indexes past its embedding table; a long budget is also slow for nothing)."""
+    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    if longest + max_new_tokens > limit:
+        raise ValueError(
+            f"StepConfig.max_new_tokens = {max_new_tokens} is not allowed here: the longest prompt has "
+            f"{longest} tokens and the model {limit} positions, so at most {limit - longest}"
+        )
+
+
 def rollout(
     model,
     tokenizer,

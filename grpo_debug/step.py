@@ -24,11 +24,11 @@ from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
-from .rollout import Rollout, rollout
+from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
 from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
 from .task import Task, load_task, register_task
-from .update import Iteration, StepResult, new_optimizer, reevaluate_passes, update
+from .update import StepResult, new_optimizer, update
 
 
 @dataclass(frozen=True)
@@ -253,20 +253,6 @@ def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prom
     )
 
 
-def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -> None:
-    """Refuse, before sampling, a completion budget that runs past the model's positions (an absolute-position
-    model indexes past its embedding table; a long budget is also slow for nothing)."""
-    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
-    if limit is None:
-        return
-    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-    if longest + max_new_tokens > limit:
-        raise ValueError(
-            f"StepConfig.max_new_tokens = {max_new_tokens} is not allowed here: the longest prompt has "
-            f"{longest} tokens and the model {limit} positions, so at most {limit - longest}"
-        )
-
-
 def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
     step.restore_policy()
     scoring = scoring_of(cfg)
@@ -323,22 +309,6 @@ def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, promp
     )
 
 
-def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:
-    """The optimizer passes of `run.update` as they would read under `cfg`, recomputed from the log-probs
-    each pass scored (no model call), where `cfg` changes loss-phase fields only and that is exact
-    (`update.reevaluate_passes`: every pass but the last sends the same token gradients under both); else None.
-    At mu = 2 with pass 1 on-policy, the clip range and delta qualify; beta or the loss type do not."""
-    changed = [f.name for f in dataclasses.fields(StepConfig) if getattr(cfg, f.name) != getattr(run.config, f.name)]
-    if run.update is None or not all(StepConfig.phase_of(f) == "loss" for f in changed):
-        return None
-    lp, num_items = run.logprobs, run.logprobs.mask.sum()
-    sides = [
-        (loss_spec_of(c), {**update_context(c, run.rollout, lp), "num_items_in_batch": num_items})
-        for c in (run.config, cfg)
-    ]
-    return reevaluate_passes(run.update, lp, run.advantages.values, *sides)
-
-
 def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
     return evaluate_pair(step.loaded.reference, step.policy, step.loaded.tokenizer, cfg, step.task)
 
@@ -352,84 +322,3 @@ PHASE_FUNCTIONS = {
     "update": run_update,
     "evaluation": run_evaluation,
 }
-
-
-def metrics(run: StepRun) -> dict[str, float]:
-    """The step's numbers under TRL's metric names where TRL logs the same quantity."""
-    out: dict[str, float] = {}
-    r, lp, adv, loss, upd = run.rollout, run.logprobs, run.advantages, run.loss, run.update
-    if r is not None:
-        lengths = r.completion_lengths.float()
-        out.update(
-            {
-                "completions/mean_length": lengths.mean().item(),
-                "completions/min_length": lengths.min().item(),
-                "completions/max_length": lengths.max().item(),
-                "completions/clipped_ratio": 1 - r.finished.float().mean().item(),
-                "identical_groups": float(len(r.identical_groups)),
-            }
-        )
-    if lp is not None:
-        out.update(
-            {
-                "logps/max_sampler_gap": lp.max_sampler_gap,
-                "logps/top_p_gap": lp.top_p_gap,
-                "logps/eos_kept": lp.eos_kept,
-            }
-        )
-    if run.rewards is not None:
-        for name, values in run.rewards.components.items():
-            out[f"rewards/{name}/mean"] = torch.nanmean(values).item()
-    if adv is not None:
-        out.update(
-            {
-                "reward": adv.reward,
-                "reward_std": adv.reward_std,
-                "frac_reward_zero_std": adv.frac_reward_zero_std,
-                "advantages/max_abs": adv.max_abs_advantage,
-                "advantages/phantom_groups": float(len(adv.phantom_groups)),
-            }
-        )
-    if loss is not None:
-        out.update(
-            {
-                "loss": loss.loss.item(),
-                "loss/policy": loss.policy_loss.item(),
-                "loss/kl": loss.kl_loss.item(),
-                **loss.metrics,
-            }
-        )
-    if upd is not None:
-        out.update(
-            {"grad_norm": upd.grad_norm, "update_norm": upd.update_norm, "optimizer_steps": float(upd.optimizer_steps)}
-        )
-        out.update(update_metrics(upd))
-        if len(upd.per_sample_grad_norms):
-            out["per_sample_grad_norm/max"] = upd.per_sample_grad_norms.max().item()
-    if run.evaluation is not None:
-        ev = run.evaluation
-        out.update(
-            {
-                "eval/reward_before": ev.before.reward,
-                "eval/reward_after": ev.after.reward,
-                "eval/delta": ev.delta,
-                "eval/delta_ci_low": ev.ci_low,
-                "eval/delta_ci_high": ev.ci_high,
-            }
-        )
-    for phase, timing in run.timings.items():
-        out[f"time/{phase}_s"] = timing.seconds
-    return out
-
-
-def update_metrics(upd: StepResult) -> dict[str, float]:
-    """What TRL logs over the optimizer steps of this generation (every micro-batch's metrics averaged, as
-    TRL's log does with logging_steps = those steps), and the same per pass under `iteration_k/`."""
-    out = {}
-    keys = upd.iterations[0].metrics.keys()
-    for k in keys:
-        out[k] = sum(it.metrics[k] for it in upd.iterations) / len(upd.iterations)
-    for i, it in enumerate(upd.iterations, start=1):
-        out.update({f"iteration_{i}/{k}": v for k, v in it.metrics.items()})
-        out[f"iteration_{i}/grad_norm"] = it.grad_norms[0]
-    return out

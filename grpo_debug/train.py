@@ -31,8 +31,9 @@ from .arms import TRAIN_SEED_STRIDE, Arm, Selection, step_config
 from .config import StepConfig
 from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
+from .metrics import metrics
 from .progress import Progress, _lock
-from .step import GRPOStep, StepRun, metrics
+from .step import GRPOStep, StepRun
 from .task import load_task
 from .tracin.experiments import scores_for, select
 from .tracin.influence import (
@@ -56,7 +57,7 @@ LOGGED = (
     "grad_norm",
     "loss",
     "completions/mean_length",
-    "completions/clipped_ratio",  # TRL's names, from `step.metrics`; then this suite's
+    "completions/clipped_ratio",  # TRL's names, from `metrics.metrics`; then this suite's
     "logps/max_sampler_gap",
 )
 

@@ -27,7 +27,7 @@
 # on-policy (ratio exactly 1, every clip ratio 0), so the panel stops at the loss. A change of the clip range
 # or `delta` then re-reads the passes' cached log-probs instead of re-running them: the first pass is
 # on-policy, so they cannot change the weights the second pass scores (checked per change:
-# `grpo_debug.step.passes_under` re-reads only where every earlier pass's token gradients are unchanged).
+# `grpo_debug.ui.passes.passes_under` re-reads only where every earlier pass's token gradients are unchanged).
 
 # %%
 from grpo_debug.notebook import setup

@@ -111,7 +111,8 @@ STEP_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from grpo_debug.config import StepConfig
-    from grpo_debug.step import GRPOStep, metrics
+    from grpo_debug.metrics import metrics
+    from grpo_debug.step import GRPOStep
     from grpo_debug.task import register_task
     register_task("arithmetic", "arithmetic_task:arithmetic_task")
     cfg = StepConfig(model={model!r}, task="arithmetic", num_prompts=3, num_generations=4, max_new_tokens=6,

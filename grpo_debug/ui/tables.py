@@ -8,8 +8,9 @@ import torch
 
 from ..config import StepConfig
 from ..loss import compute_loss, loss_weights
+from ..metrics import metrics
 from ..specs import loss_spec_of
-from ..step import GRPOStep, StepRun, metrics
+from ..step import GRPOStep, StepRun
 
 
 def per_sample(run: StepRun) -> pd.DataFrame:

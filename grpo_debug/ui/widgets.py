@@ -9,7 +9,7 @@ update-phase control (`num_iterations`) runs the update too once num_iterations 
 off-policy controls (the clip range, delta, the importance-sampling level) act on something: in the first
 pass pi == pi_old and the ratio is exactly 1 (every clip ratio 0, as the loss phase shows); from the second
 pass on it is not. A change of the clip range or delta then re-reads the passes' cached log-probs instead
-of re-running them, where that is exact (`step.passes_under`)."""
+of re-running them, where that is exact (`ui.passes.passes_under`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import traitlets
 from IPython.display import display
 
 from ..config import PRESETS, StepConfig
-from ..step import GRPOStep, StepRun, passes_under
+from ..step import GRPOStep, StepRun
 from ..tracin.influence import (
     PARAMETER_SETS,
     VAL_ADVANTAGES,
@@ -38,6 +38,7 @@ from ..tracin.influence import (
 )
 from ..update import Iteration
 from . import plots
+from .passes import passes_under
 from .tables import per_sample
 
 FIELDS = StepConfig.__dataclass_fields__
