@@ -9,8 +9,9 @@ import torch
 
 from .config import StepConfig
 from .logprobs import TokenLogProbs
-from .loss import LossBreakdown, LossSpec, compute_loss, sampler_importance_ratio, sampler_metrics
+from .loss import LossBreakdown, LossSpec, compute_loss
 from .rollout import Rollout
+from .sampler import sampler_importance_ratio, sampler_metrics
 from .scoring import Scoring
 from .update import Optimization
 

@@ -83,7 +83,7 @@ if CAPTURE is None:  # the bundled step's completions differ in length, so dapo'
 # %%
 import pandas as pd
 
-from grpo_debug.loss import kl_estimator_check
+from grpo_debug.diagnostics import kl_estimator_check
 
 check = pd.DataFrame(kl_estimator_check()).T
 check["value biased"] = (check["value"] - check["exact_kl"]).abs() > 0.02

@@ -216,7 +216,8 @@ print(f"pass 2: largest |log ratio| per token {spread(it2.ratio[scored]):.3f}, p
 # `token_mask` zeroes tokens outside, the `sequence_*` modes do the same to one product per sequence.
 
 # %%
-from grpo_debug.loss import SAMPLER_CORRECTION_MODES, sampler_importance_ratio, sampler_metrics
+from grpo_debug.choices import SAMPLER_CORRECTION_MODES
+from grpo_debug.sampler import sampler_importance_ratio, sampler_metrics
 
 trl_scored = step.run(cfg.with_preset("trl"), until="logprobs", base=one, remember=False)
 fixed_scored = one if cfg.preset_name() == "fixed" else step.run(cfg.with_preset("fixed"), until="logprobs", base=one,

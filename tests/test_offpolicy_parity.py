@@ -11,15 +11,9 @@ import pytest
 import torch
 from trl_probes import LossProbe, trl_high_entropy_mask, trl_importance_sampling, trl_off_policy_mask
 
-from grpo_debug.loss import (
-    SAMPLER_CORRECTION_MODES,
-    TRL_LOSS_TYPES,
-    compute_loss,
-    high_entropy_mask,
-    off_policy_mask,
-    sampler_importance_ratio,
-    sampler_metrics,
-)
+from grpo_debug.choices import SAMPLER_CORRECTION_MODES, TRL_LOSS_TYPES
+from grpo_debug.loss import compute_loss, high_entropy_mask, off_policy_mask
+from grpo_debug.sampler import sampler_importance_ratio, sampler_metrics
 
 N, T = 16, 10
 

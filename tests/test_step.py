@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig, parse_overrides
+from grpo_debug.diagnostics import kl_estimator_check
 from grpo_debug.logprobs import completion_mask
-from grpo_debug.loss import compute_loss, kl_estimator_check
+from grpo_debug.loss import compute_loss
 from grpo_debug.metrics import metrics
 from grpo_debug.step import GRPOStep
 
