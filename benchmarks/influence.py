@@ -69,7 +69,7 @@ def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
     slow, naive = measured(naive_loop)
     extra = {}
     if adam_aware:
-        from grpo_debug.tracin.experiments import scores_for
+        from grpo_debug.tracin.first_order import scores_for
         from grpo_debug.tracin.influence import per_sample_train_gradients
 
         _, extra["adam_aware_score"] = measured(

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from .choices import ARM_NAMES
 from .config import _FALSE, _TRUE, StepConfig, parse_overrides
-from .tracin.experiments import SELECTIONS
 from .tracin.influence import VAL_LOSSES, VAL_SOURCES
+from .tracin.selection import SELECTIONS
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 
@@ -20,7 +20,7 @@ TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 class Selection:
     """TracIn-selected GRPO: which samples of each step's batch the update keeps."""
 
-    keep: str = "influence>0"  # tracin.experiments.SELECTIONS
+    keep: str = "influence>0"  # tracin.selection.SELECTIONS
     source: str = "random"  # VAL_SOURCES: random or top-k fresh samples, or the batch itself (PPO's step_part_I)
     size: int = 64  # random / topk: samples in the validation set (16 to 128)
     kind: str = "seqloss-lastadv"  # VAL_LOSSES: the validation loss

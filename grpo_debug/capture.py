@@ -4,23 +4,16 @@
     trainer.train()                     # writes captures/step-2/
 
 Step k is the k-th optimizer step (TRL's `global_step`). Every requested step is written, whatever
-`logging_steps`, `num_iterations`, `steps_per_generation` and `gradient_accumulation_steps` are, with:
-- the policy's weights as they were before step k (not before the generation: with num_iterations or
-  steps_per_generation above GA, a generation batch feeds several optimizer steps);
-- the generation batch step k trains on, in generation order (groups of G consecutive rows): prompt and
-  completion ids, the trainer's `old_`, `ref_` and `sampling_per_token_logps` where it computed them, every
-  reward function's rewards with its weight, the advantages;
-- which rows made each of step k's micro-batches (TRL shuffles the generation batch before splitting it)
-  and which pass over the batch it is;
-- the random state each of step k's training forwards started from (a forward pre-hook), so that a replay
-  draws the trainer's own dropout masks;
-- the per-token log-probs the trainer's loss of step k took (`trainer_per_token_logps`);
-- step k's own metrics (`step_metrics`: the loss, grad_norm and every metric TRL appended during step k, each
-  averaged as TRL's log averages them with logging_steps=1), and, where TRL logged at step k, what it logged
-  (`logged`, an average over its logging window);
-- the `GRPOConfig`, and the values the trainer resolved from it at run time (`resolved`).
-A requested step that cannot be written (training ended first, or the step spans two generation batches)
-gets a warning at the end of training that names it and the reason.
+`logging_steps`, `num_iterations`, `steps_per_generation` and `gradient_accumulation_steps` are, with the
+policy's weights before step k (a generation batch may feed several optimizer steps); the generation batch
+step k trains on, in generation order (ids, the trainer's `old_`, `ref_` and `sampling_per_token_logps`
+where it computed them, each reward function's rewards and weight, the advantages); which rows made each
+micro-batch (TRL shuffles them) and which pass it is; the random state each training forward started from
+(so that a replay draws the trainer's own dropout masks); the log-probs the loss took
+(`trainer_per_token_logps`); step k's own metrics (`step_metrics`, averaged as TRL's log averages them with
+logging_steps=1) and what TRL logged at step k (`logged`); the `GRPOConfig` and what the trainer resolved
+from it (`resolved`). A requested step that cannot be written (training ended first, or it spans two
+generation batches) gets a warning at the end of training naming it and the reason.
 
 A callback is handed the model, not the trainer. So at `on_train_begin` the callback finds the
 `GRPOTrainer` whose `train()` is running: it is the nearest caller frame whose `self` is one. It then wraps
@@ -36,9 +29,7 @@ absolute path where it is a local folder.
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 import time
 import warnings
 from pathlib import Path
@@ -46,115 +37,22 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .files import write_atomically
+from .files import write_text_atomically
+from .trainer_state import (
+    FORMAT,
+    README,
+    TENSORS,
+    find_trainer,
+    gathered,
+    gathered_batch_tensor,
+    jsonable,
+    resolved_name,
+    resolved_settings,
+)
 from .trl_bridge import PositionIdsGRPOTrainer
 from .trl_step import mean_like_trl_log
 
-FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
-TENSORS = (
-    "prompt_ids",
-    "prompt_mask",
-    "completion_ids",
-    "completion_mask",
-    "advantages",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "sampling_per_token_logps",
-    "importance_sampling_ratio",
-)
-# plus `trainer_per_token_logps` (N, C): the policy's log-probs of each row as the trainer's loss of step k took
-# them, put back in generation order; NaN for a row step k did not train on. And `rng_states` (M, S) uint8: the
-# CPU random state at the start of each of step k's M training forwards.
 MAX_WEIGHT_BYTES = 2 * 1024**3
-
-
-def find_trainer(cls=None):
-    """The nearest caller frame's `self` that is a GRPOTrainer (the trainer whose `train()` runs), or None."""
-    from trl import GRPOTrainer
-
-    cls = cls or GRPOTrainer
-    frame = inspect.currentframe()
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, cls):
-            return candidate
-        frame = frame.f_back
-    return None
-
-
-def gathered(trainer, tensor: torch.Tensor, pad_first: bool = False, pad_index: float = 0) -> torch.Tensor:
-    """Every process's rows of a per-process tensor, in process order, on the CPU. Along dim 1 each is padded
-    to the longest: on the left (`pad_first`) for left-padded prompts, on the right for completions."""
-    acc = trainer.accelerator
-    if acc.num_processes > 1:
-        if tensor.dim() > 1:
-            tensor = acc.pad_across_processes(tensor, dim=1, pad_index=pad_index, pad_first=pad_first)
-        tensor = acc.gather(tensor)
-    return tensor.detach().cpu()
-
-
-def gathered_batch_tensor(trainer, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    pad = trainer.processing_class.pad_token_id if name.endswith("_ids") else 0
-    return gathered(trainer, tensor, pad_first=name.startswith("prompt"), pad_index=pad or 0)
-
-
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return repr(value)
-
-
-def resolved_settings(trainer) -> dict:
-    """The values the trainer resolved from its GRPOConfig at run time (the saved config keeps None for some)."""
-    args = trainer.args
-    return {
-        "epsilon_low": trainer.epsilon_low,
-        "epsilon_high": trainer.epsilon_high,
-        "steps_per_generation": args.steps_per_generation,
-        "num_iterations": trainer.num_iterations,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "beta": trainer.beta,
-        "loss_type": trainer.loss_type,
-        "temperature": trainer.temperature,
-        "top_p": getattr(trainer, "top_p", args.top_p),
-        "top_k": getattr(trainer, "top_k", args.top_k),
-        "min_p": getattr(trainer, "min_p", args.min_p),
-        "mixed_precision": str(trainer.accelerator.mixed_precision),
-        "disable_dropout": args.disable_dropout,
-        "processes": trainer.accelerator.num_processes,
-    }
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    write_atomically(path, lambda f: f.write(text))
-
-
-README = """# A captured GRPO step
-
-Optimizer step {step} of a TRL {trl_version} `{trainer_class}` run, captured by
-`grpo_debug.capture.CaptureCallback` on {when}.
-
-- `capture.json`: the `GRPOConfig` (`grpo_config`) and what the trainer resolved from it (`resolved`), the
-  prompts and completions, each reward function's rewards and weight, the advantages, step {step}'s own
-  metrics (`step_metrics`), what TRL logged at this step if it logged (`logged`: an average over its
-  logging window), the micro-batches of this step (`schedule`) and where the weights are (`policy`).
-- `batch.pt`: the tensors of the generation batch, in generation order (groups of {num_generations}
-  consecutive rows): {tensors}.
-- `policy/`: {policy_note} The reference model: {reference}.
-
-Open it, from any directory:
-
-    python -m grpo_debug replay {path} --json out.json
-    python -m grpo_debug replay {path} --set position_ids=true --json out.json
-
-or, in Python and in every notebook, `GRPOStep.from_capture("{path}", task=your_reward_funcs)`.
-"""
 
 
 class CaptureCallback(TrainerCallback):
@@ -302,9 +200,9 @@ class CaptureCallback(TrainerCallback):
         path = self.written.get(step)
         if path is not None and logs and "loss" in logs and state.is_world_process_zero:
             meta = json.loads((path / "capture.json").read_text())
-            meta["logged"] = _jsonable(dict(logs))
+            meta["logged"] = jsonable(dict(logs))
             meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
-            _atomic_write_text(path / "capture.json", json.dumps(meta, indent=1))
+            write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
 
     def on_train_end(self, args, state, control, **kwargs):
         for step in self.steps:
@@ -427,12 +325,12 @@ class CaptureCallback(TrainerCallback):
         if capture["weights"] is not None:
             model.save_pretrained(path / "policy", state_dict=capture["weights"])
             t.processing_class.save_pretrained(path / "policy")
-            policy = {"folder": "policy", "name_or_path": _resolved_name(model.config._name_or_path)}
+            policy = {"folder": "policy", "name_or_path": resolved_name(model.config._name_or_path)}
             note = f"the policy's weights before optimizer step {step}, and its tokenizer (`save_pretrained`)."
         else:
             policy = {
                 "folder": None,
-                "name_or_path": _resolved_name(model.config._name_or_path),
+                "name_or_path": resolved_name(model.config._name_or_path),
                 "checkpoint_step": step - 1,
                 "output_dir": str(Path(t.args.output_dir).resolve()),
             }
@@ -461,22 +359,22 @@ class CaptureCallback(TrainerCallback):
             "policy": policy,
             "reference": {
                 "beta": t.beta,  # TRL loads it frozen from the same name as the policy
-                "name_or_path": _resolved_name(reference.config._name_or_path) if reference is not None else None,
+                "name_or_path": resolved_name(reference.config._name_or_path) if reference is not None else None,
             },
-            "grpo_config": _jsonable(t.args.to_dict()),
-            "resolved": _jsonable(resolved_settings(t)),
-            "prompts": _jsonable(generation["prompts"]),
-            "completions": _jsonable(generation["completions"]),
-            "rewards": _jsonable(generation["rewards"]),
+            "grpo_config": jsonable(t.args.to_dict()),
+            "resolved": jsonable(resolved_settings(t)),
+            "prompts": jsonable(generation["prompts"]),
+            "completions": jsonable(generation["completions"]),
+            "rewards": jsonable(generation["rewards"]),
             "reward_weights": generation["reward_weights"],
-            "advantages": _jsonable(generation["advantages"]),
+            "advantages": jsonable(generation["advantages"]),
             "processes": generation["processes"],
             "schedule": schedule,
-            "step_metrics": _jsonable(capture["step_metrics"]),
+            "step_metrics": jsonable(capture["step_metrics"]),
             "logged": None,
         }
-        _atomic_write_text(path / "capture.json", json.dumps(meta, indent=1))
-        _atomic_write_text(
+        write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
+        write_text_atomically(
             path / "README.md",
             README.format(
                 step=step,
@@ -491,10 +389,3 @@ class CaptureCallback(TrainerCallback):
             ),
         )
         return path
-
-
-def _resolved_name(name: str | None) -> str | None:
-    """A local folder as an absolute path (a capture opens from any directory); a hub id as it is."""
-    if name and Path(name).exists():
-        return str(Path(name).resolve())
-    return name

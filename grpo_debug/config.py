@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .choices import GATHERS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, MASKS, SAMPLER_CORRECTION_MODES
 from .paths import DEFAULT_MODEL
+from .presets import PRESET_SAMPLING, PRESETS
 from .task import REGISTERED_TASKS
 
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
@@ -273,46 +274,6 @@ PRESET_FIELDS = tuple(
     for f in dataclasses.fields(StepConfig)
     if f.metadata["phase"] in ("logprobs", "advantages", "loss") and f.name not in BATCH_LAYOUT_FIELDS
 )
-PRESETS: dict[str, dict[str, object]] = {
-    "fixed": {},
-    "trl": {
-        "loss_type": "dapo",
-        "beta": 0.0,
-        "kl_estimator": "k3_corrected",
-        "dropout": True,
-        "position_ids": False,
-        "dtype": "float32",
-        "logprob_temperature": True,
-        "mask": "keep_first_eos",
-        "gather": "per_position",
-        "scale_rewards": "group",
-        "std_floor": 0.0,
-        "epsilon_low": 0.2,
-        "epsilon_high": 0.2,
-        "mask_truncated_completions": False,
-        "delta": None,
-        "importance_sampling_level": "token",
-        "top_entropy_quantile": 1.0,
-        "off_policy_mask_threshold": None,
-        "entropy_coef": 0.0,
-        "sapo_temperature_pos": 1.0,
-        "sapo_temperature_neg": 1.05,
-        "vespo_k_pos": 2.0,
-        "vespo_lambda_pos": 3.0,
-        "vespo_k_neg": 3.0,
-        "vespo_lambda_neg": 2.0,
-        # TRL's default is True, but it acts only with use_vllm=True: a default trainer does not correct
-        "vllm_importance_sampling_correction": False,
-        "vllm_importance_sampling_mode": "sequence_mask",
-        "vllm_importance_sampling_clip_min": None,
-        "vllm_importance_sampling_clip_max": 3.0,
-    },
-}
-
-
-# How a preset samples: set by `StepConfig.preset` only. `with_preset` and a preset's fields used as changes
-# (`cfg.replace(**PRESETS[name])`) keep the rollout they are applied to.
-PRESET_SAMPLING: dict[str, dict[str, object]] = {"trl": {"sample_dropout": True}}
 
 
 def _base_type(f: dataclasses.Field) -> tuple[str, bool]:
@@ -331,6 +292,9 @@ def _allowed(f: dataclasses.Field) -> str:
     high = "" if m["high"] is None else f"<= {m['high']:g}"
     kind = "an integer" if base == "int" else "a number" if base == "float" else "a non-empty string"
     return " ".join(filter(None, [kind, low, "and" if low and high else "", high, "or none" if optional else ""]))
+
+
+FLOAT_LIMIT = 1e30  # every float setting: float32 overflows at 3.4e38 (std_floor=3.4e38 did, deep in the advantages)
 
 
 def _check(f: dataclasses.Field, value) -> None:
@@ -354,6 +318,11 @@ def _check(f: dataclasses.Field, value) -> None:
         ok = value <= m["high"]
     if not ok:
         raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {_allowed(f)}")
+    if base == "float" and abs(value) > FLOAT_LIMIT:
+        raise ValueError(
+            f"StepConfig.{f.name} = {value!r} is not allowed: the step computes in float32 (largest value "
+            f"3.4e38), so a setting must be within +-{FLOAT_LIMIT:g}"
+        )
 
 
 def _check_batch_layout(cfg: StepConfig) -> None:

@@ -24,3 +24,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binar
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    write_atomically(path, lambda f: f.write(text))

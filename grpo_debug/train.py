@@ -35,7 +35,7 @@ from .metrics import metrics
 from .progress import Progress, _lock
 from .step import GRPOStep, StepRun
 from .task import load_task
-from .tracin.experiments import scores_for, select
+from .tracin.first_order import scores_for
 from .tracin.influence import (
     influence_scores,
     per_sample_train_gradients,
@@ -43,6 +43,7 @@ from .tracin.influence import (
     validation_pool,
     validation_set,
 )
+from .tracin.selection import select
 from .train_results import summarize
 
 LOGGED = (

@@ -68,9 +68,10 @@ run = step.run(cfg, until="loss")
 # %%
 import pandas as pd
 
-from grpo_debug.tracin.experiments import first_order_checks
-from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, validation_set
+from grpo_debug.tracin.first_order import first_order_checks
+from grpo_debug.tracin.influence import validation_set
 from grpo_debug.ui import plots
+from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice
 
 influence = InfluenceCache(step.run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 check_sets = {"random 16": validation_set(run, "random", 16, influence.pool(cfg)),
@@ -130,8 +131,7 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # zero-advantage samples have no gradient, and their scores are float noise.
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.tracin.influence import InfluenceExplorer
-from grpo_debug.ui.widgets import InfluencePanel
+from grpo_debug.ui.influence import InfluenceExplorer, InfluencePanel
 
 explorer = InfluenceExplorer(step, cache=influence)  # the panel follows the step's current run; same cache
 panel = InfluencePanel(explorer, InfluenceChoice(source="random", size=16))
@@ -204,7 +204,7 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(influence.scores(model, run, Inf
 # strategies run on the random set in the same loop (section 4).
 
 # %%
-from grpo_debug.tracin.experiments import (
+from grpo_debug.tracin.selection import (
     OPTIMIZERS,
     SELECTIONS,
     held_out_baseline,
@@ -272,7 +272,7 @@ plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 
 # %%
 import torch
 
-from grpo_debug.tracin.experiments import predicted_subset_change
+from grpo_debug.tracin.first_order import predicted_subset_change
 from grpo_debug.tracin.influence import per_sample_train_gradients, signs, validation_gradient
 
 choice = InfluenceChoice(source="random", size=64)

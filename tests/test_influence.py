@@ -143,7 +143,7 @@ def test_adam_direction_is_torch_adamw_step():
 def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, score):
     """scores_for(..., 'adam'|'adam_batch') against <g_val, theta_before - theta_after> of torch's AdamW at
     lr 1 on a copy of the weights, sample by sample (the batch warm-up step taken by torch too)."""
-    from grpo_debug.tracin.experiments import scores_for
+    from grpo_debug.tracin.first_order import scores_for
 
     step, run, val = setup
     model = step.policy
@@ -175,7 +175,7 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
 def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
     """A real SGD step of lr 1e-4 on each sample alone changes L_val by -lr * influence_i to 5% (the
     second-order term) plus 5e-6 (float32 noise of L_val ~ 1.7, measured ~3e-6 here)."""
-    from grpo_debug.tracin.experiments import first_order_checks
+    from grpo_debug.tracin.first_order import first_order_checks
 
     step, run, val = setup
     (check,) = first_order_checks(
@@ -239,8 +239,8 @@ def test_validation_advantages_per_group_and_whole_set(setup):
 
 
 def test_sign_tolerance_counts_float_noise_as_zero():
-    from grpo_debug.tracin.experiments import select
     from grpo_debug.tracin.influence import sign_fractions, signs
+    from grpo_debug.tracin.selection import select
 
     scores = torch.tensor([0.3, -0.1, 1e-12, 2.0, -5.0, 1.0, -3e-11])
     assert signs(scores).tolist() == [1, -1, 0, 1, -1, 1, 0]
@@ -250,7 +250,7 @@ def test_sign_tolerance_counts_float_noise_as_zero():
 
 
 def test_selection_strategies_keep_what_they_say():
-    from grpo_debug.tracin.experiments import select
+    from grpo_debug.tracin.selection import select
 
     scores = torch.tensor([0.3, -0.1, 0.0, 2.0, -5.0, 1.0])
     assert select(scores, "all").tolist() == [0, 1, 2, 3, 4, 5]
@@ -264,8 +264,8 @@ def test_selection_strategies_keep_what_they_say():
 
 
 def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
-    from grpo_debug.tracin.experiments import held_out_baseline, influence_of_batch, selection_experiment
     from grpo_debug.tracin.influence import validation_pool, validation_set
+    from grpo_debug.tracin.selection import held_out_baseline, influence_of_batch, selection_experiment
 
     step, run, _ = setup
     model, tokenizer = step.policy, step.loaded.tokenizer
@@ -298,7 +298,7 @@ def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
 
 
 def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
-    from grpo_debug.tracin.influence import InfluenceCache, InfluenceChoice, InfluenceExplorer, score_key
+    from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice, InfluenceExplorer, score_key
 
     assert score_key(CFG) == score_key(CFG.replace(kl_estimator="k1", learning_rate=1.0, eval_prompts=2))
     assert score_key(CFG.replace(beta=0.1)) != score_key(CFG.replace(beta=0.1, kl_estimator="k1"))

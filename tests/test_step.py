@@ -286,6 +286,8 @@ def test_bad_command_lines_are_refused_with_the_field_named(args, message, tmp_p
         "entropy_coef=-1e30",
         "temperature=nan",
         "model=",
+        "std_floor=3.4e38",  # found by the dashboard fuzz test: a RuntimeError deep in the advantages
+        "beta=1e31",
     ],
 )
 def test_values_that_overflow_later_are_refused_when_the_config_is_built(pair):

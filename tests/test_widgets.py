@@ -85,8 +85,7 @@ def test_a_typed_value_is_never_clamped_the_config_accepts_or_refuses_it(step):
 def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     import torch
 
-    from grpo_debug.tracin.influence import InfluenceChoice, InfluenceExplorer
-    from grpo_debug.ui.widgets import InfluencePanel
+    from grpo_debug.ui.influence import InfluenceChoice, InfluenceExplorer, InfluencePanel
 
     cfg = CFG.replace(beta=0.0)
     s = GRPOStep(cfg)

@@ -4,7 +4,7 @@ influence_i = <g_train_i, grad L_val>, g_train_i = the gradient of sample i's sh
 An SGD step of size lr on sample i alone changes L_val by about -lr * influence_i (first order), so
 influence > 0 means "an SGD step on i lowers L_val", whatever the sign convention inside L_val, as long as
 L_val is a loss to minimise. The step's real optimizer is AdamW, whose step is not -lr * g: see
-`tracin/optimizer.py` and the measurements in `tracin/experiments.py`.
+`tracin/optimizer.py` and the measurements in `tracin/first_order.py` and `tracin/selection.py`.
 
 Validation losses (per sequence, averaged over the N_val sequences):
   seqloss-lastadv   -seq_logprob * advantage     (advantages: `VAL_ADVANTAGES`)
@@ -24,7 +24,6 @@ below-average sample with a positive reward or an above-average one with a negat
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..advantages import normalize_over_set
-from ..config import PHASES, StepConfig
+from ..config import StepConfig
 from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs, score_rows
 from ..loss import loss_weights
@@ -346,128 +345,3 @@ def sign_fractions(scores: torch.Tensor, rel_tol: float = ZERO_TOLERANCE) -> dic
         "= 0": (s == 0).float().mean().item(),
         "< 0": (s < 0).float().mean().item(),
     }
-
-
-@dataclass(frozen=True)
-class InfluenceChoice:
-    """What the influence is measured against; every field is a toggle of notebook 07."""
-
-    kind: str = "seqloss-lastadv"
-    source: str = "random"
-    size: int = 16
-    param_set: str = "all"
-    flip_sign: bool = False
-    val_advantages: str = "per_group"
-
-
-def _fields(cfg: StepConfig, phases: tuple[str, ...]) -> tuple:
-    return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if cfg.phase_of(f.name) in phases)
-
-
-def pool_key(cfg: StepConfig) -> tuple:
-    """What a validation pool depends on: the rollout, scoring and advantage fields."""
-    return _fields(cfg, PHASES[: PHASES.index("advantages") + 1])
-
-
-def score_key(cfg: StepConfig) -> tuple:
-    """What influence scores depend on: the pool's fields and the loss fields; with beta = 0 the KL
-    estimator multiplies nothing, so it is left out (changing it recomputes nothing)."""
-    fields = _fields(cfg, PHASES[: PHASES.index("loss") + 1])
-    return tuple(kv for kv in fields if not (cfg.beta == 0 and kv[0] == "kl_estimator"))
-
-
-class InfluenceCache:
-    """Influence of a step's cached samples under any InfluenceChoice, for a `(model, run)` pair: `model`
-    the weights that produced `run` (a StepRun up to the loss). Scores are cached per
-    (`score_key(run.config)`, choice without the sign): flipping the sign negates L_val, hence its
-    gradient, so it negates cached scores instead of recomputing. One pool per `pool_key` serves every set;
-    `run_phases` (`GRPOStep.run`) samples it (`validation_pool`)."""
-
-    def __init__(self, run_phases, pool_size: int = 128):
-        self.run_phases, self.pool_size = run_phases, pool_size
-        self._scores: dict = {}
-        self._train: dict = {}  # (score key, parameter set) -> the batch's factored per-sample gradients
-        self._pools: dict = {}
-        self._lora = None
-
-    def pool(self, cfg: StepConfig) -> ValidationSet:
-        key = pool_key(cfg)
-        if key not in self._pools:
-            self._pools = {key: validation_pool(self.run_phases, cfg, self.pool_size)}  # one config kept
-        return self._pools[key]
-
-    def model_for(self, model, param_set: str):
-        """`model` itself, or for 'lora' its LoRA copy (rebuilt when the model is another object)."""
-        if param_set != "lora":
-            return model
-        if self._lora is None or self._lora[0] is not model:
-            self._lora = (model, lora_model(model))
-        return self._lora[1]
-
-    def _key(self, run, choice: InfluenceChoice) -> tuple:
-        return score_key(run.config), dataclasses.replace(choice, flip_sign=False)
-
-    def is_cached(self, run, choice: InfluenceChoice) -> bool:
-        return self._key(run, choice) in self._scores
-
-    def validation_set(self, run, choice: InfluenceChoice) -> ValidationSet:
-        if choice.source not in VAL_SOURCES or choice.size * (2 if choice.source == "topk" else 1) > self.pool_size:
-            raise ValueError(f"{choice.source} {choice.size} needs more than the pool of {self.pool_size}")
-        pool = None if choice.source == "same_batch" else self.pool(run.config)
-        return validation_set(run, choice.source, choice.size, pool, choice.val_advantages)
-
-    def train_gradients(self, model, run, param_set: str = "all") -> SampleGradients:
-        """The batch's factored per-sample gradients (one backward serves every validation set)."""
-        train_key = (score_key(run.config), param_set)
-        if train_key not in self._train:
-            self._train = {k: v for k, v in self._train.items() if k[0] == train_key[0]}  # memory: one config
-            scored = self.model_for(model, param_set)
-            with parameter_set(scored, param_set):
-                self._train[train_key] = per_sample_train_gradients(
-                    scored, run.rollout, run.logprobs, run.advantages.values, run.config
-                )
-        return self._train[train_key]
-
-    def scores(self, model, run, choice: InfluenceChoice) -> torch.Tensor:
-        key = self._key(run, choice)
-        if key not in self._scores:
-            val = self.validation_set(run, choice)
-            train = self.train_gradients(model, run, choice.param_set)
-            scored = self.model_for(model, choice.param_set)
-            with parameter_set(scored, choice.param_set):
-                _, val_grad = validation_gradient(scored, val, run.config, choice.kind)
-            self._scores[key] = influence_scores(train, val_grad)
-        return -self._scores[key] if choice.flip_sign else self._scores[key]
-
-
-class InfluenceExplorer:
-    """The notebook- and panel-facing entry (`ui.widgets.InfluencePanel`): an `InfluenceCache` that follows
-    a GRPOStep's current run, `(step.policy, step.result)`, so that the panel's engine toggles (which re-run
-    the step) show the new run's scores. Pass `cache` to share one cache with a notebook's own calls."""
-
-    def __init__(self, step, pool_size: int = 128, cache: InfluenceCache | None = None):
-        self.step = step
-        self.cache = cache or InfluenceCache(step.run, pool_size)
-
-    @property
-    def pool_size(self) -> int:
-        return self.cache.pool_size
-
-    def _current(self):
-        self.step.restore_policy()
-        return self.step.policy, self.step.result
-
-    def pool(self) -> ValidationSet:
-        return self.cache.pool(self.step.result.config)
-
-    def is_cached(self, choice: InfluenceChoice) -> bool:
-        return self.cache.is_cached(self.step.result, choice)
-
-    def validation_set(self, choice: InfluenceChoice) -> ValidationSet:
-        return self.cache.validation_set(self.step.result, choice)
-
-    def train_gradients(self, param_set: str = "all") -> SampleGradients:
-        return self.cache.train_gradients(*self._current(), param_set)
-
-    def scores(self, choice: InfluenceChoice) -> torch.Tensor:
-        return self.cache.scores(*self._current(), choice)

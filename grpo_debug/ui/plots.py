@@ -14,7 +14,7 @@ from ..evaluation import Evaluation
 from ..logprobs import TokenLogProbs
 from ..loss import KL_ESTIMATORS, per_token_kl
 from ..rewards import Rewards
-from ..tracin.experiments import OWN_SCORE
+from ..tracin.first_order import OWN_SCORE
 
 
 def _done(fig):
@@ -151,7 +151,7 @@ def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: s
 
 
 def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_val, one real step per sample"):
-    """checks: name -> FirstOrderCheck (tracin_experiments). Where the score is the step's own first-order
+    """checks: name -> FirstOrderCheck (tracin.first_order). Where the score is the step's own first-order
     prediction the diagonal marks a perfect one; otherwise only the ranking and the signs can agree, and
     each axis keeps its own scale."""
 

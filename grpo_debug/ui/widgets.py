@@ -1,6 +1,6 @@
-"""ipywidgets controls bound to StepConfig fields, and for TracIn to InfluenceChoice fields. The
-callbacks are plain functions (unit-tested): a change builds a new config, re-runs only the phases after the one the field belongs to, on the
-cached rollout, and redraws.
+"""ipywidgets controls bound to StepConfig fields, and the step's panel (TracIn's panel: `ui.influence`). The
+callbacks are plain functions (unit-tested): a change builds a new config, re-runs only the phases after the one
+the field belongs to, on the cached rollout, and redraws.
 
 Each control's options come from the field's metadata: a dropdown of its `choices`, a slider over its
 allowed range (`low`/`high`; an upper end is set here where the field has none), a checkbox for a bool, and
@@ -16,26 +16,15 @@ from __future__ import annotations
 import dataclasses
 import html
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
-import torch
 import traitlets
 from IPython.display import display
 
 from ..config import PRESETS, StepConfig
 from ..step import GRPOStep, StepRun
-from ..tracin.influence import (
-    PARAMETER_SETS,
-    VAL_ADVANTAGES,
-    VAL_LOSSES,
-    VAL_SOURCES,
-    ZERO_TOLERANCE,
-    InfluenceChoice,
-    InfluenceExplorer,
-    sign_fractions,
-)
 from ..update import Iteration
 from . import plots
 from .passes import passes_under
@@ -363,109 +352,3 @@ class StepPanel:
     def widget(self) -> W.Widget:
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))
         return W.VBox([self.preset, grid, self.status, *self.outputs.values()])
-
-
-ENGINE_FIELDS = ["logprob_temperature", "kl_estimator", "beta"]  # StepConfig fields: re-run from their phase
-INFLUENCE_CHOICES = {
-    "kind": list(VAL_LOSSES),
-    "source": list(VAL_SOURCES),
-    "size": [16, 64, 128],
-    "param_set": list(PARAMETER_SETS),
-    "val_advantages": list(VAL_ADVANTAGES),
-}
-
-
-@dataclass(frozen=True)
-class InfluenceView:
-    label: str
-    scores: torch.Tensor
-    recomputed: bool  # False: served from the cache (the sign flip never recomputes)
-    seconds: float
-    kind: str = "seqloss-lastadv"  # the validation loss: scores of one kind share a scale
-
-
-def _label(cfg, choice: InfluenceChoice) -> str:
-    sign = "flipped, " if choice.flip_sign else ""
-    source = "same batch" if choice.source == "same_batch" else f"{choice.source} {choice.size}"
-    advantages = "" if choice.kind == "seqloss-reward" else f" ({choice.val_advantages.replace('_', ' ')} A)"
-    kl = f"{cfg.kl_estimator} beta={cfg.beta:g}" if cfg.beta else "beta=0"
-    fixes = "" if cfg.logprob_temperature else ", no T fix"
-    return f"{sign}{choice.kind}, {source}{advantages}, {choice.param_set} params, {kl}{fixes}"
-
-
-class InfluencePanel:
-    """Influence histograms side by side: the previous choice next to the current one, same samples."""
-
-    def __init__(self, explorer: InfluenceExplorer, choice: InfluenceChoice | None = None):
-        choice = choice or InfluenceChoice()
-        self.explorer, self.choice, self.previous = explorer, choice, None
-        step = explorer.step
-        self.controls = {
-            "flip_sign": W.Checkbox(value=choice.flip_sign, description="flip_sign (as the TracIn-sign report)")
-        }
-        self.controls.update(
-            {
-                f: W.Dropdown(options=opts, value=getattr(choice, f), description=f)
-                for f, opts in INFLUENCE_CHOICES.items()
-            }
-        )
-        self.controls.update({f: make_control(f, getattr(step.cfg, f)) for f in ENGINE_FIELDS})
-        self.status = W.HTML()
-        self.out = W.Output()
-        for field, control in self.controls.items():
-            control.observe(lambda change, field=field: self.on_change(field, change["new"]), names="value")
-        self.current = self.view()
-        self.redraw()
-
-    def view(self) -> InfluenceView:
-        start = time.perf_counter()
-        cached = self.explorer.is_cached(self.choice)
-        scores = self.explorer.scores(self.choice)
-        return InfluenceView(
-            _label(self.explorer.step.cfg, self.choice),
-            scores,
-            not cached,
-            time.perf_counter() - start,
-            self.choice.kind,
-        )
-
-    def on_change(self, field: str, value) -> InfluenceView:
-        if field in ENGINE_FIELDS:
-            apply_change(self.explorer.step, field, value, until="loss")
-            view = self.view()
-        else:
-            choice, self.choice = self.choice, replace(self.choice, **{field: value})
-            try:
-                view = self.view()
-            except ValueError as error:  # e.g. topk 128 from a pool of 128: say so, keep the last choice
-                self.choice = choice
-                self.status.value = f"<b>{error}</b>"
-                return self.current
-        self.previous, self.current = self.current, view
-        self.redraw()
-        return self.current
-
-    def redraw(self) -> None:
-        v = self.current
-        signs = sign_fractions(v.scores)
-        self.status.value = (
-            f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
-            f"fraction > 0 = {signs['> 0']:.2f}, = 0 = {signs['= 0']:.2f} "
-            f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}"
-        )
-        self.out.clear_output(wait=True)
-        with self.out:
-            views = [self.previous, v] if self.previous is not None else [v]
-            same_scale = len({w.kind for w in views}) == 1
-            fig = plots.influence_histograms(
-                {w.label: w.scores.numpy() for w in views},
-                bins=15,
-                title="influence of the same training samples",
-                sharex=same_scale,
-            )
-            display(fig)
-            plt.close(fig)
-
-    def widget(self) -> W.Widget:
-        grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))
-        return W.VBox([grid, self.status, self.out])

@@ -1,0 +1,108 @@
+"""The package's shape: no import circle, the core never imports TracIn or the UI, small files, and the bug
+reports named by what they claim (never "seed 00N", which a reader takes for a random seed)."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "grpo_debug"
+CORE_EXCLUDED = (
+    "grpo_debug.tracin",
+    "grpo_debug.ui",
+    "grpo_debug.train",
+    "grpo_debug.arms",
+    "grpo_debug.__main__",
+    "grpo_debug.notebook",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules `path` imports at run time (an `if TYPE_CHECKING:` block is not run)."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
+            candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        out |= {c for c in candidates if c in known and c != name}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imported(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_no_import_circle():
+    edges = graph()
+    state: dict[str, str] = {}
+    circles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    assert not circles, circles
+
+
+def test_the_core_never_imports_tracin_or_the_ui():
+    edges = graph()
+    core = [m for m in edges if m != "grpo_debug" and not m.startswith(CORE_EXCLUDED)]
+    assert "grpo_debug.step" in core and "grpo_debug.update" in core
+    reaching = {m: sorted(t for t in edges[m] if t.startswith(("grpo_debug.tracin", "grpo_debug.ui"))) for m in core}
+    assert not {m: t for m, t in reaching.items() if t}
+
+
+def test_no_module_over_400_lines():
+    long = {module_name(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+def test_the_bug_reports_are_named_by_their_claims_not_as_seeds():
+    pattern = re.compile(r"\bseeds? 00\d|\bseed-00\d", re.IGNORECASE)
+    places = [
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "notebooks").glob("*.py"),
+        ROOT / "README.md",
+        *ROOT.glob("data/**/*.md"),
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in places
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, found
