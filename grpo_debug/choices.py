@@ -1,14 +1,32 @@
-"""The allowed values of StepConfig's choice fields, in a leaf module that imports nothing: the config (and so
-the command line) checks a value before torch or transformers is imported."""
+"""The allowed values of StepConfig's choice fields, in a leaf module that imports neither torch nor
+transformers: the config (and so the command line) checks a value before they are imported. Each choice is a
+`Literal` type (the config's annotation, what an editor and a type checker read) and the tuple of its values
+(what the config checks and the widgets offer)."""
 
-MASKS = ("keep_first_eos", "drop_eos_and_pad", "all_positions")
-GATHERS = ("per_position", "first_position")
-TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-LOSS_TYPES = TRL_LOSS_TYPES + ("reinforce_sum", "reinforce_mean")
+from typing import Literal, get_args
+
+Mask = Literal["keep_first_eos", "drop_eos_and_pad", "all_positions"]
+Gather = Literal["per_position", "first_position"]
+TrlLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+LossType = Literal[TrlLossType, "reinforce_sum", "reinforce_mean"]
+KlEstimator = Literal["k1", "k2", "k3", "k3_corrected"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+Generation = Literal["batched", "loop"]
+Dtype = Literal["float32", "bfloat16"]
+ScaleRewards = Literal["group", "batch", "none"]
+
+MASKS = get_args(Mask)
+GATHERS = get_args(Gather)
+TRL_LOSS_TYPES = get_args(TrlLossType)
+LOSS_TYPES = get_args(LossType)
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the PPO objective, with TRL's clip_ratio/*
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3_corrected")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+KL_ESTIMATORS = get_args(KlEstimator)
+IMPORTANCE_SAMPLING_LEVELS = get_args(ImportanceSamplingLevel)
+SAMPLER_CORRECTION_MODES = get_args(SamplerCorrectionMode)
+GENERATIONS = get_args(Generation)
+DTYPES = get_args(Dtype)
+SCALE_REWARDS = get_args(ScaleRewards)
 ARM_NAMES = (
     "fixed",
     "trl",

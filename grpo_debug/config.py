@@ -1,19 +1,8 @@
 """Every knob of one GRPO step, in one dataclass that checks itself; each field owned by the phase that reads it.
 
-Two presets name the two steps the suite compares (`StepConfig.preset(name)`, `--preset name`):
-  fixed  every fix on: sampler and recomputed log-probs agree, EOS kept, dropout off, position_ids
-         passed (the defaults of `StepConfig()`).
-  trl    what TRL 1.16's `GRPOTrainer` computes with a default `GRPOConfig` on a GPT-2 model:
-         loss_type="dapo", beta=0.0, use_bias_correction_kl=True (k3 times the ratio),
-         disable_dropout=False (dropout on in the policy's forward passes), and completions scored with
-         input_ids and attention_mask only (no position_ids: left-padded rows of an absolute-position
-         model are scored at shifted positions). `StepConfig.preset("trl")` also samples with dropout on
-         (`sample_dropout`), as TRL generates in train mode; `with_preset` keeps a cached rollout's mode.
-Sampling (temperature, top_p, B, G, max tokens) and the optimiser settings stay the step's own in both.
-Precision is the step's own too: TRL resolves `bf16=None` to True (bfloat16 autocast), which adds ~0.1 nats
-of rounding per token on the bundled model and makes numbers depend on batch shapes; `dtype="bfloat16"`
-adds it to either preset.
-Where each toggle comes from (the seed documents) is in README.md, "Where each toggle comes from".
+Two presets name the two steps the suite compares (`StepConfig.preset(name)`, `--preset name`; their values
+and what they mean: `presets.py`); sampling, the optimiser and the precision stay the step's own in both. Where
+each toggle comes from (the five bug reports) is in README.md, "Where each toggle comes from".
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .choices import GATHERS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, MASKS, SAMPLER_CORRECTION_MODES
+from . import choices
 from .paths import DEFAULT_MODEL
 from .presets import PRESET_SAMPLING, PRESETS
 from .task import REGISTERED_TASKS
@@ -80,8 +69,8 @@ class StepConfig:
         "the step's prompts are the task's prompts offset..offset+B-1 of the set (training step t: t x B)",
         low=0,
     )
-    generation: str = _in(
-        "rollout", "batched", "one generate call for B*G, or one call per prompt", choices=("batched", "loop")
+    generation: choices.Generation = _in(
+        "rollout", "batched", "one generate call for B*G, or one call per prompt", choices=choices.GENERATIONS
     )
     fast: bool = _in(
         "rollout",
@@ -102,21 +91,21 @@ class StepConfig:
     logprob_temperature: bool = _in(
         "logprobs", True, "divide the logits by the sampling temperature before log_softmax, as the sampler did"
     )
-    mask: str = _in(
+    mask: choices.Mask = _in(
         "logprobs",
         "keep_first_eos",
         "completion tokens that count: up to and including the first "
         "EOS (from lengths); before the first EOS and no token equal to PAD (by value); every position",
-        choices=MASKS,
+        choices=choices.MASKS,
     )
     dropout: bool = _in("logprobs", False, "score the policy in train mode (dropout on); the reference stays in eval")
     position_ids: bool = _in("logprobs", True, "pass attention_mask.cumsum(-1) - 1 as position_ids when scoring")
-    dtype: str = _in("logprobs", "float32", "scoring precision (bfloat16: autocast)", choices=("float32", "bfloat16"))
-    gather: str = _in(
+    dtype: choices.Dtype = _in("logprobs", "float32", "scoring precision (bfloat16: autocast)", choices=choices.DTYPES)
+    gather: choices.Gather = _in(
         "logprobs",
         "per_position",
         "which logits score token t: those of position t-1, or the first completion position's for every token",
-        choices=GATHERS,
+        choices=choices.GATHERS,
     )
     mask_truncated_completions: bool = _in(
         "logprobs",
@@ -124,21 +113,23 @@ class StepConfig:
         "TRL's option: completions that never produced an EOS get no loss (DAPO's overlong filtering)",
     )
     # --- advantages
-    scale_rewards: str = _in(
+    scale_rewards: choices.ScaleRewards = _in(
         "advantages",
         "group",
         "TRL's scale_rewards: divide by the group's std, the batch's, or not at all",
-        choices=("group", "batch", "none"),
+        choices=choices.SCALE_REWARDS,
     )
     std_floor: float = _in("advantages", 0.0, "clamp the std from below before dividing (0: off, as TRL)", low=0)
     # --- loss
-    loss_type: str = _in("loss", "grpo", "normalisation of the token losses, or sequence REINFORCE", choices=LOSS_TYPES)
+    loss_type: choices.LossType = _in(
+        "loss", "grpo", "normalisation of the token losses, or sequence REINFORCE", choices=choices.LOSS_TYPES
+    )
     beta: float = _in("loss", 0.04, "KL coefficient", low=0)
-    kl_estimator: str = _in(
+    kl_estimator: choices.KlEstimator = _in(
         "loss",
         "k3",
         "per-token KL estimate (k3_corrected: k3 times the ratio, TRL's use_bias_correction_kl)",
-        choices=KL_ESTIMATORS,
+        choices=choices.KL_ESTIMATORS,
     )
     epsilon_low: float = _in("loss", 0.2, "PPO clip, lower (TRL's epsilon)", low=0, high=1)
     epsilon_high: float = _in(
@@ -153,11 +144,11 @@ class StepConfig:
         low=0,
         low_open=True,
     )
-    importance_sampling_level: str = _in(
+    importance_sampling_level: choices.ImportanceSamplingLevel = _in(
         "loss",
         "token",
         "the ratio per token, or one per sequence: exp of the mean log-ratio (GSPO)",
-        choices=IMPORTANCE_SAMPLING_LEVELS,
+        choices=choices.IMPORTANCE_SAMPLING_LEVELS,
     )
     top_entropy_quantile: float = _in(
         "loss", 1.0, "train only on this top fraction of tokens by entropy (1: every token)", low=0, high=1
@@ -187,11 +178,11 @@ class StepConfig:
         "weight each token by pi_old / pi_sampler, the sampler's log-probs standing in for vLLM's "
         "(TRL: default true, acting only when use_vllm=True; off here, as in TRL without vLLM)",
     )
-    vllm_importance_sampling_mode: str = _in(
+    vllm_importance_sampling_mode: choices.SamplerCorrectionMode = _in(
         "loss",
         "sequence_mask",
         "per token or per sequence; clamp the ratio (truncate) or zero it outside the bounds (mask)",
-        choices=SAMPLER_CORRECTION_MODES,
+        choices=choices.SAMPLER_CORRECTION_MODES,
     )
     vllm_importance_sampling_clip_min: float | None = _in(
         "loss", None, "lower bound of the sampler ratio (none: no bound)", low=0
@@ -277,8 +268,10 @@ PRESET_FIELDS = tuple(
 
 
 def _base_type(f: dataclasses.Field) -> tuple[str, bool]:
-    """("int" | "float" | "str" | "bool", whether None is allowed) from the annotation."""
-    return f.type.replace(" | None", ""), f.type.endswith("| None")
+    """("int" | "float" | "str" | "bool", whether None is allowed) from the annotation; a choice (a `Literal`
+    type of `choices`) is a str."""
+    base = f.type.replace(" | None", "")
+    return "str" if f.metadata["choices"] else base, f.type.endswith("| None")
 
 
 def _allowed(f: dataclasses.Field) -> str:
@@ -330,9 +323,11 @@ def _check_batch_layout(cfg: StepConfig) -> None:
     step takes whole micro-batches of this one generation."""
     N, S, GA = cfg.num_prompts * cfg.num_generations, cfg.micro_batches, cfg.gradient_accumulation_steps
     if N % S:
+        name = "steps_per_generation" if cfg.steps_per_generation else "gradient_accumulation_steps"
+        also = "" if cfg.steps_per_generation else " (steps_per_generation is none: it takes this value)"
         raise ValueError(
-            f"StepConfig.steps_per_generation = {S} is not allowed: it must divide the "
-            f"num_prompts x num_generations = {N} samples"
+            f"StepConfig.{name} = {S} is not allowed{also}: it must divide the num_prompts x num_generations "
+            f"= {N} samples"
         )
     if S % GA:
         raise ValueError(

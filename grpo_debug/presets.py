@@ -1,5 +1,17 @@
-"""The presets' field values (torch-free, like `choices`): `fixed` is every fix on (the StepConfig defaults);
-`trl` is what TRL 1.16's GRPOTrainer computes with a default GRPOConfig (tested against its own code)."""
+"""The presets' field values (torch-free, like `choices`), tested against TRL's own code:
+  fixed  every fix on: sampler and recomputed log-probs agree, EOS kept, dropout off, position_ids
+         passed (the defaults of `StepConfig()`).
+  trl    what TRL 1.16's `GRPOTrainer` computes with a default `GRPOConfig` on a GPT-2 model:
+         loss_type="dapo", beta=0.0, use_bias_correction_kl=True (k3 times the ratio),
+         disable_dropout=False (dropout on in the policy's forward passes), and completions scored with
+         input_ids and attention_mask only (no position_ids: left-padded rows of an absolute-position
+         model are scored at shifted positions). `StepConfig.preset("trl")` also samples with dropout on
+         (`sample_dropout`), as TRL generates in train mode; `with_preset` keeps a cached rollout's mode.
+Sampling (temperature, top_p, B, G, max tokens) and the optimiser settings stay the step's own in both.
+Precision is the step's own too: TRL resolves `bf16=None` to True (bfloat16 autocast), which adds ~0.1 nats
+of rounding per token on the bundled model and makes numbers depend on batch shapes; `dtype="bfloat16"`
+adds it to either preset.
+"""
 
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},

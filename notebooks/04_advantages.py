@@ -32,9 +32,22 @@ CAPTURE = None
 TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, the same numbers on every run
 
+# %% [markdown]
+# The whole computation is one function of the rewards, here on the step's own (B*G,) rewards:
+
 # %%
+import torch
+
+from grpo_debug.advantages import compute_advantages
+from grpo_debug.notebook import show_source
+
+show_source(compute_advantages)
 run = step.run(cfg, until="advantages")
-adv = run.advantages
+advantages = compute_advantages(run.rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
+assert torch.equal(advantages, run.advantages.values)  # what the step computed, bit for bit
+
+# %%
+adv = run.advantages  # the advantages and their summary: group means and stds, TRL's metrics
 print(f"reward {adv.reward:.4f}, reward_std {adv.reward_std:.4f}, frac_reward_zero_std {adv.frac_reward_zero_std:.3f}")
 sums = adv.values.view(-1, cfg.num_generations).sum(1)
 print("advantages summed per group:", [round(s, 6) for s in sums.tolist()])
@@ -75,7 +88,6 @@ assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_gr
 
 # %%
 import pandas as pd
-import torch
 
 from grpo_debug.loss import loss_weights
 
@@ -101,8 +113,6 @@ dilution
 # Two groups: one whose rewards differ only by 1e-4 (noise), one with a real win/loss split.
 
 # %%
-from grpo_debug.advantages import compute_advantages
-
 rewards = torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])
 phantom = pd.DataFrame({"reward": rewards, "TRL (group)": compute_advantages(rewards, 4),
                         "std_floor=0.1": compute_advantages(rewards, 4, std_floor=0.1)})

@@ -39,10 +39,31 @@ from grpo_debug.notebook import open_step
 
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 run = step.run(cfg, until="loss")
+
+# %% [markdown]
+# The loss is one function of per-token tensors: the policy's log-probs (here also pi_old's: at step 0 they
+# are the same numbers), the reference's, the (B*G,) advantages and the mask; the settings are TRL's
+# `GRPOConfig` names (`LossSpec`). Its source, then the call on the step's own tensors, the whole batch as
+# one micro-batch:
+
+# %%
+import dataclasses
+
 import torch
 
-assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))
-print(f"grpo loss {run.loss.loss.item():.2e} (ratio is exactly 1 at step 0)")
+from grpo_debug.loss import compute_loss
+from grpo_debug.notebook import show_source
+from grpo_debug.specs import loss_spec_of
+
+show_source(compute_loss)
+lp, advantages = run.logprobs, run.advantages.values
+spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
+print(spec)
+loss = compute_loss(lp.policy, lp.policy, lp.reference, advantages, lp.mask, entropies=lp.entropies, **spec.kwargs())
+print(f"{cfg.loss_type} loss {loss.loss.item():.2e}; the ratio is exactly 1 at step 0")
+assert torch.equal(loss.ratio, torch.ones_like(loss.ratio))
+if not cfg.vllm_importance_sampling_correction:  # (with it, the step also passes the sampler's log-probs)
+    assert torch.equal(loss.loss, run.loss.loss)  # what the step computed, bit for bit
 
 # %%
 from grpo_debug.ui.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
