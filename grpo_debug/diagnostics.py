@@ -13,6 +13,7 @@ from .config import StepConfig
 from .logprobs import chunked_logps
 from .loss import KL_ESTIMATORS, per_token_kl
 from .specs import scoring_of
+from .speed import kernels
 from .step import GRPOStep, StepRun
 
 
@@ -132,14 +133,14 @@ def compile_comparison(step: GRPOStep, rows: int = 8, repeats: int = 3, backend:
     scoring = scoring_of(step.cfg).without_dropout()
     with torch.no_grad():
         eager, eager_first, eager_seconds = _timed_calls(
-            lambda: chunked_logps(step.policy, rollout, scoring, step.cfg.fast)[0], repeats
+            lambda: chunked_logps(step.policy, rollout, scoring, kernels(step.cfg.fast).score)[0], repeats
         )
         torch._dynamo.reset()
         try:
             inductor_vector_width_as_pinned()
             compiled_policy = torch.compile(step.policy, backend=backend)
             compiled, compiled_first, compiled_seconds = _timed_calls(
-                lambda: chunked_logps(compiled_policy, rollout, scoring, step.cfg.fast)[0], repeats
+                lambda: chunked_logps(compiled_policy, rollout, scoring, kernels(step.cfg.fast).score)[0], repeats
             )
         except Exception as exc:  # no C++ compiler, an unsupported op, an unknown backend: a result, not a crash
             nan = float("nan")

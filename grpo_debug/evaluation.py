@@ -14,6 +14,7 @@ import torch
 from .config import StepConfig
 from .rewards import compute_rewards
 from .rollout import sample_completions
+from .speed import kernels
 from .stats import prompt_bootstrap
 from .task import Task, as_task
 
@@ -57,7 +58,7 @@ def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task 
             max_new_tokens=cfg.max_new_tokens,
             seed=cfg.seed + EVAL_SEED_OFFSET,
             progress=False,
-            fast=cfg.fast,
+            generate=kernels(cfg.fast).generate,
         )
         for c in group
     ]

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .choices import MASKS
-from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
 from .rollout import ROWS_PER_PASS, Rollout, row_chunks
-from .scoring import Scoring, per_token_logps, per_token_logps_and_entropies
+from .scoring import Scoring, per_token_logps_and_entropies
 
 
 @dataclass(frozen=True)
@@ -66,31 +65,14 @@ def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Ten
     raise ValueError(f"mask must be one of {MASKS}, got {mode!r}")
 
 
-def score_rows_and_entropies(
-    model, rollout: Rollout, scoring: Scoring, fast: bool = True, entropy_grad: bool = False
+def chunked_logps(
+    model, rollout: Rollout, scoring: Scoring, score=per_token_logps_and_entropies
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`per_token_logps_and_entropies`, or its fast twin (`fast.scoring`): the same numbers to float rounding."""
-    if fast:
-        return per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad)
-    return per_token_logps_and_entropies(model, rollout, scoring, entropy_grad)
-
-
-def score_rows(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> torch.Tensor:
-    """(N, C) log-probs only: `per_token_logps` or its fast twin, no entropy computed."""
-    if fast:
-        return per_token_logps_fast(model, rollout, scoring)
-    return per_token_logps(model, rollout, scoring)
-
-
-def chunked_logps(model, rollout: Rollout, scoring: Scoring, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, C) log-probs and (N, C) entropies a few rows at a time (no grad), cut along groups so that each
-    piece shares its prompt."""
+    piece shares its prompt. `score`: the readable scoring or its fast twin (`speed.kernels`)."""
     G = rollout.num_generations
     size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
-    pieces = [
-        score_rows_and_entropies(model, rollout.rows(rows), scoring, fast)
-        for rows in row_chunks(rollout.num_samples, size)
-    ]
+    pieces = [score(model, rollout.rows(rows), scoring) for rows in row_chunks(rollout.num_samples, size)]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
@@ -103,7 +85,7 @@ def compute_logprobs(
     seed: int = 0,
     reference_is_policy: bool = False,
     scored: TokenLogProbs | None = None,
-    fast: bool = True,
+    score=per_token_logps_and_entropies,
 ) -> TokenLogProbs:
     """Policy scored as `scoring` says; the reference always in eval mode, as TRL keeps it (no dropout).
 
@@ -118,11 +100,11 @@ def compute_logprobs(
         if scored is not None:
             policy_logps, reference_logps, entropies = scored.policy, scored.reference, scored.entropies
         else:
-            policy_logps, entropies = chunked_logps(policy, rollout, scoring, fast)
+            policy_logps, entropies = chunked_logps(policy, rollout, scoring, score)
             if reference_is_policy and not scoring.dropout:
                 reference_logps = policy_logps.clone()
             else:
-                reference_logps = chunked_logps(reference, rollout, scoring.without_dropout(), fast)[0]
+                reference_logps = chunked_logps(reference, rollout, scoring.without_dropout(), score)[0]
             kept = completion_mask(rollout, "all_positions" if scoring.score_after_eos else "keep_first_eos")
             policy_logps, reference_logps, entropies = policy_logps * kept, reference_logps * kept, entropies * kept
     mask = completion_mask(rollout, scoring.mask)

@@ -45,11 +45,10 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
         seed=cfg.seed,
         pad_with_eos=cfg.pad_with_eos,
         generation=cfg.generation,
-        fast=False,
         dropout=cfg.sample_dropout,
     )
 
-    logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg), fast=False)
+    logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg))
 
     rewards = compute_rewards(samples.prompts, samples.completions, cfg.num_generations, task)
 
@@ -68,7 +67,6 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
         **update_context(cfg, samples, logprobs),
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,
-        fast=False,
     )
 
     return ReferenceRun(samples, logprobs, rewards, advantages, loss, result)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .fast.shared_prompt import generate_per_prompt
-
 
 @dataclass(frozen=True)
 class Rollout:
@@ -77,6 +75,16 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
+def generate_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int, **generate_kwargs):
+    """`model.generate` of `copies` samples per (left-padded) prompt, rows grouped by prompt: each prompt
+    repeated `copies` times. The fast twin: `fast.shared_prompt.generate_per_prompt`."""
+    return model.generate(
+        input_ids=input_ids.repeat_interleave(copies, 0),
+        attention_mask=attention_mask.repeat_interleave(copies, 0),
+        **generate_kwargs,
+    )
+
+
 def sample(
     model,
     input_ids: torch.Tensor,
@@ -88,13 +96,13 @@ def sample(
     top_p: float,
     pad_token_id: int,
     eos_token_id: int,
-    fast: bool = True,
+    generate=generate_repeated,
 ):
     """`num_generations` samples of each left-padded prompt (B, P): one `generate` call on the prompts
     repeated G times, rows grouped by prompt. Returns the (B*G, P) prompt ids and mask, the (B*G, C)
     completion ids, and each sampled token's log-prob under the sampler (temperature and top_p) and under
-    the temperature alone (what a recomputation can match). `fast`: the same call with each prompt's keys
-    and values computed once per group (`fast.shared_prompt`)."""
+    the temperature alone (what a recomputation can match). `generate`: `generate_repeated`, or its fast
+    twin that computes each prompt's keys and values once per group (`speed.kernels`)."""
     G = num_generations
     input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
     kwargs = dict(
@@ -109,10 +117,7 @@ def sample(
         output_logits=True,
         return_dict_in_generate=True,
     )
-    if fast:
-        out = generate_per_prompt(model, input_ids[::G], attention_mask[::G], G, **kwargs)
-    else:
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    out = generate(model, input_ids[::G], attention_mask[::G], G, **kwargs)
     completion_ids = out.sequences[:, input_ids.shape[1] :]
     chosen = completion_ids.unsqueeze(-1)
     scores = torch.stack(out.scores, dim=1).float()  # what was sampled from: / temperature, top_p -> -inf
@@ -145,7 +150,7 @@ def sample_completions(
     seed: int = 0,
     batch_prompts: int = 16,
     progress: bool = True,
-    fast: bool = True,
+    generate=generate_repeated,
 ) -> list[list[str]]:
     """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk (texts
     only: no scores kept, so it also fits a large vocabulary)."""
@@ -167,14 +172,7 @@ def sample_completions(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        if fast:
-            generated = generate_per_prompt(model, enc["input_ids"], enc["attention_mask"], num_samples, **kwargs)
-        else:
-            generated = model.generate(
-                input_ids=enc["input_ids"].repeat_interleave(num_samples, 0),
-                attention_mask=enc["attention_mask"].repeat_interleave(num_samples, 0),
-                **kwargs,
-            )
+        generated = generate(model, enc["input_ids"], enc["attention_mask"], num_samples, **kwargs)
         texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         out.extend(texts[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk)))
     model.train(was_training)
@@ -257,8 +255,8 @@ def rollout(
     seed: int,
     pad_with_eos: bool = True,
     generation: str = "batched",
-    fast: bool = True,
     dropout: bool = False,
+    generate=generate_repeated,
 ) -> Rollout:
     """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
     TRL 1.16 generates with disable_dropout=False), seeded.
@@ -285,8 +283,8 @@ def rollout(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
-            fast=fast and not dropout,
-        )  # a prompt computed once would share one dropout mask
+            generate=generate,
+        )
         seconds = time.perf_counter() - start
     completion_ids, lengths, finished, sampler, temperature_only = cut_after_eos(parts, pad_id, tokenizer.eos_token_id)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

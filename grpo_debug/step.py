@@ -27,6 +27,7 @@ from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
 from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
+from .speed import kernels, sampling_kernels
 from .task import Task, load_task, register_task
 from .update import StepResult, new_optimizer, update
 
@@ -248,8 +249,8 @@ def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prom
         seed=cfg.seed,
         pad_with_eos=cfg.pad_with_eos,
         generation=cfg.generation,
-        fast=cfg.fast,
         dropout=cfg.sample_dropout,
+        generate=sampling_kernels(cfg.fast, cfg.sample_dropout).generate,
     )
 
 
@@ -269,7 +270,7 @@ def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, pro
         scoring,
         reference_is_policy=step.at_reference,
         scored=base.logprobs if same_scoring else None,
-        fast=cfg.fast,
+        score=kernels(cfg.fast).score,
     )
 
 
@@ -305,7 +306,8 @@ def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, promp
         optimizer=step._last_optimizer,
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,
-        fast=cfg.fast,
+        score=kernels(cfg.fast).score,
+        backward=kernels(cfg.fast).backward,
     )
 
 

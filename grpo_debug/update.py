@@ -11,27 +11,23 @@ differs from pi_old (the weights that scored the rollout), the ratio leaves 1 an
 the first (GA % (S * mu) != 0) or when it corrects for the sampler; otherwise None, and each micro-batch's
 own log-probs, detached, stand in (the ratio is then exactly 1, whatever dropout does).
 
-The readable path backpropagates a micro-batch a few rows at a time (the gradients add up), then, if
-asked, each sample's gradient norm from one more backward of that sample's share alone. The fast path
-(`fast=True`) gets every per-sample norm from the same backward through layer hooks
-(`per_sample.PerSampleGradients`), with the Conv1D weights' batch gradient summed from their per-sample
-gradients; tested equal to the readable path in `tests/test_fast_paths.py`.
+`backward` backpropagates a micro-batch a few rows at a time (the gradients add up), then, if asked, each
+sample's gradient norm from one more backward of that sample's share alone. Its fast twin
+(`fast.backward.backward_hooked`, chosen by `speed.kernels`) gets every per-sample norm from the same backward
+through layer hooks; tested equal in `tests/test_fast_paths.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .fast.backward import conv1d_weights, no_autograd_for, norms_and_batch_gradient
-from .logprobs import TokenLogProbs, score_rows_and_entropies
+from .logprobs import TokenLogProbs
 from .loss import LossBreakdown, LossSpec, compute_loss, loss_weights
-from .per_sample import PerSampleGradients
 from .rollout import Rollout, row_chunks
-from .scoring import Scoring
+from .scoring import Scoring, per_token_logps_and_entropies
 
 DROPOUT_SEED = 0  # the update's dropout masks, when dropout is on
 
@@ -86,7 +82,7 @@ def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]
     return [part.tolist() for part in parts if len(part)]
 
 
-def _chunk(
+def chunk_share(
     model,
     rollout: Rollout,
     logprobs: TokenLogProbs,
@@ -95,17 +91,16 @@ def _chunk(
     loss: LossSpec,
     rows: list[int],
     weights: torch.Tensor,
-    fast: bool,
+    score,
     old_logps,
     sampler_ratio,
     entropy_tokens,
     sampler_logps=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """These rows' share of their micro-batch's loss (its normalisation `weights`, (N, C)), gradients
-    flowing, and their (rows, C) log-probs and entropies."""
-    logps, entropies = score_rows_and_entropies(
-        model, rollout.rows(rows), scoring, fast, entropy_grad=loss.entropy_coef != 0
-    )
+    flowing, and their (rows, C) log-probs and entropies. `score`: how rows are scored
+    (`scoring.per_token_logps_and_entropies` or its fast twin)."""
+    logps, entropies = score(model, rollout.rows(rows), scoring, entropy_grad=loss.entropy_coef != 0)
     part = compute_loss(
         logps,
         None if old_logps is None else old_logps[rows],
@@ -131,7 +126,7 @@ def chunk_loss(
     loss: LossSpec,
     rows: list[int],
     weights: torch.Tensor,
-    fast: bool = True,
+    score=per_token_logps_and_entropies,
     *,
     old_logps: torch.Tensor | None = None,
     sampler_ratio: torch.Tensor | None = None,
@@ -139,7 +134,7 @@ def chunk_loss(
     sampler_logps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """These rows' share of the loss whose normalisation is `weights` (N, C), gradients flowing."""
-    return _chunk(
+    return chunk_share(
         model,
         rollout,
         logprobs,
@@ -148,7 +143,7 @@ def chunk_loss(
         loss,
         rows,
         weights,
-        fast,
+        score,
         old_logps,
         sampler_ratio,
         entropy_tokens,
@@ -165,7 +160,7 @@ def per_sample_norms(
     for i in range(rollout.num_samples) if rows is None else rows:
         torch.manual_seed(DROPOUT_SEED + i)
         grads = torch.autograd.grad(
-            chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights, fast=False, **context),
+            chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights, **context),
             params,
             allow_unused=True,
         )
@@ -182,6 +177,26 @@ class MicroBatch:
     per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
 
 
+def micro_batch_weights(logprobs: TokenLogProbs, loss: LossSpec, rows: list[int], num_items_in_batch) -> torch.Tensor:
+    """(N, C) each token's weight in this micro-batch's loss (its normalisation); 0 outside `rows`."""
+    weights = torch.zeros_like(logprobs.mask)
+    weights[rows] = loss_weights(
+        logprobs.mask[rows],
+        loss.loss_type,
+        loss.max_completion_length,
+        num_items_in_batch=num_items_in_batch,
+        gradient_accumulation_steps=loss.gradient_accumulation_steps,
+        steps_per_generation=loss.steps_per_generation,
+    )
+    return weights
+
+
+def pieces_of(rows: list[int], loss: LossSpec) -> list[list[int]]:
+    """A micro-batch's rows a few at a time (the gradients add up); all at once under top_entropy_quantile < 1,
+    whose entropy quantile is over the micro-batch."""
+    return [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
+
+
 def backward(
     model,
     rollout,
@@ -196,49 +211,31 @@ def backward(
     sampler_logps=None,
     num_items_in_batch=None,
     norms: bool = False,
-    fast: bool = True,
+    score=per_token_logps_and_entropies,
 ) -> MicroBatch:
-    """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time (the whole micro-batch
-    at once under top_entropy_quantile < 1: its entropy quantile is over the micro-batch)."""
-    mask = logprobs.mask
-    weights = torch.zeros_like(mask)
-    weights[rows] = loss_weights(
-        mask[rows],
-        loss.loss_type,
-        loss.max_completion_length,
-        num_items_in_batch=num_items_in_batch,
-        gradient_accumulation_steps=loss.gradient_accumulation_steps,
-        steps_per_generation=loss.steps_per_generation,
-    )
+    """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time; with `norms`, each sample's
+    gradient norm from one more backward of its share alone (`per_sample_norms`). The fast twin:
+    `fast.backward.backward_hooked`."""
+    weights = micro_batch_weights(logprobs, loss, rows, num_items_in_batch)
+    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
     context = dict(
-        old_logps=old_logps,
-        sampler_ratio=sampler_ratio,
-        sampler_logps=sampler_logps,
-        entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
+        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, entropy_tokens=entropy_tokens
     )
-    pieces = [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
-    hooked = norms and fast
-    built = conv1d_weights(model) if hooked else []
-    value, logps, entropies, per_sample = 0.0, [], [], []
-    for piece in pieces:
-        hooks = PerSampleGradients(model)
-        with hooks.capture() if hooked else contextlib.nullcontext(), no_autograd_for(built):
-            share, lp, ent = _chunk(
-                model, rollout, logprobs, advantages, scoring, loss, piece, weights, fast, **context
-            )
-            share.backward()
+    value, logps, entropies = 0.0, [], []
+    for piece in pieces_of(rows, loss):
+        share, lp, ent = chunk_share(
+            model, rollout, logprobs, advantages, scoring, loss, piece, weights, score, **context
+        )
+        share.backward()
         value += share.item()
         logps.append(lp)
         entropies.append(ent)
-        if hooked:
-            per_sample.append(norms_and_batch_gradient(hooks, built))
-    if norms and not fast:
-        per_sample.append(
-            per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows, **context)
-        )
-    return MicroBatch(
-        rows, value, torch.cat(logps), torch.cat(entropies), torch.cat(per_sample) if per_sample else torch.tensor([])
+    per_sample = (
+        per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows, **context)
+        if norms
+        else torch.tensor([])
     )
+    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), per_sample)
 
 
 def micro_batch_losses(
@@ -326,13 +323,15 @@ def update(
     sampler_logps: torch.Tensor | None = None,
     num_iterations: int = 1,
     per_sample_grad_norms: bool = True,
-    fast: bool = True,
     optimizer: torch.optim.Optimizer | None = None,
+    score=per_token_logps_and_entropies,
+    backward=backward,
 ) -> StepResult:
     """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
     (N, C) or None (on-policy); `sampler_ratio` ((N, C) or (N, 1)) and `sampler_logps` (N, C) when the
     sampler correction is on. `optimizer`: an AdamW over the model's parameters carried from earlier
-    steps (training); None: a fresh one (`new_optimizer`)."""
+    steps (training); None: a fresh one (`new_optimizer`). `score` and `backward`: the readable functions,
+    or their fast twins (`speed.kernels`)."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
@@ -360,7 +359,7 @@ def update(
                     loss,
                     rows,
                     norms=per_sample_grad_norms and it == 0,
-                    fast=fast,
+                    score=score,
                     **context,
                 )
                 for rows in batches[window : window + GA]

@@ -8,6 +8,7 @@ from grpo_debug.config import StepConfig
 from grpo_debug.fast.shared_prompt import shared_prompt_attention
 from grpo_debug.model import load_model
 from grpo_debug.rollout import rollout
+from grpo_debug.speed import kernels
 
 
 def test_attention_over_a_shared_prompt_equals_sdpa():
@@ -50,7 +51,7 @@ def _sample(fast, **overrides):
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         seed=cfg.seed,
-        fast=fast,
+        generate=kernels(fast).generate,
     )
 
 

@@ -8,6 +8,7 @@ from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
 from grpo_debug.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
+from grpo_debug.speed import kernels
 from grpo_debug.step import GRPOStep
 from grpo_debug.update import chunk_loss
 
@@ -24,7 +25,7 @@ def _share(model, run, cfg, rows):
         loss_spec_of(cfg),
         rows,
         weights,
-        fast=model.config.model_type == "gpt2",
+        kernels(model.config.model_type == "gpt2").score,
     )
 
 

@@ -106,3 +106,12 @@ def test_the_bug_reports_are_named_by_their_claims_not_as_seeds():
         if pattern.search(line)
     ]
     assert not found, found
+
+
+def test_the_readable_phase_modules_never_import_the_fast_paths():
+    """Speed is decided in one place (`speed.kernels`): the code a reader follows is the readable code only."""
+    edges = graph()
+    readable = ["rollout", "scoring", "logprobs", "rewards", "advantages", "loss", "update", "reference_step"]
+    reaching = {m: sorted(t for t in edges[f"grpo_debug.{m}"] if t.startswith("grpo_debug.fast")) for m in readable}
+    assert not {m: t for m, t in reaching.items() if t}
+    assert not any(t.startswith(("grpo_debug.fast", "grpo_debug.speed")) for t in edges["grpo_debug.reference_step"])

@@ -4,7 +4,7 @@
 `norms_and_batch_gradient` builds those weights' per-sample gradients from the layer hooks
 (`per_sample`) instead, takes their norms and adds their sum to `.grad` ("book-keeping"): building
 them costs what autograd's batch weight gradient would have, so the transformer blocks' per-sample norms
-come almost free. Readable twin: `update.per_sample_norms` (one backward per sample).
+come almost free. Readable twin: `update.backward` with `update.per_sample_norms` (one backward per sample).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 from transformers.pytorch_utils import Conv1D
 
 from ..per_sample import PerSampleGradients, SampleGradients, materialize
+from ..scoring import per_token_logps_and_entropies
+from ..update import MicroBatch, backward, chunk_share, micro_batch_weights, pieces_of
 
 
 def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -46,3 +48,49 @@ def norms_and_batch_gradient(hooks: PerSampleGradients, built: list[torch.nn.Par
         total = per_sample.sum(0)
         weight.grad = total if weight.grad is None else weight.grad + total
     return squared.clamp(min=0).sqrt().float()
+
+
+def backward_hooked(
+    model,
+    rollout,
+    logprobs,
+    advantages,
+    scoring,
+    loss,
+    rows: list[int],
+    *,
+    old_logps=None,
+    sampler_ratio=None,
+    sampler_logps=None,
+    num_items_in_batch=None,
+    norms: bool = False,
+    score=per_token_logps_and_entropies,
+) -> MicroBatch:
+    """`update.backward`, with each sample's gradient norm from layer hooks in the same backward."""
+    context = dict(
+        old_logps=old_logps,
+        sampler_ratio=sampler_ratio,
+        sampler_logps=sampler_logps,
+        num_items_in_batch=num_items_in_batch,
+    )
+    if not norms:
+        return backward(model, rollout, logprobs, advantages, scoring, loss, rows, score=score, **context)
+    weights = micro_batch_weights(logprobs, loss, rows, num_items_in_batch)
+    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
+    context = dict(
+        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, entropy_tokens=entropy_tokens
+    )
+    built = conv1d_weights(model)
+    value, logps, entropies, per_sample = 0.0, [], [], []
+    for piece in pieces_of(rows, loss):
+        hooks = PerSampleGradients(model)
+        with hooks.capture(), no_autograd_for(built):
+            share, lp, ent = chunk_share(
+                model, rollout, logprobs, advantages, scoring, loss, piece, weights, score, **context
+            )
+            share.backward()
+        value += share.item()
+        logps.append(lp)
+        entropies.append(ent)
+        per_sample.append(norms_and_batch_gradient(hooks, built))
+    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), torch.cat(per_sample))

@@ -33,11 +33,12 @@ import torch
 from ..advantages import normalize_over_set
 from ..config import StepConfig
 from ..fast.backward import conv1d_weights, no_autograd_for
-from ..logprobs import TokenLogProbs, score_rows
+from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..specs import loss_spec_of, scoring_of
+from ..speed import kernels
 from ..step import StepRun
 from ..update import DROPOUT_SEED, chunk_loss
 
@@ -216,7 +217,7 @@ def validation_set(
 
 def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
     """These rows' share of L_val (the mean over all N_val sequences)."""
-    logps = score_rows(model, val.rollout.rows(rows), scoring_of(cfg), cfg.fast)
+    logps = kernels(cfg.fast).score_logps(model, val.rollout.rows(rows), scoring_of(cfg))
     per_seq = validation_loss(logps, val.logprobs.mask[rows], val.advantages[rows], val.rewards[rows], kind, flip_sign)
     return per_seq.sum() / val.rollout.num_samples
 
@@ -304,7 +305,15 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
         hooks = PerSampleGradients(model)
         with hooks.capture(), no_autograd_for(skipped):
             chunk_loss(
-                model, rollout, logprobs, advantages, scoring_of(cfg), loss_spec_of(cfg), rows, weights, cfg.fast
+                model,
+                rollout,
+                logprobs,
+                advantages,
+                scoring_of(cfg),
+                loss_spec_of(cfg),
+                rows,
+                weights,
+                kernels(cfg.fast).score,
             ).backward()
         yield hooks
     model.zero_grad(set_to_none=True)

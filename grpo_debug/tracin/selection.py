@@ -18,6 +18,7 @@ from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..rollout import Rollout, row_chunks
 from ..specs import loss_spec_of, optimization_of, scoring_of
+from ..speed import kernels
 from ..stats import prompt_bootstrap
 from ..update import DROPOUT_SEED, chunk_loss, update
 from .influence import (
@@ -89,7 +90,7 @@ def batch_share_gradient(
             loss_spec_of(cfg),
             keep[rows].tolist(),
             weights,
-            cfg.fast,
+            kernels(cfg.fast).score,
         )
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
@@ -192,7 +193,7 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
             loss_spec_of(cfg),
             optimization_of(cfg),
             per_sample_grad_norms=False,
-            fast=cfg.fast,
+            score=kernels(cfg.fast).score,
         )
         return
     grads = batch_share_gradient(model, r, lp, adv, cfg, keep)

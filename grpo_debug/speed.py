@@ -1,0 +1,43 @@
+"""Speed, decided in one place: which function does each piece of the work. The phase modules take these
+functions as arguments and default to their readable versions; `kernels(fast)` hands the fast twins
+(`grpo_debug/fast/`), each tested equal to its readable function in tests/test_fast_paths.py.
+
+  generate     G samples of each prompt          rollout.generate_repeated   fast.shared_prompt.generate_per_prompt
+  score        per-token log-probs, entropies    scoring.per_token_logps_and_entropies  fast.scoring.*_fast
+  score_logps  per-token log-probs only          scoring.per_token_logps     fast.scoring.per_token_logps_fast
+  backward     a micro-batch's backward, norms   update.backward             fast.backward.backward_hooked
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .fast.backward import backward_hooked
+from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
+from .fast.shared_prompt import generate_per_prompt
+from .rollout import generate_repeated
+from .scoring import per_token_logps, per_token_logps_and_entropies
+from .update import backward
+
+
+@dataclass(frozen=True)
+class Kernels:
+    generate: Callable
+    score: Callable
+    score_logps: Callable
+    backward: Callable
+
+
+READABLE = Kernels(generate_repeated, per_token_logps_and_entropies, per_token_logps, backward)
+FAST = Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, backward_hooked)
+
+
+def kernels(fast: bool) -> Kernels:
+    return FAST if fast else READABLE
+
+
+def sampling_kernels(fast: bool, dropout: bool) -> Kernels:
+    """Sampling with dropout on takes the readable `generate`: a prompt computed once for its G samples would
+    share one dropout mask among them."""
+    return kernels(fast and not dropout)
