@@ -117,7 +117,7 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 #
 # The TracIn-sign report's flip negates L_val, so it negates its gradient, every score and every prediction: on the same
 # real steps its agreement is the mirror image of the one above. That is an identity, not evidence about
-# which samples help. The test of the sign on the quantity the seed cares about, the reward, is section 3.
+# which samples help. The test of the sign on the quantity the report cares about, the reward, is notebook 07b.
 
 # %% [markdown]
 # ## 2. Influence under every toggle
@@ -193,141 +193,7 @@ pd.DataFrame({ps: {"Spearman vs all": spearmanr(influence.scores(model, run, Inf
                                                 all_params).statistic} for ps in ["all", "blocks", "lora"]}).T
 
 # %% [markdown]
-# ## 3. The TracIn-sign report's sign, settled on the reward
-#
-# Keep the samples with influence > 0 under the loss as written, and under the TracIn-sign report's flipped sign (which
-# keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
-# prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
-# bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
-# set of 64, and with both optimizers: the step's AdamW, and SGD with the learning rate whose step on the
-# whole batch is as long as AdamW's (both learning rates are printed). The other selection
-# strategies run on the random set in the same loop (section 4).
-
-# %%
-from grpo_debug.tracin.selection import (
-    OPTIMIZERS,
-    SELECTIONS,
-    held_out_baseline,
-    matched_sgd_lr,
-    paired_contrast,
-    selection_experiment,
-)
-
-EVAL_PROMPTS = 16
-baseline = held_out_baseline(model, tokenizer, task, cfg, EVAL_PROMPTS)
-sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
-print(f"test prompts {EVAL_PROMPTS} x {cfg.eval_samples} samples; reward before {baseline.reward:.4f}; "
-      f"SGD lr {sgd_lr:.3g} (AdamW lr {cfg.learning_rate:g})")
-selection_sets = {"same batch": (InfluenceChoice(source="same_batch"), ("influence>0", "influence<0")),
-                  "random 64": (InfluenceChoice(source="random", size=64), SELECTIONS)}
-results = {}
-for name, (choice, strategies) in selection_sets.items():
-    val, scores = influence.validation_set(run, choice), influence.scores(model, run, choice)
-    for optimizer in OPTIMIZERS:
-        for r in selection_experiment(model, run, tokenizer, task, val, scores, strategies=strategies,
-                                      optimizer=optimizer, sgd_lr=sgd_lr, eval_prompts=EVAL_PROMPTS, baseline=baseline):
-            results[(name, optimizer, r.strategy)] = r
-
-# %%
-sign_rows, within_noise = {}, 0
-for name in selection_sets:
-    for optimizer in OPTIMIZERS:
-        right, flipped = results[(name, optimizer, "influence>0")], results[(name, optimizer, "influence<0")]
-        contrast = paired_contrast(right, flipped, cfg.bootstrap, cfg.seed)
-        within_noise += contrast[1] <= 0 <= contrast[2]
-        for sign, r in [("as written: influence > 0", right), ("the sign report's flip: influence < 0", flipped)]:
-            sign_rows[(name, optimizer, sign)] = {"selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
-                                                  "reward change": r.reward_delta, "95% low": r.reward_ci_low,
-                                                  "95% high": r.reward_ci_high}
-        sign_rows[(name, optimizer, "as written - flip (paired)")] = {"reward change": contrast[0], "95% low": contrast[1],
-                                                                      "95% high": contrast[2]}
-sign_table = pd.DataFrame(sign_rows).T
-sign_table.index.names = ["validation", "optimizer", "selection"]
-print(f"rewards on the {right.reward_prompts} prompts; validation sets: "
-      + ", ".join(sorted({r.val_set for r in results.values()})))
-print(f"as written vs flipped sign: {within_noise} of {2 * len(OPTIMIZERS)} paired contrasts have a 95% interval containing 0")
-sign_table
-
-# %%
-plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 'flipped'}": results[(name, opt, s)]
-                      for name in selection_sets for opt in OPTIMIZERS for s in ("influence>0", "influence<0")})
-
-# %% [markdown]
-# The table's last row per setting is the test of the TracIn-sign report's claim: the reward after training on what the
-# loss as written selects, minus the reward after training on what the flipped sign selects, on the same
-# test prompts and sampling seeds. Where its interval contains 0 (counted above) the two signs make no
-# detectable difference to the reward on this many test prompts, whatever L_val does; where it excludes 0,
-# its sign says which selection did better. A selection of no sample takes no step: its change is 0 by
-# construction (the count of selected samples is in the table). L_val, the quantity the first-order check
-# is about, is the column to compare with section 1.
-
-# %% [markdown]
-# ## 4. Selection: one step on the chosen samples, each optimizer
-#
-# On the random set of 64: every strategy, both optimizers, L_val and the test-prompt reward. Next to the
-# measured change of L_val, its first-order prediction for the optimizer that took the step: TracIn's sum
-# of scores for SGD, the AdamW-aware score of the subset's gradient for AdamW, and TracIn's for AdamW
-# (the reading the seeds make).
-
-# %%
-import torch
-
-from grpo_debug.tracin.first_order import predicted_subset_change
-from grpo_debug.tracin.influence import per_sample_train_gradients, signs, validation_gradient
-
-choice = InfluenceChoice(source="random", size=64)
-train_full = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
-_, val_grad = validation_gradient(model, influence.validation_set(run, choice), cfg, "seqloss-lastadv")
-selection_rows = {}
-for optimizer in OPTIMIZERS:
-    for strategy in SELECTIONS:
-        r = results[("random 64", optimizer, strategy)]
-        keep = torch.tensor(r.selected, dtype=torch.long)
-        predicted = {how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, cfg, how, r.lr)
-                     for how in (optimizer, "sgd")}
-        selection_rows[(optimizer, strategy)] = {
-            "selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,
-            "predicted (own optimizer)": predicted[optimizer], "predicted (TracIn, as SGD)": predicted["sgd"],
-            "reward change": r.reward_delta, "95% low": r.reward_ci_low, "95% high": r.reward_ci_high}
-del train_full
-selection = pd.DataFrame(selection_rows).T.astype({"selected": int})
-selection.index.names = ["optimizer", "strategy"]
-scores64 = influence.scores(model, run, choice)
-for a, b in [("influence>0", "top_half"), ("influence<0", "bottom_half")]:
-    extra = set(results[("random 64", "adamw", b)].selected) ^ set(results[("random 64", "adamw", a)].selected)
-    print(f"{a} keeps {len(results[('random 64', 'adamw', a)].selected)} samples, {b} "
-          f"{len(results[('random 64', 'adamw', b)].selected)}; the samples only one of them keeps all have score 0 "
-          f"(no gradient, the same step): {bool((signs(scores64[sorted(extra)]) == 0).all())}")
-for optimizer in OPTIMIZERS:
-    own = spearmanr(selection.loc[optimizer, "predicted (own optimizer)"], selection.loc[optimizer, "L_val change"]).statistic
-    print(f"{optimizer}: Spearman of the own optimizer's first-order prediction vs the measured L_val change over the "
-          f"strategies {own:+.2f}")
-adamw_rows = selection.loc["adamw"]
-moved = adamw_rows["L_val change"].abs() > 0
-understated = (adamw_rows["L_val change"][moved] / adamw_rows["predicted (TracIn, as SGD)"][moved]).abs().min()
-print(f"adamw: TracIn's prediction read as an SGD step at AdamW's lr is at least {understated:.0f}x smaller than the "
-      f"measured change")
-by = selection["L_val change"]
-for optimizer in OPTIMIZERS:
-    print(f"{optimizer}: L_val change top half {by[(optimizer, 'top_half')]:+.4f}, bottom half {by[(optimizer, 'bottom_half')]:+.4f}")
-if CAPTURE is None:  # measured on the bundled step
-    assert understated > 1 and by[("sgd", "top_half")] < by[("sgd", "bottom_half")]
-selection
-
-# %%
-plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS for s in SELECTIONS])
-
-# %% [markdown]
-# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies says how
-# well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
-# changes need not follow a first-order prediction even where the order does. Under the step's AdamW,
-# TracIn's sum read as if the step were SGD misses the size by the printed factor. When influence > 0 and
-# the top half differ only by zero-score samples (printed), the two strategies take the same step: the
-# samples without a gradient add nothing to it (exactly under SGD; under AdamW the subset's own loss
-# normalisation scales the gradient by a uniform factor, which AdamW's step almost ignores).
-
-# %% [markdown]
-# ## 5. The same-batch self-term
+# ## 3. The same-batch self-term
 #
 # With validation = the training batch, influence_i contains <g_train_i, g_val_i>, the inner product with
 # sample i's *own* share of the validation loss. At step 0 with beta = 0 both gradients lie along
@@ -343,13 +209,17 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # The cell measures every self-term with hooks and checks it against that relation.
 
 # %%
+import torch
+
 from grpo_debug.tracin.influence import (
     VAL_LOSSES,
+    per_sample_train_gradients,
     self_terms,
     self_terms_from_norms,
     signs,
     train_coefficients,
     validation_coefficients,
+    validation_gradient,
 )
 
 train_grads = influence.train_gradients(model, run, "all")
@@ -415,8 +285,8 @@ pd.DataFrame(bias).T.rename_axis("batch size")
 # **What to notice.** The sign question splits in two. As a Taylor expansion it is settled by measurement
 # and holds for SGD; under the step's AdamW the optimizer-aware score ranks single-sample steps better than
 # TracIn on both validation sets, and the table in section 1 says by how much. On the reward, the quantity
-# the TracIn-sign report cares about, section 3 counts how many of the paired contrasts between the two signs are within
-# the sampling noise of this many test prompts. What changes the histograms is the validation set: for seqloss-lastadv the same batch
-# adds a non-negative self-term to every score; for seqloss-reward the self-term takes the sign of A_i * r_i;
-# a top-k set has high rewards everywhere, so `seqloss-reward` just says "make these outputs likelier"
-# (the same-batch TracIn report). Selecting by influence is only as good as the validation set and the optimizer behind it.
+# the TracIn-sign report cares about, notebook 07b takes a step on what each sign selects. What changes the
+# histograms is the validation set: for seqloss-lastadv the same batch adds a non-negative self-term to every
+# score; for seqloss-reward the self-term takes the sign of A_i * r_i; a top-k set has high rewards
+# everywhere, so `seqloss-reward` just says "make these outputs likelier" (the same-batch TracIn report).
+# Selecting by influence is only as good as the validation set and the optimizer behind it.

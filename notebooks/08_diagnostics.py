@@ -87,12 +87,16 @@ print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; r
 # ## torch.compile on and off
 #
 # The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
-# numbers must agree. Timings vary from run to run; the agreement is asserted.
+# numbers must agree. Timings vary from run to run; the agreement is asserted. By default the forward is
+# compiled with the `aot_eager` backend (traced, checked, in seconds); `INDUCTOR = True` compiles it with
+# inductor's generated C++ kernels, what a training run gets (`tests/test_diagnostics.py` runs that one on
+# every test run).
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.diagnostics import compile_comparison
 
-compiled = compile_comparison(step, rows=8)
+INDUCTOR = False
+compiled = compile_comparison(step, rows=8, backend="inductor" if INDUCTOR else "aot_eager")
 print(compiled)
 assert compiled.error == ""
 if step.cfg.dtype == "float32":  # bfloat16 autocast rounds differently once compiled kernels fuse ops
