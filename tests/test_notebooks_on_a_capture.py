@@ -6,6 +6,9 @@ executed here, top to bottom, on four captured steps, and must end on that captu
 - chat: the same script on a tiny Llama with a chat template and message-list prompts (a conversational run);
 - mu2-ga2: the same script with num_iterations 2, gradient_accumulation_steps 2, beta 0.04, grpo (step 2: pass 2).
 
+Each capture is a test class that builds only its own run, so that pytest-xdist (`--dist loadscope`, as
+`make test` runs it) can take the four on different workers.
+
 Not here: 06b (it loads the committed training experiments of the bundled model) and 10 (it is the capture's
 own notebook, run by nbval)."""
 
@@ -39,33 +42,36 @@ USER_RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def captures(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """{name: (capture folder, TASK)}."""
+def make_capture(run: str, tmp_path_factory) -> tuple[Path, str]:
+    """(capture folder, TASK) of one run: only that run is trained (each class below is one xdist scope)."""
     sys.path.insert(0, str(TESTS))
     from arithmetic_task import build_tiny_llama, build_tiny_model
 
-    out = tmp_path_factory.mktemp("run")
-    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)
-    trainer = trl_trainer(cfg, str(out), max_steps=2, disable_dropout=True)
-    trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
-    trainer.train()
-    found = {"bundled": (out / "captures" / "step-2", StepConfig().task)}
+    if run == "bundled":
+        out = tmp_path_factory.mktemp("run")
+        cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=32, beta=0.04)
+        trainer = trl_trainer(cfg, str(out), max_steps=2, disable_dropout=True)
+        trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
+        trainer.train()
+        return out / "captures" / "step-2", StepConfig().task
     user = tmp_path_factory.mktemp("user")
     build_tiny_model(user / "my-model")
     build_tiny_llama(user / "my-chat", chat=True)
     shutil.copy(TESTS / "user_train.py", user / "user_train.py")
-    for name, changes in USER_RUNS.items():
-        done = subprocess.run(
-            [sys.executable, "user_train.py", name, "10", json.dumps(changes)],
-            cwd=user,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        found[name] = (user / name / "captures" / "step-2", f"{user / 'user_train.py'}:REWARD_FUNCS")
-    return found
+    done = subprocess.run(
+        [sys.executable, "user_train.py", run, "10", json.dumps(USER_RUNS[run])],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return user / run / "captures" / "step-2", f"{user / 'user_train.py'}:REWARD_FUNCS"
+
+
+@pytest.fixture(scope="class")
+def capture(request, tmp_path_factory) -> tuple[Path, str]:
+    return make_capture(request.cls.RUN, tmp_path_factory)
 
 
 def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookNode:
@@ -84,11 +90,29 @@ def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookN
     return notebook
 
 
-@pytest.mark.parametrize("run", ["bundled", *USER_RUNS])
-@pytest.mark.parametrize("name", ON_A_STEP)
-def test_the_notebook_walks_a_captured_step(name, run, captures):
-    capture, task = captures[run]
-    notebook = on_capture(name, capture, task)
-    NotebookClient(
-        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
-    ).execute()
+class OnACapture:
+    RUN = ""
+
+    @pytest.mark.parametrize("name", ON_A_STEP)
+    def test_the_notebook_walks_the_captured_step(self, name, capture):
+        path, task = capture
+        notebook = on_capture(name, path, task)
+        NotebookClient(
+            notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        ).execute()
+
+
+class TestBundled(OnACapture):
+    RUN = "bundled"
+
+
+class TestDefaults(OnACapture):
+    RUN = "defaults"
+
+
+class TestChat(OnACapture):
+    RUN = "chat"
+
+
+class TestMu2Ga2(OnACapture):
+    RUN = "mu2-ga2"
