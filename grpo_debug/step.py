@@ -180,7 +180,7 @@ class GRPOStep:
             "advantages": dataclasses.replace(run.advantages, values=run.advantages.values[keep]),
         }
         t0 = time.perf_counter()
-        result = run_update(self, run.config, done, run, run.prompt_set)
+        result = self._update(run.config, done, run, run.prompt_set)
         timings = {**run.timings, "update": PhaseTiming(time.perf_counter() - t0, _peak_rss_mb())}
         self.result = dataclasses.replace(run, update=result, timings=timings, rerun=("update",))
         return self.result
@@ -228,99 +228,91 @@ class GRPOStep:
             self.cfg, self.result = cfg, run
         return run
 
+    # ---- the phases: each reads the config and the results of earlier phases (`done`) only; `base` is the run
+    # the new one starts from (the log-probs reuse its scoring when only the mask changed)
 
-# ---- phases: each reads the config and the results of earlier phases (`done`) only; `base` is the run the
-# new one starts from (the log-probs reuse its scoring when only the mask changed)
+    def _rollout(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rollout:
+        self.restore_policy()
+        offset = cfg.prompt_offset if prompt_set == "train" else 0
+        prompts = self.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
+        check_positions(self.policy, self.loaded.tokenizer, prompts, cfg.max_new_tokens)
+        return rollout(
+            self.policy,
+            self.loaded.tokenizer,
+            prompts,
+            num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            pad_with_eos=cfg.pad_with_eos,
+            generation=cfg.generation,
+            dropout=cfg.sample_dropout,
+            generate=sampling_kernels(cfg.fast, cfg.sample_dropout).generate,
+        )
 
+    def _logprobs(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
+        self.restore_policy()
+        scoring = scoring_of(cfg)
+        same_scoring = (
+            base.logprobs is not None
+            and base.rollout is done["rollout"]
+            and base.config.fast == cfg.fast
+            and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring)
+        )  # e.g. only the mask changed
+        return compute_logprobs(
+            self.policy,
+            self.loaded.reference,
+            done["rollout"],
+            scoring,
+            reference_is_policy=self.at_reference,
+            scored=base.logprobs if same_scoring else None,
+            score=kernels(cfg.fast).score,
+        )
 
-def run_rollout(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rollout:
-    step.restore_policy()
-    offset = cfg.prompt_offset if prompt_set == "train" else 0
-    prompts = step.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
-    check_positions(step.policy, step.loaded.tokenizer, prompts, cfg.max_new_tokens)
-    return rollout(
-        step.policy,
-        step.loaded.tokenizer,
-        prompts,
-        num_generations=cfg.num_generations,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        seed=cfg.seed,
-        pad_with_eos=cfg.pad_with_eos,
-        generation=cfg.generation,
-        dropout=cfg.sample_dropout,
-        generate=sampling_kernels(cfg.fast, cfg.sample_dropout).generate,
-    )
+    def _rewards(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
+        r = done["rollout"]
+        return compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
 
+    def _advantages(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:
+        return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
-def run_logprobs(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
-    step.restore_policy()
-    scoring = scoring_of(cfg)
-    same_scoring = (
-        base.logprobs is not None
-        and base.rollout is done["rollout"]
-        and base.config.fast == cfg.fast
-        and _scoring_key(scoring_of(base.config)) == _scoring_key(scoring)
-    )  # e.g. only the mask changed
-    return compute_logprobs(
-        step.policy,
-        step.loaded.reference,
-        done["rollout"],
-        scoring,
-        reference_is_policy=step.at_reference,
-        scored=base.logprobs if same_scoring else None,
-        score=kernels(cfg.fast).score,
-    )
+    def _loss(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
+        return batch_loss(cfg, done["rollout"], done["logprobs"], done["advantages"].values)
 
+    def _update(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
+        """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`)
+        with the AdamW carried from the previous steps."""
+        self.restore_policy()
+        self._policy_dirty = True
+        lp = done["logprobs"]
+        self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
+        return update(
+            self.policy,
+            done["rollout"],
+            lp,
+            done["advantages"].values,
+            scoring_of(cfg),
+            loss_spec_of(cfg),
+            optimization_of(cfg),
+            **update_context(cfg, done["rollout"], lp),
+            optimizer=self._last_optimizer,
+            num_iterations=cfg.num_iterations,
+            per_sample_grad_norms=cfg.per_sample_grad_norms,
+            score=kernels(cfg.fast).score,
+            backward=kernels(cfg.fast).backward,
+        )
 
-def run_rewards(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
-    r = done["rollout"]
-    return compute_rewards(r.prompts, r.completions, r.num_generations, step.task)
-
-
-def run_advantages(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:
-    return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
-
-
-def run_loss(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
-    return batch_loss(cfg, done["rollout"], done["logprobs"], done["advantages"].values)
-
-
-def run_update(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
-    """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`)
-    with the AdamW carried from the previous steps."""
-    step.restore_policy()
-    step._policy_dirty = True
-    lp = done["logprobs"]
-    step._last_optimizer = step.optimizer or new_optimizer(step.policy, optimization_of(cfg))
-    return update(
-        step.policy,
-        done["rollout"],
-        lp,
-        done["advantages"].values,
-        scoring_of(cfg),
-        loss_spec_of(cfg),
-        optimization_of(cfg),
-        **update_context(cfg, done["rollout"], lp),
-        optimizer=step._last_optimizer,
-        num_iterations=cfg.num_iterations,
-        per_sample_grad_norms=cfg.per_sample_grad_norms,
-        score=kernels(cfg.fast).score,
-        backward=kernels(cfg.fast).backward,
-    )
-
-
-def run_evaluation(step: GRPOStep, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
-    return evaluate_pair(step.loaded.reference, step.policy, step.loaded.tokenizer, cfg, step.task)
+    def _evaluation(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
+        return evaluate_pair(self.loaded.reference, self.policy, self.loaded.tokenizer, cfg, self.task)
 
 
 PHASE_FUNCTIONS = {
-    "rollout": run_rollout,
-    "logprobs": run_logprobs,
-    "rewards": run_rewards,
-    "advantages": run_advantages,
-    "loss": run_loss,
-    "update": run_update,
-    "evaluation": run_evaluation,
+    "rollout": GRPOStep._rollout,
+    "logprobs": GRPOStep._logprobs,
+    "rewards": GRPOStep._rewards,
+    "advantages": GRPOStep._advantages,
+    "loss": GRPOStep._loss,
+    "update": GRPOStep._update,
+    "evaluation": GRPOStep._evaluation,
 }
