@@ -30,7 +30,8 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, the same numbers on every run
+# setup() first: one torch thread, the same numbers on every run
+cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
 from grpo_debug.replay import has_dropout

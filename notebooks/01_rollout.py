@@ -39,7 +39,8 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-cfg, step = open_step(MODEL, CAPTURE, TASK)  # setup() first: one torch thread, the same numbers on every run
+# setup() first: one torch thread, the same numbers on every run
+cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
 run = step.run(cfg, until="rollout")

@@ -45,9 +45,7 @@ from grpo_debug.scoring import completion_logits, per_token_logps, token_logps
 show_source(per_token_logps, completion_logits, token_logps)
 
 # %%
-from grpo_debug.notebook import setup
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -55,12 +53,12 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
+# setup() first: one torch thread, the same numbers on every run
+cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
 from grpo_debug.config import PRESETS
-from grpo_debug.notebook import open_step
 
-cfg, step = open_step(MODEL, CAPTURE, TASK)
 run = step.run(cfg, until="logprobs")
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
 print(f"{base}: max |sampler - recomputed| = {run.logprobs.max_sampler_gap:.2e} nats")

@@ -36,9 +36,7 @@
 # `tests/test_offpolicy_parity.py` (values and gradients within 1e-6, every loss type and option).
 
 # %%
-from grpo_debug.notebook import setup, show_source
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step, show_source
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -46,14 +44,13 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
+# setup() first: one torch thread, the same numbers on every run
+cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8, per_sample_grad_norms=False)
 
 # %%
 import pandas as pd
 import torch
 
-from grpo_debug.notebook import open_step
-
-cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8, per_sample_grad_norms=False)
 one = step.run(cfg, until="update")  # mu = 1
 two = step.run(cfg.replace(num_iterations=2), until="update", base=one, remember=False)  # same rollout, mu = 2
 keys = ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/high_max", "kl",

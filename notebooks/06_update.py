@@ -31,9 +31,7 @@ from grpo_debug.update import backward, per_sample_norms, update
 show_source(update, backward, per_sample_norms)
 
 # %%
-from grpo_debug.notebook import setup
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -41,10 +39,7 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-
-# %%
-from grpo_debug.notebook import open_step
-
+# setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK, per_sample_grad_norms=True)
 run = step.run(cfg, until="update")
 u = run.update

@@ -23,9 +23,7 @@
 # evaluation (their count is printed).
 
 # %%
-from grpo_debug.notebook import setup
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -33,10 +31,7 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-
-# %%
-from grpo_debug.notebook import open_step
-
+# setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4, beta=0.0)
 task, model, tokenizer = step.task, step.policy, step.loaded.tokenizer  # every influence function takes (model, run, ...)
 run = step.run(cfg, until="loss")

@@ -20,9 +20,7 @@
 # failure, and where does the time go?
 
 # %%
-from grpo_debug.notebook import setup
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -30,10 +28,7 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-
-# %%
-from grpo_debug.notebook import open_step
-
+# setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 from grpo_debug.diagnostics import triage_zero_loss
 

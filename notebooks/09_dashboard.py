@@ -30,9 +30,7 @@
 # `grpo_debug.ui.passes.passes_under` re-reads only where every earlier pass's token gradients are unchanged).
 
 # %%
-from grpo_debug.notebook import setup
-
-setup()  # one torch thread: the same numbers on every run
+from grpo_debug.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -40,12 +38,8 @@ MODEL = None
 CAPTURE = None
 # With CAPTURE, your registered task (the run's reward functions): needed only where new completions are sampled.
 TASK = None
-
-# %%
-from grpo_debug.notebook import open_step
-
-cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4,
-                      per_sample_grad_norms=False)  # shown in notebook 06, not here: the update skips them
+# setup() first: one torch thread, the same numbers on every run. Per-sample gradient norms are notebook 06's
+cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4, per_sample_grad_norms=False)
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.ui.widgets import StepPanel
