@@ -137,7 +137,7 @@ panel_values = st.one_of(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(value=panel_values, data=st.data())
 def test_a_dashboard_change_runs_or_is_refused_in_the_status_line(panel, value, data):

@@ -21,7 +21,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
+from nbclient.util import run_sync
 
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.config import StepConfig
@@ -74,6 +76,16 @@ def capture(request, tmp_path_factory) -> tuple[Path, str]:
     return make_capture(request.cls.RUN, tmp_path_factory)
 
 
+@pytest.fixture(scope="class")
+def kernel():
+    """One kernel for a capture's notebooks, its namespace reset before each (`%reset -f`): torch, transformers
+    and TRL are imported once instead of once per notebook. nbval runs every notebook in a fresh kernel."""
+    km = AsyncKernelManager(kernel_name="python3")
+    run_sync(km.start_kernel)(cwd=str(NOTEBOOKS))
+    yield km
+    run_sync(km.shutdown_kernel)(now=True)
+
+
 def on_capture(name: str, capture: Path, task: str | None) -> nbformat.NotebookNode:
     text = (NOTEBOOKS / f"{name}.py").read_text()
     assert text.count("\nCAPTURE = None\n") == 1 and text.count("\nTASK = None\n") == 1, "no CAPTURE/TASK at the top"
@@ -94,12 +106,13 @@ class OnACapture:
     RUN = ""
 
     @pytest.mark.parametrize("name", ON_A_STEP)
-    def test_the_notebook_walks_the_captured_step(self, name, capture):
+    def test_the_notebook_walks_the_captured_step(self, name, capture, kernel):
         path, task = capture
         notebook = on_capture(name, path, task)
-        NotebookClient(
-            notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
-        ).execute()
+        notebook.cells.insert(
+            0, nbformat.v4.new_code_cell("%reset -f\nimport matplotlib.pyplot\nmatplotlib.pyplot.close('all')")
+        )
+        NotebookClient(notebook, km=kernel, timeout=900).execute()
 
 
 class TestBundled(OnACapture):
