@@ -61,7 +61,8 @@ if not cfg.vllm_importance_sampling_correction:  # (with it, the step also passe
     assert torch.equal(loss.loss, run.loss.loss)  # what the step computed, bit for bit
 
 # %%
-from grpo_debug.ui.tables import compare_variants, gradient_of_loss_wrt_logps, loss_value_at_ratio_one
+from grpo_debug.loss_gradients import gradient_of_loss_wrt_logps, loss_value_at_ratio_one
+from grpo_debug.ui.tables import compare_variants
 
 variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
 table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy", "loss/kl"])

@@ -113,7 +113,7 @@ marked_completions(two, it2.clipped, step.loaded.tokenizer, most)
 # recommended cap `epsilon_high = 5.0`; at the default 0.2 it scales every token by 0.2.
 
 # %%
-from grpo_debug.ui.tables import token_gradient_curves
+from grpo_debug.loss_gradients import token_gradient_curves
 
 ratios = torch.logspace(-0.5, 0.5, 201)
 curves = token_gradient_curves(["grpo", "sapo", "vespo"], ratios, epsilon_low=0.2, epsilon_high=0.2)

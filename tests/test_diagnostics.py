@@ -38,7 +38,7 @@ def test_a_compile_failure_is_a_result_not_an_exception(step):
 
 def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
     from grpo_debug.diagnostics import triage_zero_loss
-    from grpo_debug.ui.tables import loss_value_at_ratio_one
+    from grpo_debug.loss_gradients import loss_value_at_ratio_one
 
     grpo = step.run(ONE_GROUP, until="loss")
     assert triage_zero_loss(grpo).startswith("NORMAL") and "(~0)" in triage_zero_loss(grpo)
