@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .logprobs import completion_mask
+from .sampler import mismatch_metrics
 from .step import StepRun
 from .update import StepResult
 
@@ -32,6 +34,8 @@ def metrics(run: StepRun) -> dict[str, float]:
                 "logps/eos_kept": lp.eos_kept,
             }
         )
+        if r is not None:  # the sampler's log-probs against the recomputed ones, as verl measures them
+            out.update(mismatch_metrics(lp.policy, r.sampler_logps, completion_mask(r, "keep_first_eos")))
     if run.rewards is not None:
         for name, values in run.rewards.components.items():
             out[f"rewards/{name}/mean"] = torch.nanmean(values).item()

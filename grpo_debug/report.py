@@ -6,11 +6,12 @@ import dataclasses
 
 from .advantages import PHANTOM_STD
 from .metrics import metrics
+from .sampler import health_line
 
 
 def _line(name: str, value, note: str = "") -> str:
     text = f"{value:.6g}" if isinstance(value, float) else str(value)
-    return f"  {name:<34} {text:>14}  {note}"
+    return f"  {name:<48} {text:>14}  {note}"
 
 
 def report(run) -> str:
@@ -45,6 +46,18 @@ def report(run) -> str:
         _line("top_p renormalisation gap", lp.top_p_gap, "0 when top_p = 1"),
         _line("EOS inside the mask", lp.eos_kept, "1: the model is taught to stop"),
         _line("scored tokens", int(lp.mask.sum().item()), f"mask={cfg.mask}"),
+        _line("rollout_corr/kl", m["rollout_corr/kl"], "E[log pi_sampler - log pi_trainer] (verl's names)"),
+        _line("rollout_corr/chi2_token", m["rollout_corr/chi2_token"], "E[rho^2] - 1, rho = pi_trainer / pi_sampler"),
+        _line(
+            "rollout_corr/rollout_is_mean", m["rollout_corr/rollout_is_mean"], "mean rho per token, before truncation"
+        ),
+        _line("rollout_corr/rollout_is_eff_sample_size", m["rollout_corr/rollout_is_eff_sample_size"], "in (0, 1]"),
+        _line(
+            "rollout_corr/sequence/rollout_is_eff_sample_size",
+            m["rollout_corr/sequence/rollout_is_eff_sample_size"],
+            "the same, of the sequence weights",
+        ),
+        "  " + health_line(m),
     ]
     out += ["3. rewards"] + [_line(f"rewards/{k}/mean", v.nanmean().item()) for k, v in run.rewards.components.items()]
     out += [

@@ -51,3 +51,110 @@ def sampler_metrics(
         "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
         "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
     }
+
+
+# ---- sampler vs trainer health, as verl measures it (verl/trainer/ppo/rollout_corr_helper.py, its
+# `rollout_corr/` metrics and the health check of docs/algo/rollout_corr.md). rho = pi_trainer / pi_sampler.
+
+IS_THRESHOLD = 2.0  # verl's default rollout_is_threshold; the lower one is its reciprocal
+SAFETY_BOUND = 20.0  # verl clamps log-ratios to +-20 before exponentiating
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def is_weight_metrics(
+    log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token", threshold: float = IS_THRESHOLD
+) -> dict[str, float]:
+    """verl's `rollout_is_*` statistics of the IS weights rho before truncation: per token ((N, T) log-ratios)
+    or per sequence (exp of each row's summed log-ratio). `eff_sample_size` is 1 / E[(w / E[w])^2] in (0, 1]
+    with w the weights clamped to [1/threshold, threshold] (verl's)."""
+    lower = 1.0 / threshold
+    if level == "sequence":
+        log_w = (log_ratio * mask).sum(-1, keepdim=True).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        keep = (mask.sum(-1, keepdim=True) > 0).float()
+    else:
+        log_w, keep = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND), mask
+    w = torch.exp(log_w)
+    scored = keep.bool().expand_as(w)
+    clamped = w.clamp(lower, threshold)
+    mean_clamped = _masked_mean(clamped, keep)
+    std = torch.sqrt((_masked_mean(clamped.square(), keep) - mean_clamped.square()).clamp(min=0))
+    return {
+        "rollout_is_mean": _masked_mean(w, keep).item(),
+        "rollout_is_max": w[scored].max().item(),
+        "rollout_is_min": w[scored].min().item(),
+        "rollout_is_std": std.item(),
+        "rollout_is_eff_sample_size": 1.0 / _masked_mean((clamped / mean_clamped).square(), keep).item(),
+        "rollout_is_ratio_fraction_high": _masked_mean((w > threshold).float(), keep).item(),
+        "rollout_is_ratio_fraction_low": _masked_mean((w < lower).float(), keep).item(),
+    }
+
+
+def mismatch_metrics(
+    trainer_logps: torch.Tensor,
+    sampler_logps: torch.Tensor,
+    mask: torch.Tensor,
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> dict[str, float]:
+    """Sampler against trainer on the same tokens ((N, T) log-probs and mask), under verl's names
+    (`rollout_corr/`): the KL of the sampler from the trainer (direct `kl` = E[log pi_sampler - log pi_trainer],
+    `k3_kl` = E[rho - log rho - 1]), each policy's perplexity and their log difference per sequence,
+    chi-square per token (E[rho^2] - 1) and per sequence (E[(prod rho)^2] - 1), and the IS weights'
+    statistics per token. Ours, beside them: `rollout_corr/sequence/*`, the same statistics of the sequence
+    weights prod rho (each sequence counted once), and the share of tokens (`token/`) and of sequences
+    (`sequence/`) whose ratio leaves [clip_min, clip_max], TRL's vllm_importance_sampling_clip_*: what its
+    token_* and sequence_* modes truncate or mask."""
+    mask = mask.float()
+    log_ratio = torch.nan_to_num(trainer_logps - sampler_logps) * mask
+    trainer_mean = _masked_mean(torch.nan_to_num(trainer_logps) * mask, mask, -1)
+    sampler_mean = _masked_mean(torch.nan_to_num(sampler_logps) * mask, mask, -1)
+    log_ppl_diff = sampler_mean - trainer_mean
+    rows = mask.sum(-1) > 0
+    rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    seq_log = log_ratio.sum(-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    out = {
+        "kl": _masked_mean(-log_ratio, mask).item(),
+        "k3_kl": _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask).item(),
+        "training_ppl": torch.exp(-trainer_mean[rows]).mean().item(),
+        "training_log_ppl": (-trainer_mean[rows]).mean().item(),
+        "rollout_ppl": torch.exp(-sampler_mean[rows]).mean().item(),
+        "rollout_log_ppl": (-sampler_mean[rows]).mean().item(),
+        "log_ppl_diff": log_ppl_diff[rows].mean().item(),
+        "log_ppl_abs_diff": log_ppl_diff[rows].abs().mean().item(),
+        "log_ppl_diff_max": log_ppl_diff[rows].max().item(),
+        "log_ppl_diff_min": log_ppl_diff[rows].min().item(),
+        "ppl_ratio": torch.exp(log_ppl_diff[rows]).mean().item(),
+        "chi2_token": (_masked_mean(rho.square(), mask) - 1).item(),
+        "chi2_seq": (torch.exp(2 * seq_log[rows]).mean() - 1).item(),
+        **is_weight_metrics(log_ratio, mask, "token"),
+        **{f"sequence/{k}": v for k, v in is_weight_metrics(log_ratio, mask, "sequence").items()},
+    }
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    outside = lambda ratio: ((ratio < low) | (ratio > high)).float()
+    out["token/fraction_outside_clip"] = _masked_mean(outside(torch.exp(log_ratio)), mask).item()
+    out["sequence/fraction_outside_clip"] = outside(torch.exp(log_ratio.sum(-1)))[rows].mean().item()
+    return {f"rollout_corr/{k}": v for k, v in out.items()}
+
+
+# verl's health check (docs/algo/rollout_corr.md): a warning when a metric leaves its range
+HEALTH = {
+    "rollout_corr/rollout_is_mean": ("outside [0.5, 2]", lambda v: not 0.5 <= v <= 2.0),
+    "rollout_corr/rollout_is_eff_sample_size": ("< 0.3", lambda v: v < 0.3),
+    "rollout_corr/rollout_is_std": ("> 1", lambda v: v > 1.0),
+    "rollout_corr/kl": ("|kl| > 0.1", lambda v: abs(v) > 0.1),
+    "rollout_corr/chi2_token": ("> 1", lambda v: v > 1.0),
+}
+
+
+def health_line(metrics: dict[str, float]) -> str:
+    """'healthy' or each metric outside verl's range, with its value."""
+    bad = [
+        f"{k.split('/')[-1]} {metrics[k]:.3g} ({rule})"
+        for k, (rule, off) in HEALTH.items()
+        if k in metrics and off(metrics[k])
+    ]
+    return "sampler vs trainer: " + ("healthy (verl's thresholds)" if not bad else "WARNING " + "; ".join(bad))

@@ -65,6 +65,7 @@ def test_panel_callback_redraws(step):
     assert panel.until == "loss"
     panel.controls["beta"].value = 0.3  # fires on_change through the widget
     assert step.cfg.beta == 0.3 and "re-ran <b>loss</b>" in panel.status.value
+    assert "sampler vs trainer: healthy" in panel.status.value  # every fix on, top_p 0.95: within verl's ranges
     panel.controls["beta"].value = CFG.beta
 
 
