@@ -277,7 +277,8 @@ marked_completions(two, top, step.loaded.tokenizer, list(range(0, len(top), cfg.
 #
 # The same rollout, learning rate 0 and mu = 2: the weights never change, so every ratio != 1, clipped
 # token or KL comes from numerics (the fast no-grad scoring against the training forward, bfloat16) or from
-# dropout. A real failure shows up above this floor; a "clip ratio" below it is noise.
+# dropout. A real failure shows up above this floor; a "clip ratio" below it is noise. Each variant is a
+# full update with two passes, which makes this cell most of the notebook's running time.
 
 # %%
 from grpo_debug.diagnostics import null_step

@@ -22,7 +22,10 @@
 # (`update.py`), whose first step is about lr * sign(g): under it the prediction has to be measured, or the
 # gradient passed through AdamW's update map first (as LESS does). The TracIn-sign report argues that the sign of
 # `-seq_logprob * advantage` is backwards and flips it; the same-batch TracIn report blames a top-reward validation set with no
-# contrast. Both claims are measured here.
+# contrast. Both claims are measured here, the second on the reward in notebook 07b.
+#
+# Two cells take most of this notebook's time: section 1 takes one real step per training sample and
+# validation set, and the validation-set table computes one validation gradient per set.
 #
 # Prompt sets are named and disjoint: the batch trains on `train` prompts, separate validation sets are
 # sampled on `validation` prompts, and every reward measured after an update is measured on `test` prompts.
