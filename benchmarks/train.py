@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from grpo_debug.arms import parse_arm
-from grpo_debug.config import StepConfig, parse_overrides
+from grpo_debug.config import StepConfig
+from grpo_debug.overrides import parse_overrides
 from grpo_debug.paths import DATA_DIR
 from grpo_debug.train import train
 

@@ -11,7 +11,8 @@ import shlex
 import sys
 
 from .choices import ARM_NAMES
-from .config import PRESETS, StepConfig, describe_fields, parse_overrides
+from .config import PRESETS, StepConfig
+from .overrides import describe_fields, parse_overrides
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load

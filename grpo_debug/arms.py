@@ -9,7 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from .choices import ARM_NAMES
-from .config import _FALSE, _TRUE, StepConfig, parse_overrides
+from .config import StepConfig
+from .overrides import FALSE_WORDS, TRUE_WORDS, parse_overrides
 from .tracin.influence import VAL_LOSSES, VAL_SOURCES
 from .tracin.selection import SELECTIONS
 
@@ -95,9 +96,9 @@ def _selection_value(text: str, key: str, value: str):
     """A TracIn arm value, read by the rules `--set` reads a StepConfig value by."""
 
     if key == "flip_sign":
-        if value.lower() not in _TRUE + _FALSE:
+        if value.lower() not in TRUE_WORDS + FALSE_WORDS:
             raise ValueError(f"arm {text!r}: flip_sign = {value!r} is not allowed: it must be true or false")
-        return value.lower() in _TRUE
+        return value.lower() in TRUE_WORDS
     if key == "size":
         try:
             return int(value)

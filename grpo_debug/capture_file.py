@@ -26,6 +26,8 @@ SAME_NAME = TRL_SAME_NAME + (
     "steps_per_generation",
     "temperature",
     "top_p",
+    "top_k",
+    "min_p",
     "num_generations",
     "learning_rate",
     "max_grad_norm",

@@ -15,6 +15,7 @@ SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_trunca
 Generation = Literal["batched", "loop"]
 Dtype = Literal["float32", "bfloat16"]
 ScaleRewards = Literal["group", "batch", "none"]
+Support = Literal["full_vocabulary", "sampler_support"]
 
 MASKS = get_args(Mask)
 GATHERS = get_args(Gather)
@@ -27,6 +28,7 @@ SAMPLER_CORRECTION_MODES = get_args(SamplerCorrectionMode)
 GENERATIONS = get_args(Generation)
 DTYPES = get_args(Dtype)
 SCALE_REWARDS = get_args(ScaleRewards)
+SUPPORTS = get_args(Support)
 ARM_NAMES = (
     "fixed",
     "trl",

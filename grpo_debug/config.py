@@ -59,6 +59,10 @@ class StepConfig:
         high=1,
         low_open=True,
     )
+    top_k: int = _in("rollout", 0, "sample among the k likeliest tokens only (0: all, TRL's default)", low=0)
+    min_p: float | None = _in(
+        "rollout", None, "drop tokens below min_p x the top token's probability (none: off, TRL's)", low=0, high=1
+    )
     max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
     seed: int = _in(
         "rollout", 0, "sampling seed (training adds the step to seed x 1000: kept far below 2**63)", low=0, high=2**40
@@ -90,6 +94,13 @@ class StepConfig:
     # --- log-probs of policy and reference
     logprob_temperature: bool = _in(
         "logprobs", True, "divide the logits by the sampling temperature before log_softmax, as the sampler did"
+    )
+    logprob_support: choices.Support = _in(
+        "logprobs",
+        "full_vocabulary",
+        "score over the full vocabulary (TRL), or over the tokens the sampler's top_k/top_p/min_p kept, "
+        "renormalised (TRL PR #7269): the ratio to the sampler then shows drift, not the truncation",
+        choices=choices.SUPPORTS,
     )
     mask: choices.Mask = _in(
         "logprobs",
@@ -267,16 +278,16 @@ PRESET_FIELDS = tuple(
 )
 
 
-def _base_type(f: dataclasses.Field) -> tuple[str, bool]:
+def base_type(f: dataclasses.Field) -> tuple[str, bool]:
     """("int" | "float" | "str" | "bool", whether None is allowed) from the annotation; a choice (a `Literal`
     type of `choices`) is a str."""
     base = f.type.replace(" | None", "")
     return "str" if f.metadata["choices"] else base, f.type.endswith("| None")
 
 
-def _allowed(f: dataclasses.Field) -> str:
+def allowed_values(f: dataclasses.Field) -> str:
     m = f.metadata
-    base, optional = _base_type(f)
+    base, optional = base_type(f)
     if m["choices"]:
         return "one of " + ", ".join(m["choices"])
     if base == "bool":
@@ -292,7 +303,7 @@ FLOAT_LIMIT = 1e30  # every float setting: float32 overflows at 3.4e38 (std_floo
 
 def _check(f: dataclasses.Field, value) -> None:
     m, ok = f.metadata, True
-    base, optional = _base_type(f)
+    base, optional = base_type(f)
     if value is None and optional:
         return
     if base == "bool":
@@ -310,7 +321,7 @@ def _check(f: dataclasses.Field, value) -> None:
     if ok and m["high"] is not None:
         ok = value <= m["high"]
     if not ok:
-        raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {_allowed(f)}")
+        raise ValueError(f"StepConfig.{f.name} = {value!r} is not allowed: it must be {allowed_values(f)}")
     if base == "float" and abs(value) > FLOAT_LIMIT:
         raise ValueError(
             f"StepConfig.{f.name} = {value!r} is not allowed: the step computes in float32 (largest value "
@@ -343,52 +354,3 @@ def _check_batch_layout(cfg: StepConfig) -> None:
             f"StepConfig.vllm_importance_sampling_mode = {cfg.vllm_importance_sampling_mode!r} is not "
             "allowed with loss_type='vespo': it must be token_truncate or token_mask (as TRL requires)"
         )
-
-
-def describe_fields() -> str:
-    """Every key with its phase, default, allowed values and help: the CLI's --help epilog."""
-    lines = []
-    for f in dataclasses.fields(StepConfig):
-        lines.append(
-            f"  {f.name} ({f.metadata['phase']}; default {f.default!r}; {_allowed(f)})\n      {f.metadata['help']}"
-        )
-    return "\n".join(lines)
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def parse_value(key: str, text: str):
-    """One `key=value` value from the command line, typed by the field; a bad value names the key."""
-    f = StepConfig.__dataclass_fields__[key]
-    base, optional = _base_type(f)
-    if optional and text.lower() in ("none", "null", ""):
-        return None
-    if base == "bool":
-        if text.lower() not in _TRUE + _FALSE:
-            raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be true or false")
-        return text.lower() in _TRUE
-    try:
-        return {"int": int, "float": float}.get(base, str)(text)
-    except ValueError:
-        raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {_allowed(f)}") from None
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    """`key=value` strings into typed StepConfig fields."""
-    import difflib
-
-    fields = StepConfig.__dataclass_fields__
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=3)
-            raise ValueError(
-                f"{key!r} is not a StepConfig key"
-                + (f": did you mean {', '.join(close)}?" if close else f" (keys: {', '.join(sorted(fields))})")
-            )
-        if not sep:
-            raise ValueError(f"{pair!r} has no value: write {key}=VALUE ({_allowed(fields[key])})")
-        out[key] = parse_value(key, value)
-    return out

@@ -55,6 +55,8 @@ def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task 
             cfg.eval_samples,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            min_p=cfg.min_p,
             max_new_tokens=cfg.max_new_tokens,
             seed=cfg.seed + EVAL_SEED_OFFSET,
             progress=False,

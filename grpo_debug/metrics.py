@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .logprobs import completion_mask
-from .sampler import mismatch_metrics
+from .sampler import kept_mass, mismatch_metrics
 from .step import StepRun
 from .update import StepResult
 
@@ -35,7 +35,9 @@ def metrics(run: StepRun) -> dict[str, float]:
             }
         )
         if r is not None:  # the sampler's log-probs against the recomputed ones, as verl measures them
-            out.update(mismatch_metrics(lp.policy, r.sampler_logps, completion_mask(r, "keep_first_eos")))
+            sampled = completion_mask(r, "keep_first_eos")
+            out.update(mismatch_metrics(lp.policy, r.sampler_logps, sampled))
+            out["logps/kept_mass_mean"] = kept_mass(r)[sampled.bool()].mean().item()
     if run.rewards is not None:
         for name, values in run.rewards.components.items():
             out[f"rewards/{name}/mean"] = torch.nanmean(values).item()

@@ -23,6 +23,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "position_ids": False,
         "dtype": "float32",
         "logprob_temperature": True,
+        "logprob_support": "full_vocabulary",
         "mask": "keep_first_eos",
         "gather": "per_position",
         "scale_rewards": "group",

@@ -96,12 +96,14 @@ def sample(
     top_p: float,
     pad_token_id: int,
     eos_token_id: int,
+    top_k: int = 0,
+    min_p: float | None = None,
     generate=generate_repeated,
 ):
     """`num_generations` samples of each left-padded prompt (B, P): one `generate` call on the prompts
     repeated G times, rows grouped by prompt. Returns the (B*G, P) prompt ids and mask, the (B*G, C)
-    completion ids, and each sampled token's log-prob under the sampler (temperature and top_p) and under
-    the temperature alone (what a recomputation can match). `generate`: `generate_repeated`, or its fast
+    completion ids, and each sampled token's log-prob under the sampler (temperature, then top_k, top_p and
+    min_p, which renormalise over the tokens they keep) and under the temperature alone (what a recomputation can match). `generate`: `generate_repeated`, or its fast
     twin that computes each prompt's keys and values once per group (`speed.kernels`)."""
     G = num_generations
     input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
@@ -110,7 +112,8 @@ def sample(
         do_sample=True,
         temperature=temperature,
         top_p=top_p,
-        top_k=0,
+        top_k=top_k,
+        min_p=min_p,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         output_scores=True,
@@ -150,6 +153,8 @@ def sample_completions(
     seed: int = 0,
     batch_prompts: int = 16,
     progress: bool = True,
+    top_k: int = 0,
+    min_p: float | None = None,
     generate=generate_repeated,
 ) -> list[list[str]]:
     """`num_samples` sampled completions per prompt, in one left-padded `generate` call per chunk (texts
@@ -168,7 +173,8 @@ def sample_completions(
             do_sample=True,
             temperature=temperature,
             top_p=top_p,
-            top_k=0,
+            top_k=top_k,
+            min_p=min_p,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
@@ -256,6 +262,8 @@ def rollout(
     pad_with_eos: bool = True,
     generation: str = "batched",
     dropout: bool = False,
+    top_k: int = 0,
+    min_p: float | None = None,
     generate=generate_repeated,
 ) -> Rollout:
     """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
@@ -283,6 +291,8 @@ def rollout(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
             generate=generate,
         )
         seconds = time.perf_counter() - start

@@ -140,6 +140,14 @@ def mismatch_metrics(
     return {f"rollout_corr/{k}": v for k, v in out.items()}
 
 
+def kept_mass(rollout) -> torch.Tensor:
+    """(N, C) the probability mass top_k/top_p/min_p kept at each sampled position, in closed form: the sampler
+    renormalises over what it keeps, so pi_sampler = pi / mass and mass = pi / pi_sampler. A trainer that
+    scores the full vocabulary at the sampler's temperature sees rho = pi_trainer / pi_sampler = this mass
+    (below 1), a sequence the product of its tokens' (TRL PR #7269's bias)."""
+    return torch.exp(rollout.sampler_logps_temperature_only - rollout.sampler_logps)
+
+
 # verl's health check (docs/algo/rollout_corr.md): a warning when a metric leaves its range
 HEALTH = {
     "rollout_corr/rollout_is_mean": ("outside [0.5, 2]", lambda v: not 0.5 <= v <= 2.0),

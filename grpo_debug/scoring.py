@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .choices import GATHERS
+from .choices import GATHERS, SUPPORTS
 
 if TYPE_CHECKING:
     from .rollout import Rollout
@@ -31,6 +32,10 @@ class Scoring:
     gather: str = "per_position"
     mask: str = "keep_first_eos"
     mask_truncated_completions: bool = False  # TRL's option: completions with no EOS get no loss
+    support: str = "full_vocabulary"  # or "sampler_support": renormalised over what top_k/top_p/min_p keep
+    top_k: int = 0  # the sampler's truncation, read when support == "sampler_support"
+    top_p: float = 1.0
+    min_p: float | None = None
 
     @property
     def score_after_eos(self) -> bool:
@@ -79,12 +84,38 @@ def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor
         return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1 : P + C - 1]
 
 
-def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor:
-    """(N, C) log-prob of each completion token from its (N, C, V) logits."""
+def within_sampler_support(logits: torch.Tensor, scoring: Scoring, chosen: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, C, V) tempered logits with every token the sampler's top_k, top_p and min_p drop (transformers' own
+    warpers, in `generate`'s order) set to -inf, so that a softmax renormalises over the kept ones; the
+    `chosen` (N, C) tokens, which the sampler did keep, stay even where float rounding would drop them."""
+    warpers = [TopKLogitsWarper(scoring.top_k)] if scoring.top_k > 0 else []
+    warpers += [TopPLogitsWarper(scoring.top_p)] if scoring.top_p < 1 else []
+    warpers += [MinPLogitsWarper(scoring.min_p)] if scoring.min_p else []
+    with torch.no_grad():
+        kept = logits.detach().reshape(-1, logits.shape[-1])
+        for warper in warpers:
+            kept = warper(None, kept)
+        dropped = kept.isneginf().view_as(logits)
+        if chosen is not None:
+            dropped.scatter_(-1, chosen.unsqueeze(-1), False)
+    return logits.masked_fill(dropped, float("-inf"))
+
+
+def _tempered(logits: torch.Tensor, scoring: Scoring, chosen: torch.Tensor | None = None) -> torch.Tensor:
     logits = logits.float()
     if scoring.temperature is not None:
         logits = logits / scoring.temperature
-    logps = logits.log_softmax(-1)
+    if scoring.support == "sampler_support":
+        logits = within_sampler_support(logits, scoring, chosen)
+    elif scoring.support != "full_vocabulary":
+        raise ValueError(f"support must be one of {SUPPORTS}, got {scoring.support!r}")
+    return logits
+
+
+def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor:
+    """(N, C) log-prob of each completion token from its (N, C, V) logits: at the scoring temperature, over
+    the full vocabulary or over the sampler's support (`scoring.support`)."""
+    logps = _tempered(logits, scoring, completion_ids).log_softmax(-1)
     if scoring.gather == "per_position":
         return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     if scoring.gather == "first_position":  # lp.gather(1, tokens.unsqueeze(0)) on one sequence reads row 0 only
@@ -96,11 +127,8 @@ def token_entropies(logits: torch.Tensor, scoring: Scoring, grad: bool = False) 
     """(N, C) entropy -sum_v p log p of each position's next-token distribution (TRL's `entropy`); no
     gradient unless `grad` (only an entropy bonus needs one)."""
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        logits = logits.float()
-        if scoring.temperature is not None:
-            logits = logits / scoring.temperature
-        logps = logits.log_softmax(-1)
-        return -(logps.exp() * logps).sum(-1)
+        logps = _tempered(logits, scoring).log_softmax(-1)
+        return -(logps.exp() * logps.masked_fill(logps.isneginf(), 0.0)).sum(-1)  # a dropped token adds 0
 
 
 def per_token_logps_and_entropies(

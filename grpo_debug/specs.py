@@ -25,6 +25,10 @@ def scoring_of(cfg: StepConfig) -> Scoring:
         gather=cfg.gather,
         mask=cfg.mask,
         mask_truncated_completions=cfg.mask_truncated_completions,
+        support=cfg.logprob_support,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        min_p=cfg.min_p,
     )
 
 

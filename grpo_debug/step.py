@@ -244,6 +244,8 @@ class GRPOStep:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            min_p=cfg.min_p,
             seed=cfg.seed,
             pad_with_eos=cfg.pad_with_eos,
             generation=cfg.generation,

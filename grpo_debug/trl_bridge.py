@@ -91,6 +91,8 @@ def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
         max_completion_length=cfg.max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
         **{k: getattr(cfg, k) for k in SAME_NAME},
         epsilon=cfg.epsilon_low,
         use_bias_correction_kl=cfg.kl_estimator == "k3_corrected",

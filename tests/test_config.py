@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from grpo_debug.config import PRESET_FIELDS, PRESETS, StepConfig, parse_overrides
+from grpo_debug.config import PRESET_FIELDS, PRESETS, StepConfig
+from grpo_debug.overrides import parse_overrides
 
 
 @pytest.mark.parametrize(

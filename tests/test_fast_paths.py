@@ -72,6 +72,7 @@ def test_rollout_samples_the_same_tokens_fast_and_readable():
         dict(position_ids=False),
         dict(dtype="bfloat16"),
         dict(gather="first_position"),
+        dict(support="sampler_support", top_p=0.8, top_k=20),
     ],
     ids=str,
 )

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grpo_debug.config import StepConfig, parse_overrides
+from grpo_debug.config import StepConfig
+from grpo_debug.overrides import parse_overrides
 
 FIELDS = [f.name for f in dataclasses.fields(StepConfig)]
 CHOICES = sorted({c for f in dataclasses.fields(StepConfig) for c in (f.metadata.get("choices") or ())})

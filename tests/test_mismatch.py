@@ -98,3 +98,22 @@ def test_a_step_reports_the_top_p_bias_as_a_ratio_below_one_and_none_without_top
     assert abs(full["rollout_corr/kl"]) < 1e-4 and full["rollout_corr/rollout_is_eff_sample_size"] > 0.999
     assert nucleus["rollout_corr/rollout_is_max"] <= 1 + 1e-4 and nucleus["rollout_corr/rollout_is_mean"] < 0.99
     assert nucleus["rollout_corr/kl"] > 0  # the sampler is more confident than the trainer
+
+
+@pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 20}, {"min_p": 0.1}], ids=str)
+def test_the_truncation_bias_is_the_kept_mass_and_renormalising_over_the_support_removes_it(truncation):
+    """TRL PR #7269's measurement on the bundled model: scored over the full vocabulary, the mean per-token
+    ratio is the mean kept mass (closed form); renormalised over the sampler's support, it is 1."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.metrics import metrics
+    from grpo_debug.step import GRPOStep
+
+    cfg = StepConfig(num_prompts=2, num_generations=4, **truncation)
+    step = GRPOStep(cfg)
+    full = metrics(step.run(cfg, until="logprobs"))
+    renormalised = metrics(step.run(cfg.replace(logprob_support="sampler_support"), until="logprobs"))
+    assert full["rollout_corr/rollout_is_mean"] == pytest.approx(full["logps/kept_mass_mean"], rel=0.01)
+    assert renormalised["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, rel=0.01)
+    assert abs(renormalised["rollout_corr/kl"]) <= abs(full["rollout_corr/kl"])
+    if "top_p" in truncation:
+        assert full["logps/kept_mass_mean"] < 0.99  # a real bias to remove
