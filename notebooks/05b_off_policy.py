@@ -275,15 +275,16 @@ marked_completions(two, top, step.loaded.tokenizer, list(range(0, len(top), cfg.
 # %% [markdown]
 # ## The null step: the floor under every number above
 #
-# The same rollout, learning rate 0 and mu = 2: the weights never change, so every ratio != 1, clipped
-# token or KL comes from numerics (the fast no-grad scoring against the training forward, bfloat16) or from
-# dropout. A real failure shows up above this floor; a "clip ratio" below it is noise. Each variant is a
-# full update with two passes, which makes this cell most of the notebook's running time.
+# Learning rate 0 and mu = 2: the weights never change, so every ratio != 1, clipped token or KL comes from
+# numerics (the fast no-grad scoring against the training forward, bfloat16) or from dropout. A real
+# failure shows up above this floor; a "clip ratio" below it is noise. Each variant is a full update with
+# two passes, so on the bundled task the floor is measured on a rollout of half the prompts (a capture:
+# its own batch).
 
 # %%
 from grpo_debug.diagnostics import null_step
 
-floor = null_step(step, base=cfg if CAPTURE is None else cfg.with_preset("fixed"))  # every fix on, then one change
+floor = null_step(step, base=cfg.replace(num_prompts=2) if CAPTURE is None else cfg.with_preset("fixed"))  # every fix on, then one change
 floor[[c for c in floor.columns if c.startswith("pass 2")]]
 
 # %%

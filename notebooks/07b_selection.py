@@ -66,7 +66,7 @@ from grpo_debug.tracin.selection import (
     selection_experiment,
 )
 
-EVAL_PROMPTS = 16
+EVAL_PROMPTS = 8  # test prompts per evaluation; the committed training runs (06b) carry the verdicts
 baseline = held_out_baseline(model, tokenizer, task, cfg, EVAL_PROMPTS)
 sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
 print(f"test prompts {EVAL_PROMPTS} x {cfg.eval_samples} samples; reward before {baseline.reward:.4f}; "
