@@ -50,7 +50,9 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8)
 import pandas as pd
 
 from grpo_debug.metrics import metrics
-from grpo_debug.sampler import health_line
+from grpo_debug.sampler import HEALTH, health_line
+
+print("verl's warnings:", "; ".join(f"{name.split('/')[-1]} {rule}" for name, (rule, _) in HEALTH.items()))
 
 runs = {"as configured": step.run(cfg, until="logprobs"),
         "trl preset's scoring": step.run(cfg.with_preset("trl"), until="logprobs", remember=False)}
