@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from .choices import SAME_NAME as TRL_SAME_NAME
 from .config import StepConfig
 from .task import register_task, task_names
-from .trl_bridge import SAME_NAME as TRL_SAME_NAME
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
 # batch layout and optimiser fields it sets explicitly

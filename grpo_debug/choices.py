@@ -46,3 +46,25 @@ ARM_NAMES = (
     "dapo",
     "identical_groups",
 )
+# StepConfig fields that are GRPOConfig fields of the same name (the TRL bridge writes them, a capture reads
+# them back)
+SAME_NAME = (
+    "beta",
+    "loss_type",
+    "epsilon_high",
+    "scale_rewards",
+    "delta",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+    "entropy_coef",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "mask_truncated_completions",
+    "num_iterations",
+    "gradient_accumulation_steps",
+)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from .choices import SAME_NAME
 from .config import PRESET_FIELDS, StepConfig
 from .loss import TRL_LOSS_TYPES
 from .model import load_model
@@ -23,27 +24,6 @@ from .scoring import positions_from_mask
 from .task import Task, load_task
 
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
-# StepConfig fields that are GRPOConfig fields of the same name
-SAME_NAME = (
-    "beta",
-    "loss_type",
-    "epsilon_high",
-    "scale_rewards",
-    "delta",
-    "importance_sampling_level",
-    "top_entropy_quantile",
-    "off_policy_mask_threshold",
-    "entropy_coef",
-    "sapo_temperature_pos",
-    "sapo_temperature_neg",
-    "vespo_k_pos",
-    "vespo_lambda_pos",
-    "vespo_k_neg",
-    "vespo_lambda_neg",
-    "mask_truncated_completions",
-    "num_iterations",
-    "gradient_accumulation_steps",
-)
 # StepConfig fields that TRL has a switch for (translated in `grpo_config`); the rest of the preset fields
 # are fixed in TRL, to the `trl` preset's value, and `position_ids` is this module's trainer class. The
 # sampler correction acts in TRL only with vLLM, which this bridge does not run.
