@@ -120,7 +120,9 @@ plots.sign_scatter({f"{name}: {score} score, {kind} step": checks[(name, score, 
 # %% [markdown]
 # ## 2. Influence under every toggle
 #
-# The panel shows the previous choice next to the current one, on the same 16 training samples. The sign
+# The panel shows the previous choice next to the current one, on the same 16 training samples, and below
+# the histograms the paired view: each sample's score under both, the samples whose sign changed in red (the
+# status line counts them and gives the rank correlation of the two). The sign
 # flip negates cached scores (no recomputation); the validation loss, set, size, advantages and parameter set
 # recompute the influence on the cached rollout; the temperature fix and the KL variant re-run the engine
 # from their phase, and the scores are recomputed only if they can change (with beta = 0 the KL estimator

@@ -97,6 +97,12 @@ def test_influence_panel_flips_the_sign_from_the_cache_and_reuses_the_rollout():
     assert first.recomputed and len(first.scores) == rollout.num_samples
     flipped = panel.on_change("flip_sign", True)
     assert not flipped.recomputed and torch.equal(flipped.scores, -first.scores)
+    from grpo_debug.tracin.influence import signs
+
+    moved = int((signs(first.scores) != 0).sum())  # every sample with a sign changes it; a zero score has none
+    paired = panel.paired()
+    assert moved > 0 and int(paired["sign changed"].sum()) == moved and len(paired) == rollout.num_samples
+    assert f"{moved} of {rollout.num_samples} samples changed sign, Spearman -1.00" in panel.status.value
     panel.on_change("flip_sign", False)
     other = panel.on_change("kind", "seqloss-reward")
     assert other.recomputed and not torch.equal(other.scores, first.scores)

@@ -11,11 +11,13 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
+import pandas as pd
 import torch
 from IPython.display import display
 
 from ..config import PHASES, StepConfig
 from ..per_sample import SampleGradients
+from ..stats import spearman
 from ..tracin.influence import (
     PARAMETER_SETS,
     VAL_ADVANTAGES,
@@ -28,6 +30,7 @@ from ..tracin.influence import (
     parameter_set,
     per_sample_train_gradients,
     sign_fractions,
+    signs,
     validation_gradient,
     validation_pool,
     validation_set,
@@ -190,7 +193,8 @@ def _label(cfg, choice: InfluenceChoice) -> str:
 
 
 class InfluencePanel:
-    """Influence histograms side by side: the previous choice next to the current one, same samples."""
+    """Influence histograms side by side, the previous choice next to the current one on the same samples,
+    and the paired view: each sample's two scores, the samples whose sign changed marked (`paired`)."""
 
     def __init__(self, explorer: InfluenceExplorer, choice: InfluenceChoice | None = None):
         choice = choice or InfluenceChoice()
@@ -241,13 +245,34 @@ class InfluencePanel:
         self.redraw()
         return self.current
 
+    def paired(self) -> pd.DataFrame | None:
+        """Each training sample's influence under the previous choice and the current one, and whether its
+        sign changed (a score within the zero tolerance has no sign); None before the first change."""
+        if self.previous is None:
+            return None
+        before, now = signs(self.previous.scores), signs(self.current.scores)
+        return pd.DataFrame(
+            {
+                "before": self.previous.scores.numpy(),
+                "now": self.current.scores.numpy(),
+                "sign changed": ((before * now) < 0).numpy(),
+            }
+        ).rename_axis("sample")
+
     def redraw(self) -> None:
         v = self.current
-        signs = sign_fractions(v.scores)
+        fractions = sign_fractions(v.scores)
+        paired = self.paired()
+        moved = ""
+        if paired is not None:
+            moved = (
+                f"; against the previous choice: {int(paired['sign changed'].sum())} of {len(paired)} samples changed "
+                f"sign, Spearman {spearman(paired['before'], paired['now']):+.2f}"
+            )
         self.status.value = (
             f"{'recomputed' if v.recomputed else 'from cache'} in {v.seconds:.2f} s; "
-            f"fraction > 0 = {signs['> 0']:.2f}, = 0 = {signs['= 0']:.2f} "
-            f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}"
+            f"fraction > 0 = {fractions['> 0']:.2f}, = 0 = {fractions['= 0']:.2f} "
+            f"(|score| <= {ZERO_TOLERANCE:g} x max counts as 0), mean = {v.scores.mean():.4g}{moved}"
         )
         self.out.clear_output(wait=True)
         with self.out:
@@ -261,6 +286,8 @@ class InfluencePanel:
             )
             display(fig)
             plt.close(fig)
+            if paired is not None:  # the paired view: which samples moved, and where
+                display(paired.style.apply(lambda row: ["color: red" if row["sign changed"] else ""] * 3, axis=1))
 
     def widget(self) -> W.Widget:
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 33%)"))
