@@ -47,7 +47,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)
 run = step.run(cfg, until="rewards")
 from grpo_debug.ui.tables import per_sample
 
-table = per_sample(run)
+table = per_sample(run, wide=True)  # with every reward component
 if CAPTURE is None:  # the bundled chess task's component weights
     from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
     print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)

@@ -181,12 +181,13 @@ def test_per_sample_table_has_a_total_reward_on_every_row_of_a_mixed_batch(step)
     from grpo_debug.ui.tables import per_sample
 
     run = step.run(SMALL, until="loss")
-    table = per_sample(run)
+    table = per_sample(run, wide=True)
     tasks = {p[:2] for p in run.rollout.prompts}
     assert tasks == {"P:", "A:"}, "the check needs both tasks in the batch"
     assert table["reward"].notna().all()
     assert table["reward"].tolist() == pytest.approx(run.rewards.total.tolist())
     assert "rewards/reward" in table and "rewards/best_move" in table
+    assert list(per_sample(run).columns) == ["group", "completion", "reward", "advantage", "loss_share"]
 
 
 @pytest.mark.parametrize("preset", ["fixed", "trl"])

@@ -9,10 +9,13 @@ from ..config import StepConfig
 from ..metrics import metrics
 from ..step import GRPOStep, StepRun
 
+NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses
 
-def per_sample(run: StepRun) -> pd.DataFrame:
-    """One row per completion: its group, text, total reward, reward components (`rewards/<name>`, TRL's
-    prefix, so that no component can overwrite the total), advantage, log-prob and loss share."""
+
+def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
+    """One row per completion: its group, text, total reward, advantage and loss share (and gradient norm),
+    which fit a notebook column; `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
+    prefix, so that no component can overwrite the total), the sequence log-prob, entropy and sampler gap."""
     r, lp = run.rollout, run.logprobs
     rows = {
         "group": [i // r.num_generations for i in range(r.num_samples)],
@@ -32,7 +35,8 @@ def per_sample(run: StepRun) -> pd.DataFrame:
         rows["loss_share"] = run.loss.per_sample_loss.tolist()
     if run.update is not None and len(run.update.per_sample_grad_norms):
         rows["grad_norm"] = run.update.per_sample_grad_norms.tolist()
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table if wide else table[[c for c in NARROW if c in table]]
 
 
 def compare_variants(
