@@ -57,6 +57,17 @@ table = pd.DataFrame({"group": [i // r.num_generations for i in range(r.num_samp
                       "completion": [c[:80] for c in r.completions]})
 table.head(16)
 
+# %% [markdown]
+# The table cuts each completion short. An A: completion carries its fields (the position after
+# the move, the reward, whether the game ended or the move was illegal) after that point; two in full:
+
+# %%
+env_rows = [i for i in range(r.num_samples) if r.prompts[i // r.num_generations].startswith("A:")]
+for i in env_rows[:2]:
+    print(r.prompts[i // r.num_generations] + "|" + r.completions[i])
+if not env_rows:
+    print("no A: prompt in this batch")
+
 # %%
 print("left padding per prompt:", (r.prompt_mask == 0).sum(1)[::r.num_generations].tolist())
 print("groups whose G completions are identical:", r.identical_groups)

@@ -36,18 +36,13 @@ def rewards_per_group(rewards: Rewards, num_generations: int, title: str = "rewa
 def advantages_bars(adv: Advantages, num_generations: int, title: str = "advantages"):
     values = adv.values.numpy()
     fig, ax = plt.subplots(figsize=(7, 3))
-    colors = [
-        "tab:red"
-        if (i // num_generations) in adv.phantom_groups
-        else "tab:gray"
-        if (i // num_generations) in adv.zero_std_groups
-        else "tab:blue"
-        for i in range(len(values))
-    ]
+    colors = ["tab:red" if (i // num_generations) in adv.phantom_groups else "tab:blue" for i in range(len(values))]
+    for g in adv.zero_std_groups:  # their bars have height 0: shade the group instead
+        ax.axvspan(g * num_generations - 0.5, (g + 1) * num_generations - 0.5, color="0.85", zorder=0)
     ax.bar(np.arange(len(values)), values, color=colors)
     for b in range(1, len(values) // num_generations):
         ax.axvline(b * num_generations - 0.5, color="k", lw=0.5)
-    ax.set(xlabel="sample (grey: zero-std group, red: phantom group)", ylabel="advantage", title=title)
+    ax.set(xlabel="sample (shaded: zero-std group, advantage 0; red: phantom group)", ylabel="advantage", title=title)
     return _done(fig)
 
 
