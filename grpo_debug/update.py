@@ -177,18 +177,21 @@ class MicroBatch:
     per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
 
 
-def micro_batch_weights(logprobs: TokenLogProbs, loss: LossSpec, rows: list[int], num_items_in_batch) -> torch.Tensor:
-    """(N, C) each token's weight in this micro-batch's loss (its normalisation); 0 outside `rows`."""
+def micro_batch_loss_inputs(logprobs: TokenLogProbs, loss: LossSpec, rows: list[int], num_items, **tensors):
+    """(N, C) each token's weight in this micro-batch's loss (its normalisation; 0 outside `rows`), and the
+    keyword arguments `chunk_share` takes with them: `tensors` (old_logps, sampler_ratio, sampler_logps) and
+    the token count of the entropy mask, which is the micro-batch's."""
     weights = torch.zeros_like(logprobs.mask)
     weights[rows] = loss_weights(
         logprobs.mask[rows],
         loss.loss_type,
         loss.max_completion_length,
-        num_items_in_batch=num_items_in_batch,
+        num_items_in_batch=num_items,
         gradient_accumulation_steps=loss.gradient_accumulation_steps,
         steps_per_generation=loss.steps_per_generation,
     )
-    return weights
+    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
+    return weights, {**tensors, "entropy_tokens": entropy_tokens}
 
 
 def pieces_of(rows: list[int], loss: LossSpec) -> list[list[int]]:
@@ -216,11 +219,8 @@ def backward(
     """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time; with `norms`, each sample's
     gradient norm from one more backward of its share alone (`per_sample_norms`). The fast twin:
     `fast.backward.backward_hooked`."""
-    weights = micro_batch_weights(logprobs, loss, rows, num_items_in_batch)
-    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
-    context = dict(
-        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, entropy_tokens=entropy_tokens
-    )
+    tensors = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps)
+    weights, context = micro_batch_loss_inputs(logprobs, loss, rows, num_items_in_batch, **tensors)
     value, logps, entropies = 0.0, [], []
     for piece in pieces_of(rows, loss):
         share, lp, ent = chunk_share(

@@ -17,7 +17,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..per_sample import PerSampleGradients, SampleGradients, materialize
 from ..scoring import per_token_logps_and_entropies
-from ..update import MicroBatch, backward, chunk_share, micro_batch_weights, pieces_of
+from ..update import MicroBatch, backward, chunk_share, micro_batch_loss_inputs, pieces_of
 
 
 def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -67,19 +67,21 @@ def backward_hooked(
     score=per_token_logps_and_entropies,
 ) -> MicroBatch:
     """`update.backward`, with each sample's gradient norm from layer hooks in the same backward."""
-    context = dict(
-        old_logps=old_logps,
-        sampler_ratio=sampler_ratio,
-        sampler_logps=sampler_logps,
-        num_items_in_batch=num_items_in_batch,
-    )
+    tensors = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps)
     if not norms:
-        return backward(model, rollout, logprobs, advantages, scoring, loss, rows, score=score, **context)
-    weights = micro_batch_weights(logprobs, loss, rows, num_items_in_batch)
-    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
-    context = dict(
-        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, entropy_tokens=entropy_tokens
-    )
+        return backward(
+            model,
+            rollout,
+            logprobs,
+            advantages,
+            scoring,
+            loss,
+            rows,
+            num_items_in_batch=num_items_in_batch,
+            score=score,
+            **tensors,
+        )
+    weights, context = micro_batch_loss_inputs(logprobs, loss, rows, num_items_in_batch, **tensors)
     built = conv1d_weights(model)
     value, logps, entropies, per_sample = 0.0, [], [], []
     for piece in pieces_of(rows, loss):

@@ -24,8 +24,8 @@ import traitlets
 from IPython.display import display
 
 from ..config import PRESETS, StepConfig
-from ..logprobs import completion_mask
-from ..sampler import health_line, mismatch_metrics
+from ..metrics import metrics
+from ..sampler import health_line
 from ..step import GRPOStep, StepRun
 from ..update import Iteration
 from . import plots
@@ -335,12 +335,10 @@ class StepPanel:
 
     def redraw(self, result: ChangeResult) -> None:
         run = result.run
-        trl_mask = completion_mask(run.rollout, "keep_first_eos")  # the tokens the sampler produced
-        mismatch = mismatch_metrics(run.logprobs.policy, run.rollout.sampler_logps, trl_mask)
         self.status.value = (
             f"re-ran <b>{', '.join(result.rerun) or 'nothing'}</b> in {result.seconds:.2f} s; "
             + ", ".join(f"{k} = {v:.4g}" for k, v in summary(run, result.passes).items())
-            + f"<br>{html.escape(health_line(mismatch))}"
+            + f"<br>{html.escape(health_line(metrics(run)))}"
         )
         for name in self.stale_figures(run):
             phase, draw = FIGURES[name]
