@@ -23,7 +23,7 @@ from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
-from grpo_debug.specs import loss_spec_of, scoring_of
+from grpo_debug.specs import loss_spec_of, scoring_of, specs_of
 from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
 from grpo_debug.update import chunk_loss
@@ -64,8 +64,8 @@ def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
         return torch.tensor(scores)
 
     _, plain = measured(plain_step)
-    (_, val_grad), val_cost = measured(lambda: validation_gradient(model, val, cfg, "seqloss-lastadv"))
-    fast, hook = measured(lambda: batch_influence(model, r, lp, adv, cfg, val_grad))
+    (_, val_grad), val_cost = measured(lambda: validation_gradient(model, val, specs_of(cfg), "seqloss-lastadv"))
+    fast, hook = measured(lambda: batch_influence(model, r, lp, adv, specs_of(cfg), val_grad))
     slow, naive = measured(naive_loop)
     extra = {}
     if adam_aware:
@@ -73,7 +73,12 @@ def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
         from grpo_debug.tracin.influence import per_sample_train_gradients
 
         _, extra["adam_aware_score"] = measured(
-            lambda: scores_for(per_sample_train_gradients(model, r, lp, adv, cfg).gradients(), val_grad, cfg, "adam")
+            lambda: scores_for(
+                per_sample_train_gradients(model, r, lp, adv, specs_of(cfg)).gradients(),
+                val_grad,
+                specs_of(cfg),
+                "adam",
+            )
         )
         extra["adam_aware_over_hook"] = round(extra["adam_aware_score"]["seconds"] / hook["seconds"], 2)
     return {

@@ -7,18 +7,31 @@ update; the confidence interval bootstraps prompts (the unit that was sampled), 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .config import StepConfig
 from .rewards import compute_rewards
 from .rollout import sample_completions
-from .speed import kernels
 from .stats import prompt_bootstrap
 from .task import Task, as_task
 
 EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
+
+
+@dataclass(frozen=True)
+class EvalSampling:
+    """How an evaluation samples: the rollout's settings, `samples` completions per prompt, seeds apart."""
+
+    samples: int  # completions per prompt
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_new_tokens: int
+    seed: int  # the step's seed: the evaluation samples with seed + EVAL_SEED_OFFSET
+    generate: Callable  # the generate kernel (`speed.kernels(fast).generate`)
 
 
 @dataclass(frozen=True)
@@ -45,38 +58,41 @@ def eval_prompts(task: Task | str, n: int) -> list[str]:
     return as_task(task).prompts("test", n)
 
 
-def eval_side(model, tokenizer, prompts: list[str], cfg: StepConfig, task: Task | str) -> EvalSide:
+def eval_side(model, tokenizer, prompts: list[str], sampling: EvalSampling, task: Task | str) -> EvalSide:
+    """`model`'s mean reward over `sampling.samples` completions of each prompt."""
     completions = [
         c
         for group in sample_completions(
             model,
             tokenizer,
             prompts,
-            cfg.eval_samples,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            min_p=cfg.min_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=cfg.seed + EVAL_SEED_OFFSET,
+            sampling.samples,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed + EVAL_SEED_OFFSET,
             progress=False,
-            generate=kernels(cfg.fast).generate,
+            generate=sampling.generate,
         )
         for c in group
     ]
-    rewards = compute_rewards(prompts, completions, cfg.eval_samples, task)
-    per_prompt = rewards.total.view(-1, cfg.eval_samples).mean(1)
+    rewards = compute_rewards(prompts, completions, sampling.samples, task)
+    per_prompt = rewards.total.view(-1, sampling.samples).mean(1)
     components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}
     return EvalSide(per_prompt.mean().item(), components, per_prompt, completions)
 
 
-def evaluate_pair(before_model, after_model, tokenizer, cfg: StepConfig, task: Task | str) -> Evaluation:
+def evaluate_pair(
+    before_model, after_model, tokenizer, prompts: list[str], sampling: EvalSampling, task: Task | str, bootstrap: int
+) -> Evaluation:
+    """Both models on the same prompts and sampling seeds; `bootstrap` resamples of the prompts for the interval."""
     start = time.perf_counter()
-    prompts = eval_prompts(task, cfg.eval_prompts)
-    before = eval_side(before_model, tokenizer, prompts, cfg, task)
-    after = eval_side(after_model, tokenizer, prompts, cfg, task)
+    before = eval_side(before_model, tokenizer, prompts, sampling, task)
+    after = eval_side(after_model, tokenizer, prompts, sampling, task)
     diffs = after.per_prompt - before.per_prompt
-    low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
+    low, high = prompt_bootstrap(diffs, bootstrap, sampling.seed)
     return Evaluation(
         before=before,
         after=after,

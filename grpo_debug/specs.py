@@ -1,18 +1,23 @@
 """A `StepConfig` turned into the phases' arguments: the one place that reads the config for them. The phase
-functions (rollout, logprobs, rewards, advantages, loss, update) take tensors, a model and these plain specs."""
+functions (rollout, logprobs, rewards, advantages, loss, update, evaluation) take tensors, a model and these
+plain specs; code that re-runs parts of a step on its own (TracIn, the selection experiments) takes them
+bundled in a `StepSpecs`. (`trl_bridge.py` is the other reader of a whole config: it translates it for TRL.)"""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
 from .config import StepConfig
+from .evaluation import EvalSampling
 from .logprobs import TokenLogProbs
 from .loss import LossBreakdown, LossSpec, compute_loss
 from .rollout import Rollout
 from .sampler import sampler_importance_ratio, sampler_metrics
 from .scoring import Scoring
+from .speed import Kernels, kernels
 from .update import Optimization
 
 
@@ -57,6 +62,45 @@ def needs_old_logps(cfg: StepConfig) -> bool:
 
 def optimization_of(cfg: StepConfig) -> Optimization:
     return Optimization(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+
+
+def eval_sampling_of(cfg: StepConfig, samples: int | None = None) -> EvalSampling:
+    """The evaluation's sampling: the rollout's settings, `samples` (default `eval_samples`) per prompt."""
+    return EvalSampling(
+        samples=samples or cfg.eval_samples,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        generate=kernels(cfg.fast).generate,
+    )
+
+
+@dataclass(frozen=True)
+class StepSpecs:
+    """Every phase argument a re-run of part of the step needs, in one value."""
+
+    scoring: Scoring
+    loss: LossSpec
+    optimization: Optimization
+    kernels: Kernels  # readable or fast (`speed.kernels`)
+    sampling: EvalSampling  # a held-out evaluation's
+    seed: int
+    bootstrap: int  # resamples of a bootstrap interval
+
+
+def specs_of(cfg: StepConfig) -> StepSpecs:
+    return StepSpecs(
+        scoring=scoring_of(cfg),
+        loss=loss_spec_of(cfg),
+        optimization=optimization_of(cfg),
+        kernels=kernels(cfg.fast),
+        sampling=eval_sampling_of(cfg),
+        seed=cfg.seed,
+        bootstrap=cfg.bootstrap,
+    )
 
 
 def sampler_correction(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> tuple[torch.Tensor | None, dict]:

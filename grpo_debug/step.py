@@ -19,14 +19,14 @@ from .advantages import Advantages, summarize_advantages
 from .capture_file import Capture, config_from_capture, load_capture
 from .captured import StoredReward, captured_models, captured_rollout, captured_task
 from .config import PHASES, StepConfig
-from .evaluation import Evaluation, evaluate_pair
+from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
-from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
+from .specs import batch_loss, eval_sampling_of, loss_spec_of, optimization_of, scoring_of, update_context
 from .speed import kernels, sampling_kernels
 from .task import Task, load_task, register_task
 from .update import StepResult, new_optimizer, update
@@ -60,6 +60,9 @@ def _scoring_key(scoring: Scoring) -> Scoring:
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+VALIDATION_SEED_OFFSET = 1  # a validation run samples with seed + 1
 
 
 class GRPOStep:
@@ -185,6 +188,16 @@ class GRPOStep:
         self.result = dataclasses.replace(run, update=result, timings=timings, rerun=("update",))
         return self.result
 
+    def validation_run(self, size: int, cfg: StepConfig | None = None) -> StepRun:
+        """`size` fresh samples from the current weights (size / G prompts of the 'validation' set, G each,
+        sampled with seed + 1: other draws than the step's), run rollout..advantages aside: the step's last
+        run is left as it was. TracIn's random and top-k validation sets are cut from it (`validation_pool`)."""
+        cfg = cfg or self.cfg
+        if size % cfg.num_generations:
+            raise ValueError(f"a validation run of {size} samples is not a multiple of G={cfg.num_generations}")
+        pool = cfg.replace(seed=cfg.seed + VALIDATION_SEED_OFFSET, num_prompts=size // cfg.num_generations)
+        return self.run(pool, until="advantages", base=StepRun(pool), prompt_set="validation", remember=False)
+
     def run(
         self,
         cfg: StepConfig | None = None,
@@ -306,7 +319,16 @@ class GRPOStep:
         )
 
     def _evaluation(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:
-        return evaluate_pair(self.loaded.reference, self.policy, self.loaded.tokenizer, cfg, self.task)
+        prompts = eval_prompts(self.task, cfg.eval_prompts)
+        return evaluate_pair(
+            self.loaded.reference,
+            self.policy,
+            self.loaded.tokenizer,
+            prompts,
+            eval_sampling_of(cfg),
+            self.task,
+            cfg.bootstrap,
+        )
 
 
 PHASE_FUNCTIONS = {

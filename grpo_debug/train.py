@@ -33,6 +33,7 @@ from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
 from .metrics import metrics
 from .progress import Progress, _lock
+from .specs import eval_sampling_of, specs_of
 from .step import GRPOStep, StepRun
 from .task import load_task
 from .tracin.first_order import scores_for
@@ -65,18 +66,18 @@ LOGGED = (
 
 def influence(step: GRPOStep, run: StepRun, sel: Selection) -> tuple[torch.Tensor, float]:
     """(N,) each training sample's influence on the validation loss, and that loss."""
-    cfg = run.config
+    spec = specs_of(run.config)
     if sel.source == "same_batch":
         val = validation_set(run, "same_batch")
     else:
-        pool = validation_pool(step.run, cfg, sel.size * (2 if sel.source == "topk" else 1))
+        pool = validation_pool(step.validation_run(sel.size * (2 if sel.source == "topk" else 1), run.config))
         val = validation_set(run, sel.source, sel.size, pool)
-    val_loss, val_grad = validation_gradient(step.policy, val, cfg, sel.kind, sel.flip_sign)
-    train = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, cfg)
+    val_loss, val_grad = validation_gradient(step.policy, val, spec, sel.kind, sel.flip_sign)
+    train = per_sample_train_gradients(step.policy, run.rollout, run.logprobs, run.advantages.values, spec)
     scores = (
         influence_scores(train, val_grad)
         if sel.score == "tracin"
-        else scores_for(train.gradients(), val_grad, cfg, sel.score)
+        else scores_for(train.gradients(), val_grad, spec, sel.score)
     )
     return scores, val_loss
 
@@ -103,7 +104,9 @@ def train_step(step: GRPOStep, cfg: StepConfig, sel: Selection | None) -> dict:
 
 def held_out(step: GRPOStep, base: StepConfig, prompts: int) -> dict:
     """The policy's mean reward on the first `prompts` test prompts, sampled with the base config's seed."""
-    side = eval_side(step.policy, step.loaded.tokenizer, eval_prompts(step.task, prompts), base, step.task)
+    side = eval_side(
+        step.policy, step.loaded.tokenizer, eval_prompts(step.task, prompts), eval_sampling_of(base), step.task
+    )
     return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
 
 

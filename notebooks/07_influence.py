@@ -32,6 +32,7 @@
 
 # %%
 from grpo_debug.notebook import open_step
+from grpo_debug.specs import specs_of
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -43,6 +44,7 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4, beta=0.0)
 task, model, tokenizer = step.task, step.policy, step.loaded.tokenizer  # every influence function takes (model, run, ...)
 run = step.run(cfg, until="loss")
+spec = specs_of(cfg)  # the phases' arguments (scoring, loss, optimizer, kernels, evaluation) the TracIn code takes
 
 # %% [markdown]
 # ## 1. What the first-order prediction predicts, optimizer by optimizer
@@ -71,7 +73,7 @@ from grpo_debug.tracin.influence import validation_set
 from grpo_debug.ui import plots
 from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice
 
-influence = InfluenceCache(step.run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
+influence = InfluenceCache(step.validation_run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 check_sets = {"random 16": validation_set(run, "random", 16, influence.pool(cfg)),
               "same batch": validation_set(run, "same_batch")}
 pairs = {"random 16": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw"), ("tracin", "adamw_batch"),
@@ -79,7 +81,7 @@ pairs = {"random 16": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")
          "same batch": [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")]}
 checks = {}
 for name, val in check_sets.items():
-    for c in first_order_checks(model, run.rollout, run.logprobs, run.advantages.values, cfg, val,
+    for c in first_order_checks(model, run.rollout, run.logprobs, run.advantages.values, spec, val,
                                 pairs=pairs[name]):
         checks[(name, c.score, c.step)] = c
 agreement = pd.DataFrame({k: {"lr": c.lr, "Spearman": c.spearman, "sign agreement": c.sign_agreement,
@@ -224,11 +226,11 @@ from grpo_debug.tracin.influence import (
 
 train_grads = influence.train_gradients(model, run, "all")
 same = validation_set(run, "same_batch")
-c_train = train_coefficients(run.advantages.values, run.logprobs.mask, cfg)
+c_train = train_coefficients(run.advantages.values, run.logprobs.mask, spec)
 squared = train_grads.squared_norms()
 self_rows, own_by_kind = {}, {}
 for kind in VAL_LOSSES:
-    own = self_terms(model, train_grads, same, cfg, kind).double()
+    own = self_terms(model, train_grads, same, spec, kind).double()
     relation = self_terms_from_norms(squared, c_train, validation_coefficients(same, kind))
     if not cfg.dropout:  # with dropout on, each forward draws other masks: no identity between two of them
         assert torch.allclose(own, relation, rtol=1e-3, atol=1e-6 * relation.abs().max().item())
@@ -261,9 +263,9 @@ if CAPTURE is None:  # a second, larger batch of the bundled task: a capture has
     c = cfg.replace(num_prompts=8)
     r = step.run(c, until="loss", remember=False)  # a side run: the step (and the panel above) stay on the 16
     same32 = validation_set(r, "same_batch")
-    grads = per_sample_train_gradients(model, r.rollout, r.logprobs, r.advantages.values, c)
-    total = influence_scores(grads, validation_gradient(model, same32, c, "seqloss-lastadv")[1]).double()
-    own = self_terms(model, grads, same32, c, "seqloss-lastadv").double()
+    grads = per_sample_train_gradients(model, r.rollout, r.logprobs, r.advantages.values, specs_of(c))
+    total = influence_scores(grads, validation_gradient(model, same32, specs_of(c), "seqloss-lastadv")[1]).double()
+    own = self_terms(model, grads, same32, specs_of(c), "seqloss-lastadv").double()
     assert (signs(own) >= 0).all()
     bias[r.rollout.num_samples] = {"self-term share of the summed influence": (own.sum() / total.sum()).item(),
                                    "influence > 0": (signs(total) > 0).float().mean().item(),

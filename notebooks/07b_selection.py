@@ -24,6 +24,7 @@
 
 # %%
 from grpo_debug.notebook import open_step
+from grpo_debug.specs import specs_of
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -35,6 +36,7 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=4, beta=0.0)
 task, model, tokenizer = step.task, step.policy, step.loaded.tokenizer  # every influence function takes (model, run, ...)
 run = step.run(cfg, until="loss")
+spec = specs_of(cfg)  # the phases' arguments (scoring, loss, optimizer, kernels, evaluation) the TracIn code takes
 
 # %%
 import pandas as pd
@@ -43,7 +45,7 @@ from scipy.stats import spearmanr
 from grpo_debug.ui import plots
 from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice
 
-influence = InfluenceCache(step.run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
+influence = InfluenceCache(step.validation_run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 
 # %% [markdown]
 # ## 1. The TracIn-sign report's sign, settled on the reward
@@ -67,8 +69,8 @@ from grpo_debug.tracin.selection import (
 )
 
 EVAL_PROMPTS = 8  # test prompts per evaluation; the committed training runs (06b) carry the verdicts
-baseline = held_out_baseline(model, tokenizer, task, cfg, EVAL_PROMPTS)
-sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
+baseline = held_out_baseline(model, tokenizer, task, spec, EVAL_PROMPTS)
+sgd_lr = matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, spec)
 print(f"test prompts {EVAL_PROMPTS} x {cfg.eval_samples} samples; reward before {baseline.reward:.4f}; "
       f"SGD lr {sgd_lr:.3g} (AdamW lr {cfg.learning_rate:g})")
 selection_sets = {"same batch": (InfluenceChoice(source="same_batch"), ("influence>0", "influence<0")),
@@ -77,7 +79,7 @@ results = {}
 for name, (choice, strategies) in selection_sets.items():
     val, scores = influence.validation_set(run, choice), influence.scores(model, run, choice)
     for optimizer in OPTIMIZERS:
-        for r in selection_experiment(model, run, tokenizer, task, val, scores, strategies=strategies,
+        for r in selection_experiment(model, run, spec, tokenizer, task, val, scores, strategies=strategies,
                                       optimizer=optimizer, sgd_lr=sgd_lr, eval_prompts=EVAL_PROMPTS, baseline=baseline):
             results[(name, optimizer, r.strategy)] = r
 print(f"{len(results)} selections, each one step and one evaluation on the test prompts")
@@ -130,14 +132,14 @@ from grpo_debug.tracin.first_order import predicted_subset_change
 from grpo_debug.tracin.influence import per_sample_train_gradients, signs, validation_gradient
 
 choice = InfluenceChoice(source="random", size=64)
-train_full = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, cfg).gradients()
-_, val_grad = validation_gradient(model, influence.validation_set(run, choice), cfg, "seqloss-lastadv")
+train_full = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, spec).gradients()
+_, val_grad = validation_gradient(model, influence.validation_set(run, choice), spec, "seqloss-lastadv")
 selection_rows = {}
 for optimizer in OPTIMIZERS:
     for strategy in SELECTIONS:
         r = results[("random 64", optimizer, strategy)]
         keep = torch.tensor(r.selected, dtype=torch.long)
-        predicted = {how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, cfg, how, r.lr)
+        predicted = {how: predicted_subset_change(train_full, val_grad, keep, run.logprobs.mask, spec, how, r.lr)
                      for how in (optimizer, "sgd")}
         selection_rows[(optimizer, strategy)] = {
             "selected": len(r.selected), "L_val change": r.val_loss_after - r.val_loss_before,

@@ -9,6 +9,7 @@ import torch
 from test_per_sample import naive_per_sample_gradients
 
 from grpo_debug.config import StepConfig
+from grpo_debug.specs import specs_of
 from grpo_debug.step import GRPOStep
 from grpo_debug.tracin.influence import (
     ValidationSet,
@@ -20,6 +21,7 @@ from grpo_debug.tracin.influence import (
 )
 
 CFG = StepConfig(num_prompts=3, num_generations=4, beta=0.0, max_new_tokens=104)
+SPEC = specs_of(CFG)
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +46,24 @@ def _flat(grads: dict, params) -> torch.Tensor:
 def test_influence_equals_naive_inner_products(setup, naive_train, kind):
     step, run, val = setup
     model = step.policy
-    grads = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG)
-    _, val_grad = validation_gradient(model, val, CFG, kind)
+    grads = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, SPEC)
+    _, val_grad = validation_gradient(model, val, SPEC, kind)
     fast = influence_scores(grads, val_grad)
     params = [p for p in model.parameters() if p.requires_grad]
     # float64 products: a float32 dot product over 2.8M entries was itself off by 2e-3 relative here
     naive = naive_train @ _flat(val_grad, params).double()
     assert torch.allclose(fast.double(), naive, rtol=1e-5, atol=1e-5 * naive.abs().max().item())
-    streamed = batch_influence(model, run.rollout, run.logprobs, run.advantages.values, CFG, val_grad)
+    streamed = batch_influence(model, run.rollout, run.logprobs, run.advantages.values, SPEC, val_grad)
     assert torch.allclose(streamed, fast, rtol=1e-6, atol=1e-6 * fast.abs().max().item())
 
 
-def _naive_val_shares(model, val, cfg, kind) -> torch.Tensor:
+def _naive_val_shares(model, val, spec, kind) -> torch.Tensor:
     """(N, P) autograd gradient of each sample's share of L_val, one backward per sample."""
     params = [p for p in model.parameters() if p.requires_grad]
     out = []
     for i in range(val.rollout.num_samples):
         out.append(
-            torch.cat([g.flatten() for g in torch.autograd.grad(_val_share(model, val, cfg, kind, [i]), params)])
+            torch.cat([g.flatten() for g in torch.autograd.grad(_val_share(model, val, spec, kind, [i]), params)])
         )
     return torch.stack(out)
 
@@ -81,17 +83,17 @@ def test_same_batch_self_term_follows_the_derived_relation(setup, naive_train, k
     step, run, val = setup
     model = step.policy
     g_train = naive_train
-    g_val = _naive_val_shares(model, val, CFG, kind).double()
-    c_train = train_coefficients(run.advantages.values, run.logprobs.mask, CFG)
+    g_val = _naive_val_shares(model, val, SPEC, kind).double()
+    c_train = train_coefficients(run.advantages.values, run.logprobs.mask, SPEC)
     c_val = validation_coefficients(val, kind)
     moved = c_train != 0
     ratio = c_val[moved] / c_train[moved]
     scale = g_val.abs().max().item()
     assert torch.allclose(g_val[moved], ratio.unsqueeze(1) * g_train[moved], atol=1e-5 * scale)
     autograd = (g_train * g_val).sum(1)
-    hooks = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG)
+    hooks = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, SPEC)
     by_relation = self_terms_from_norms(hooks.squared_norms(), c_train, c_val)
-    measured = self_terms(model, hooks, val, CFG, kind).double()
+    measured = self_terms(model, hooks, val, SPEC, kind).double()
     tol = 1e-5 * autograd.abs().max().item()
     assert torch.allclose(by_relation, autograd, rtol=1e-5, atol=tol)
     assert torch.allclose(measured, autograd, rtol=1e-4, atol=tol)
@@ -110,7 +112,7 @@ def test_train_coefficients_refuse_a_kl_term(setup):
 
     _, run, _ = setup
     with pytest.raises(ValueError, match="beta"):
-        train_coefficients(run.advantages.values, run.logprobs.mask, CFG.replace(beta=0.04))
+        train_coefficients(run.advantages.values, run.logprobs.mask, specs_of(CFG.replace(beta=0.04)))
 
 
 def test_adam_direction_is_torch_adamw_step():
@@ -147,10 +149,10 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
 
     step, run, val = setup
     model = step.policy
-    train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG).gradients()
-    _, val_grad = validation_gradient(model, val, CFG, "seqloss-lastadv")
+    train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, SPEC).gradients()
+    _, val_grad = validation_gradient(model, val, SPEC, "seqloss-lastadv")
     params = list(train)
-    fast = scores_for(train, val_grad, CFG, score)
+    fast = scores_for(train, val_grad, SPEC, score)
     independent = []
     for i in range(len(fast)):
         copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
@@ -169,7 +171,7 @@ def test_optimizer_aware_score_is_the_inner_product_with_adamw_steps(setup, scor
         )
     independent = torch.tensor(independent, dtype=torch.float64)
     assert torch.allclose(fast.double(), independent, rtol=1e-4, atol=1e-5 * independent.abs().max().item())
-    assert not torch.allclose(fast.double(), scores_for(train, val_grad, CFG, "tracin"), rtol=0.1)
+    assert not torch.allclose(fast.double(), scores_for(train, val_grad, SPEC, "tracin"), rtol=0.1)
 
 
 def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
@@ -183,7 +185,7 @@ def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
         run.rollout,
         run.logprobs,
         run.advantages.values,
-        CFG,
+        SPEC,
         val,
         lrs={"sgd": 1e-4},
         pairs=(("tracin", "sgd"),),
@@ -196,8 +198,8 @@ def test_sgd_single_sample_steps_agree_with_the_first_order_prediction(setup):
 def test_flip_sign_negates_the_validation_gradient_exactly(setup):
     """The TracIn-sign report's flip is an identity on the scores (no evidence either way): it negates grad L_val."""
     step, run, val = setup
-    _, right = validation_gradient(step.policy, val, CFG, "seqloss-lastadv")
-    _, flipped = validation_gradient(step.policy, val, CFG, "seqloss-lastadv", flip_sign=True)
+    _, right = validation_gradient(step.policy, val, SPEC, "seqloss-lastadv")
+    _, flipped = validation_gradient(step.policy, val, SPEC, "seqloss-lastadv", flip_sign=True)
     assert all(torch.equal(flipped[p], -right[p]) for p in right)
 
 
@@ -207,13 +209,15 @@ def test_validation_pool_and_test_prompts_are_disjoint(setup):
     step, run, _ = setup
     test_prompts = set(step.task.prompts("test", 256))
     for source in ("random", "topk"):
-        val = validation_set(run, source, 4, validation_pool(step.run, CFG, 8))
+        val = validation_set(run, source, 4, validation_pool(step.validation_run(8)))
         assert val.prompt_set == "validation" and val.name == f"{source} 4"
         used = set(val.rollout.prompts)
         assert used and used.isdisjoint(test_prompts) and used.isdisjoint(run.rollout.prompts)
     assert set(run.rollout.prompts).isdisjoint(test_prompts)
     with pytest.raises(ValueError, match="pool"):
         validation_set(run, "random", 4)
+    with pytest.raises(ValueError, match="'validation' prompts"):
+        validation_pool(run)  # the training batch is no pool
 
 
 def test_validation_advantages_per_group_and_whole_set(setup):
@@ -221,7 +225,7 @@ def test_validation_advantages_per_group_and_whole_set(setup):
     from grpo_debug.tracin.influence import validation_pool, validation_set
 
     step, run, _ = setup
-    pool = validation_pool(step.run, CFG, 16)
+    pool = validation_pool(step.validation_run(16))
     for source in ("random", "topk"):
         per_group = validation_set(run, source, 8, pool, "per_group")
         whole = validation_set(run, source, 8, pool, "whole_set")
@@ -269,16 +273,17 @@ def test_selection_under_sgd_and_adamw_lowers_l_val_and_reports_its_sets(setup):
 
     step, run, _ = setup
     model, tokenizer = step.policy, step.loaded.tokenizer
-    val = validation_set(run, "random", 16, validation_pool(step.run, CFG, 16))
-    scores = influence_of_batch(model, run, CFG, val)
+    val = validation_set(run, "random", 16, validation_pool(step.validation_run(16)))
+    scores = influence_of_batch(model, run, SPEC, val)
     weights = [p.detach().clone() for p in model.parameters()]
-    baseline = held_out_baseline(model, tokenizer, step.task, CFG, 4)
+    baseline = held_out_baseline(model, tokenizer, step.task, SPEC, 4)
     for optimizer in ("sgd", "adamw"):
         results = {
             r.strategy: r
             for r in selection_experiment(
                 model,
                 run,
+                SPEC,
                 tokenizer,
                 step.task,
                 val,
@@ -305,7 +310,7 @@ def test_explorer_cache_is_keyed_on_what_the_scores_depend_on():
     cfg = CFG.replace(num_prompts=2)
     step = GRPOStep(cfg)
     run = step.run(cfg, until="loss")
-    cache = InfluenceCache(step.run, pool_size=8)
+    cache = InfluenceCache(step.validation_run, pool_size=8)
     choice = InfluenceChoice(source="random", size=8)
     first = cache.scores(step.policy, run, choice)
     k1 = step.run(cfg.replace(kl_estimator="k1"), until="loss")  # beta = 0: the estimator multiplies nothing
@@ -348,9 +353,9 @@ def test_influence_equals_naive_for_every_parameter_set(setup, model_kind, param
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         assert names and all(("lora_" in n) == (param_set == "lora") for n in names)
         assert (param_set == "all") == any("wte" in n for n in names)
-        _, val_grad = validation_gradient(model, val, CFG, "seqloss-lastadv")
+        _, val_grad = validation_gradient(model, val, SPEC, "seqloss-lastadv")
         fast = influence_scores(
-            per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, CFG), val_grad
+            per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, SPEC), val_grad
         )
         naive = naive_per_sample_gradients(model, run, CFG).double() @ _flat(val_grad, params).double()
     assert torch.allclose(fast.double(), naive, rtol=1e-5, atol=1e-5 * naive.abs().max().item())

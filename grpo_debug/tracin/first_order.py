@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import StepConfig
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..rollout import Rollout
+from ..specs import StepSpecs
 from ..stats import spearman
 from .influence import (
     ValidationSet,
@@ -78,12 +78,12 @@ def compare(
 
 
 def evaluation_noise(
-    model, val: ValidationSet, cfg: StepConfig, kind: str, val_grad: dict, length: float, draws: int = 4, seed: int = 0
+    model, val: ValidationSet, spec: StepSpecs, kind: str, val_grad: dict, length: float, draws: int = 4, seed: int = 0
 ) -> float:
     """The largest |change of L_val| after `draws` random steps of `length` orthogonal to grad L_val: steps
     with no first-order effect, so what they measure is float32 noise of L_val (and a little curvature)."""
     params = list(val_grad)
-    base = validation_loss_value(model, val, cfg, kind)
+    base = validation_loss_value(model, val, spec, kind)
     before = [p.detach().clone() for p in params]
     g_norm2 = sum(val_grad[p].double().pow(2).sum() for p in params)
     worst = 0.0
@@ -96,7 +96,7 @@ def evaluation_noise(
         with torch.no_grad():
             for p in params:
                 p.add_((scale * d[p]).to(p.dtype))
-        worst = max(worst, abs(validation_loss_value(model, val, cfg, kind) - base))
+        worst = max(worst, abs(validation_loss_value(model, val, spec, kind) - base))
         with torch.no_grad():
             for p, b in zip(params, before):
                 p.copy_(b)
@@ -108,16 +108,16 @@ def _sum_over_samples(grads: dict) -> dict:
 
 
 def single_sample_changes(
-    model, train_grads: dict, val: ValidationSet, cfg: StepConfig, kind: str, step: str, lr: float
+    model, train_grads: dict, val: ValidationSet, spec: StepSpecs, kind: str, step: str, lr: float
 ) -> torch.Tensor:
     """(N,) L_val after one real `step` (STEP_KINDS) on sample i alone minus L_val before; train_grads
     {param: (N, *shape)}. The AdamW steps are torch's own optimizer, as update.py builds it."""
     params = list(train_grads)
-    base = validation_loss_value(model, val, cfg, kind)
+    base = validation_loss_value(model, val, spec, kind)
     before = [p.detach().clone() for p in params]
     warm = None
     if step == "adamw_batch":
-        warm = warmed_state(params, _sum_over_samples(train_grads), "batch", cfg.max_grad_norm)
+        warm = warmed_state(params, _sum_over_samples(train_grads), "batch", spec.optimization.max_grad_norm)
     elif step not in STEP_KINDS:
         raise ValueError(f"step must be one of {STEP_KINDS}, got {step!r}")
     changes = []
@@ -130,16 +130,16 @@ def single_sample_changes(
                 for p in params:
                     p.sub_(lr * train_grads[p][i])
         else:
-            _adamw_step(params, sample(train_grads, i), lr, cfg, warm)
-        changes.append(validation_loss_value(model, val, cfg, kind) - base)
+            _adamw_step(params, sample(train_grads, i), lr, spec, warm)
+        changes.append(validation_loss_value(model, val, spec, kind) - base)
         with torch.no_grad():
             for p, b in zip(params, before):
                 p.copy_(b)
     return torch.tensor(changes)
 
 
-def _adamw_step(params, grads: dict, lr: float, cfg: StepConfig, warm=None) -> None:
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=BETAS, eps=EPS)
+def _adamw_step(params, grads: dict, lr: float, spec: StepSpecs, warm=None) -> None:
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=spec.optimization.weight_decay, betas=BETAS, eps=EPS)
     if warm is not None:
         for p in params:
             optimizer.state[p] = {
@@ -149,13 +149,13 @@ def _adamw_step(params, grads: dict, lr: float, cfg: StepConfig, warm=None) -> N
             }
     for p in params:
         p.grad = grads[p].clone()
-    if cfg.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    if spec.optimization.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, spec.optimization.max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def scores_for(train_grads: dict, val_grad: dict, cfg: StepConfig, score: str) -> torch.Tensor:
+def scores_for(train_grads: dict, val_grad: dict, spec: StepSpecs, score: str) -> torch.Tensor:
     """(N,) one of SCORES for materialised per-sample gradients {param: (N, *shape)}."""
     if score == "tracin":
         return torch.stack(
@@ -167,9 +167,12 @@ def scores_for(train_grads: dict, val_grad: dict, cfg: StepConfig, score: str) -
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     state = warmed_state(
-        list(train_grads), _sum_over_samples(train_grads), "fresh" if score == "adam" else "batch", cfg.max_grad_norm
+        list(train_grads),
+        _sum_over_samples(train_grads),
+        "fresh" if score == "adam" else "batch",
+        spec.optimization.max_grad_norm,
     )
-    return optimizer_influence(train_grads, val_grad, state, cfg.max_grad_norm)
+    return optimizer_influence(train_grads, val_grad, state, spec.optimization.max_grad_norm)
 
 
 def first_order_checks(
@@ -177,7 +180,7 @@ def first_order_checks(
     rollout: Rollout,
     logprobs: TokenLogProbs,
     advantages: torch.Tensor,
-    cfg: StepConfig,
+    spec: StepSpecs,
     val: ValidationSet,
     kind: str = "seqloss-lastadv",
     lrs: dict | None = None,
@@ -194,21 +197,24 @@ def first_order_checks(
     The statistics of a step kind are taken over the samples whose step is `resolvable` (by the step's own
     first-order score, against `evaluation_noise` for a step as long as the longest SGD step), the same
     samples for every score compared with that step kind."""
-    lrs = {"sgd": 1e-3, "adamw": cfg.learning_rate, "adamw_batch": cfg.learning_rate, **(lrs or {})}
-    train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, cfg).gradients()
-    _, val_grad = validation_gradient(model, val, cfg, kind)
+    lr = spec.optimization.learning_rate
+    lrs = {"sgd": 1e-3, "adamw": lr, "adamw_batch": lr, **(lrs or {})}
+    train_grads = per_sample_train_gradients(model, rollout, logprobs, advantages, spec).gradients()
+    _, val_grad = validation_gradient(model, val, spec, kind)
     longest = (
         lrs["sgd"] * torch.sqrt(sum(g.double().flatten(1).pow(2).sum(1) for g in train_grads.values())).max().item()
     )
-    noise = evaluation_noise(model, val, cfg, kind, val_grad, longest)
+    noise = evaluation_noise(model, val, spec, kind, val_grad, longest)
     decay = sum((val_grad[p].double() * p.detach().double()).sum() for p in train_grads).item()
     steps = list(dict.fromkeys(k for _, k in pairs))
     needed = dict.fromkeys([s for s, _ in pairs] + [OWN_SCORE[k] for k in steps])
-    scores = {s: scores_for(train_grads, val_grad, cfg, s) for s in needed}
-    measured = {k: single_sample_changes(model, train_grads, val, cfg, kind, k, lrs[k]) for k in steps}
+    scores = {s: scores_for(train_grads, val_grad, spec, s) for s in needed}
+    measured = {k: single_sample_changes(model, train_grads, val, spec, kind, k, lrs[k]) for k in steps}
 
     def predicted(score: str, step: str) -> torch.Tensor:
-        weight_decay = cfg.weight_decay * decay if step != "sgd" else 0.0  # AdamW also shrinks theta by lr * wd
+        weight_decay = (
+            spec.optimization.weight_decay * decay if step != "sgd" else 0.0
+        )  # AdamW also shrinks theta by lr * wd
         return -lrs[step] * (scores[score].float() + weight_decay)
 
     moved = {k: resolvable(predicted(OWN_SCORE[k], k), noise) for k in steps}
@@ -223,7 +229,7 @@ def predicted_subset_change(
     val_grad: dict,
     keep: torch.Tensor,
     mask: torch.Tensor,
-    cfg: StepConfig,
+    spec: StepSpecs,
     optimizer: str,
     lr: float,
 ) -> float:
@@ -236,10 +242,12 @@ def predicted_subset_change(
     g_sum = {p: g[keep].sum(0) for p, g in train_grads.items()}
     if optimizer == "sgd":
         return -lr * sum((g_sum[p].double() * val_grad[p].double()).sum() for p in g_sum).item()
-    weights = loss_weights(mask, cfg.loss_type, cfg.max_new_tokens)
-    factor = (loss_weights(mask[keep], cfg.loss_type, cfg.max_new_tokens).sum() / weights[keep].sum()).item()
-    state = warmed_state(list(g_sum), g_sum, "fresh", cfg.max_grad_norm)
+    weights = loss_weights(mask, spec.loss.loss_type, spec.loss.max_completion_length)
+    factor = (
+        loss_weights(mask[keep], spec.loss.loss_type, spec.loss.max_completion_length).sum() / weights[keep].sum()
+    ).item()
+    state = warmed_state(list(g_sum), g_sum, "fresh", spec.optimization.max_grad_norm)
     scores = optimizer_influence(
-        {p: (factor * g).unsqueeze(0) for p, g in g_sum.items()}, val_grad, state, cfg.max_grad_norm
+        {p: (factor * g).unsqueeze(0) for p, g in g_sum.items()}, val_grad, state, spec.optimization.max_grad_norm
     )
     return -lr * scores.item()

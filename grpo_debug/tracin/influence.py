@@ -31,14 +31,12 @@ from dataclasses import dataclass
 import torch
 
 from ..advantages import normalize_over_set
-from ..config import StepConfig
 from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
-from ..specs import loss_spec_of, scoring_of
-from ..speed import kernels
+from ..specs import StepSpecs
 from ..step import StepRun
 from ..update import DROPOUT_SEED, chunk_loss
 
@@ -140,24 +138,16 @@ class ValidationSet:
     val_advantages: str = "per_group"
 
 
-VALIDATION_SEED_OFFSET = 1  # the validation pool samples with seed + 1: other draws than the step's
-
-
-def pool_config(cfg: StepConfig, size: int) -> StepConfig:
-    """The config of a pool of `size` samples: size / G prompts, G samples each, sampled with seed + 1."""
-    if size % cfg.num_generations:
-        raise ValueError(f"a pool of {size} samples is not a multiple of G={cfg.num_generations}")
-    return cfg.replace(seed=cfg.seed + VALIDATION_SEED_OFFSET, num_prompts=size // cfg.num_generations)
-
-
-def validation_pool(run_phases, cfg: StepConfig, size: int) -> ValidationSet:
-    """`size` fresh samples (size / G prompts of the 'validation' set, G each) from the step's own
-    weights, advantages within their groups; random and top-k sets are cut from it. `run_phases` is
-    `GRPOStep.run` (e.g. `step.run`): the pool is the step's own phases rollout..advantages on the
-    'validation' prompts, run aside (the step's current run is left as it was)."""
-
-    pool_cfg = pool_config(cfg, size)
-    run = run_phases(pool_cfg, until="advantages", base=StepRun(pool_cfg), prompt_set="validation", remember=False)
+def validation_pool(run: StepRun) -> ValidationSet:
+    """The pool random and top-k validation sets are cut from: `run`, the step's phases rollout..advantages
+    on the 'validation' prompts (`GRPOStep.validation_run(size)`), advantages within their groups."""
+    if run.prompt_set != "validation" or run.advantages is None:
+        raise ValueError(
+            f"a validation pool is a run up to the advantages on the 'validation' prompts "
+            f"(step.validation_run(size)); got one on {run.prompt_set!r} prompts"
+            + ("" if run.advantages is not None else " without advantages")
+        )
+    size = run.rollout.num_samples
     return ValidationSet(
         run.rollout, run.logprobs, run.advantages.values, run.rewards.total, f"pool {size}", "validation", "per_group"
     )
@@ -200,9 +190,9 @@ def validation_set(
     if source == "same_batch":
         full, keep = same_batch_set(run), torch.arange(run.rollout.num_samples)
     elif pool is None:
-        raise ValueError(f"a {source} set is cut from a pool: pass pool=validation_pool(step.run, cfg, size)")
+        raise ValueError(f"a {source} set is cut from a pool: pass pool=validation_pool(step.validation_run(size))")
     else:
-        full, keep = pool, pool_rows(pool, source, size, run.config.num_generations)
+        full, keep = pool, pool_rows(pool, source, size, run.rollout.num_generations)
     rewards = full.rewards[keep]
     advantages = (
         full.advantages[keep]
@@ -215,20 +205,20 @@ def validation_set(
     )
 
 
-def _val_share(model, val: ValidationSet, cfg: StepConfig, kind: str, rows: list[int], flip_sign: bool = False):
+def _val_share(model, val: ValidationSet, spec: StepSpecs, kind: str, rows: list[int], flip_sign: bool = False):
     """These rows' share of L_val (the mean over all N_val sequences)."""
-    logps = kernels(cfg.fast).score_logps(model, val.rollout.rows(rows), scoring_of(cfg))
+    logps = spec.kernels.score_logps(model, val.rollout.rows(rows), spec.scoring)
     per_seq = validation_loss(logps, val.logprobs.mask[rows], val.advantages[rows], val.rewards[rows], kind, flip_sign)
     return per_seq.sum() / val.rollout.num_samples
 
 
-def validation_gradient(model, val: ValidationSet, cfg: StepConfig, kind: str, flip_sign: bool = False):
-    """(L_val, {param: dL_val/dparam}) with the model scored as `cfg` says, 8 rows at a time."""
+def validation_gradient(model, val: ValidationSet, spec: StepSpecs, kind: str, flip_sign: bool = False):
+    """(L_val, {param: dL_val/dparam}) with the model scored as `spec.scoring` says, 8 rows at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
     total, grads = 0.0, [torch.zeros_like(p) for p in params]
     torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(val.rollout.num_samples):
-        share = _val_share(model, val, cfg, kind, rows, flip_sign)
+        share = _val_share(model, val, spec, kind, rows, flip_sign)
         total += share.item()
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
@@ -248,14 +238,14 @@ def same_prompt_chunks(rollout: Rollout, size: int = ROWS_PER_PASS) -> list[list
     return chunks
 
 
-def validation_loss_value(model, val: ValidationSet, cfg: StepConfig, kind: str = "seqloss-lastadv") -> float:
+def validation_loss_value(model, val: ValidationSet, spec: StepSpecs, kind: str = "seqloss-lastadv") -> float:
     """L_val (unflipped: the quantity a helpful step lowers), no grad."""
     with torch.no_grad():
         torch.manual_seed(DROPOUT_SEED)
-        return sum(_val_share(model, val, cfg, kind, rows).item() for rows in same_prompt_chunks(val.rollout))
+        return sum(_val_share(model, val, spec, kind, rows).item() for rows in same_prompt_chunks(val.rollout))
 
 
-def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfig, kind: str) -> torch.Tensor:
+def self_terms(model, train: SampleGradients, val: ValidationSet, spec: StepSpecs, kind: str) -> torch.Tensor:
     """Same-batch only: (N,) each sample's inner product with its OWN share of L_val's gradient,
     <g_train_i, g_val_i>: the part of influence_i that says "a step on i helps i". Measured with hooks."""
     chunks = []
@@ -263,19 +253,21 @@ def self_terms(model, train: SampleGradients, val: ValidationSet, cfg: StepConfi
     for rows in row_chunks(val.rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture():
-            _val_share(model, val, cfg, kind, rows).backward()
+            _val_share(model, val, spec, kind, rows).backward()
         chunks.append(hooks.factors())
     model.zero_grad(set_to_none=True)
     return train.inner(SampleGradients(chunks)).float()
 
 
-def train_coefficients(advantages: torch.Tensor, mask: torch.Tensor, cfg: StepConfig) -> torch.Tensor:
+def train_coefficients(advantages: torch.Tensor, mask: torch.Tensor, spec: StepSpecs) -> torch.Tensor:
     """(N,) c_i with g_train_i = c_i * grad(seq_logprob_i): step 0 (ratio 1, clipping inactive), beta = 0."""
-    if cfg.beta != 0:
+    if spec.loss.beta != 0:
         raise ValueError("with beta != 0 the KL term's gradient is not along grad seq_logprob: no such coefficient")
-    weight_sum = loss_weights(mask, cfg.loss_type, cfg.max_new_tokens).sum(-1)  # (N,) = T_i x per-token weight
+    weight_sum = loss_weights(mask, spec.loss.loss_type, spec.loss.max_completion_length).sum(
+        -1
+    )  # (N,) = T_i x per-token weight
     tokens = mask.sum(-1).clamp(min=1)
-    per_token = weight_sum if cfg.loss_type == "reinforce_sum" else weight_sum / tokens
+    per_token = weight_sum if spec.loss.loss_type == "reinforce_sum" else weight_sum / tokens
     return -advantages.double() * per_token.double()
 
 
@@ -295,10 +287,10 @@ def self_terms_from_norms(
     return ratio * train_squared_norms.double()
 
 
-def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig):
+def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, spec: StepSpecs):
     """The hooks of one backward per 8 rows of the GRPO loss (the batch's normalisation kept). No summed
     gradient is needed, so autograd skips the Conv1D weights' (a third of the backward's work)."""
-    weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
+    weights = loss_weights(logprobs.mask, spec.loss.loss_type, spec.loss.max_completion_length)
     torch.manual_seed(DROPOUT_SEED)
     skipped = conv1d_weights(model)
     for rows in row_chunks(rollout.num_samples):
@@ -309,29 +301,29 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
                 rollout,
                 logprobs,
                 advantages,
-                scoring_of(cfg),
-                loss_spec_of(cfg),
+                spec.scoring,
+                spec.loss,
                 rows,
                 weights,
-                kernels(cfg.fast).score,
+                spec.kernels.score,
             ).backward()
         yield hooks
     model.zero_grad(set_to_none=True)
 
 
 def per_sample_train_gradients(
-    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, spec: StepSpecs
 ) -> SampleGradients:
     """Each sample's gradient of its share of the GRPO loss, factored."""
-    return SampleGradients([hooks.factors() for hooks in _train_chunks(model, rollout, logprobs, advantages, cfg)])
+    return SampleGradients([hooks.factors() for hooks in _train_chunks(model, rollout, logprobs, advantages, spec)])
 
 
 def batch_influence(
-    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig, val_grad: dict
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, spec: StepSpecs, val_grad: dict
 ) -> torch.Tensor:
     """(N,) influence of every sample: each chunk's factors are dotted with the validation gradient
     and dropped, so memory stays that of one chunk's backward."""
-    chunks = _train_chunks(model, rollout, logprobs, advantages, cfg)
+    chunks = _train_chunks(model, rollout, logprobs, advantages, spec)
     return torch.cat([SampleGradients.of(hooks).dot(val_grad) for hooks in chunks]).float()
 
 

@@ -11,14 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import StepConfig
 from ..evaluation import eval_prompts as test_prompts
 from ..evaluation import eval_side
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..rollout import Rollout, row_chunks
-from ..specs import loss_spec_of, optimization_of, scoring_of
-from ..speed import kernels
+from ..specs import StepSpecs
 from ..stats import prompt_bootstrap
 from ..update import DROPOUT_SEED, chunk_loss, update
 from .influence import (
@@ -73,11 +71,11 @@ class SelectionResult:
 
 
 def batch_share_gradient(
-    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig, keep: torch.Tensor
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, spec: StepSpecs, keep: torch.Tensor
 ) -> dict:
     """{param: sum of the kept samples' gradients of their shares of the BATCH loss}, 8 rows at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
-    weights = loss_weights(logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
+    weights = loss_weights(logprobs.mask, spec.loss.loss_type, spec.loss.max_completion_length)
     grads = [torch.zeros_like(p) for p in params]
     torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(len(keep)):
@@ -86,11 +84,11 @@ def batch_share_gradient(
             rollout,
             logprobs,
             advantages,
-            scoring_of(cfg),
-            loss_spec_of(cfg),
+            spec.scoring,
+            spec.loss,
             keep[rows].tolist(),
             weights,
-            kernels(cfg.fast).score,
+            spec.kernels.score,
         )
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
@@ -98,26 +96,27 @@ def batch_share_gradient(
 
 
 def matched_sgd_lr(
-    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, cfg: StepConfig
+    model, rollout: Rollout, logprobs: TokenLogProbs, advantages: torch.Tensor, spec: StepSpecs
 ) -> float:
     """The SGD lr whose step on the whole batch is as long as the step's AdamW step: a fair comparison
     (at AdamW's lr, SGD would barely move)."""
-    g = batch_share_gradient(model, rollout, logprobs, advantages, cfg, torch.arange(rollout.num_samples))
-    state = warmed_state(list(g), g, "fresh", cfg.max_grad_norm)
-    adam = adam_direction(clip_by_total_norm(g, cfg.max_grad_norm), state)
+    g = batch_share_gradient(model, rollout, logprobs, advantages, spec, torch.arange(rollout.num_samples))
+    max_norm = spec.optimization.max_grad_norm
+    adam = adam_direction(clip_by_total_norm(g, max_norm), warmed_state(list(g), g, "fresh", max_norm))
     norm = lambda d: torch.sqrt(sum(t.double().pow(2).sum() for t in d.values())).item()
-    return cfg.learning_rate * norm(adam) / norm(g)
+    return spec.optimization.learning_rate * norm(adam) / norm(g)
 
 
-def held_out_baseline(model, tokenizer, task, cfg: StepConfig, eval_prompts: int = 16):
-    """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling settings of `cfg`)."""
+def held_out_baseline(model, tokenizer, task, spec: StepSpecs, eval_prompts: int = 16):
+    """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling: `spec.sampling`)."""
 
-    return eval_side(model, tokenizer, test_prompts(task, eval_prompts), cfg.replace(eval_prompts=eval_prompts), task)
+    return eval_side(model, tokenizer, test_prompts(task, eval_prompts), spec.sampling, task)
 
 
 def selection_experiment(
     model,
     run,
+    spec: StepSpecs,
     tokenizer,
     task,
     val: ValidationSet,
@@ -130,31 +129,30 @@ def selection_experiment(
     baseline=None,
 ) -> list[SelectionResult]:
     """For each strategy: one step of `model` on the selected samples of `run` (the StepRun `model`
-    produced) only, then L_val and the test-prompt reward against the same model before (`baseline`: an
+    produced, `spec` its phase arguments: `specs.specs_of(run.config)`) only, then L_val and the test-prompt reward against the same model before (`baseline`: an
     EvalSide of `held_out_baseline` on the same prompts, to share across calls). adamw: `update.update` on
     the subset (clip + a fresh AdamW, the step's lr). sgd: the kept samples' shares of the batch loss, lr
     `sgd_lr` (default `matched_sgd_lr`). The weights are restored after each strategy."""
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    cfg = run.config.replace(per_sample_grad_norms=False, eval_prompts=eval_prompts)
     saved = copy.deepcopy(model.state_dict())
-    evaluate = lambda: held_out_baseline(model, tokenizer, task, cfg, eval_prompts)
+    evaluate = lambda: held_out_baseline(model, tokenizer, task, spec, eval_prompts)
     try:
         before = baseline if baseline is not None else evaluate()
         prompts = len(test_prompts(task, eval_prompts))
         if len(before.per_prompt) != prompts:
             raise ValueError(f"baseline has {len(before.per_prompt)} prompts, the experiment {prompts}")
         lr = (
-            cfg.learning_rate
+            spec.optimization.learning_rate
             if optimizer == "adamw"
-            else sgd_lr or matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, cfg)
+            else sgd_lr or matched_sgd_lr(model, run.rollout, run.logprobs, run.advantages.values, spec)
         )
-        loss_before = validation_loss_value(model, val, cfg, kind)
+        loss_before = validation_loss_value(model, val, spec, kind)
         results = []
         for strategy in strategies:
-            keep = select(scores, strategy, cfg.seed)
-            step_on_selection(model, run, keep, optimizer, lr, cfg)
+            keep = select(scores, strategy, spec.seed)
+            step_on_selection(model, run, keep, optimizer, lr, spec)
             after = evaluate() if len(keep) else before
             results.append(
                 selection_result(
@@ -163,11 +161,11 @@ def selection_experiment(
                     lr,
                     keep,
                     val,
-                    cfg,
+                    spec,
                     before,
                     after,
                     loss_before,
-                    validation_loss_value(model, val, cfg, kind),
+                    validation_loss_value(model, val, spec, kind),
                 )
             )
             model.load_state_dict(saved)
@@ -176,7 +174,7 @@ def selection_experiment(
         model.load_state_dict(saved)
 
 
-def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float, cfg: StepConfig) -> None:
+def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float, spec: StepSpecs) -> None:
     """One step on the kept samples of `run` only (none kept: no step). adamw: `update.update` on the subset;
     sgd: minus lr times the kept samples' gradients of their shares of the batch loss."""
 
@@ -189,14 +187,14 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
             r.rows(keep),
             lp.rows(keep),
             adv[keep],
-            scoring_of(cfg),
-            loss_spec_of(cfg),
-            optimization_of(cfg),
+            spec.scoring,
+            spec.loss,
+            spec.optimization,
             per_sample_grad_norms=False,
-            score=kernels(cfg.fast).score,
+            score=spec.kernels.score,
         )
         return
-    grads = batch_share_gradient(model, r, lp, adv, cfg, keep)
+    grads = batch_share_gradient(model, r, lp, adv, spec, keep)
     with torch.no_grad():
         for p, g in grads.items():
             p.sub_(lr * g)
@@ -208,7 +206,7 @@ def selection_result(
     lr: float,
     keep: torch.Tensor,
     val: ValidationSet,
-    cfg: StepConfig,
+    spec: StepSpecs,
     before,
     after,
     loss_before: float,
@@ -216,7 +214,7 @@ def selection_result(
 ) -> SelectionResult:
     """The paired reward change over the test prompts (bootstrap interval) next to L_val before and after."""
     diffs = after.per_prompt - before.per_prompt
-    low, high = prompt_bootstrap(diffs, cfg.bootstrap, cfg.seed)
+    low, high = prompt_bootstrap(diffs, spec.bootstrap, spec.seed)
     return SelectionResult(
         strategy,
         optimizer,
@@ -242,7 +240,7 @@ def paired_contrast(a: SelectionResult, b: SelectionResult, resamples: int = 100
     return (diffs.mean().item(), *prompt_bootstrap(diffs, resamples, seed))
 
 
-def influence_of_batch(model, run, cfg: StepConfig, val: ValidationSet, kind: str = "seqloss-lastadv") -> torch.Tensor:
+def influence_of_batch(model, run, spec: StepSpecs, val: ValidationSet, kind: str = "seqloss-lastadv") -> torch.Tensor:
     """(N,) TracIn scores of the step's batch against `val` (the usual path, factored, nothing built)."""
-    train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, cfg)
-    return influence_scores(train, validation_gradient(model, val, cfg, kind)[1])
+    train = per_sample_train_gradients(model, run.rollout, run.logprobs, run.advantages.values, spec)
+    return influence_scores(train, validation_gradient(model, val, spec, kind)[1])

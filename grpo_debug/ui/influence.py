@@ -17,6 +17,7 @@ from IPython.display import display
 
 from ..config import PHASES, StepConfig
 from ..per_sample import SampleGradients
+from ..specs import specs_of
 from ..stats import spearman
 from ..tracin.influence import (
     PARAMETER_SETS,
@@ -72,10 +73,10 @@ class InfluenceCache:
     the weights that produced `run` (a StepRun up to the loss). Scores are cached per
     (`score_key(run.config)`, choice without the sign): flipping the sign negates L_val, hence its
     gradient, so it negates cached scores instead of recomputing. One pool per `pool_key` serves every set;
-    `run_phases` (`GRPOStep.run`) samples it (`validation_pool`)."""
+    `validation_run` (`GRPOStep.validation_run`) samples it."""
 
-    def __init__(self, run_phases, pool_size: int = 128):
-        self.run_phases, self.pool_size = run_phases, pool_size
+    def __init__(self, validation_run, pool_size: int = 128):
+        self.validation_run, self.pool_size = validation_run, pool_size
         self._scores: dict = {}
         self._train: dict = {}  # (score key, parameter set) -> the batch's factored per-sample gradients
         self._pools: dict = {}
@@ -84,7 +85,7 @@ class InfluenceCache:
     def pool(self, cfg: StepConfig) -> ValidationSet:
         key = pool_key(cfg)
         if key not in self._pools:
-            self._pools = {key: validation_pool(self.run_phases, cfg, self.pool_size)}  # one config kept
+            self._pools = {key: validation_pool(self.validation_run(self.pool_size, cfg))}  # one config kept
         return self._pools[key]
 
     def model_for(self, model, param_set: str):
@@ -115,7 +116,7 @@ class InfluenceCache:
             scored = self.model_for(model, param_set)
             with parameter_set(scored, param_set):
                 self._train[train_key] = per_sample_train_gradients(
-                    scored, run.rollout, run.logprobs, run.advantages.values, run.config
+                    scored, run.rollout, run.logprobs, run.advantages.values, specs_of(run.config)
                 )
         return self._train[train_key]
 
@@ -126,7 +127,7 @@ class InfluenceCache:
             train = self.train_gradients(model, run, choice.param_set)
             scored = self.model_for(model, choice.param_set)
             with parameter_set(scored, choice.param_set):
-                _, val_grad = validation_gradient(scored, val, run.config, choice.kind)
+                _, val_grad = validation_gradient(scored, val, specs_of(run.config), choice.kind)
             self._scores[key] = influence_scores(train, val_grad)
         return -self._scores[key] if choice.flip_sign else self._scores[key]
 
@@ -138,7 +139,7 @@ class InfluenceExplorer:
 
     def __init__(self, step, pool_size: int = 128, cache: InfluenceCache | None = None):
         self.step = step
-        self.cache = cache or InfluenceCache(step.run, pool_size)
+        self.cache = cache or InfluenceCache(step.validation_run, pool_size)
 
     @property
     def pool_size(self) -> int:
