@@ -41,7 +41,6 @@ n_params = sum(p.numel() for p in policy.parameters())
 print(f"{type(policy).__name__}: {n_params / 1e6:.2f}M parameters, {policy.config.num_hidden_layers} layers, "
       f"vocab {policy.config.vocab_size}, dropout layers: {has_dropout(policy)}")
 print("pad == eos:", tokenizer.pad_token_id == tokenizer.eos_token_id)
-assert not any(p.requires_grad for p in reference.parameters())
 
 # %% [markdown]
 # The two RookWorld tasks, as the model sees them. A policy (P:) prompt asks for the top-5 moves, their
@@ -100,3 +99,14 @@ pd.DataFrame(rows).head(8)
 # **What to notice.** The reward is graded: a completion that parses but picks a weak move still earns
 # more than garbage, so groups of samples differ and GRPO has something to learn from. The model card in
 # `data/models/rookworld-tiny/README.md` has the full floor metrics (200 + 200 prompts x 8 samples).
+
+# %% [markdown]
+# ## Checks
+#
+# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
+# demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
+
+# %%
+assert not any(p.requires_grad for p in reference.parameters())  # the reference is frozen
+print("every claim above holds")

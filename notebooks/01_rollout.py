@@ -72,12 +72,22 @@ if not env_rows:
 print("left padding per prompt:", (r.prompt_mask == 0).sum(1)[::r.num_generations].tolist())
 print("groups whose G completions are identical:", r.identical_groups)
 print("completions/mean_length:", round(r.completion_lengths.float().mean().item(), 2))
-assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
-if CAPTURE is None:  # the bundled step's mixed task: A: prompts are longer than P: prompts
-    assert (r.prompt_mask == 0).any(), "A: prompts are longer than P: prompts, so P: rows are left-padded"
 
 # %% [markdown]
 # **What to notice.** P: prompts (the policy task) are shorter than A: prompts, so they are left-padded:
 # phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
 # no learning signal (phase 4). One `generate` call per prompt instead of one for the batch is
 # `generation="loop"`; its cost against the one-call rollout is in notebook 08.
+
+# %% [markdown]
+# ## Checks
+#
+# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
+# demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
+
+# %%
+assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
+if CAPTURE is None:  # the bundled step's mixed task: A: prompts are longer than P: prompts
+    assert (r.prompt_mask == 0).any(), "A: prompts are longer than P: prompts, so P: rows are left-padded"
+print("every claim above holds")

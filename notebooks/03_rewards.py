@@ -85,19 +85,40 @@ pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_p
 # still fails, is invalid or is already over gets the documented score (-1, format 0) with the reason. The
 # engine's hash is cleared before each analysis, so a score does not depend on what was analysed before.
 # On a bundled position the two agree on the legal moves; the evaluations differ where the depths do
-# (the bundled analyses searched to depth 10, the live one below to depth 8).
+# (the bundled analyses searched to `analysis.depth`, the live one below to depth 8). The table puts the
+# two evaluations of each move side by side (pawns, side to move), best first by the bundled analysis;
+# the lines under it say how far the two rankings agree.
 
 # %%
 import chess
 
 from grpo_debug.chess.engine import Stockfish
+from grpo_debug.stats import spearman
 
 with Stockfish(depth=8) as engine:
     live = engine.analyse(chess.Board(record["fen"]))
-print("same legal moves:", set(live.evals) == set(analysis.evals))
-print("bundled top 3:", analysis.top5[:3])
-assert set(live.evals) == set(analysis.evals)
+moves = list(analysis.evals)
+engines = pd.DataFrame({f"bundled (depth {analysis.depth})": analysis.evals,
+                        f"live (depth {live.depth})": {m: live.evals[m] for m in moves},
+                        "bundled rank": {m: i + 1 for i, m in enumerate(moves)},
+                        "live rank": {m: live.ranked_moves.index(m) + 1 for m in moves}})
+engines["difference"] = engines.iloc[:, 1] - engines.iloc[:, 0]
+print(f"{len(moves)} legal moves, the same set in both; best move: bundled {moves[0]}, live {live.ranked_moves[0]}; "
+      f"Spearman of the two evaluations {spearman(engines.iloc[:, 0].tolist(), engines.iloc[:, 1].tolist()):+.2f}; "
+      f"median |difference| {engines['difference'].abs().median():.2f} pawns")
+engines.head(8).round(2)
 
 # %% [markdown]
 # **What to notice.** A weak model's signal comes mostly from format, legality and the A: flags; the
 # graded best-move rank is what separates two legal answers. The ground truth scores exactly 1.0.
+
+# %% [markdown]
+# ## Checks
+#
+# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
+# demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
+
+# %%
+assert set(live.evals) == set(analysis.evals)  # "the two agree on the legal moves"
+print("every claim above holds")

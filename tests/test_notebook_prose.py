@@ -47,3 +47,19 @@ def test_every_number_in_the_prose_is_printed_by_a_cell(path):
         if n not in printed
     ]
     assert not missing, f"{path.name}: numbers stated in prose but printed by no cell: {missing}"
+
+
+def asserts_anything(path: Path) -> bool:
+    cells = nbformat.read(path, as_version=4).cells
+    return any(c.cell_type == "code" and "assert " in c.source for c in cells)
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if asserts_anything(p)], ids=lambda p: p.stem)
+def test_the_claims_are_checked_in_a_last_cell_of_their_own(path):
+    """The checks that tie a sentence to its number sit in the notebook's last cell, under a "## Checks"
+    heading, not between the teaching cells (an identity a cell demonstrates may stay in its cell)."""
+    nb = nbformat.read(path, as_version=4)
+    heading, last = nb.cells[-2], nb.cells[-1]
+    assert heading.cell_type == "markdown" and heading.source.startswith("## Checks"), path.name
+    assert last.cell_type == "code" and "assert " in last.source, path.name
+    assert sum(c.source.startswith("## Checks") for c in nb.cells if c.cell_type == "markdown") == 1
