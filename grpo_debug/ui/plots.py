@@ -326,8 +326,9 @@ def training_curves(
     """curves: metric -> rows of `train.metric_curve` (arm, step, mean, low, high) for every arm; one panel
     per metric, one line per arm with its interval band (none where it is undefined: one seed). `arms` fixes
     each arm's colour (default: the order the arms first appear), so that two figures of one comparison colour
-    an arm alike. A positive metric whose means span three decades or more gets a log axis, so that an arm's
-    blow-up and the others' values are both visible. The legend sits outside the panels."""
+    an arm alike. A non-negative metric whose means span three decades or more gets a log axis, so that an arm's
+    blow-up and the others' values are both visible; it starts at half the 5th percentile of the positive
+    means, so that a few means at float noise (a KL of 1e-10 at the reference) do not stretch it. The legend sits outside the panels."""
     fig, axes = _grid(len(curves), ncols=3, size=(4.2, 3.0))
     order = dict.fromkeys([*(arms or []), *(r["arm"] for rows in curves.values() for r in rows)])
     color = {arm: f"C{i % 10}" for i, arm in enumerate(order)}  # one colour per arm in every panel
@@ -353,8 +354,11 @@ def training_curves(
                 lw=0,
             )
         means = [r["mean"] for r in rows if r["mean"] is not None]
-        if means and min(means) > 0 and max(means) / min(means) >= 1e3:
-            ax.set_yscale("log")
+        positive = sorted(m for m in means if m > 0)
+        floor = positive[len(positive) // 20] if positive else 0.0  # the 5th percentile: below it, float noise
+        if floor and min(means) >= -1e-6 * positive[-1] and positive[-1] / floor >= 1e3:
+            ax.set_yscale("log", nonpositive="mask")
+            ax.set_ylim(bottom=floor / 2)
         ax.set(title=metric + (" (log axis)" if ax.get_yscale() == "log" else ""), xlabel="step")
     handles = {arm: h for ax in axes for h, arm in zip(*ax.get_legend_handles_labels())}
     fig.suptitle(title, fontsize=10)
