@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import torch
 
@@ -17,8 +18,11 @@ from ..rewards import Rewards
 from ..tracin.first_order import OWN_SCORE
 
 
-def _done(fig):
+def _done(fig, legend_from=None):
+    """Lay the figure out; with `legend_from` (an axes), its legend goes to the right of every panel."""
     fig.tight_layout()
+    if legend_from is not None:
+        fig.legend(*legend_from.get_legend_handles_labels(), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     plt.close(fig)
     return fig
 
@@ -235,10 +239,9 @@ def ratio_histograms(
         ax.axvline(np.log(1 + epsilon_high), color="C3", ls="--", lw=1)
         if delta:
             ax.axvline(np.log(delta), color="C1", ls=":", lw=1.2, label="delta")
-        ax.legend(fontsize=7, loc="upper left")  # the labels on the lines overlapped: the bounds are 0.4 apart
         ax.set(xlabel="log ratio", ylabel="tokens", title=name)
     fig.suptitle(title)
-    return _done(fig)
+    return _done(fig, legend_from=axes[0])  # beside the panels: inside, it sat on a clip line
 
 
 def gradient_by_ratio(
@@ -255,12 +258,14 @@ def gradient_by_ratio(
         for name, by_sign in curves.items():
             ax.plot(ratios, by_sign[sign], label=name, lw=1.5)
         for bound in (1 - epsilon_low, 1 + epsilon_high):
-            ax.axvline(bound, color="grey", ls=":", lw=1)
+            ax.axvline(bound, color="grey", ls=":", lw=1, label="clip bounds" if bound < 1 else None)
         ax.axhline(0, color="k", lw=0.5)
         ax.set(xlabel="ratio pi / pi_old", ylabel="d loss / d logp", title=sign, xscale="log")
-    axes[-1].legend(fontsize=7, loc="best")
+        ticks = [t for t in (0.3, 0.5, 0.8, 1, 1.25, 2, 3) if ratios.min() <= t <= ratios.max()]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])  # matplotlib's 3x10^-1 and 4x10^-1 collided
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.suptitle(title)
-    return _done(fig)
+    return _done(fig, legend_from=axes[-1])
 
 
 def sequence_vs_token_ratios(
