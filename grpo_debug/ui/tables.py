@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import torch
 
@@ -10,11 +12,42 @@ from ..metrics import metrics
 from ..step import GRPOStep, StepRun
 
 NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses
+BREAK = "\u200b"  # a zero-width space: a line may break there; plain text, so no HTML sanitizer removes it
+BREAK_AFTER = re.compile(r"([/_+,|])(?=\S)")  # after these, inside names like rewards/best_move and FENs
+
+
+def breakable(text: str) -> str:
+    """`text` with a line-break opportunity after each / _ + , | that a character follows: a header like
+    `rewards/best_move` or a FEN then wraps inside a narrow column instead of widening it."""
+    return BREAK_AFTER.sub(r"\1" + BREAK, text)
+
+
+class FittedTable(pd.DataFrame):
+    """A DataFrame whose notebook display fits the column: its headers, index labels and text cells may wrap
+    after / _ + , | (zero-width spaces in the displayed copy only; the data keep their names and values).
+    Selecting columns or rows (`table[cols].head(16)`) keeps the display."""
+
+    @property
+    def _constructor(self):
+        return FittedTable
+
+    def _repr_html_(self) -> str | None:
+        label = lambda v: breakable(v) if isinstance(v, str) else v
+        shown = pd.DataFrame(self).rename(columns=label, index=label)
+        for column in shown.columns:
+            if not pd.api.types.is_numeric_dtype(shown[column]):  # text: object or pandas' str dtype
+                shown[column] = shown[column].map(label)
+        return shown._repr_html_()
+
+
+def fit_column(table: pd.DataFrame) -> FittedTable:
+    """Any table shown so that it wraps inside the notebook column (`FittedTable`)."""
+    return FittedTable(table)
 
 
 def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
     """One row per completion: its group, text, total reward, advantage and loss share (and gradient norm),
-    which fit a notebook column; `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
+    which fit a notebook column; its display wraps long headers and text (`FittedTable`); `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
     prefix, so that no component can overwrite the total), the sequence log-prob, entropy and sampler gap."""
     r, lp = run.rollout, run.logprobs
     rows = {
@@ -35,7 +68,7 @@ def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
         rows["loss_share"] = run.loss.per_sample_loss.tolist()
     if run.update is not None and len(run.update.per_sample_grad_norms):
         rows["grad_norm"] = run.update.per_sample_grad_norms.tolist()
-    table = pd.DataFrame(rows)
+    table = FittedTable(rows)
     return table if wide else table[[c for c in NARROW if c in table]]
 
 
