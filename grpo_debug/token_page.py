@@ -222,7 +222,7 @@ CSS = """
 .gd-tokens .gd-bar {display: flex; flex-wrap: wrap; gap: 1em; align-items: center; margin: 0.3em 0 0.8em;}
 .gd-tokens .gd-legend {display: flex; align-items: center; gap: 0.4em;}
 .gd-tokens .gd-legend[hidden] {display: none;}
-.gd-tokens .gd-ramp {display: inline-block; width: 160px; height: 12px; border: 1px solid #999;}
+.gd-tokens .gd-ramp {border: 1px solid #999;}
 .gd-tokens .gd-group {border-top: 1px solid #ccc; padding: 0.4em 0;}
 .gd-tokens .gd-prompt {font-family: monospace; color: #555; overflow-wrap: anywhere;}
 .gd-tokens .gd-sample {display: flex; gap: 0.8em; margin: 0.2em 0;}
@@ -231,6 +231,9 @@ CSS = """
   overflow-wrap: anywhere;}
 .gd-tokens .gd-tok {border-radius: 2px; box-shadow: inset 0 0 0 1px rgba(0,0,0,0.08);}
 """
+
+# also inline: a notebook opened untrusted drops the <style> (and the script) but keeps style attributes
+TEXT_STYLE = "font-family: monospace; white-space: pre-wrap; overflow-wrap: anywhere"
 
 SCRIPT = """(function () {
   var root = document.getElementById(%s), palettes = %s, order = %s, codes = %s;
@@ -262,27 +265,31 @@ def _token_span(sample: TokenSample, k: int, colours: dict[str, Scale], first: s
     )
     codes = "".join(CODES[colours[q.name].code(sample.values[q.name][k])] for q in QUANTITIES)
     background = colours[first].colour(sample.values[first][k])
+    title = html.escape(hover, quote=True).replace("\n", "&#10;")  # one line of HTML per sample
     return (
         f'<span class="gd-tok" style="background:{background}" data-c="{codes}" '
-        f'title="{html.escape(hover, quote=True)}">{html.escape(_shown(sample.tokens[k]))}</span>'
+        f'title="{title}">{html.escape(_shown(sample.tokens[k]))}</span>'
     )
 
 
 def _legend(scale: Scale, label: str, hidden: bool) -> str:
+    """The scale as a row of colour blocks (background-color only: an untrusted notebook keeps that) between its
+    end values."""
     q = scale.quantity
     if q.name == "mask":
-        ramp = f"background: linear-gradient(to right, {scale.colour(0)} 50%, {scale.colour(1)} 50%)"
-        ends = ("0 (not in the loss)", "1 (in the loss)")
+        colours, ends = [scale.colour(0)] * 4 + [scale.colour(1)] * 4, ("0 (not in the loss)", "1 (in the loss)")
     else:
-        stops = [scale.low + (scale.high - scale.low) * t / 4 for t in range(5)]
+        steps = [t / 8 for t in range(9)]
+        stops = [scale.low + (scale.high - scale.low) * t for t in steps]
         if q.log and scale.low > 0:
-            stops = [scale.low * (scale.high / scale.low) ** (t / 4) for t in range(5)]
-        ramp = "background: linear-gradient(to right, " + ", ".join(scale.colour(v) for v in stops) + ")"
-        ends = (_fmt(scale.low), _fmt(scale.high))
+            stops = [scale.low * (scale.high / scale.low) ** t for t in steps]
+        colours, ends = [scale.colour(v) for v in stops], (_fmt(scale.low), _fmt(scale.high))
+    ramp = "".join(f'<span style="background-color: {c}">\u2003</span>' for c in colours)
+    hide = ' hidden="hidden"' if hidden else ""
     return (
-        f'<div class="gd-legend" data-q="{q.name}"{" hidden" if hidden else ""}><b>{html.escape(label)}</b> '
-        f'<span>{html.escape(ends[0])}</span><span class="gd-ramp" style="{ramp}"></span>'
-        f'<span>{html.escape(ends[1])}</span><span style="color:#777">(grey: not defined)</span></div>'
+        f'<div class="gd-legend" data-q="{q.name}"{hide}><b>{html.escape(label)}</b> '
+        f'{html.escape(ends[0])} <span class="gd-ramp">{ramp}</span> {html.escape(ends[1])} '
+        '<span style="color: #777">(grey: not defined)</span></div>'
     )
 
 
@@ -311,7 +318,7 @@ def page_body(page: TokenPage, quantity: str = "advantage") -> str:
             meta = f"#{s.index} · reward {s.reward:.4g} · A {s.advantage:+.3g} · {len(s.tokens)} tokens"
             rows.append(
                 f'<div class="gd-sample" data-sample="{s.index}"><div class="gd-meta">{meta}</div>'
-                f'<div class="gd-text">{tokens}</div></div>'
+                f'<div class="gd-text" style="{TEXT_STYLE}">{tokens}</div></div>\n'
             )
         groups.append(
             f'<div class="gd-group" data-group="{b}"><div class="gd-prompt">group {b} · prompt: '
