@@ -226,7 +226,7 @@ CSS = """
 .gd-tokens .gd-group {border-top: 1px solid #ccc; padding: 0.4em 0;}
 .gd-tokens .gd-prompt {font-family: monospace; color: #555; overflow-wrap: anywhere;}
 .gd-tokens .gd-sample {display: flex; gap: 0.8em; margin: 0.2em 0;}
-.gd-tokens .gd-meta {flex: 0 0 17em; font-variant-numeric: tabular-nums; color: #444;}
+.gd-tokens .gd-meta {flex: 0 0 auto; min-width: 19em; white-space: nowrap; font-variant-numeric: tabular-nums; color: #444;}
 .gd-tokens .gd-text {flex: 1 1 auto; min-width: 0; font-family: monospace; white-space: pre-wrap;
   overflow-wrap: anywhere;}
 .gd-tokens .gd-tok {border-radius: 2px; box-shadow: inset 0 0 0 1px rgba(0,0,0,0.08);}

@@ -23,8 +23,9 @@ def breakable(text: str) -> str:
 
 
 class FittedTable(pd.DataFrame):
-    """A DataFrame whose notebook display fits the column: its headers, index labels and text cells may wrap
-    after / _ + , | (zero-width spaces in the displayed copy only; the data keep their names and values).
+    """A DataFrame whose notebook display fits the column: its headers and text cells may wrap after / _ + , |
+    (zero-width spaces in the displayed copy only; the data keep their names and values). Index labels stay
+    whole: the row names read in one piece.
     Selecting columns or rows (`table[cols].head(16)`) keeps the display."""
 
     @property
@@ -33,7 +34,7 @@ class FittedTable(pd.DataFrame):
 
     def _repr_html_(self) -> str | None:
         label = lambda v: breakable(v) if isinstance(v, str) else v
-        shown = pd.DataFrame(self).rename(columns=label, index=label)
+        shown = pd.DataFrame(self).rename(columns=label)
         for column in shown.columns:
             if not pd.api.types.is_numeric_dtype(shown[column]):  # text: object or pandas' str dtype
                 shown[column] = shown[column].map(label)
