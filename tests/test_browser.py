@@ -167,6 +167,7 @@ def _jupyterlab(tmp_path: Path, root: Path):
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
         IPYTHONDIR=str(tmp_path / "ipython"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        PYTHONPATH=str(ROOT),  # the kernel imports this checkout's grpo_debug (a worktree's too), not an installed one
     )
     port, token = _free_port(), secrets.token_hex(16)
     args = [
@@ -409,10 +410,10 @@ def _drive_dashboard(page: Page, url: str) -> None:
     assert all(src.startswith("data:image/png") for src in after["images"]), [s[:40] for s in after["images"]]
     assert shot.stat().st_size > 10_000
     tables = page.page.evaluate(TABLE_WIDTHS_JS, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-vbox")
-    print(f"09's panel tables: {tables}")
-    assert tables and not _too_wide(tables), "09's per-sample table is wider than the column:\n" + "\n".join(
-        _too_wide(tables)
-    )
+    every = page.page.evaluate(TABLE_WIDTHS_JS, None)  # the panel's and the static comparisons below it
+    print("09's tables: " + "; ".join(f"{t['headers']} {t['width']} px / {t['column']} px" for t in every))
+    assert tables, "the panel's per-sample table was not found"
+    assert not _too_wide(every), "09's tables wider than the column:\n" + "\n".join(_too_wide(every))
     _screenshot_whole_notebook(page.page, "09_dashboard")
 
 

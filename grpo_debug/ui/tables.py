@@ -81,14 +81,15 @@ def compare_variants(
     columns: list[str] | None = None,
 ) -> pd.DataFrame:
     """Each variant (a dict of StepConfig changes) run from the same base run (its cached rollout); one row
-    per variant. The step's current run stays the base run."""
+    per variant, its metric names wrapping in a notebook column (`FittedTable`). The step's current run stays
+    the base run."""
     base_run = step.run(base or step.cfg, until=until)
     rows = {}
     for name, changes in variants.items():
         run = step.run(base_run.config.replace(**changes), until=until, base=base_run, remember=False)
         values = {k: v for k, v in metrics(run).items() if not k.startswith("time/")}
         rows[name] = {k: values.get(k, float("nan")) for k in columns} if columns else values
-    return pd.DataFrame.from_dict(rows, orient="index")
+    return FittedTable(pd.DataFrame.from_dict(rows, orient="index"))
 
 
 def marked_completions(
