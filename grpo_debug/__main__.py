@@ -1,4 +1,5 @@
-"""`python -m grpo_debug step [--set key=value ...] [--json out.json]`: one GRPO step, phase by phase.
+"""`python -m grpo_debug step [--set key=value ...] [--json out.json] [--html tokens.html]`: one GRPO step,
+phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.token_page`).
 `python -m grpo_debug train --steps K --arm NAME[:key=value,...] ... --seeds S --json out.json`: short
 training runs, arms paired by seed (`grpo_debug.train`)."""
 
@@ -71,10 +72,22 @@ def train_command(parser, args) -> int:
     return 0
 
 
-def check_writable(parser, path: str) -> None:
+def check_writable(parser, path: str, flag: str = "--json") -> None:
     out = os.path.abspath(path)
     if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
-        parser.error(f"--json {path}: not a writable file path (its folder must exist and be writable)")
+        parser.error(f"{flag} {path}: not a writable file path (its folder must exist and be writable)")
+
+
+def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None:
+    """`--html`: every token of the run on one standalone page (`grpo_debug.token_page`)."""
+    from .files import write_text_atomically
+    from .token_page import render_page, token_values
+
+    try:
+        write_text_atomically(path, render_page(token_values(run, tokenizer, title)))
+    except OSError as e:
+        parser.error(str(e))
+    print(f"every token of the step: {path}")
 
 
 def write_json(path: str, value) -> None:
@@ -103,6 +116,8 @@ def analyze_command(parser, args) -> int:
 def replay_command(parser, args) -> int:
     if args.json:
         check_writable(parser, args.json)
+    if args.html:
+        check_writable(parser, args.html, "--html")
     _threads(args.threads)
     from .replay import reproduction
     from .step import GRPOStep
@@ -133,6 +148,9 @@ def replay_command(parser, args) -> int:
             write_atomically(args.json, lambda f: json.dump(out, f, indent=1))
         except OSError as e:
             parser.error(str(e))
+    if args.html:
+        title = f"every token of step {out['step']} of {args.path} ({', '.join(args.set) or 'as captured'})"
+        write_token_page(parser, args.html, run, step.loaded.tokenizer, title)
     return 0
 
 
@@ -171,6 +189,12 @@ def summary_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+HTML_HELP = (
+    "write every completion token to this standalone HTML page, coloured by advantage, ratio, KL, entropy, "
+    "d loss / d logp or the mask (a selector switches), every value on hover"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         help="StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1",
     )
     step.add_argument("--json", help="write every number to this file")
+    step.add_argument("--html", help=HTML_HELP)
     step.add_argument("--threads", type=int, default=1)
     tr = sub.add_parser(
         "train",
@@ -259,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         help="StepConfig changes on top of the capture's config (not rollout fields)",
     )
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
+    rp.add_argument("--html", help=HTML_HELP)
     rp.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if getattr(args, "threads", 1) < 1:
@@ -277,12 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.json:
         check_writable(parser, args.json)
+    if args.html:
+        check_writable(parser, args.html, "--html")
     _threads(args.threads)
     from .report import report, step_json
     from .step import GRPOStep
 
     try:
-        run = GRPOStep(cfg).run()
+        step_ = GRPOStep(cfg)
+        run = step_.run()
     except ValueError as e:  # a value only the model or the task can check (positions, prompt counts)
         parser.error(str(e))
     print(report(run))
@@ -291,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.json, step_json(run))
         except OSError as e:
             parser.error(str(e))
+    if args.html:
+        write_token_page(parser, args.html, run, step_.loaded.tokenizer)
     return 0
 
 

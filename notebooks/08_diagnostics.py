@@ -51,6 +51,30 @@ print(triage_zero_loss(broken))
 assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).startswith("NORMAL")
 
 # %% [markdown]
+# ## Every token of the step
+#
+# The same step token by token: each completion's tokens coloured by the quantity the selector picks (the
+# advantage, the ratio, the trainer/sampler ratio, the k3 KL to the reference, the entropy, d loss / d logp, the
+# mask), every value on hover, each group's prompt above its completions with their rewards. A loss that reads
+# about 0 still sends a non-zero d loss / d logp into the kept tokens of every sample whose advantage is not 0
+# (under grpo at ratio 1, -A / (N T) plus the KL term's share); a zero-std group's tokens get none from the policy
+# term. The selector recolours once this cell has run in your session (JupyterLab runs no script in outputs it
+# did not produce). Two groups here; `python -m grpo_debug step --html tokens.html` (or
+# `replay CAPTURE --html tokens.html`) writes every group to one standalone page.
+
+# %%
+from grpo_debug.token_page import notebook_view, token_values
+
+page = token_values(run, step.loaded.tokenizer, groups=2)
+kept = {s.index: [abs(g) for g, m in zip(s.values["gradient"], s.values["mask"]) if m] for s in page.samples}
+moved = [g for grads in kept.values() for g in grads if g > 0]
+still = [s for s in page.samples if not any(kept[s.index])]  # no kept token gets a gradient
+print(f"loss {run.loss.loss.item():.2e}; {len(moved)} kept tokens get |d loss / d logp| from {min(moved):.1e} to "
+      f"{max(moved):.1e}; samples with none: {[s.index for s in still]}, advantages {[s.advantage for s in still]}")
+assert all(abs(s.advantage) < 1e-6 for s in still)
+notebook_view(page)
+
+# %% [markdown]
 # ## Time and memory per phase
 #
 # Seconds per phase, and the process's peak resident memory after it (it only grows; a jump marks the phase

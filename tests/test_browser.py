@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "09_dashboard.ipynb"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
+VIEWPORT = {"width": 1600, "height": 1200}  # the lab's layout at this size is what the width checks measure
 TOGGLE = "logprob_temperature"  # re-runs logprobs -> loss on the cached rollout: no new samples
 
 # Budgets in seconds (2 slow CPU cores, possibly shared with a training run).
@@ -70,6 +73,30 @@ PANEL_STATE_JS = """() => {
 }"""
 
 
+# The notebooks whose stored outputs are measured (never run here); 09's table is measured after its run.
+WIDTH_CHECKED = ("03_rewards.ipynb", "05b_off_policy.ipynb", "06b_training.ipynb")
+
+# Every table in an output of the (only) notebook panel: its first header cells, its width and the width of the
+# output column it sits in (the output area's visible width).
+TABLE_WIDTHS_JS = """(root) => {
+  const scope = root ? document.querySelector(root) : document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  if (!scope) return null;
+  return [...scope.querySelectorAll('.jp-OutputArea-output')].flatMap(out => [...out.querySelectorAll('table')].map(t => ({
+    headers: [...t.querySelectorAll('thead th')].map(th => th.textContent.trim()).filter(h => h).slice(0, 4),
+    width: Math.ceil(Math.max(t.scrollWidth, t.getBoundingClientRect().width)),
+    column: out.clientWidth,
+    output_scroll: out.scrollWidth})));
+}"""
+
+
+def _too_wide(tables: list[dict]) -> list[str]:
+    return [
+        f"table {t['headers']} is {t['width']} px in a {t['column']} px column (+{t['width'] - t['column']} px)"
+        for t in tables
+        if t["width"] > t["column"] or t["output_scroll"] > t["column"]
+    ]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,6 +135,24 @@ def lab(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     _copy_notebook_without_outputs(root / NOTEBOOK.name)
+    with _jupyterlab(tmp_path, root) as server:
+        yield server
+
+
+@pytest.fixture
+def lab_of_executed_notebooks(tmp_path):
+    """JupyterLab whose root holds copies of the committed notebooks WIDTH_CHECKED, outputs and all (never run)."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    for name in WIDTH_CHECKED:
+        shutil.copy(ROOT / "notebooks" / name, root / name)
+    with _jupyterlab(tmp_path, root) as server:
+        yield server
+
+
+@contextmanager
+def _jupyterlab(tmp_path: Path, root: Path):
+    """JupyterLab serving `root`, with isolated settings; every process it started is ended on the way out."""
     config = tmp_path / "jupyter_config"
     for name, values in LAB_SETTINGS.items():
         path = config / "lab" / "user-settings" / name
@@ -122,6 +167,7 @@ def lab(tmp_path):
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
         IPYTHONDIR=str(tmp_path / "ipython"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        PYTHONPATH=str(ROOT),  # the kernel imports this checkout's grpo_debug (a worktree's too), not an installed one
     )
     port, token = _free_port(), secrets.token_hex(16)
     args = [
@@ -297,7 +343,7 @@ def test_dashboard_toggle_redraws_numbers_and_plot_in_a_real_browser(lab):
             executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
         )
         try:
-            page = Page(browser.new_page(viewport={"width": 1600, "height": 1200}), lab)
+            page = Page(browser.new_page(viewport=VIEWPORT), lab)
             try:
                 _drive_dashboard(page, url)
             except BaseException:
@@ -363,3 +409,135 @@ def _drive_dashboard(page: Page, url: str) -> None:
     assert after["images"][0] != panel["images"][0], "the log-prob gap heatmap was not redrawn with new data"
     assert all(src.startswith("data:image/png") for src in after["images"]), [s[:40] for s in after["images"]]
     assert shot.stat().st_size > 10_000
+    tables = page.page.evaluate(TABLE_WIDTHS_JS, ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-vbox")
+    every = page.page.evaluate(TABLE_WIDTHS_JS, None)  # the panel's and the static comparisons below it
+    print("09's tables: " + "; ".join(f"{t['headers']} {t['width']} px / {t['column']} px" for t in every))
+    assert tables, "the panel's per-sample table was not found"
+    assert not _too_wide(every), "09's tables wider than the column:\n" + "\n".join(_too_wide(every))
+    _screenshot_whole_notebook(page.page, "09_dashboard")
+
+
+def _screenshot_whole_notebook(page, name: str) -> list[Path]:
+    """The notebook top to bottom: the viewport made as tall as its content (slices of at most 12,000 px), then
+    restored; one PNG per slice."""
+    scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
+    total = page.evaluate(f"() => document.querySelector('{scroller}').scrollHeight")
+    size = page.viewport_size
+    tall = min(total + 200, 12_000)
+    page.set_viewport_size({"width": size["width"], "height": tall})
+    shots = []
+    try:
+        for k, top in enumerate(range(0, total, tall - 200)):
+            page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollTop = {top}; }}")
+            page.wait_for_timeout(300)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shots.append(ARTIFACTS / f"browser_{name}_{k + 1}.png")
+            page.screenshot(path=str(shots[-1]))
+    finally:
+        page.set_viewport_size(size)
+    return shots
+
+
+def _stored_tables(name: str) -> int:
+    stored = json.loads((ROOT / "notebooks" / name).read_text())
+    return sum(
+        "<table" in "".join(o.get("data", {}).get("text/html", ""))
+        for c in stored["cells"]
+        for o in c.get("outputs", [])
+    )
+
+
+def _measure_stored_notebook(page: Page, name: str) -> list[dict]:
+    """Open `name` (outputs as stored), wait for its tables and images, screenshot it whole; its tables' widths."""
+    expected = _stored_tables(name)
+    images_loaded = "() => [...document.querySelectorAll('.jp-OutputArea-output img')].every(i => i.complete)"
+    current = "() => (document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current') || {}).textContent"
+    workspace = name.removesuffix(".ipynb").replace("_", "-")  # a fresh one: no notebook opened before comes back
+    lab = f"http://127.0.0.1:{page.lab['port']}/lab/workspaces/{workspace}/tree/{name}?token={page.lab['token']}"
+    page.page.goto(lab)
+    page.wait(
+        lambda: (
+            (page.page.evaluate(current) or "").strip() == name
+            and len(page.page.evaluate(TABLE_WIDTHS_JS, None) or []) >= expected
+            and page.page.evaluate(images_loaded)
+        ),
+        SERVER_START,
+        f"{name}'s {expected} stored tables and its images to render",
+    )
+    tables = page.page.evaluate(TABLE_WIDTHS_JS, None)
+    _screenshot_whole_notebook(page.page, name.removesuffix(".ipynb"))
+    page.page.close()
+    return tables
+
+
+def test_the_executed_notebooks_tables_fit_the_column(lab_of_executed_notebooks):
+    """03, 05b and 06b as committed (their stored outputs, not run): no output table wider than the notebook's
+    column at the lab's default layout (1600 x 1200); a screenshot of each notebook, top to bottom."""
+    sync_playwright = _sync_playwright()
+    lab = lab_of_executed_notebooks
+    found: dict[str, list[dict]] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
+        try:
+            for name in WIDTH_CHECKED:
+                found[name] = _measure_stored_notebook(Page(browser.new_page(viewport=VIEWPORT), lab), name)
+        finally:
+            browser.close()
+    for name, tables in found.items():
+        print(f"{name}: " + "; ".join(f"{t['headers']} {t['width']} px / {t['column']} px" for t in tables))
+    wide = {name: _too_wide(tables) for name, tables in found.items() if _too_wide(tables)}
+    assert not wide, "tables wider than the notebook column:\n" + "\n".join(
+        f"{name}: {line}" for name, lines in wide.items() for line in lines
+    )
+
+
+def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
+    """`step --html` writes a page that a browser opens from disk, no server: its tokens are there, and switching
+    the quantity recolours them."""
+    sync_playwright = _sync_playwright()
+    path = tmp_path / "tokens.html"
+    made = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=4"]
+        + ["max_new_tokens=32", "--html", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    colours_js = "() => [...document.querySelectorAll('span.gd-tok')].map(s => getComputedStyle(s).backgroundColor)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests, errors = [], []
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.as_uri())
+            page.wait_for_selector("span.gd-tok", timeout=30_000)
+            before = page.evaluate(colours_js)
+            legend = page.evaluate(
+                "() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)"
+            )
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser_token_page_advantage.png"))
+            page.select_option("select.gd-quantity", "entropy")
+            after = page.evaluate(colours_js)
+            legend_after = page.evaluate(
+                "() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)"
+            )
+            page.screenshot(path=str(ARTIFACTS / "browser_token_page_entropy.png"))
+            page.select_option("select.gd-quantity", "advantage")
+            back = page.evaluate(colours_js)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
+    assert len(before) > 8 and len(set(before)) > 1, "the tokens are there, coloured"
+    changed = sum(a != b for a, b in zip(before, after))
+    assert changed > len(before) // 4, f"only {changed} of {len(before)} tokens changed colour"
+    assert (legend, legend_after) == (["advantage"], ["entropy"])
+    assert back == before, "switching back restores the first colours"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import torch
 
@@ -10,11 +12,43 @@ from ..metrics import metrics
 from ..step import GRPOStep, StepRun
 
 NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses
+BREAK = "\u200b"  # a zero-width space: a line may break there; plain text, so no HTML sanitizer removes it
+BREAK_AFTER = re.compile(r"([/_+,|])(?=\S)")  # after these, inside names like rewards/best_move and FENs
+
+
+def breakable(text: str) -> str:
+    """`text` with a line-break opportunity after each / _ + , | that a character follows: a header like
+    `rewards/best_move` or a FEN then wraps inside a narrow column instead of widening it."""
+    return BREAK_AFTER.sub(r"\1" + BREAK, text)
+
+
+class FittedTable(pd.DataFrame):
+    """A DataFrame whose notebook display fits the column: its headers and text cells may wrap after / _ + , |
+    (zero-width spaces in the displayed copy only; the data keep their names and values). Index labels stay
+    whole: the row names read in one piece.
+    Selecting columns or rows (`table[cols].head(16)`) keeps the display."""
+
+    @property
+    def _constructor(self):
+        return FittedTable
+
+    def _repr_html_(self) -> str | None:
+        label = lambda v: breakable(v) if isinstance(v, str) else v
+        shown = pd.DataFrame(self).rename(columns=label)
+        for column in shown.columns:
+            if not pd.api.types.is_numeric_dtype(shown[column]):  # text: object or pandas' str dtype
+                shown[column] = shown[column].map(label)
+        return shown._repr_html_()
+
+
+def fit_column(table: pd.DataFrame) -> FittedTable:
+    """Any table shown so that it wraps inside the notebook column (`FittedTable`)."""
+    return FittedTable(table)
 
 
 def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
     """One row per completion: its group, text, total reward, advantage and loss share (and gradient norm),
-    which fit a notebook column; `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
+    which fit a notebook column; its display wraps long headers and text (`FittedTable`); `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
     prefix, so that no component can overwrite the total), the sequence log-prob, entropy and sampler gap."""
     r, lp = run.rollout, run.logprobs
     rows = {
@@ -35,7 +69,7 @@ def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
         rows["loss_share"] = run.loss.per_sample_loss.tolist()
     if run.update is not None and len(run.update.per_sample_grad_norms):
         rows["grad_norm"] = run.update.per_sample_grad_norms.tolist()
-    table = pd.DataFrame(rows)
+    table = FittedTable(rows)
     return table if wide else table[[c for c in NARROW if c in table]]
 
 
@@ -47,14 +81,15 @@ def compare_variants(
     columns: list[str] | None = None,
 ) -> pd.DataFrame:
     """Each variant (a dict of StepConfig changes) run from the same base run (its cached rollout); one row
-    per variant. The step's current run stays the base run."""
+    per variant, its metric names wrapping in a notebook column (`FittedTable`). The step's current run stays
+    the base run."""
     base_run = step.run(base or step.cfg, until=until)
     rows = {}
     for name, changes in variants.items():
         run = step.run(base_run.config.replace(**changes), until=until, base=base_run, remember=False)
         values = {k: v for k, v in metrics(run).items() if not k.startswith("time/")}
         rows[name] = {k: values.get(k, float("nan")) for k in columns} if columns else values
-    return pd.DataFrame.from_dict(rows, orient="index")
+    return FittedTable(pd.DataFrame.from_dict(rows, orient="index"))
 
 
 def marked_completions(
