@@ -9,23 +9,15 @@ import torch
 
 from .config import StepConfig
 from .loss import compute_loss, loss_weights
-from .specs import loss_spec_of
+from .specs import batch_loss
 from .step import StepRun
 
 
 def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
-    """d loss / d logp per token: what the backward pass sends into the model, even when the loss is ~0."""
-    lp = run.logprobs
-    logps = lp.policy.clone().requires_grad_(True)
-    loss = compute_loss(
-        logps,
-        lp.policy,
-        lp.reference,
-        run.advantages.values,
-        lp.mask,
-        entropies=lp.entropies,
-        **loss_spec_of(cfg).kwargs(),
-    ).loss
+    """(N, C) d loss / d logp per token of the batch's loss under `cfg` (`specs.batch_loss`, the sampler
+    correction included): what the backward pass sends into the model, even when the loss is ~0."""
+    logps = run.logprobs.policy.clone().requires_grad_(True)
+    loss = batch_loss(cfg, run.rollout, run.logprobs, run.advantages.values, logps=logps).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad
 

@@ -130,13 +130,16 @@ def update_context(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> dict
     )
 
 
-def batch_loss(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs, advantages: torch.Tensor) -> LossBreakdown:
-    """The loss of the whole batch at the weights that scored it (the first micro-batch's view when S = 1)."""
+def batch_loss(
+    cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs, advantages: torch.Tensor, logps: torch.Tensor | None = None
+) -> LossBreakdown:
+    """The loss of the whole batch at the weights that scored it (the first micro-batch's view when S = 1).
+    `logps`: the (N, C) log-probs to differentiate it against (default `lp.policy`: the same values)."""
     ratio, sampling = sampler_correction(cfg, rollout, lp)
     corrected = cfg.vllm_importance_sampling_correction
     spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
     breakdown = compute_loss(
-        lp.policy,
+        lp.policy if logps is None else logps,
         lp.policy,
         lp.reference,
         advantages,

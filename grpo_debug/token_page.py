@@ -20,7 +20,6 @@ Quantities, per completion token (the generated tokens up to and including the f
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import html
 import json
@@ -29,8 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .loss import compute_loss
-from .specs import loss_spec_of, sampler_correction
+from .loss_gradients import gradient_of_loss_wrt_logps
 from .step import StepRun
 
 
@@ -74,28 +72,6 @@ class TokenPage:
     samples: tuple[TokenSample, ...]  # (B*G,) in rollout order
 
 
-def loss_gradient_per_token(run: StepRun) -> torch.Tensor:
-    """(N, C) d loss / d logp of the step's own loss (`specs.batch_loss`: the sampler correction included, one
-    micro-batch): the loss recomputed with the policy's log-probs as the leaf."""
-    cfg, rollout, lp = run.config, run.rollout, run.logprobs
-    ratio, _ = sampler_correction(cfg, rollout, lp)
-    spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
-    logps = lp.policy.clone().requires_grad_(True)
-    loss = compute_loss(
-        logps,
-        lp.policy,
-        lp.reference,
-        run.advantages.values,
-        lp.mask,
-        entropies=lp.entropies,
-        sampler_logps=rollout.sampler_logps if cfg.vllm_importance_sampling_correction else None,
-        sampler_ratio=ratio,
-        **spec.kwargs(),
-    ).loss
-    (grad,) = torch.autograd.grad(loss, logps)
-    return grad
-
-
 def step_ratio(run: StepRun) -> tuple[torch.Tensor, str]:
     """((N, C) ratio, its name): see the module's docstring for which ratio."""
     if run.loss.sampler_ratio is not None:
@@ -120,7 +96,7 @@ def token_values(run: StepRun, tokenizer, title: str = "", groups: int | None = 
         "mismatch": torch.exp(lp.policy - r.sampler_logps),
         "kl": torch.exp(d) - d - 1,
         "entropy": lp.entropies,
-        "gradient": loss_gradient_per_token(run),
+        "gradient": gradient_of_loss_wrt_logps(run, run.config),
         "mask": lp.mask,
     }
     B = len(r.prompts) if groups is None else min(groups, len(r.prompts))

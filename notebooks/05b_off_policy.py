@@ -210,6 +210,7 @@ print(f"pass 2: largest |log ratio| per token {spread(it2.ratio[scored]):.3f}, p
 # %%
 from grpo_debug.choices import SAMPLER_CORRECTION_MODES
 from grpo_debug.sampler import sampler_importance_ratio, sampler_metrics
+from grpo_debug.ui.tables import fit_column
 
 trl_scored = step.run(cfg.with_preset("trl"), until="logprobs", base=one, remember=False)
 fixed_scored = one if cfg.preset_name() == "fixed" else step.run(cfg.with_preset("fixed"), until="logprobs", base=one,
@@ -224,7 +225,7 @@ for label, scored in (("fixed", fixed_scored), ("trl preset", trl_scored)):
                                "kept": kept.float().mean().item()}
         if label == "trl preset":
             weights[mode] = w[L.mask.bool()] if w.shape[1] > 1 else w[:, 0]
-sampling = pd.DataFrame(rows).T
+sampling = fit_column(pd.DataFrame(rows).T)  # headers wrap to the notebook's width
 sampling.columns = [c.replace("sampling/", "") for c in sampling.columns]
 sampling
 

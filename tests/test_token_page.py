@@ -110,11 +110,11 @@ def test_the_ratio_is_the_sampler_correction_or_the_last_pass_where_the_step_has
     expected = corrected.loss.sampler_ratio.expand_as(corrected.logprobs.policy)
     assert page.samples[3].values["ratio"][2] == pytest.approx(expected[3, 2].item(), rel=1e-6)
     assert any(abs(v - 1) > 1e-3 for s in page.samples for v in s.values["ratio"])  # top_p 0.8: a biased ratio
-    # the step's gradient includes the sampler correction that gradient_of_loss_wrt_logps leaves out (beta 0: every
-    # term of the loss is multiplied by it)
-    plain = gradient_of_loss_wrt_logps(corrected, corrected.config)
+    # the step's gradient includes the sampler correction (beta 0: every term of the loss is multiplied by it)
+    plain = gradient_of_loss_wrt_logps(corrected, corrected.config.replace(vllm_importance_sampling_correction=False))
     ours = torch.tensor(page.samples[3].values["gradient"], dtype=torch.float64)
     assert torch.allclose(ours, (plain[3] * expected[3])[: len(ours)].double(), atol=1e-9)
+    assert not torch.allclose(ours, plain[3][: len(ours)].double(), atol=1e-9)
 
     twice = step.run(StepConfig(**SMALL, num_iterations=2), until="update")
     page = token_values(twice, step.loaded.tokenizer, groups=1)

@@ -48,8 +48,9 @@ def fit_column(table: pd.DataFrame) -> FittedTable:
 
 def per_sample(run: StepRun, wide: bool = False) -> pd.DataFrame:
     """One row per completion: its group, text, total reward, advantage and loss share (and gradient norm),
-    which fit a notebook column; its display wraps long headers and text (`FittedTable`); `wide=True` adds the length, the reward components (`rewards/<name>`, TRL's
-    prefix, so that no component can overwrite the total), the sequence log-prob, entropy and sampler gap."""
+    which fit a notebook column; its display wraps long headers and text (`FittedTable`). `wide=True` adds the
+    length, the reward components (`rewards/<name>`, TRL's prefix, so that no component can overwrite the
+    total), the sequence log-prob, entropy and sampler gap."""
     r, lp = run.rollout, run.logprobs
     rows = {
         "group": [i // r.num_generations for i in range(r.num_samples)],
