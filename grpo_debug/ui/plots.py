@@ -87,8 +87,7 @@ def kl_per_token(
         label = f"{estimator} (this step's estimator)" if estimator == chosen else estimator
         ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
     ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=f"{title}, sample {sample}")
-    ax.legend()
-    return _done(fig)
+    return _done(fig, legend_from=ax)  # beside the panel: inside, it sat on the spikes
 
 
 def per_sample_grad_norms(norms: torch.Tensor, advantages: torch.Tensor, title: str = "per-sample gradient norms"):
@@ -165,6 +164,7 @@ def sign_scatter(checks: dict, title: str = "predicted vs measured change of L_v
         ax.set_xlabel(f"predicted: -lr x {c.score} score", fontsize=8)
         ax.set_ylabel(f"measured after a {c.step} step", fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.ticklabel_format(style="sci", scilimits=(-2, 3))  # -0.0006-0.0004... ran into each other: a 1e-4 offset
         ax.set_title(f"{name}\nSpearman {c.spearman:+.2f}, sign agreement {c.sign_agreement:.0%}", fontsize=9)
     fig.suptitle(title)
     return _done(fig)
@@ -193,9 +193,8 @@ def selection_results(results: list, title: str = "one step on the selected samp
     for ax in (left, right):
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks(x, strategies, rotation=30, fontsize=8)
-        ax.legend(fontsize=8)
     fig.suptitle(f"{title}; validation: {results[0].val_set}", fontsize=10)
-    return _done(fig)
+    return _done(fig, legend_from=left)  # beside the panels: inside, it covered bars and intervals
 
 
 def reward_changes(rows: dict, title: str = "change of the test-prompt reward (95% bootstrap interval)"):
