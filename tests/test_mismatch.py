@@ -218,3 +218,16 @@ def test_a_bfloat16_sampler_drifts_from_the_float32_trainer_and_a_float32_one_do
     assert abs(same["rollout_corr/kl"]) < 1e-5 and same["rollout_corr/k3_kl"] < 1e-8
     assert low["rollout_corr/k3_kl"] > 100 * max(same["rollout_corr/k3_kl"], 1e-9)
     assert low["logps/max_sampler_gap"] > 1e-2 > same["logps/max_sampler_gap"]
+
+
+def test_the_length_plot_marks_exactly_the_sequences_outside_the_cap():
+    from grpo_debug.sampler import outside_cap, sequence_ratios
+    from grpo_debug.ui.mismatch_plots import sequence_ratio_vs_length
+
+    mask = (torch.arange(90) < torch.tensor([20, 40, 60, 80, 90]).unsqueeze(1)).float()
+    panels = {"steady drift": sequence_ratios(torch.full((5, 90), 0.02), torch.zeros(5, 90), mask)}
+    fig = sequence_ratio_vs_length(panels, clip_max=3.0, up_to=104)
+    ax = fig.axes[0]
+    inside, outside = (c.get_offsets() for c in ax.collections[:2])
+    assert len(outside) == int(outside_cap(panels["steady drift"], None, 3.0).sum()) == 3  # e^1.2, e^1.6, e^1.8 > 3
+    assert len(inside) == 2 and fig.legends and not ax.get_legend()  # the legend below the panels, off the data
