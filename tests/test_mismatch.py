@@ -231,3 +231,12 @@ def test_the_length_plot_marks_exactly_the_sequences_outside_the_cap():
     inside, outside = (c.get_offsets() for c in ax.collections[:2])
     assert len(outside) == int(outside_cap(panels["steady drift"], None, 3.0).sum()) == 3  # e^1.2, e^1.6, e^1.8 > 3
     assert len(inside) == 2 and fig.legends and not ax.get_legend()  # the legend below the panels, off the data
+
+
+def test_the_trl_bridge_refuses_a_sampler_precision_of_its_own():
+    """TRL without vLLM samples with the trained model itself: a separate sampler precision is not a switch it has."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.trl_bridge import no_trl_switch
+
+    assert "sampler_dtype" not in no_trl_switch(StepConfig())
+    assert no_trl_switch(StepConfig(sampler_dtype="bfloat16")) == {"sampler_dtype": "bfloat16"}
