@@ -14,6 +14,7 @@ ImportanceSamplingLevel = Literal["token", "sequence"]
 SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Generation = Literal["batched", "loop"]
 Dtype = Literal["float32", "bfloat16"]
+SamplerDtype = Literal["float32", "bfloat16", "float16"]
 ScaleRewards = Literal["group", "batch", "none"]
 Support = Literal["full_vocabulary", "sampler_support"]
 
@@ -27,6 +28,7 @@ IMPORTANCE_SAMPLING_LEVELS = get_args(ImportanceSamplingLevel)
 SAMPLER_CORRECTION_MODES = get_args(SamplerCorrectionMode)
 GENERATIONS = get_args(Generation)
 DTYPES = get_args(Dtype)
+SAMPLER_DTYPES = get_args(SamplerDtype)
 SCALE_REWARDS = get_args(ScaleRewards)
 SUPPORTS = get_args(Support)
 ARM_NAMES = (

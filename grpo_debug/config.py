@@ -76,6 +76,13 @@ class StepConfig:
     generation: choices.Generation = _in(
         "rollout", "batched", "one generate call for B*G, or one call per prompt", choices=choices.GENERATIONS
     )
+    sampler_dtype: choices.SamplerDtype = _in(
+        "rollout",
+        "float32",
+        "generation precision (autocast), so the sampler's log-probs carry its rounding, as a bf16 vLLM's do; "
+        "`dtype` stays the trainer's",
+        choices=choices.SAMPLER_DTYPES,
+    )
     fast: bool = _in(
         "rollout",
         True,

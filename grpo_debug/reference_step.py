@@ -48,6 +48,7 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
         pad_with_eos=cfg.pad_with_eos,
         generation=cfg.generation,
         dropout=cfg.sample_dropout,
+        dtype=cfg.sampler_dtype,
     )
 
     logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg))

@@ -60,6 +60,17 @@ class Rollout:
         )
 
 
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def at_precision(dtype: str):
+    """The context `generate` runs in: CPU autocast to `dtype` ("bfloat16", "float16"), as `scoring` autocasts
+    the trainer's forward; "float32" is autocast off, the plain float32 forward."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"sampler dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
+    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")
+
+
 ROWS_PER_PASS = 8  # one 64-row forward+backward was ~2x slower on CPU than eight 8-row ones (memory-bound)
 
 
@@ -98,13 +109,15 @@ def sample(
     eos_token_id: int,
     top_k: int = 0,
     min_p: float | None = None,
+    dtype: str = "float32",
     generate=generate_repeated,
 ):
     """`num_generations` samples of each left-padded prompt (B, P): one `generate` call on the prompts
     repeated G times, rows grouped by prompt. Returns the (B*G, P) prompt ids and mask, the (B*G, C)
     completion ids, and each sampled token's log-prob under the sampler (temperature, then top_k, top_p and
     min_p, which renormalise over the tokens they keep) and under the temperature alone (what a recomputation can match). `generate`: `generate_repeated`, or its fast
-    twin that computes each prompt's keys and values once per group (`speed.kernels`)."""
+    twin that computes each prompt's keys and values once per group (`speed.kernels`). `dtype`: the sampler's
+    precision (`at_precision`): its logits, hence the tokens drawn and their log-probs, carry that rounding."""
     G = num_generations
     input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
     kwargs = dict(
@@ -120,7 +133,8 @@ def sample(
         output_logits=True,
         return_dict_in_generate=True,
     )
-    out = generate(model, input_ids[::G], attention_mask[::G], G, **kwargs)
+    with at_precision(dtype):
+        out = generate(model, input_ids[::G], attention_mask[::G], G, **kwargs)
     completion_ids = out.sequences[:, input_ids.shape[1] :]
     chosen = completion_ids.unsqueeze(-1)
     scores = torch.stack(out.scores, dim=1).float()  # what was sampled from: / temperature, top_p -> -inf
@@ -264,6 +278,7 @@ def rollout(
     dropout: bool = False,
     top_k: int = 0,
     min_p: float | None = None,
+    dtype: str = "float32",
     generate=generate_repeated,
 ) -> Rollout:
     """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
@@ -271,7 +286,8 @@ def rollout(
 
     `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
     `"loop"` makes one call per prompt, for the speed comparison. `pad_with_eos` pads completions with
-    the EOS token, as a GPT-2 tokenizer without a pad token does under TRL (pad == eos).
+    the EOS token, as a GPT-2 tokenizer without a pad token does under TRL (pad == eos). `dtype`: the
+    sampler's precision (`at_precision`), apart from the trainer's.
     """
     if generation not in ("batched", "loop"):
         raise ValueError(f"generation must be 'batched' or 'loop', got {generation!r}")
@@ -293,6 +309,7 @@ def rollout(
             top_p=top_p,
             top_k=top_k,
             min_p=min_p,
+            dtype=dtype,
             generate=generate,
         )
         seconds = time.perf_counter() - start

@@ -5,6 +5,7 @@ truncated or masked, and the sampling/* metrics TRL logs about it."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -166,3 +167,44 @@ def health_line(metrics: dict[str, float]) -> str:
         if k in metrics and off(metrics[k])
     ]
     return "sampler vs trainer: " + ("healthy (verl's thresholds)" if not bad else "WARNING " + "; ".join(bad))
+
+
+# ---- length times drift (TRL issue #4772): a sequence's ratio is the product of its tokens' ratios, so a small
+# per-token drift d grows as exp(d x length) and crosses the sequence modes' cap on the longest completions
+
+
+@dataclass(frozen=True)
+class SequenceRatios:
+    """Each completion's importance ratio against its length: what the sequence_* correction modes weigh by."""
+
+    lengths: torch.Tensor  # (N,) scored tokens of each completion
+    log_ratio: torch.Tensor  # (N,) log prod_t rho_t = sum_t (log pi_trainer - log pi_sampler) over its scored tokens
+    token_drift: float  # mean log rho over every scored token: nats per token
+    token_spread: float  # standard deviation of log rho over every scored token (nats)
+
+
+def sequence_ratios(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> SequenceRatios:
+    """The sequence ratio prod rho of each row of (N, T) log-probs under its (N, T) mask, as
+    `sampler_importance_ratio`'s sequence_* modes compute it before truncation (a NaN token counts as ratio 1),
+    with its length and the per-token drift and spread behind it."""
+    scored = mask.bool()
+    log_rho = torch.nan_to_num((trainer_logps - sampler_logps) * mask, nan=0.0)
+    tokens = log_rho[scored]
+    spread = tokens.std().item() if tokens.numel() > 1 else 0.0
+    return SequenceRatios(scored.sum(-1), log_rho.sum(-1), tokens.mean().item() if tokens.numel() else 0.0, spread)
+
+
+def outside_cap(ratios: SequenceRatios, clip_min: float | None = None, clip_max: float | None = 3.0) -> torch.Tensor:
+    """(N,) bool: sequences whose ratio leaves [clip_min, clip_max], which sequence_mask zeroes and
+    sequence_truncate clamps (TRL's vllm_importance_sampling_clip_*)."""
+    ratio = torch.exp(ratios.log_ratio)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return (ratio < low) | (ratio > high)
+
+
+def length_at_cap(drift: float, cap: float) -> float:
+    """The completion length at which a steady drift of `drift` nats per token takes the sequence ratio
+    exp(drift x length) to `cap`: ln(cap) / drift (infinite when the drift never gets there)."""
+    target = math.log(cap)
+    return target / drift if drift != 0 and target / drift > 0 else math.inf

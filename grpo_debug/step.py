@@ -263,6 +263,7 @@ class GRPOStep:
             pad_with_eos=cfg.pad_with_eos,
             generation=cfg.generation,
             dropout=cfg.sample_dropout,
+            dtype=cfg.sampler_dtype,
             generate=sampling_kernels(cfg.fast, cfg.sample_dropout).generate,
         )
 

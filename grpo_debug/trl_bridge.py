@@ -42,6 +42,8 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
         out["generation"] = cfg.generation
     if cfg.sample_dropout != cfg.dropout:  # TRL's one switch, disable_dropout, sets both
         out["sample_dropout"] = cfg.sample_dropout
+    if cfg.sampler_dtype != "float32":  # a sampler precision of its own is vLLM's, which this bridge does not run
+        out["sampler_dtype"] = cfg.sampler_dtype
     return out
 
 

@@ -100,11 +100,12 @@ from grpo_debug.logprobs import completion_mask
 from grpo_debug.sampler import kept_mass
 
 truncations = {"control (no truncation)": {"top_p": 1.0}, "top_p 0.8": {"top_p": 0.8}, "top_k 20": {"top_k": 20}}
-bias = {}
+bias, truncated_runs = {}, {}
 if CAPTURE is None:  # each truncation samples anew: a capture's rollout is the trainer's own
     for name, change in truncations.items():
         for support in ("full_vocabulary", "sampler_support"):
             run = step.run(cfg.replace(**change, logprob_support=support), until="logprobs", remember=False)
+            truncated_runs[(name, support)] = run
             sampled = completion_mask(run.rollout, "keep_first_eos").bool()
             rho = torch.exp(run.logprobs.policy - run.rollout.sampler_logps)[sampled]
             bias[(name, support)] = {"mean ratio": rho.mean().item(),
@@ -127,3 +128,209 @@ bias
 # on a truncated sampler no correction mode can tell that bias from a real drift of the weights, and the
 # sequence modes multiply it over every token of a completion. Renormalised over the sampler's support, the
 # ratio is back at 1 and what is left of the gap is the drift itself.
+
+# %% [markdown]
+# ## 3. The sampler and the trainer at different precisions
+#
+# `sampler_dtype` runs generation under CPU autocast (bfloat16 or float16), so the tokens drawn and the
+# sampler's stored log-probs carry that precision's rounding, as a vLLM serving bf16 weights does; `dtype`
+# stays the trainer's scoring precision (`float32` or `bfloat16`, TRL's `bf16` switch). The table crosses the
+# two on the bundled step: one rollout per sampler precision, scored by the trainer at each of its
+# precisions, with verl's metrics and health verdict, and the per-token log-ratio's mean (the drift) and
+# spread behind them. On this CPU (AVX2, no native bf16 or fp16 matmuls) a low-precision rollout is several
+# times slower than float32 (the seconds are printed first; they vary with the machine).
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug.choices import DTYPES, SAMPLER_DTYPES
+from grpo_debug.sampler import sequence_ratios
+
+precision_runs, rollout_seconds = {}, {}
+if CAPTURE is None:  # each sampler precision samples anew: a capture's rollout is the trainer's own
+    for sampler in SAMPLER_DTYPES:
+        sampled = step.run(cfg.replace(sampler_dtype=sampler), until="logprobs", remember=False)
+        rollout_seconds[sampler] = sampled.rollout.seconds
+        for trainer in DTYPES:
+            precision_runs[(sampler, trainer)] = step.run(
+                cfg.replace(sampler_dtype=sampler, dtype=trainer), until="logprobs", base=sampled, remember=False)
+    print("seconds to sample the step:", ", ".join(f"{k} {v:.1f}" for k, v in rollout_seconds.items()))
+
+# %%
+def precision_row(run):
+    m = metrics(run)
+    ratios = sequence_ratios(run.logprobs.policy, run.rollout.sampler_logps, completion_mask(run.rollout))
+    return {"mean ratio": m["rollout_corr/rollout_is_mean"], "k3 KL": m["rollout_corr/k3_kl"],
+            "chi2 token": m["rollout_corr/chi2_token"], "ESS": m["rollout_corr/rollout_is_eff_sample_size"],
+            "sequence ESS": m["rollout_corr/sequence/rollout_is_eff_sample_size"],
+            "drift (nats/token)": ratios.token_drift, "spread (nats/token)": ratios.token_spread,
+            "largest sequence ratio": ratios.log_ratio.exp().max().item(),
+            "verdict": health_line(m).removeprefix("sampler vs trainer: ")}
+
+
+with pd.option_context("display.float_format", "{:.3g}".format):
+    precision = pd.DataFrame({pair: precision_row(run) for pair, run in precision_runs.items()}).T
+    if CAPTURE is None:
+        precision.index.names = ["sampler", "trainer"]
+        print(precision.to_string())
+
+# %%
+if CAPTURE is None:
+    spread = precision["spread (nats/token)"]
+    k3 = precision["k3 KL"]
+    bf16, fp16, both = ("bfloat16", "float32"), ("float16", "float32"), ("bfloat16", "bfloat16")
+    print(f"sampler bfloat16, trainer float32: spread {spread[bf16]:.2g} nats per token, k3 KL {k3[bf16]:.2g}; "
+          f"sampler float16: spread {spread[fp16]:.2g}, k3 KL {k3[fp16]:.2g} ({k3[bf16] / k3[fp16]:.0f} times "
+          f"smaller); both in bfloat16: spread {spread[both]:.2g}, k3 KL {k3[both]:.2g}")
+    assert precision["verdict"].str.startswith("healthy").all()
+    assert spread[fp16] < spread[bf16] / 3 and k3[fp16] < k3[bf16] / 10
+    assert spread[both] > max(spread[bf16], spread[("float32", "bfloat16")])
+
+# %% [markdown]
+# **What to notice.** On this small model every pair is healthy by verl's thresholds: the rounding of a
+# low-precision sampler is a few thousandths of a nat per token (printed), and the mean ratio stays at 1
+# to three digits. The float16 sampler sits much closer to the float32 trainer than the bfloat16 one (ten
+# mantissa bits against seven; the ratio of their k3 KL is printed), which is the direction of the 2025
+# study's finding that FP16 removes most of the mismatch. Both sides in bfloat16 is not "the same
+# numbers": `generate` computes each token in its own small forward over a cache and the trainer in one
+# forward over the whole row, each rounding its own way, so the pair drifts more than either mixed pair.
+
+# %% [markdown]
+# ## 4. Length times drift
+#
+# The sequence modes of the correction weigh a completion by the product of its tokens' ratios, so its log
+# is the sum of the per-token log-ratios: a steady drift of d nats per token grows as d x length, and
+# noise of spread s per token as a random walk, about s x sqrt(length). TRL issue #4772 reports 0.012
+# nats per token, which crosses TRL's cap of 3 (`vllm_importance_sampling_clip_max`) after ln 3 / 0.012
+# tokens; past it `sequence_mask` zeroes the completion's gradient and `sequence_truncate` clamps its weight.
+# Below: each completion's sequence ratio against its length, the cap drawn, on the bundled step (the
+# bfloat16 sampler against the float32 trainer: a random walk; `top_p` 0.8 scored over the full vocabulary:
+# a steady drift, the log of the kept mass on every token) and on a captured TRL step re-scored in bfloat16.
+
+# %%
+import math
+
+from grpo_debug.sampler import length_at_cap, outside_cap
+from grpo_debug.ui.mismatch_plots import TRL_4772_DRIFT, sequence_ratio_vs_length
+
+cap = cfg.vllm_importance_sampling_clip_max or 3.0  # TRL's default where a config has no upper bound
+print(f"TRL #4772: {TRL_4772_DRIFT} nats per token reaches the cap of {cap:g} after "
+      f"{length_at_cap(TRL_4772_DRIFT, cap):.1f} tokens (a sequence ratio of {math.exp(100 * TRL_4772_DRIFT):.2f} "
+      "at 100 tokens)")
+
+
+def describe(name, r):
+    walk = (math.log(cap) / (2 * r.token_spread)) ** 2 if r.token_spread else math.inf
+    print(f"{name}: drift {r.token_drift:+.2g} nats per token (the cap after {length_at_cap(r.token_drift, cap):.3g} "
+          f"tokens at it), spread {r.token_spread:.2g} (a random walk's 2 spreads reach ln {cap:g} after {walk:.3g} "
+          f"tokens); lengths {r.lengths.min().item()} to {r.lengths.max().item()}, sequence ratios "
+          f"{r.log_ratio.exp().min().item():.3g} to {r.log_ratio.exp().max().item():.3g}: "
+          f"{outside_cap(r, None, cap).float().mean().item():.0%} above {cap:g} (masked under TRL's defaults), "
+          f"{outside_cap(r, 1 / cap, None).float().mean().item():.0%} below 1/{cap:g}")
+
+
+panels = {}
+if CAPTURE is None:
+    for name, run in {"bundled: sampler bfloat16, trainer float32": precision_runs[("bfloat16", "float32")],
+                      "bundled: top_p 0.8, full vocabulary": truncated_runs[("top_p 0.8", "full_vocabulary")]}.items():
+        panels[name] = sequence_ratios(run.logprobs.policy, run.rollout.sampler_logps, completion_mask(run.rollout))
+        describe(name, panels[name])
+
+# %% tags=["nbval-ignore-output"]
+import tempfile
+import warnings
+from pathlib import Path
+
+from grpo_debug.capture import CaptureCallback
+from grpo_debug.config import StepConfig
+from grpo_debug.trl_bridge import trl_trainer
+
+if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), captured as notebook 10 captures yours
+    out = Path(tempfile.mkdtemp(prefix="grpo_debug_05c_"))
+    demo = StepConfig(num_prompts=2, num_generations=4, beta=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed arguments, not ours
+        trainer = trl_trainer(demo, str(out), max_steps=1, disable_dropout=True)
+        trainer.add_callback(CaptureCallback(out / "captures", steps=[1]))
+        trainer.train()
+    captured_cfg, captured = open_step(MODEL, out / "captures" / "step-1", TASK)
+else:  # your capture is the notebook's step
+    captured_cfg, captured = cfg, step
+
+# %%
+other = "bfloat16" if captured_cfg.dtype == "float32" else "float32"
+for name, change in {f"capture: as scored ({captured_cfg.dtype})": {},
+                     f"capture: trainer re-scored in {other}": {"dtype": other}}.items():
+    run = captured.run(captured_cfg.replace(**change), until="logprobs", remember=False)
+    panels[name] = sequence_ratios(run.logprobs.policy, run.rollout.sampler_logps, completion_mask(run.rollout))
+    describe(name, panels[name])
+sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_new_tokens)
+
+# %%
+if CAPTURE is None:
+    walk, truncated = panels["bundled: sampler bfloat16, trainer float32"], panels["bundled: top_p 0.8, full vocabulary"]
+    assert length_at_cap(TRL_4772_DRIFT, cap) < cfg.max_new_tokens  # #4772's drift crosses within the budget
+    assert not outside_cap(walk, 1 / cap, cap).any() and (math.log(cap) / (2 * walk.token_spread)) ** 2 > 1000
+    assert not outside_cap(truncated, None, cap).any() and outside_cap(truncated, 1 / cap, None).any()
+    short = truncated.lengths < truncated.lengths.float().mean()
+    assert truncated.log_ratio[short].mean() < truncated.log_ratio[~short].mean()
+    as_scored, rescored = (panels[name] for name in list(panels)[2:])
+    assert as_scored.log_ratio.abs().max() < 1e-4 and not outside_cap(rescored, 1 / cap, cap).any()
+    assert abs(rescored.token_drift) < rescored.token_spread / 10
+
+# %% [markdown]
+# **What to notice.** The bfloat16 sampler's gap is noise with no direction: its sequence ratios stay near 1
+# at every length this model writes, and a random walk of that spread would need thousands of tokens
+# (printed) to reach the cap, so none is masked. #4772's drift is a bias, the same sign on every token,
+# and the dashed line shows how it turns into masked sequences: the ratio crosses the cap before the
+# completion budget, and every longer completion is zeroed (`sequence_mask`) or clamped
+# (`sequence_truncate`). `top_p` 0.8 scored over the full vocabulary is such a bias, downwards (the log of
+# the kept mass on every token): TRL's default has no lower bound (`vllm_importance_sampling_clip_min` is
+# none) and masks none of them, while a lower bound of 1/3 (drawn) masks the red ones. Here the short P:
+# completions fall further than the long A: ones: the drift is per uncertain token, and an A: completion
+# copies a board almost deterministically, keeping nearly all the mass. On the capture, our replay
+# reproduces the trainer's own log-probs (ratio 1), and re-scoring it in the other precision gives the same
+# kind of random walk as the bundled step.
+
+# %% [markdown]
+# ## 5. Does the arm with the least mismatch learn best?
+#
+# A short training run asks it: three arms that differ only in `sampler_dtype` (float32, the `fixed` arm;
+# bfloat16; float16), the trainer in float32 and TRL's correction on in each
+# (`vllm_importance_sampling_correction`, sequence_mask, cap 3), K steps on 8 seeds, the held-out reward of
+# each low-precision arm minus `fixed` after K steps, paired by seed and test prompt (seeds crossed with
+# prompts, Holm over the two comparisons). Its claim, arms, K, seeds and analysis were committed in
+# `data/experiments/precision_plan.json` before it ran (`bash data/experiments/run.sh precision`); the
+# results are loaded from `data/experiments/precision.json`.
+
+# %%
+import json
+
+from grpo_debug.paths import DATA_DIR
+
+plan = json.loads((DATA_DIR / "experiments" / "precision_plan.json").read_text())
+result = json.loads((DATA_DIR / "experiments" / "precision.json").read_text())
+assert result["command"] == plan["commands"][0] and result["steps"] == plan["steps"]
+print(f"claim: {plan['claim']}")
+print(f"K = {result['steps']} steps, {result['seeds']} seeds, {result['eval_prompts']} test prompts")
+gaps = pd.DataFrame(result["records"]).dropna(subset=["logps/max_sampler_gap"]).groupby("arm")["logps/max_sampler_gap"]
+summary = result["summary"]
+for arm, s in summary.items():
+    print(f"{arm:13s} held-out reward {s['reward_start']:.4f} at step 0, {s['reward_final']['mean']:.4f} after K; "
+          f"largest |sampler - trainer| log-prob of a step, mean over steps and seeds {gaps.mean()[arm]:.2g}")
+for arm in ("sampler_bf16", "sampler_fp16"):
+    print(summary[arm]["minus_fixed"]["verdict"].replace("held-out reward minus fixed", f"{arm} minus fixed"),
+          f"({summary[arm]['minus_fixed']['level']:.1%} interval, Holm p {summary[arm]['minus_fixed']['holm_p']:.2f})")
+worst_gap = gaps.mean()
+assert worst_gap["fixed"] < worst_gap["sampler_fp16"] < worst_gap["sampler_bf16"]  # the arms' mismatch, in order
+assert all(summary[arm]["minus_fixed"]["holm_p"] >= 0.05 for arm in ("sampler_bf16", "sampler_fp16"))
+assert all(summary[a]["minus_fixed"]["ci_low"] < 0 < summary[a]["minus_fixed"]["ci_high"] for a in ("sampler_bf16", "sampler_fp16"))
+
+# %% [markdown]
+# **What to notice.** The arms' mismatch is in the planned order, from the training's own logs: the
+# largest sampler-trainer gap of a step is float rounding for the float32 sampler, larger for float16 and
+# largest for bfloat16 (printed). The held-out reward is not: no difference from `fixed` is detected, each
+# interval (printed, 97.5%: Bonferroni over the two) holds 0, so the claim that the least mismatch learns
+# best is not supported here. It is no detectable effect, not proof of none: the intervals bound how large
+# an effect could have gone unseen in 12 steps on 8 seeds. The result fits section 4: on this model a
+# low-precision sampler's drift is noise far from the cap, so the correction masks next to nothing and every
+# arm takes nearly the same steps. A larger model, longer completions or a biased drift (#4772) is where the
+# mismatch starts to mask sequences, and where this question should be asked again.

@@ -117,3 +117,126 @@ def test_the_truncation_bias_is_the_kept_mass_and_renormalising_over_the_support
     assert abs(renormalised["rollout_corr/kl"]) <= abs(full["rollout_corr/kl"])
     if "top_p" in truncation:
         assert full["logps/kept_mass_mean"] < 0.99  # a real bias to remove
+
+
+def test_each_sequence_ratio_is_the_product_of_its_token_ratios_against_its_length():
+    """#4772's mechanism by hand: log prod rho = sum of the scored tokens' log-ratios, the same ratio the
+    sequence_* correction modes weigh by before truncation, and the share outside the cap that
+    mismatch_metrics reports; a steady drift d reaches the cap at length ln(cap) / d."""
+    from grpo_debug.sampler import length_at_cap, outside_cap, sampler_importance_ratio, sequence_ratios
+
+    got = sequence_ratios(SAMPLER + DELTA, SAMPLER, MASK)
+    tokens = [0.2, -0.1, 0.4, -0.3, 0.05]
+    assert got.lengths.tolist() == [3, 2]
+    assert got.log_ratio.tolist() == pytest.approx([0.2 - 0.1 + 0.4, -0.3 + 0.05], abs=1e-6)
+    mean = sum(tokens) / 5
+    assert got.token_drift == pytest.approx(mean, abs=1e-6)
+    assert got.token_spread == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in tokens) / 4), abs=1e-6)
+    unclipped = sampler_importance_ratio(SAMPLER + DELTA, SAMPLER, MASK, "sequence_mask", None, None)
+    assert torch.allclose(torch.exp(got.log_ratio), unclipped.squeeze(-1))
+    assert outside_cap(got, clip_max=1.3).tolist() == [True, False]  # e^0.5 = 1.65 > 1.3 > e^-0.25
+    assert outside_cap(got, clip_min=0.9, clip_max=None).tolist() == [False, True]
+    share = mismatch_metrics(SAMPLER + DELTA, SAMPLER, MASK, clip_max=1.3)[
+        "rollout_corr/sequence/fraction_outside_clip"
+    ]
+    assert share == pytest.approx(outside_cap(got, clip_max=1.3).float().mean().item())
+    sampler = SAMPLER.clone()
+    sampler[0, 1] = float("nan")  # a token the sampler could not score counts as ratio 1
+    assert sequence_ratios(SAMPLER + DELTA, sampler, MASK).log_ratio[0].item() == pytest.approx(0.6)
+    assert length_at_cap(0.012, 3.0) == pytest.approx(math.log(3) / 0.012)  # ~92 tokens: #4772's cap of 3
+    assert length_at_cap(-0.012, 3.0) == math.inf and length_at_cap(0.0, 3.0) == math.inf
+
+
+def test_the_float32_sampler_is_autocast_off_and_a_low_precision_one_is_on():
+    """The default sampler runs exactly the plain float32 forward (today's numbers, bit for bit)."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.model import load_model
+    from grpo_debug.rollout import at_precision
+
+    assert StepConfig().sampler_dtype == "float32" and StepConfig.phase_of("sampler_dtype") == "rollout"
+    policy = load_model().policy.eval()
+    ids = torch.tensor([[5, 17, 42, 99]])
+    with torch.no_grad():
+        plain = policy(input_ids=ids).logits
+        with at_precision("float32"):
+            assert not torch.is_autocast_enabled("cpu")
+            assert torch.equal(policy(input_ids=ids).logits, plain)
+        for dtype in ("bfloat16", "float16"):
+            with at_precision(dtype):
+                assert torch.is_autocast_enabled("cpu")
+                assert not torch.equal(policy(input_ids=ids).logits.float(), plain)
+    with pytest.raises(ValueError, match="sampler dtype must be one of"):
+        at_precision("float64")
+
+
+def _sampled(fast: bool, dtype: str):
+    from grpo_debug.model import load_model
+    from grpo_debug.rollout import rollout
+    from grpo_debug.speed import kernels
+    from grpo_debug.task import load_task
+
+    policy, _, tokenizer = load_model()
+    prompts = load_task("mixed").prompts("train", 3)
+    return rollout(
+        policy,
+        tokenizer,
+        prompts,
+        num_generations=4,
+        max_new_tokens=48,
+        temperature=0.7,
+        top_p=1.0,
+        seed=0,
+        dtype=dtype,
+        generate=kernels(fast).generate,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_low_precision_sampler_fast_and_readable_agree_to_its_rounding(dtype):
+    """The fast generate under autocast: the same tokens as the readable one on most rows (a bf16 rounding
+    can flip a draw near a boundary, and the row goes its own way from there), and the same sampler log-probs
+    to the precision's rounding on every token both drew alike (bf16: 0.1, as the fast scoring's test)."""
+    fast, plain = _sampled(True, dtype), _sampled(False, dtype)
+    same_rows = (fast.completion_ids == plain.completion_ids).all(1)
+    assert same_rows.float().mean() >= 0.75
+    alike = (fast.completion_ids == plain.completion_ids).cumprod(1).bool()  # each row's common prefix
+    assert ((fast.sampler_logps - plain.sampler_logps).abs() * alike).max() <= 0.1
+
+
+def test_a_bfloat16_sampler_drifts_from_the_float32_trainer_and_a_float32_one_does_not():
+    """The step's own metrics: the float32 sampler matches the trainer's float32 scoring to float rounding;
+    the bfloat16 sampler's log-probs carry its rounding, a mismatch verl's metrics see."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.metrics import metrics
+    from grpo_debug.step import GRPOStep
+
+    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48)
+    step = GRPOStep(cfg)
+    same = metrics(step.run(cfg, until="logprobs"))
+    assert cfg.replace(sampler_dtype="bfloat16").first_changed_phase(cfg) == "rollout"
+    low = metrics(step.run(cfg.replace(sampler_dtype="bfloat16"), until="logprobs"))
+    assert abs(same["rollout_corr/kl"]) < 1e-5 and same["rollout_corr/k3_kl"] < 1e-8
+    assert low["rollout_corr/k3_kl"] > 100 * max(same["rollout_corr/k3_kl"], 1e-9)
+    assert low["logps/max_sampler_gap"] > 1e-2 > same["logps/max_sampler_gap"]
+
+
+def test_the_length_plot_marks_exactly_the_sequences_outside_the_cap():
+    from grpo_debug.sampler import outside_cap, sequence_ratios
+    from grpo_debug.ui.mismatch_plots import sequence_ratio_vs_length
+
+    mask = (torch.arange(90) < torch.tensor([20, 40, 60, 80, 90]).unsqueeze(1)).float()
+    panels = {"steady drift": sequence_ratios(torch.full((5, 90), 0.02), torch.zeros(5, 90), mask)}
+    fig = sequence_ratio_vs_length(panels, clip_max=3.0, up_to=104)
+    ax = fig.axes[0]
+    inside, outside = (c.get_offsets() for c in ax.collections[:2])
+    assert len(outside) == int(outside_cap(panels["steady drift"], None, 3.0).sum()) == 3  # e^1.2, e^1.6, e^1.8 > 3
+    assert len(inside) == 2 and fig.legends and not ax.get_legend()  # the legend below the panels, off the data
+
+
+def test_the_trl_bridge_refuses_a_sampler_precision_of_its_own():
+    """TRL without vLLM samples with the trained model itself: a separate sampler precision is not a switch it has."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.trl_bridge import no_trl_switch
+
+    assert "sampler_dtype" not in no_trl_switch(StepConfig())
+    assert no_trl_switch(StepConfig(sampler_dtype="bfloat16")) == {"sampler_dtype": "bfloat16"}

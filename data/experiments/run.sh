@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The three training experiments of notebook 06b, as committed under data/experiments/ (one thread each:
+# The training experiments of notebooks 06b and 05c (precision), as committed under data/experiments/ (one thread each:
 # the notebook's live check re-runs their first steps with the same thread count and compares exactly).
 # Each resumes from its progress file if interrupted: run the same line again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(--seeds 3 --eval-prompts 24 --threads 1 --no-progress --keep-progress
         --set num_prompts=4 num_generations=8 learning_rate=0.0002 per_sample_grad_norms=false)
-case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | confirm | all
+case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | confirm | precision | all
   pitfalls|all)  # K = 36: the fixed arm's held-out reward did not move measurably at K = 12
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm trl --arm no_temperature \
       --arm eos_dropped --arm dropout "${COMMON[@]}" --json data/experiments/pitfalls.json ;;&
@@ -34,5 +34,9 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
   confirm|all)  # the confirmatory run of plan.json (committed before it ran): its two commands, as written there
     python -c 'import json, shlex, subprocess, sys
 for command in json.load(open("data/experiments/plan.json"))["commands"]:
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;&
+  precision|all)  # notebook 05c's sampler-precision run of precision_plan.json (committed before it ran), as written there
+    python -c 'import json, shlex, subprocess, sys
+for command in json.load(open("data/experiments/precision_plan.json"))["commands"]:
     subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;
 esac
