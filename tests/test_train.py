@@ -279,7 +279,9 @@ def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_ste
         "minus fixed": difference_curve(three_steps, "k1", "fixed"),
     }  # a panel without fixed
     colours = lambda fig: {
-        (ax.get_title(), line.get_label()): line.get_color() for ax in fig.axes for line in ax.get_lines()
+        (ax.get_title().removesuffix(" (log axis)"), line.get_label()): line.get_color()
+        for ax in fig.axes
+        for line in ax.get_lines()
     }
     both = colours(plots.training_curves(curves))
     assert both[("kl", "k1")] == both[("minus fixed", "k1")] != both[("kl", "fixed")]
