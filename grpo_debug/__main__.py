@@ -30,15 +30,17 @@ def train_command(parser, args) -> int:
         base = StepConfig(**parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
-    _threads(args.threads)
-    from .arms import parse_arm
-    from .progress import remove_progress
-    from .train import train
+    from .arms import check_distinct, parse_arm  # torch-free: a bad arm is answered before torch loads
 
     try:
         arms = [parse_arm(a) for a in args.arm]
+        check_distinct(arms)
     except ValueError as e:
         parser.error(str(e))
+    _threads(args.threads)
+    from .progress import remove_progress
+    from .train import train
+
     check_writable(parser, args.json)
     progress = f"{args.json}.progress.jsonl"
     try:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .choices import ARM_NAMES
+from .choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
 from .config import StepConfig
 from .overrides import FALSE_WORDS, TRUE_WORDS, parse_overrides
-from .tracin.influence import VAL_LOSSES, VAL_SOURCES
-from .tracin.selection import SELECTIONS
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 
@@ -21,7 +19,7 @@ TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 class Selection:
     """TracIn-selected GRPO: which samples of each step's batch the update keeps."""
 
-    keep: str = "influence>0"  # tracin.selection.SELECTIONS
+    keep: str = "influence>0"  # SELECTIONS
     source: str = "random"  # VAL_SOURCES: random or top-k fresh samples, or the batch itself (PPO's step_part_I)
     size: int = 64  # random / topk: samples in the validation set (16 to 128)
     kind: str = "seqloss-lastadv"  # VAL_LOSSES: the validation loss
@@ -144,3 +142,9 @@ def step_config(base: StepConfig, arm: Arm, seed: int, t: int, train_prompts: in
     through the first `train_prompts` training prompts (an epoch every train_prompts // B steps)."""
     B = base.num_prompts
     return arm.config(base).replace(seed=TRAIN_SEED_STRIDE * seed + t, prompt_offset=(t % (train_prompts // B)) * B)
+
+
+def check_distinct(arms: list[Arm]) -> None:
+    """Arms are told apart by name in the results: two of one name are refused."""
+    if len({a.name for a in arms}) != len(arms):
+        raise ValueError(f"arm names must differ: {[a.name for a in arms]}")

@@ -70,3 +70,11 @@ SAME_NAME = (
     "num_iterations",
     "gradient_accumulation_steps",
 )
+
+# TracIn's choices (the train command's arms check them before torch loads)
+ValLoss = Literal["seqloss-lastadv", "seqloss-reward"]
+ValSource = Literal["same_batch", "random", "topk"]
+Selection = Literal["all", "influence>0", "influence<0", "top_half", "bottom_half", "random_half"]
+VAL_LOSSES = get_args(ValLoss)
+VAL_SOURCES = get_args(ValSource)
+SELECTIONS = get_args(Selection)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .arms import TRAIN_SEED_STRIDE, Arm, Selection, step_config
+from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_distinct, step_config
 from .config import StepConfig
 from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
@@ -154,8 +154,7 @@ def train(
     `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
     unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`)."""
     base = base or StepConfig()
-    if len({a.name for a in arms}) != len(arms):
-        raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
+    check_distinct(arms)
     if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
         raise ValueError(
             f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "

@@ -38,21 +38,24 @@ def task_registry_restored():
 # `make test` runs pytest-xdist with --dist loadscope: each file, test class and notebook goes whole to one
 # worker, in collection order. The slowest ones go first, so that no worker is left with one at the end
 # (the order within each is kept). Measured with --durations=0; the rest keep their order.
-SLOWEST_FIRST = (
-    "tests/test_train_resume.py",
+SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no long one starts last
     "tests/test_notebooks_on_a_capture.py::TestBundled",
+    "tests/test_train_resume.py",
     "notebooks/07_influence.ipynb",
+    "tests/test_browser.py",
     "tests/test_your_run.py",
     "tests/test_step.py",
-    "notebooks/05b_off_policy.ipynb",
+    "notebooks/05c_mismatch.ipynb",
     "notebooks/07b_selection.ipynb",
     "tests/test_notebooks_on_a_capture.py",
     "tests/test_train.py",
-    "tests/test_browser.py",
-    "tests/test_widgets.py",
     "tests/test_capture.py",
+    "tests/test_widgets.py",
     "notebooks/02_logprobs.ipynb",
+    "notebooks/05b_off_policy.ipynb",
     "tests/test_influence.py",
+    "notebooks/06b_training.ipynb",
+    "notebooks/09_dashboard.ipynb",
 )
 
 

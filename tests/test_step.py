@@ -136,6 +136,27 @@ def test_a_cli_typo_is_answered_before_torch_loads():
     assert "did you mean temperature" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "arms,message",
+    [
+        (["bogus"], "'bogus' is not a named arm"),
+        (["fixed:seed=5"], "set by train for every step"),
+        (["tracin:flip_sign=maybe"], "flip_sign = 'maybe'"),
+        (["fixed", "fixed"], "arm names must differ"),
+    ],
+)
+def test_a_bad_arm_is_answered_before_torch_loads(arms, message):
+    code = (
+        "import sys, grpo_debug.__main__ as m\n"
+        f"argv = ['train', '--steps', '1', '--json', 'out.json'] + [x for a in {arms!r} for x in ('--arm', a)]\n"
+        "try:\n    m.main(argv)\nexcept SystemExit as e:\n    assert e.code == 2\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported too early'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
 def test_cli_prints_a_report_and_writes_every_number(tmp_path):
     out = tmp_path / "step.json"
     proc = subprocess.run(
@@ -265,10 +286,6 @@ def test_every_run_is_a_new_frozen_run_and_a_later_run_leaves_it_alone(step):
             ["train", "--steps", "0", "--arm", "fixed", "--json", "OUT"],
             "--steps, --seeds and --eval-every must be at least 1",
         ),
-        (["train", "--steps", "1", "--arm", "bogus", "--json", "OUT"], "'bogus' is not a named arm"),
-        (["train", "--steps", "1", "--arm", "fixed:seed=5", "--json", "OUT"], "set by train for every step"),
-        (["train", "--steps", "1", "--arm", "tracin:flip_sign=maybe", "--json", "OUT"], "flip_sign = 'maybe'"),
-        (["train", "--steps", "1", "--arm", "fixed", "--arm", "fixed", "--json", "OUT"], "arm names must differ"),
         (["step", "--threads", "0"], "--threads 0"),
     ],
 )

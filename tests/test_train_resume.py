@@ -57,14 +57,14 @@ def uninterrupted(tmp_path_factory):
     return numbers(path), time.perf_counter() - start
 
 
-def test_twenty_kills_at_random_moments_then_a_resume_end_with_the_uninterrupted_json(uninterrupted, tmp_path):
+def test_twelve_kills_at_random_moments_then_a_resume_end_with_the_uninterrupted_json(uninterrupted, tmp_path):
     """Each kill lands at a uniform moment of a whole run's life (start to exit, as this machine runs it): in
     the imports, a step, a checkpoint, the progress rewrite, or the result's write at the end."""
     expected, lifetime = uninterrupted
     path = tmp_path / "out.json"
     rng = random.Random(0)
     kills = 0
-    while kills < 20:
+    while kills < 12:  # 20 took 110 s of the suite; 12 still land in imports, steps, checkpoints and writes
         process = run(path, wait=False)
         time.sleep(rng.uniform(0.5, lifetime))
         if process.poll() is None:

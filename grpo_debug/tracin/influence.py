@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..advantages import normalize_over_set
+from ..choices import VAL_LOSSES, VAL_SOURCES
 from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
@@ -40,9 +41,7 @@ from ..specs import StepSpecs
 from ..step import StepRun
 from ..update import DROPOUT_SEED, chunk_loss
 
-VAL_LOSSES = ("seqloss-lastadv", "seqloss-reward")
 PARAMETER_SETS = ("all", "blocks", "lora")
-VAL_SOURCES = ("same_batch", "random", "topk")
 VAL_ADVANTAGES = ("per_group", "whole_set")
 ZERO_TOLERANCE = 1e-6  # |score| <= this x max |score| counts as 0: zero-advantage samples score ~1e-11, not 0
 

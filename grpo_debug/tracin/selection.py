@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..choices import SELECTIONS
 from ..evaluation import eval_prompts as test_prompts
 from ..evaluation import eval_side
 from ..logprobs import TokenLogProbs
@@ -30,7 +31,6 @@ from .influence import (
 from .optimizer import adam_direction, clip_by_total_norm, warmed_state
 
 OPTIMIZERS = ("sgd", "adamw")
-SELECTIONS = ("all", "influence>0", "influence<0", "top_half", "bottom_half", "random_half")
 
 
 def select(scores: torch.Tensor, strategy: str, seed: int = 0) -> torch.Tensor:
