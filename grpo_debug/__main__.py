@@ -37,11 +37,11 @@ def train_command(parser, args) -> int:
         check_distinct(arms)
     except ValueError as e:
         parser.error(str(e))
+    check_writable(parser, args.json)
     _threads(args.threads)
     from .progress import remove_progress
     from .train import train
 
-    check_writable(parser, args.json)
     progress = f"{args.json}.progress.jsonl"
     try:
         results = train(
