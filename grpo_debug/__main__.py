@@ -30,11 +30,13 @@ def train_command(parser, args) -> int:
         base = StepConfig(**parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
-    from .arms import check_distinct, parse_arm  # torch-free: a bad arm is answered before torch loads
+    from .arms import check_plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
 
     try:
         arms = [parse_arm(a) for a in args.arm]
-        check_distinct(arms)
+        check_plan(
+            arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts, args.first_seed
+        )
     except ValueError as e:
         parser.error(str(e))
     check_writable(parser, args.json)

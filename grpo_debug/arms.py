@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
 from .config import StepConfig
 from .overrides import FALSE_WORDS, TRUE_WORDS, parse_overrides
+from .task import load_task
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 
@@ -148,3 +149,35 @@ def check_distinct(arms: list[Arm]) -> None:
     """Arms are told apart by name in the results: two of one name are refused."""
     if len({a.name for a in arms}) != len(arms):
         raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
+
+
+def check_plan(
+    arms: list[Arm],
+    steps: int,
+    seeds: int,
+    base: StepConfig,
+    eval_every: int,
+    eval_prompts: int,
+    train_prompts: int,
+    first_seed: int,
+) -> None:
+    """What a train run asks for, checked before any model loads (and, from the command line, before torch
+    does): distinct arms, counts of at least 1, and prompt sets that hold the prompts the run asks for."""
+    check_distinct(arms)
+    if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
+        raise ValueError(
+            f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
+            f"{eval_every}, {first_seed}"
+        )
+    if train_prompts < base.num_prompts:
+        raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
+
+    task = load_task(base.task)  # its prompt sets must hold what the run asks for, before any model loads
+    for prompt_set, needed, flag in (
+        ("train", train_prompts, "--train-prompts"),
+        ("test", eval_prompts, "--eval-prompts"),
+    ):
+        try:
+            task.prompts(prompt_set, needed)
+        except ValueError as e:
+            raise ValueError(f"{flag} {needed}: {e}") from None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_distinct, step_config
+from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_plan, step_config
 from .config import StepConfig
 from .diagnostics import triage_zero_loss
 from .evaluation import eval_prompts, eval_side
@@ -35,7 +35,6 @@ from .metrics import metrics
 from .progress import Progress, _lock
 from .specs import eval_sampling_of, specs_of
 from .step import GRPOStep, StepRun
-from .task import load_task
 from .tracin.first_order import scores_for
 from .tracin.influence import (
     influence_scores,
@@ -154,24 +153,7 @@ def train(
     `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
     unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`)."""
     base = base or StepConfig()
-    check_distinct(arms)
-    if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
-        raise ValueError(
-            f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
-            f"{eval_every}, {first_seed}"
-        )
-    if train_prompts < base.num_prompts:
-        raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
-
-    task = load_task(base.task)  # its prompt sets must hold what the run asks for, before any model loads
-    for prompt_set, needed, flag in (
-        ("train", train_prompts, "--train-prompts"),
-        ("test", eval_prompts_n, "--eval-prompts"),
-    ):
-        try:
-            task.prompts(prompt_set, needed)
-        except ValueError as e:
-            raise ValueError(f"{flag} {needed}: {e}") from None
+    check_plan(arms, steps, seeds, base, eval_every, eval_prompts_n, train_prompts, first_seed)
     header = {
         "base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
         "arms": {a.name: a.describe() for a in arms},
