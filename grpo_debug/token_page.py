@@ -20,6 +20,7 @@ Quantities, per completion token (the generated tokens up to and including the f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
@@ -135,22 +136,27 @@ LEVELS = 16  # colour steps on each side of a diverging scale (and along a seque
 CODES = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # one character per palette entry
 
 
+@functools.cache
+def _palette(q: Quantity) -> tuple[str, ...]:
+    """A quantity's colours (they do not depend on the scale's ends): built once, read for every token."""
+    if q.name == "mask":
+        steps = ["#eeeeee", "#b7e4b0"]
+    elif q.centre is None:
+        steps = [_mix(WHITE, ORANGE, 0.85 * k / LEVELS) for k in range(LEVELS + 1)]
+    else:
+        steps = [_mix(WHITE, BLUE if k < 0 else RED, 0.85 * abs(k) / LEVELS) for k in range(-LEVELS, LEVELS + 1)]
+    return (*steps, NOT_DEFINED)
+
+
 @dataclass(frozen=True)
 class Scale:
     quantity: Quantity
     low: float  # the value at the scale's left end (diverging: centre - half range)
     high: float
 
-    def palette(self) -> list[str]:
+    def palette(self) -> tuple[str, ...]:
         """Every colour the scale uses, by code; the last one is "not defined" (NaN, a ratio <= 0)."""
-        q = self.quantity
-        if q.name == "mask":
-            steps = ["#eeeeee", "#b7e4b0"]
-        elif q.centre is None:
-            steps = [_mix(WHITE, ORANGE, 0.85 * k / LEVELS) for k in range(LEVELS + 1)]
-        else:
-            steps = [_mix(WHITE, BLUE if k < 0 else RED, 0.85 * abs(k) / LEVELS) for k in range(-LEVELS, LEVELS + 1)]
-        return steps + [NOT_DEFINED]
+        return _palette(self.quantity)
 
     def code(self, value: float) -> int:
         """A value's index into `palette()`: white at the centre (or at 0), saturating at the scale's ends."""
