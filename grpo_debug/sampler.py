@@ -12,6 +12,14 @@ import torch
 from .choices import SAMPLER_CORRECTION_MODES
 
 
+def outside_clip(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """bool, the shape of `ratio`: where it leaves [clip_min, clip_max] (None: no bound on that side), what
+    the *_mask modes zero and the *_truncate modes clamp."""
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return (ratio < low) | (ratio > high)
+
+
 def sampler_importance_ratio(
     old_logps: torch.Tensor,
     sampler_logps: torch.Tensor,
@@ -31,9 +39,7 @@ def sampler_importance_ratio(
     ratio = torch.exp(diff)
     if mode.endswith("truncate"):
         return torch.clamp(ratio, min=clip_min, max=clip_max)
-    low = -math.inf if clip_min is None else clip_min
-    high = math.inf if clip_max is None else clip_max
-    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+    return ratio.masked_fill(outside_clip(ratio, clip_min, clip_max), 0.0)
 
 
 def sampler_metrics(
@@ -133,9 +139,7 @@ def mismatch_metrics(
         **is_weight_metrics(log_ratio, mask, "token"),
         **{f"sequence/{k}": v for k, v in is_weight_metrics(log_ratio, mask, "sequence").items()},
     }
-    low = -math.inf if clip_min is None else clip_min
-    high = math.inf if clip_max is None else clip_max
-    outside = lambda ratio: ((ratio < low) | (ratio > high)).float()
+    outside = lambda ratio: outside_clip(ratio, clip_min, clip_max).float()
     out["token/fraction_outside_clip"] = _masked_mean(outside(torch.exp(log_ratio)), mask).item()
     out["sequence/fraction_outside_clip"] = outside(torch.exp(log_ratio.sum(-1)))[rows].mean().item()
     return {f"rollout_corr/{k}": v for k, v in out.items()}
@@ -197,10 +201,7 @@ def sequence_ratios(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, ma
 def outside_cap(ratios: SequenceRatios, clip_min: float | None = None, clip_max: float | None = 3.0) -> torch.Tensor:
     """(N,) bool: sequences whose ratio leaves [clip_min, clip_max], which sequence_mask zeroes and
     sequence_truncate clamps (TRL's vllm_importance_sampling_clip_*)."""
-    ratio = torch.exp(ratios.log_ratio)
-    low = -math.inf if clip_min is None else clip_min
-    high = math.inf if clip_max is None else clip_max
-    return (ratio < low) | (ratio > high)
+    return outside_clip(torch.exp(ratios.log_ratio), clip_min, clip_max)
 
 
 def length_at_cap(drift: float, cap: float) -> float:
