@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from .scoring import at_precision
+
 
 @dataclass(frozen=True)
 class Rollout:
@@ -58,17 +60,6 @@ class Rollout:
             num_generations=1,
             identical_groups=[],
         )
-
-
-PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def at_precision(dtype: str):
-    """The context `generate` runs in: CPU autocast to `dtype` ("bfloat16", "float16"), as `scoring` autocasts
-    the trainer's forward; "float32" is autocast off, the plain float32 forward."""
-    if dtype not in PRECISIONS:
-        raise ValueError(f"sampler dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
-    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")
 
 
 ROWS_PER_PASS = 8  # one 64-row forward+backward was ~2x slower on CPU than eight 8-row ones (memory-bound)
@@ -133,7 +124,7 @@ def sample(
         output_logits=True,
         return_dict_in_generate=True,
     )
-    with at_precision(dtype):
+    with at_precision(dtype, "sampler"):
         out = generate(model, input_ids[::G], attention_mask[::G], G, **kwargs)
     completion_ids = out.sequences[:, input_ids.shape[1] :]
     chosen = completion_ids.unsqueeze(-1)

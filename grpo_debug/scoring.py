@@ -71,16 +71,25 @@ def model_inputs(rollout: Rollout, position_ids: bool) -> dict[str, torch.Tensor
     return inputs
 
 
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def at_precision(dtype: str, role: str):
+    """The context a forward runs in, the sampler's (`rollout.sample`) and the trainer's (`completion_logits`)
+    alike: CPU autocast to `dtype` ("bfloat16", "float16"); "float32" is autocast off, the plain forward.
+    `role` ("sampler", "trainer") names whose precision a bad value was."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"{role} dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
+    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")
+
+
 def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:
     """(N, C, V) logits that score the completion: position t predicts token t + 1, so the C completion
     tokens are scored by positions P-1 ... P+C-2."""
     if scoring.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {scoring.dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    with (
-        _mode(model, scoring.dropout),
-        torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"),
-    ):
+    with _mode(model, scoring.dropout), at_precision(scoring.dtype, "trainer"):
         return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1 : P + C - 1]
 
 

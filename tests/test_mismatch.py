@@ -158,15 +158,15 @@ def test_the_float32_sampler_is_autocast_off_and_a_low_precision_one_is_on():
     ids = torch.tensor([[5, 17, 42, 99]])
     with torch.no_grad():
         plain = policy(input_ids=ids).logits
-        with at_precision("float32"):
+        with at_precision("float32", "sampler"):
             assert not torch.is_autocast_enabled("cpu")
             assert torch.equal(policy(input_ids=ids).logits, plain)
         for dtype in ("bfloat16", "float16"):
-            with at_precision(dtype):
+            with at_precision(dtype, "sampler"):
                 assert torch.is_autocast_enabled("cpu")
                 assert not torch.equal(policy(input_ids=ids).logits.float(), plain)
     with pytest.raises(ValueError, match="sampler dtype must be one of"):
-        at_precision("float64")
+        at_precision("float64", "sampler")
 
 
 def _sampled(fast: bool, dtype: str):
