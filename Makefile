@@ -1,28 +1,56 @@
 # `make lab`: set up everything on a fresh machine, then start JupyterLab on notebooks/.
 # `make test`: the same set-up, then every test: each notebook's .py and .ipynb in sync, pytest, nbval.
+# Both install the exact versions in requirements.lock; `make lock` moves them to today's newest releases,
+# and `make test-latest` runs every test on the newest releases pyproject.toml allows, in .venv-latest.
 # A second run skips what is already installed.
 PYTHON ?= python3
 # torch's and oneDNN's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
 # numbers (grpo_debug/__init__.py says why)
 export ATEN_CPU_CAPABILITY ?= avx2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
+# what the environment is installed from: `lock` (exact versions, hashes checked) or `latest` (the newest
+# releases pyproject.toml's ranges allow)
+RESOLVE ?= lock
+# where the CPU build of torch 2.13.0 lies, so that `make lock` resolves torch's own dependencies from that
+# build (PyPI's torch pulls in CUDA packages); torch itself is installed by its own line below, not the lock
+TORCH_WHEELS ?= /opt/wheels
+UV_VERSION := 0.13.9
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test notebooks setup stockfish chromium data model evaluate
+.PHONY: lab test test-latest lock notebooks setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	$(BIN)/pip install --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -e ".[test]"
+ifeq ($(RESOLVE),latest)
+	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test]"
+else
+	$(BIN)/pip install --disable-pip-version-check --require-hashes -r $(LOCK)
+	$(BIN)/pip install --disable-pip-version-check --no-deps -e .
+endif
 	touch $(STAMP)
+
+# Move the lock to the newest releases pyproject.toml allows (every platform, Python 3.11 up: TRL 1.16 needs 3.11), then
+# `make test-latest` or `make test` to see it green before committing requirements.lock.
+lock: $(BIN)/python
+	$(BIN)/pip install --disable-pip-version-check -q uv==$(UV_VERSION)
+	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
+	$(BIN)/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 --upgrade \
+	  $(if $(wildcard $(TORCH_WHEELS)),--find-links $(TORCH_WHEELS)) -c $(VENV)/torch-constraint.txt \
+	  --no-emit-package torch --generate-hashes --custom-compile-command "make lock" -o $(LOCK)
+
+# Every test on the newest releases (a separate environment, so the locked one stays as it is).
+test-latest:
+	$(MAKE) test VENV=.venv-latest RESOLVE=latest
 
 # $(call apt_install,PRESENT,PACKAGE,NAME,HINT): nothing if the shell test PRESENT passes; as root with apt-get,
 # install Debian's PACKAGE; otherwise run HINT (echo lines saying how to install NAME) and fail.

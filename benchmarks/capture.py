@@ -4,6 +4,7 @@ A real TRL `GRPOTrainer` run of the bundled model (8 prompts x 8 samples, the fi
 steps with `CaptureCallback(steps=[2])`, R times. Prints JSON: step 2's time as TRL logs it (`step_time`),
 the seconds the callback spent (the weight snapshot, the trainer's scoring forward, gathering, writing the
 folder) and their ratio (target: under 10%), and the capture folder's size in MB (target: under 50).
+`--quick`: 2 prompts x 2 samples, 8 new tokens, one run (run by `make test`; no number means anything).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import QUICK_SET, add_quick
 
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.config import StepConfig
 from grpo_debug.trl_bridge import trl_trainer
 
 
-def one_run(threads: int) -> dict:
+def one_run(threads: int, sizes: dict) -> dict:
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = trl_trainer(StepConfig(), tmp, max_steps=3, disable_dropout=True)
+        trainer = trl_trainer(StepConfig(**sizes), tmp, max_steps=3, disable_dropout=True)
         callback = CaptureCallback(Path(tmp) / "captures", steps=[2])
         trainer.add_callback(callback)
         trainer.train()
@@ -44,10 +46,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
+    add_quick(parser)
     args = parser.parse_args()
-    runs = [one_run(args.threads) for _ in range(args.repeats)]
+    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    runs = [one_run(args.threads, sizes) for _ in range(repeats)]
     report = {
         "threads": args.threads,
+        "quick": args.quick,
         "load_average_1min": os.getloadavg()[0],
         "runs": runs,
         "median_overhead": statistics.median(r["overhead"] for r in runs),

@@ -1,7 +1,10 @@
-"""What the benchmark scripts share: a peak-memory sampler and the 124M GPT-2 shape with random weights."""
+"""What the benchmark scripts share: a peak-memory sampler, the 124M GPT-2 shape with random weights, and
+the quick mode (`--quick`: tiny sizes, one repeat) in which `make test` runs every script to the end, so
+that none of them can rot between two real measurements."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import threading
 import time
@@ -39,13 +42,24 @@ class PeakRSS:
         return (self.peak - self.start) / 2**20
 
 
-def gpt2_124m_shape(tokenizer) -> LoadedModel:
+# a step small enough to run every code path of a benchmark in seconds; its numbers mean nothing
+QUICK_SET = {"num_prompts": 2, "num_generations": 2, "max_new_tokens": 8}
+
+
+def add_quick(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes and one repeat: checks the script runs, measures nothing"
+    )
+
+
+def gpt2_124m_shape(tokenizer, quick: bool = False) -> LoadedModel:
+    """RookWorld-LM-124M's architecture with random weights (`quick`: 1 layer of 64, the same code path)."""
     torch.manual_seed(0)
     config = GPT2Config(
         n_positions=1024,
-        n_embd=768,
-        n_layer=12,
-        n_head=12,
+        n_embd=64 if quick else 768,
+        n_layer=1 if quick else 12,
+        n_head=2 if quick else 12,
         vocab_size=50257,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -8,6 +8,7 @@ and the naive loop (one backward per sample, its full gradient dotted with the v
 Targets (issue 5): hook method within 2x a plain step; at least 3x faster than the naive loop.
 For the bundled model also the AdamW-aware score (tracin/optimizer.py), which builds every per-sample
 gradient because AdamW's update map is not linear (skipped for the 124M shape: 64 x 124M floats).
+`--quick`: 2 x 2 samples, 8 new tokens, a 1-layer stand-in for the 124M shape (run by `make test`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import time
 
 import torch
-from common import PeakRSS, gpt2_124m_shape
+from common import QUICK_SET, PeakRSS, add_quick, gpt2_124m_shape
 
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import loss_weights
@@ -103,17 +104,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-124m", action="store_true")
+    add_quick(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = StepConfig(beta=0.0)
+    cfg = StepConfig(beta=0.0, **(QUICK_SET if args.quick else {}))
     bundled = GRPOStep(cfg)
     report = {
         "threads": args.threads,
+        "quick": args.quick,
         "bundled_8x8_mixed": influence_costs(bundled.policy, bundled.run(cfg, until="loss"), adam_aware=True),
     }
     if not args.skip_124m:
-        shape_cfg = cfg.replace(max_new_tokens=80)
-        big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer))
+        shape_cfg = cfg if args.quick else cfg.replace(max_new_tokens=80)
+        big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer, quick=args.quick))
         report["gpt2_124m_shape_8x8_80_tokens"] = influence_costs(big.policy, big.run(shape_cfg, until="loss"))
     print(json.dumps(report, indent=1))
 

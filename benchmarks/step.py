@@ -7,6 +7,7 @@ num_iterations = 2 against 1 (the update phase and the whole step; the two alter
 our step vs one TRL GRPOTrainer step on the same configuration,
 and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
 tokens. Bundled numbers are medians of `--repeats` fresh steps after a warm-up one. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
+`--quick`: every configuration at 2 x 2 with 8 new tokens, one repeat (run by `make test`; no number means anything).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 import time
 
 import torch
-from common import PeakRSS, gpt2_124m_shape
+from common import QUICK_SET, PeakRSS, add_quick, gpt2_124m_shape
 
 from grpo_debug.config import PHASES, StepConfig
 from grpo_debug.model import load_model
@@ -95,9 +96,9 @@ def num_iterations_cost(step: GRPOStep, cfg: StepConfig, repeats: int, mu: int =
     return out
 
 
-def bundled_model(repeats: int) -> dict:
+def bundled_model(repeats: int, sizes: dict) -> dict:
     report = {}
-    bundled = StepConfig()
+    bundled = StepConfig(**sizes)
     step = GRPOStep(bundled)
     profile_step(step, bundled)  # warm-up: first-call overheads out of the numbers
     report["bundled_8x8_mixed"] = profile_repeated(step, bundled, repeats)
@@ -107,8 +108,8 @@ def bundled_model(repeats: int) -> dict:
     report["bundled_8x8_mixed_no_per_sample_norms"] = profile_repeated(
         step, bundled.replace(per_sample_grad_norms=False), repeats
     )
-    policy_only = bundled.replace(task="policy", max_new_tokens=48)
-    report["bundled_8x8_policy"] = profile_repeated(step, policy_only, repeats)
+    policy_only = bundled.replace(task="policy", max_new_tokens=sizes.get("max_new_tokens", 48))
+    report["bundled_8x8_policy"] = profile_repeated(GRPOStep(policy_only), policy_only, repeats)  # a step per task
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
     report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, repeats)
 
@@ -131,24 +132,26 @@ def main() -> None:
         help="only num_iterations = 2 against 1 on the bundled model, default config",
     )
     parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
+    add_quick(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    report = {"threads": args.threads, "torch": torch.__version__}
+    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    report = {"threads": args.threads, "torch": torch.__version__, "quick": args.quick}
 
     if args.only_num_iterations:
-        bundled = StepConfig()
+        bundled = StepConfig(**sizes)
         step = GRPOStep(bundled)
         profile_step(step, bundled)  # warm-up
-        report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, args.repeats)
+        report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, repeats)
         print(json.dumps(report, indent=1))
         return
 
     if not args.only_124m:
-        report.update(bundled_model(args.repeats))
+        report.update(bundled_model(repeats, sizes))
 
     if not args.skip_124m:
-        shape_cfg = StepConfig(num_prompts=4, num_generations=4, max_new_tokens=80, task="mixed")
-        big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer))
+        shape_cfg = StepConfig(**{"num_prompts": 4, "num_generations": 4, "max_new_tokens": 80, **sizes})
+        big = GRPOStep(shape_cfg, loaded=gpt2_124m_shape(load_model().tokenizer, quick=args.quick))
         report["gpt2_124m_shape_4x4_80_tokens"] = profile_step(big, shape_cfg)
     print(json.dumps(report, indent=1))
 

@@ -6,6 +6,7 @@ prints JSON: per arm, the median and max seconds of a step (rollout, scoring, re
 for a TracIn arm also its validation set, the per-sample influence and the update on the selected samples).
 `--from-experiments` instead reads the per-step seconds the committed runs under `data/experiments/`
 recorded (one thread each, two runs sharing the 2-core machine).
+`--quick`: 2 steps of 2 prompts x 2 samples, 8 new tokens (run by `make test`; no number means anything).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import QUICK_SET, add_quick
 
 from grpo_debug.arms import parse_arm
 from grpo_debug.config import StepConfig
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--arm", nargs="*", default=["fixed", "tracin", "tracin_same_batch"])
     parser.add_argument("--set", nargs="*", default=DEFAULT_SET, metavar="KEY=VALUE")
     parser.add_argument("--from-experiments", action="store_true")
+    add_quick(parser)
     args = parser.parse_args()
     if args.from_experiments:
         report = {
@@ -55,6 +58,8 @@ def main() -> None:
     else:
         torch.set_num_threads(args.threads)
         base = StepConfig(**parse_overrides(args.set))
+        if args.quick:
+            base, args.steps = base.replace(**QUICK_SET), 2
         with tempfile.TemporaryDirectory() as tmp:
             out = train(
                 [parse_arm(a) for a in args.arm],
@@ -68,6 +73,7 @@ def main() -> None:
             )
         report = {
             "threads": args.threads,
+            "quick": args.quick,
             "config_changes": args.set,
             "load_average_1min": os.getloadavg()[0],
             "seconds_per_step": step_seconds(out["records"]),

@@ -29,6 +29,7 @@ import time
 
 import matplotlib
 import torch
+from common import QUICK_SET, add_quick
 from IPython.core.pylabtools import print_figure
 
 from grpo_debug.config import PHASES, StepConfig
@@ -166,13 +167,17 @@ def main() -> None:
         metavar="FIELD",
         help="the controls to time (default: every control of the dashboard)",
     )
+    add_quick(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
     fields = args.fields
     matplotlib.use("Agg")  # headless; pyplot picks its backend at the first figure
     setup(args.threads)  # the notebooks' settings: figure dpi, deterministic algorithms
-    cfg = StepConfig(**parse_overrides(args.set))
+    cfg = StepConfig(**{**(QUICK_SET if args.quick else {}), **parse_overrides(args.set)})
     report = {
         "threads": args.threads,
+        "quick": args.quick,
         "torch": torch.__version__,
         "config_changes": args.set,
         "load_average_1min_before": round(os.getloadavg()[0], 2),

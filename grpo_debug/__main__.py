@@ -1,7 +1,10 @@
 """`python -m grpo_debug step [--set key=value ...] [--json out.json] [--html tokens.html]`: one GRPO step,
 phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.token_page`).
 `python -m grpo_debug train --steps K --arm NAME[:key=value,...] ... --seeds S --json out.json`: short
-training runs, arms paired by seed (`grpo_debug.train`)."""
+training runs, arms paired by seed (`grpo_debug.train`).
+`python -m grpo_debug replay CAPTURE [--task file.py:NAME] [--set ...]`: a step captured from a TRL run, replayed.
+`python -m grpo_debug doctor [CAPTURE] [--task ...] [--json out.json] [--html report.html]`: why the step does not
+learn, ranked (`grpo_debug.doctor`)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,12 @@ from .overrides import describe_fields, parse_overrides
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
+
+
+TASK_HELP = (
+    "your reward functions, as GRPOStep.from_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
+    "task; without it the captured rewards are replayed"
+)
 
 
 def _threads(n: int) -> None:
@@ -127,15 +136,15 @@ def replay_command(parser, args) -> int:
     from .step import GRPOStep
 
     try:
-        step = GRPOStep.from_capture(args.path, **parse_overrides(args.set))
+        step = GRPOStep.from_capture(args.path, args.task, **parse_overrides(args.set))
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     run = step.run(until="update")
     out = reproduction(run, step.capture, step.policy, step)
     print(f"step {out['step']} of the captured run, replayed ({', '.join(args.set) or 'as captured'})")
-    print(f"{'metric':26s} {'TRL logged':>14s} {'replayed':>14s} {'difference':>12s}")
+    print(f"{'metric':26s} {out['logged_source']:>22s} {'replayed':>14s} {'difference':>12s}")
     for k in out["logged"]:
-        print(f"{k:26s} {out['logged'][k]:14.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
+        print(f"{k:26s} {out['logged'][k]:22.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
     if out["logps"]["rows_compared"]:
         print(
             f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
@@ -155,6 +164,40 @@ def replay_command(parser, args) -> int:
     if args.html:
         title = f"every token of step {out['step']} of {args.path} ({', '.join(args.set) or 'as captured'})"
         write_token_page(parser, args.html, run, step.loaded.tokenizer, title)
+    return 0
+
+
+def doctor_command(parser, args) -> int:
+    """Every detector on the step (a capture, or the bundled step), each cause flipped on it, ranked."""
+    try:
+        overrides = parse_overrides(args.set)
+        cfg = None if args.path else StepConfig(**overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    for path, flag in ((args.json, "--json"), (args.html, "--html")):
+        if path is not None:
+            check_writable(parser, path, flag)
+    _threads(args.threads)
+    from .doctor import diagnose
+    from .doctor.present import page, text
+    from .model import ModelUnavailable
+    from .step import GRPOStep
+
+    try:
+        step = GRPOStep.from_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
+        report = diagnose(step, flip=not args.no_flip)
+    except (ValueError, FileNotFoundError, ModelUnavailable) as e:
+        parser.error(str(e))
+    print(text(report))
+    try:
+        if args.json:
+            write_json(args.json, report.to_json())
+        if args.html:
+            from .files import write_text_atomically
+
+            write_text_atomically(args.html, page(report, f"grpo-debug doctor: {args.path or 'the bundled step'}"))
+    except OSError as e:
+        parser.error(str(e))
     return 0
 
 
@@ -287,9 +330,27 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="StepConfig changes on top of the capture's config (not rollout fields)",
     )
+    rp.add_argument("--task", help=TASK_HELP)
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
     rp.add_argument("--threads", type=int, default=1)
+    dr = sub.add_parser(
+        "doctor",
+        help="why a step does not learn: every detector on the step, each cause flipped on it, ranked",
+    )
+    dr.add_argument("path", nargs="?", help="a capture folder, e.g. captures/step-2 (none: the bundled step)")
+    dr.add_argument("--task", help=TASK_HELP)
+    dr.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="StepConfig changes (on a capture: not rollout fields)",
+    )
+    dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
+    dr.add_argument("--html", help="write the report as one standalone page")
+    dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
+    dr.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if getattr(args, "threads", 1) < 1:
         parser.error(f"--threads {args.threads}: at least 1")
@@ -301,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return analyze_command(parser, args)
     if args.command == "replay":
         return replay_command(parser, args)
+    if args.command == "doctor":
+        return doctor_command(parser, args)
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:

@@ -63,6 +63,14 @@ class Capture:
         return self.meta.get("step_metrics") or self.meta.get("logged") or {}
 
     @property
+    def step_metrics_source(self) -> str:
+        """What `step_metrics` are: the trainer's own numbers for this one step, or what TRL logged (an
+        average over its logging window, `logging_steps` defaults to 10)."""
+        if self.meta.get("step_metrics"):
+            return "trainer's step metrics"
+        return "TRL logged" if self.meta.get("logged") else "nothing recorded"
+
+    @property
     def conversational(self) -> bool:
         return bool(self.meta["prompts"]) and isinstance(self.meta["prompts"][0], list)
 

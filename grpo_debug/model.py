@@ -92,3 +92,39 @@ def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype
     reference = copy.deepcopy(policy).eval()
     reference.requires_grad_(False)
     return LoadedModel(policy, reference, tokenizer, name)
+
+
+# ---- what a model's architecture does that a step can get wrong
+
+
+def absolute_positions(model) -> bool:
+    """Whether the model adds learned absolute position embeddings (GPT-2's wpe), which left padding shifts."""
+    return any(
+        isinstance(m, torch.nn.Embedding) and (name.endswith("wpe") or "position_embedding" in name)
+        for name, m in model.named_modules()
+    )
+
+
+UNUSED_DROPOUT_FIELDS = ("summary_", "classifier_")  # heads a causal LM does not run (GPT-2's summary_first_dropout)
+
+
+def dropout_sources(model) -> list[str]:
+    """Every place the model drops activations in train mode: `nn.Dropout` modules with p > 0, and config fields
+    that attention functions read directly (Qwen2's and Llama's `attention_dropout`, no module of their own)."""
+    modules = sorted(
+        {f"{type(m).__name__}(p={m.p:g})" for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0}
+    )
+    fields = [
+        f"config.{k}={v:g}"
+        for k, v in model.config.to_dict().items()
+        if ("dropout" in k or k.endswith("_pdrop"))
+        and not k.startswith(UNUSED_DROPOUT_FIELDS)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and v > 0
+    ]
+    return modules + fields
+
+
+def has_dropout(model) -> bool:
+    return bool(dropout_sources(model))

@@ -1,11 +1,12 @@
 """A training run's progress on disk: a JSON-lines file of every record so far (rewritten atomically, a torn
-last line dropped), one checkpoint per (arm, seed) at its last evaluation (tensors and plain values, read
-with `weights_only=True`), and a lock that refuses a second run on the same output."""
+last line cut off when it is opened again), one checkpoint per (arm, seed) at its last evaluation (tensors and
+plain values, read with `weights_only=True`), and a lock that refuses a second run on the same output."""
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ class Progress:
     def __init__(self, path: str | Path, header: dict):
         self.path, self.header = Path(path), header
         self.ckpt_dir = self.path.with_suffix(".ckpt")
-        lines = self._read()
+        lines, tail = self._read()
         if lines and lines[0] != {"header": header}:
             raise ValueError(f"{self.path} holds another comparison ({lines[0]}); remove it or pick another path")
         if not lines and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
@@ -29,25 +30,31 @@ class Progress:
                 f"{self.path} is empty or missing but {self.ckpt_dir} holds checkpoints: the records "
                 "they belong to are lost; remove both to start over"
             )
+        self._mend(tail)
         self.records = lines[1:]
         if not lines:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._rewrite()
 
-    def _read(self) -> list[dict]:
-        """The file's lines; a torn last line (a kill while appending) is dropped, any other bad line refused."""
+    def _read(self) -> tuple[list[dict], bytes]:
+        """(the file's records, what follows its last newline: b"" unless a kill stopped an append). That
+        tail counts as a record when it is a whole one; any other bad line is refused."""
         if not self.path.exists():
-            return []
-        text = self.path.read_text().splitlines()
-        out = []
-        for number, line in enumerate(text, start=1):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                if number == len(text):
-                    break  # the record being appended when the run stopped: it is taken again
-                raise ValueError(f"{self.path}, line {number}: not a JSON record ({e})") from None
-        return out
+            return [], b""
+        whole, tail = _split_torn_tail(self.path.read_bytes())
+        records = _parse_lines(self.path, whole)
+        record = _whole_record(tail)
+        return records + ([record] if record is not None else []), tail
+
+    def _mend(self, tail: bytes) -> None:
+        """A torn last line cut off the file itself (a newline added where only that was missing), so that the
+        next append starts a line of its own instead of joining it into a line the next resume refuses."""
+        if not tail:
+            return
+        if _whole_record(tail) is None:
+            _truncate(self.path, self.path.stat().st_size - len(tail))
+        else:
+            _append_bytes(self.path, b"\n")
 
     def _rewrite(self) -> None:
         """The whole file written atomically (temporary file, fsync, rename)."""
@@ -107,6 +114,44 @@ def remove_progress(progress_path: str | Path) -> None:
             file.unlink()
         ckpt_dir.rmdir()
     path.unlink(missing_ok=True)
+
+
+def _split_torn_tail(data: bytes) -> tuple[bytes, bytes]:
+    """(every line that ends in a newline, what follows the last newline)."""
+    end = data.rfind(b"\n") + 1
+    return data[:end], data[end:]
+
+
+def _parse_lines(path: Path, whole: bytes) -> list[dict]:
+    records = []
+    for number, line in enumerate(whole.split(b"\n")[:-1], start=1):
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+            raise ValueError(f"{path}, line {number}: not a JSON record ({e})") from None
+    return records
+
+
+def _whole_record(line: bytes) -> dict | None:
+    """The JSON object `line` holds, or None if it is cut short (no prefix of a record is a JSON object)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _truncate(path: Path, size: int) -> None:
+    with path.open("r+b") as f:
+        f.truncate(size)
+        os.fsync(f.fileno())
+
+
+def _append_bytes(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _lock(path: Path):

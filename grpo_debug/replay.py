@@ -12,6 +12,7 @@ import torch
 
 from .capture_file import Capture, config_from_capture
 from .metrics import metrics
+from .model import absolute_positions, has_dropout
 from .specs import loss_spec_of, scoring_of
 from .trl_step import trl_step
 
@@ -31,18 +32,6 @@ COMPARED = (
     "cispo_clip_ratio",
     "vespo/phi_seq_mean",
 )  # TRL's names
-
-
-def absolute_positions(model) -> bool:
-    """Whether the model adds learned absolute position embeddings (GPT-2's wpe), which left padding shifts."""
-    return any(
-        isinstance(m, torch.nn.Embedding) and (name.endswith("wpe") or "position_embedding" in name)
-        for name, m in model.named_modules()
-    )
-
-
-def has_dropout(model) -> bool:
-    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 def replay_trl_step(step, run):
@@ -138,7 +127,8 @@ def causes(capture: Capture, model, replayed_dropout: bool) -> dict[str, str]:
 
 
 def reproduction(run, capture: Capture, model, step=None) -> dict:
-    """{"logged": the trainer's numbers for the step, "replayed": ours, "difference": ours - the trainer's,
+    """{"logged": the trainer's numbers for the step ("logged_source" says whether the trainer's own per-step
+    metrics or what TRL logged), "replayed": ours, "difference": ours - the trainer's,
     "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
     |ours - captured|, "pitfalls": `pitfalls`, "causes": `causes`}. With `step` (the GRPOStep) and a
     captured schedule, the optimizer step is replayed micro-batch by micro-batch (`replay_trl_step`); without,
@@ -166,6 +156,7 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         "step": capture.meta["step"],
         "config": {k: v for k, v in dataclasses.asdict(run.config).items() if k not in ("model", "task")},
         "logged": {k: logged[k] for k in keys},
+        "logged_source": capture.step_metrics_source,
         "replayed": {k: ours[k] for k in keys},
         "difference": {k: ours[k] - logged[k] for k in keys},
         "logps": {

@@ -25,6 +25,7 @@ import hashlib
 import html
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -216,6 +217,7 @@ CSS = """
 
 # also inline: a notebook opened untrusted drops the <style> (and the script) but keeps style attributes
 TEXT_STYLE = "font-family: monospace; white-space: pre-wrap; overflow-wrap: anywhere"
+ESCAPE_STYLE = "font: inherit; color: #a0206f; background: #f6e6f0; border-radius: 2px"  # a control char's escape
 
 SCRIPT = """(function () {
   var root = document.getElementById(%s), palettes = %s, order = %s, codes = %s;
@@ -239,6 +241,27 @@ def _shown(token: str) -> str:
     return token.replace("\r", "\u240d").replace("\t", "\u2192").replace("\n", "\u21b5\n") or "\u2205"
 
 
+# C0 controls but tab and newline, DEL, C1 controls, and the bidi embeddings, overrides, isolates and marks: invisible
+# on a page, and a bidi one reorders the text after it (a completion could make itself read as another)
+CONTROL = re.compile(r"([\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])")
+
+
+def _escape_code(char: str) -> str:
+    """`\\x00`, `\\u202e`: the character as Python's repr writes it."""
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _text_html(text: str) -> str:
+    """Text the run holds (a token, a prompt) as HTML: markup escaped, each control character (`CONTROL`) shown
+    as its escape in a styled `<kbd class="gd-esc">`, so none reaches the page raw."""
+    parts = CONTROL.split(text)  # text, control, text, control, ..., text
+    return "".join(
+        html.escape(part) if i % 2 == 0 else f'<kbd class="gd-esc" style="{ESCAPE_STYLE}">{_escape_code(part)}</kbd>'
+        for i, part in enumerate(parts)
+    )
+
+
 def _token_span(sample: TokenSample, k: int, colours: dict[str, Scale], first: str) -> str:
     """One token: its first colour inline, every quantity's colour code in `data-c` (QUANTITIES' order), every
     value in the title."""
@@ -250,7 +273,7 @@ def _token_span(sample: TokenSample, k: int, colours: dict[str, Scale], first: s
     title = html.escape(hover, quote=True).replace("\n", "&#10;")  # one line of HTML per sample
     return (
         f'<span class="gd-tok" style="background:{background}" data-c="{codes}" '
-        f'title="{title}">{html.escape(_shown(sample.tokens[k]))}</span>'
+        f'title="{title}">{_text_html(_shown(sample.tokens[k]))}</span>'
     )
 
 
@@ -304,7 +327,7 @@ def page_body(page: TokenPage, quantity: str = "advantage") -> str:
             )
         groups.append(
             f'<div class="gd-group" data-group="{b}"><div class="gd-prompt">group {b} · prompt: '
-            f"{html.escape(prompt)}</div>{''.join(rows)}</div>"
+            f"{_text_html(prompt)}</div>{''.join(rows)}</div>"
         )
     return (
         f'<div class="gd-tokens" id="{root}"><style>{CSS}</style>'

@@ -98,7 +98,8 @@ def _positions_from_mask(module, args, kwargs):
     """Forward pre-hook: a pass with an attention mask, no position_ids and no cache (TRL's scoring) gets
     the positions generation used."""
     mask = kwargs.get("attention_mask")
-    if mask is not None and kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None:
+    cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None  # 5.24 renamed the latter
+    if mask is not None and kwargs.get("position_ids") is None and not cached:
         kwargs["position_ids"] = positions_from_mask(mask)
     return args, kwargs
 

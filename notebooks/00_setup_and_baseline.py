@@ -34,12 +34,12 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
-from grpo_debug.replay import has_dropout
+from grpo_debug.model import dropout_sources
 
 policy, reference, tokenizer = step.loaded.policy, step.loaded.reference, step.loaded.tokenizer
 n_params = sum(p.numel() for p in policy.parameters())
 print(f"{type(policy).__name__}: {n_params / 1e6:.2f}M parameters, {policy.config.num_hidden_layers} layers, "
-      f"vocab {policy.config.vocab_size}, dropout layers: {has_dropout(policy)}")
+      f"vocab {policy.config.vocab_size}, dropout in train mode: {', '.join(dropout_sources(policy)) or 'none'}")
 print("pad == eos:", tokenizer.pad_token_id == tokenizer.eos_token_id)
 
 # %% [markdown]

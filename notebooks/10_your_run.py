@@ -78,7 +78,7 @@ from grpo_debug.step import GRPOStep
 step = GRPOStep.from_capture(CAPTURE, TASK)
 run = step.run(until="update")
 report = reproduction(run, step.capture, step.policy, step)
-table = pd.DataFrame({"TRL logged": report["logged"], "replayed": report["replayed"],
+table = pd.DataFrame({report["logged_source"]: report["logged"], "replayed": report["replayed"],
                       "difference": report["difference"]})
 table.round(6)
 

@@ -142,3 +142,30 @@ def conversational(func):
 
     reward.__name__ = getattr(func, "__name__", type(func).__name__)
     return reward
+
+
+def build_tiny_qwen2(folder: Path, seed: int = 0, attention_dropout: float = 0.0) -> Path:
+    """The same tokenizer with a randomly initialised 2-layer Qwen2 (rotary positions); `attention_dropout` is a
+    config field its attention reads directly, with no `nn.Dropout` module."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    build_tiny_model(folder, seed)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=21,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_dropout=attention_dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
+    for old in folder.glob("*.safetensors"):
+        old.unlink()
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    return folder

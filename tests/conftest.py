@@ -40,6 +40,7 @@ def task_registry_restored():
 # (the order within each is kept). Measured with --durations=0; the rest keep their order.
 SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no long one starts last
     "tests/test_notebooks_on_a_capture.py::TestBundled",
+    "tests/test_benchmarks.py",
     "tests/test_train_resume.py",
     "notebooks/07_influence.ipynb",
     "tests/test_browser.py",

@@ -541,3 +541,39 @@ def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
     assert changed > len(before) // 4, f"only {changed} of {len(before)} tokens changed colour"
     assert (legend, legend_after) == (["advantage"], ["entropy"])
     assert back == before, "switching back restores the first colours"
+
+
+def test_the_doctor_page_opens_in_a_real_browser(tmp_path):
+    """`doctor --html` writes a standalone page: a browser opens it from disk, every finding is there, ranked, and
+    nothing is fetched from elsewhere."""
+    sync_playwright = _sync_playwright()
+    path = tmp_path / "doctor.html"
+    made = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "doctor", "--set", "num_prompts=2", "num_generations=4"]
+        + ["max_new_tokens=32", "position_ids=false", "--html", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests, errors = [], []
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.as_uri())
+            page.wait_for_selector("div.finding", timeout=30_000)
+            ids = page.evaluate("() => [...document.querySelectorAll('div.finding')].map(d => d.id)")
+            first = page.evaluate("() => document.querySelector('div.finding').className")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "browser_doctor_page.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
+    assert ids[0] == "position_ids" and "problem" in first, f"the planted position_ids is not first: {ids[:3]}"
+    assert len(ids) == len(set(ids)) >= 20, f"not every detector's finding is on the page: {ids}"

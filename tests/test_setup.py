@@ -1,6 +1,7 @@
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +36,31 @@ def test_ci_runs_make_test_and_nothing_else():
 def test_torch_is_pinned_where_it_is_installed():
     assert "torch==2.13.0" in (ROOT / "Makefile").read_text()
     assert "torch==2.13.0" in (ROOT / "environment.yml").read_text()
+
+
+def test_a_cpu_user_sets_use_cpu_as_the_readme_says():
+    """README, "Debug your own TRL run": on a machine without a GPU a plain GRPOConfig stops (TRL resolves bf16=None
+    to True); use_cpu=True is the one setting that lets it run there."""
+    import torch
+    from trl import GRPOConfig
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the plain GRPOConfig runs here")
+    with pytest.raises(ValueError, match="use_cpu"):
+        GRPOConfig(output_dir="unused", report_to="none")
+    assert GRPOConfig(output_dir="unused", report_to="none", use_cpu=True).use_cpu
+
+
+def test_every_dependency_is_locked_to_one_version_with_hashes():
+    """`make lab` and `make test` install from requirements.lock (made by `make lock`), hashes checked; torch is
+    installed by its own pinned line before it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _names(project["dependencies"] + project["optional-dependencies"]["test"]) - {"torch"}
+    lock = (ROOT / "requirements.lock").read_text()
+    pinned = {m.group(1).lower() for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==[^\s;]+", lock, re.M)}
+    canon = lambda names: {re.sub(r"[-_.]+", "-", n) for n in names}
+    assert canon(declared) <= canon(pinned), f"not in the lock: {sorted(canon(declared) - canon(pinned))}"
+    assert "torch==" not in lock, "torch comes from the Makefile's own line (the CPU build), not the lock"
+    assert lock.count("--hash=sha256:") >= len(pinned), "a locked package without a hash"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--require-hashes -r $(LOCK)" in makefile and "LOCK := requirements.lock" in makefile

@@ -207,3 +207,31 @@ def test_the_replay_command_writes_the_page_of_a_captured_step(tmp_path):
     assert len(parsed.spans) >= SMALL["num_prompts"] * SMALL["num_generations"]
     refused = run_cli("replay", str(capture), "--html", str(tmp_path / "no" / "t.html"))
     assert refused.returncode == 2 and f"--html {tmp_path / 'no' / 't.html'}" in refused.stderr
+
+
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+C0 = "".join(chr(c) for c in range(32) if chr(c) not in "\t\n\r")  # tab, newline, return: marks of their own
+CONTROLS = BIDI + C0 + "\x7f\x85"
+
+
+def escape_of(char: str) -> str:
+    return repr(char)[1:-1]  # \u202e, \x00: what the page shows
+
+
+def test_control_and_bidi_characters_are_shown_as_escapes_never_raw():
+    tokens = (*CONTROLS, "gpj.\u202eexe", "a\x00b\u2066c", "\r\t\n")
+    values = {q.name: tuple(0.5 for _ in tokens) for q in QUANTITIES}
+    sample = TokenSample(0, 0, 0.5, -1.0, tokens, values)
+    prompt = "P: \u202eevil\u202c \x00 fen"
+    text = render_page(TokenPage("t", "ratio", (prompt,), (sample,)))
+    assert not [escape_of(c) for c in CONTROLS if c in text]
+    parsed = spans_of(text)
+    assert [s["text"] for s in parsed.spans][: len(CONTROLS)] == [escape_of(c) for c in CONTROLS]
+    assert [s["text"] for s in parsed.spans][len(CONTROLS) :] == [
+        "gpj.\\u202eexe",
+        "a\\x00b\\u2066c",
+        "\u240d\u2192\u21b5\n",
+    ]
+    assert parsed.prompts == ["group 0 · prompt: P: \\u202eevil\\u202c \\x00 fen"]
+    assert text.count('<kbd class="gd-esc"') == len(CONTROLS) + 1 + 2 + 3  # styled: told apart from generated text
+    assert [s["title"].splitlines()[0] for s in parsed.spans] == [f"{t!r} #{k}" for k, t in enumerate(tokens)]

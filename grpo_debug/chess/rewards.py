@@ -32,9 +32,16 @@ and a position whose live analysis failed on a fresh engine too (crash, no answe
 moves missing from the answer) all score like an unparsable completion: best_move, candidates and
 evals -1, format 0, total -1, with `Score.error` giving the reason. The score does not depend on the
 completion, so the whole group gets it and its advantages are 0: no training signal, as none is
-deserved. Invalid and game-over positions never reach the engine. What raises is the caller's error,
-never the completion's: a prompt that is neither P: nor A:, a FEN python-chess cannot parse, and an
-engine path that is not a UCI engine (`EngineNotFound`).
+deserved. Invalid and game-over positions never reach the engine.
+
+Unreadable prompts: one bad row of a dataset must not stop a training run, so `score` and `score_group`
+never raise for a prompt either. A P: prompt whose FEN python-chess cannot parse scores as above; an A:
+prompt that is not `A: <FEN>+<move>+<recent moves>+` or whose FEN python-chess cannot parse scores like an
+unparsable A: completion (fen, reward, terminated, truncated -1, format 0, total -1); a prompt of neither
+task (another prefix, or not text) scores total -1 with no components (none applies). `Score.error` names
+the problem. What raises is the caller's error: an engine path that is not a UCI engine (`EngineNotFound`),
+and `analysis_for` or `env_truth_for` called directly on an unreadable FEN or prompt (`UnreadablePrompt`,
+a ValueError).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from rapidfuzz.distance import Levenshtein
 from .data import env_example, fen_key, load_split
 from .engine import EngineFailed, PositionAnalysis, PositionError, Stockfish, position_problem
 from .format import (
+    ENV_PREFIX,
+    POLICY_PREFIX,
     EnvOutcome,
     canonical_fen,
     env_step,
@@ -60,6 +69,10 @@ from .format import (
 POLICY_WEIGHTS = {"best_move": 0.5, "candidates": 0.3, "evals": 0.2}
 ENV_WEIGHTS = {"fen": 0.6, "reward": 0.2, "terminated": 0.1, "truncated": 0.1}
 EVAL_ERROR_CAP = 2.0  # pawns
+
+
+class UnreadablePrompt(ValueError):
+    """A P: or A: prompt the scorer cannot read: a FEN python-chess cannot parse, or a malformed A: prompt."""
 
 
 @dataclass
@@ -84,12 +97,31 @@ def unscorable_policy(reason: str) -> Score:
     return Score("P", _weighted(components, POLICY_WEIGHTS), components, reason)
 
 
+def unscorable_env(reason: str) -> Score:
+    """The documented score of an unparsable A: completion, and of every completion of an unreadable A: prompt."""
+    components = {"fen": -1.0, "reward": -1.0, "terminated": -1.0, "truncated": -1.0, "format": 0.0}
+    return Score("A", -1.0, components, reason)
+
+
+def unscorable_prompt(reason: str) -> Score:
+    """The documented score of a prompt of neither task: total -1, no component applies."""
+    return Score("", -1.0, {}, reason)
+
+
+def _not_a_task_prompt(prompt) -> str:
+    """Why `prompt` is neither a P: nor an A: prompt, or "" if it is one."""
+    if not isinstance(prompt, str):
+        return f"prompt is {type(prompt).__name__}, not str"
+    if prompt.startswith((POLICY_PREFIX, ENV_PREFIX)):
+        return ""
+    return f"prompt starts with neither {POLICY_PREFIX!r} nor {ENV_PREFIX!r}: {prompt[:40]!r}"
+
+
 def score_policy(analysis: PositionAnalysis, completion: str) -> Score:
     parsed = parse_policy_completion(completion)
     slots = min(5, len(analysis.evals))
     if parsed.best is None and not parsed.moves:
-        components = {"best_move": -1.0, "candidates": -1.0, "evals": -1.0, "format": 0.0}
-        return Score("P", _weighted(components, POLICY_WEIGHTS), components, parsed.error)
+        return unscorable_policy(parsed.error)
 
     # legal = one of the position's legal moves in standard UCI; python-chess's is_legal would also accept
     # the Chess960 spelling of castling (king takes own rook, e8a8), which no analysis lists
@@ -130,8 +162,7 @@ def fen_similarity(predicted: str, truth: str) -> float:
 def score_env(truth: EnvOutcome, completion: str) -> Score:
     parsed = parse_env_completion(completion)
     if parsed.reward is None and parsed.terminated is None and not parsed.next_fen:
-        components = {"fen": -1.0, "reward": -1.0, "terminated": -1.0, "truncated": -1.0, "format": 0.0}
-        return Score("A", -1.0, components, parsed.error)
+        return unscorable_env(parsed.error)
     predicted, true = canonical_fen(parsed.next_fen), canonical_fen(truth.next_fen)
     # the same position (either en-passant convention), or, where the position is not valid chess and has no
     # canonical form, the same text: the ground truth of an A: prompt on an invalid position scores 1 too
@@ -182,7 +213,7 @@ class RewardScorer:
         try:
             board = chess.Board(fen)
         except ValueError as e:
-            raise ValueError(f"invalid FEN in P: prompt {fen!r}: {e}") from None
+            raise UnreadablePrompt(f"invalid FEN in P: prompt {fen!r}: {e}") from None
         key = fen_key(fen)
         if key in self.analyses:
             return self.analyses[key]
@@ -199,28 +230,41 @@ class RewardScorer:
     def env_truth_for(self, prompt: str) -> EnvOutcome:
         if prompt in self.env_truths:
             return self.env_truths[prompt]
-        parsed = parse_env_prompt(prompt)
+        try:
+            parsed = parse_env_prompt(prompt)
+        except ValueError as e:
+            raise UnreadablePrompt(str(e)) from None
         try:
             board = chess.Board(parsed.fen)
         except ValueError as e:
-            raise ValueError(f"invalid FEN in A: prompt {parsed.fen!r}: {e}") from None
+            raise UnreadablePrompt(f"invalid FEN in A: prompt {parsed.fen!r}: {e}") from None
         return env_step(board, parsed.move)
 
     def score(self, prompt: str, completion: str) -> Score:
+        """The score of one completion; never raises for the prompt or the completion (see the module docstring:
+        an unreadable prompt scores -1 like an unparsable completion)."""
         return self.score_group(prompt, [completion])[0]
 
     def score_group(self, prompt: str, completions: list[str]) -> list[Score]:
         """Completions of one prompt, against one lookup of its ground truth: a group never mixes a
-        failed analysis with a later successful retry."""
+        failed analysis with a later successful retry. An unreadable prompt gives every completion its
+        documented score (the module docstring) instead of raising: one bad row does not stop a run."""
+        if problem := _not_a_task_prompt(prompt):
+            return [unscorable_prompt(f"unscorable prompt: {problem}") for _ in completions]
         if task_of(prompt) == "A":
-            truth = self.env_truth_for(prompt)
+            try:
+                truth = self.env_truth_for(prompt)
+            except UnreadablePrompt as e:
+                return [unscorable_env(f"unscorable prompt: {e}") for _ in completions]
             return [score_env(truth, c) for c in completions]
         try:
-            analysis = self.analysis_for(prompt[3:].strip())
+            analysis = self.analysis_for(prompt[len(POLICY_PREFIX) :].strip())
         except PositionError as e:
             return [unscorable_policy(f"unscorable position: {e}") for _ in completions]
         except EngineFailed as e:
             return [unscorable_policy(f"engine analysis failed: {e}") for _ in completions]
+        except UnreadablePrompt as e:
+            return [unscorable_policy(f"unscorable prompt: {e}") for _ in completions]
         return [score_policy(analysis, c) for c in completions]
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from ..scoring import completion_logits, model_inputs, token_entropies, token_logps
-from .shared_prompt import shared_prompt_cache
+from .shared_prompt import shared_prompt_cache, with_cache
 
 
 def trim(rollout, left: bool, right: bool):
@@ -55,7 +55,7 @@ def completion_logits_after_shared_prompt(model, rollout, model_inputs: dict) ->
         input_ids=model_inputs["input_ids"][:, P - 1 : P + C - 1],
         attention_mask=model_inputs["attention_mask"][:, : P + C - 1],
         position_ids=model_inputs["position_ids"][:, P - 1 : P + C - 1],
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
     ).logits
 

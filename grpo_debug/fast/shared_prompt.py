@@ -9,6 +9,7 @@ work (a third, then two fifths of the rollout). The logits match the plain path 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,6 +21,12 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from ..scoring import positions_from_mask
 
 IMPLEMENTATION = "grpo_debug_shared_prompt"
+
+
+def with_cache(model, cache) -> dict:
+    """The keyword that hands `cache` to the model's forward and generate: `cache` where transformers takes
+    it (5.24 renamed `past_key_values` in both and warns on the old name), `past_key_values` before."""
+    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
 
 
 def shared_prompt_cache(
@@ -35,7 +42,7 @@ def shared_prompt_cache(
         input_ids=input_ids[:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=positions[:, :-1],
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -109,7 +116,7 @@ def generate_per_prompt(
         return model.generate(
             input_ids=input_ids.repeat_interleave(copies, 0),
             attention_mask=attention_mask.repeat_interleave(copies, 0),
-            past_key_values=cache,
+            **with_cache(model, cache),
             max_new_tokens=max_new_tokens,
             **generate_kwargs,
         )

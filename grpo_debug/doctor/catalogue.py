@@ -1,0 +1,188 @@
+"""Every pitfall the doctor looks for, declared once: what it is called, TRL's name for the setting, the
+`StepConfig` toggle that flips it on a step (the field and the value that removes it), the fix a TRL user
+writes, where it comes from, and the notebook section that teaches it. The detectors, the counterfactuals,
+the reports and the README's table read it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    id: str
+    title: str
+    fix: str  # the GRPOConfig / model / reward change that removes it, in TRL's names
+    origin: str  # where it comes from: a bug report, a TRL issue or PR, a paper
+    teach: str  # notebook and section that show it
+    toggle: tuple[str, object] | None = None  # (StepConfig field, the value that removes it)
+
+
+def _p(id, title, fix, origin, teach, toggle=None) -> Pitfall:
+    return Pitfall(id, title, fix, origin, teach, toggle)
+
+
+PITFALLS: dict[str, Pitfall] = {
+    p.id: p
+    for p in (
+        _p(
+            "zero_std_groups",
+            "groups whose rewards are all equal get advantage 0: no gradient from them",
+            "raise num_generations or temperature, make the reward graded, or filter such prompts",
+            "'loss is 0.0000' reports (TRL issues #3452, #2703, #3857): the real cause was frac_reward_zero_std = 1",
+            "04_advantages: Zero-std groups still shape the loss; 08_diagnostics",
+        ),
+        _p(
+            "constant_reward",
+            "a reward function is constant within every group: it adds nothing to any advantage",
+            "fix or drop that reward function (or give it reward_weights 0 and say so)",
+            "a reward function that always returns the same value (a format check every completion passes or fails)",
+            "03_rewards",
+        ),
+        _p(
+            "dominant_reward",
+            "one reward function carries most of the advantages' within-group variance",
+            "rescale reward_weights if the other functions were meant to count",
+            "multi-reward runs where one graded term drowns binary ones",
+            "03_rewards",
+        ),
+        _p(
+            "length_reward",
+            "the reward rises with completion length: the policy is paid to write longer",
+            "remove the length dependence, or cap it (a soft overlong penalty, DAPO)",
+            "length hacking under GRPO (Dr. GRPO, DAPO's overlong reward shaping)",
+            "03_rewards; 05_loss (loss types normalise by length differently)",
+        ),
+        _p(
+            "bad_reward",
+            "rewards that are None, NaN or infinite",
+            "return a float for every completion; None only where the function does not apply",
+            "TRL gives a completion whose every function returned None the reward NaN and warns on inf",
+            "03_rewards: Malformed completions get documented scores, not exceptions",
+        ),
+        _p(
+            "truncation",
+            "completions stop at max_completion_length without an EOS",
+            "raise max_completion_length, or mask_truncated_completions=True (DAPO's overlong filtering)",
+            "DAPO; TRL's mask_truncated_completions",
+            "01_rollout; 02_logprobs",
+            ("mask_truncated_completions", True),
+        ),
+        _p(
+            "eos_masked",
+            "the EOS token is masked out of the loss (pad == eos and a mask built from token values)",
+            "build the completion mask from lengths, keeping the first EOS (TRL does since PR #4970)",
+            "the temperature-and-mask bug report's fix (it masks the EOS too); TRL PR #4970",
+            "02_logprobs: The EOS when pad == eos",
+            ("mask", "keep_first_eos"),
+        ),
+        _p(
+            "temperature",
+            "sampled at temperature T, scored at T = 1",
+            "divide the logits by the sampling temperature before log_softmax (TRL does since v0.16, PR #3029)",
+            "the temperature-and-mask bug report; TRL issue #4159 (the IS ratio at 2.0 with temperature)",
+            "02_logprobs",
+            ("logprob_temperature", True),
+        ),
+        _p(
+            "dropout",
+            "dropout is on in the policy's forward passes: two scorings of the same tokens differ",
+            "disable_dropout=True in GRPOConfig (TRL 1.16's default is False)",
+            "a public RookWorld debug log (policy -440 vs reference -45 nats); TRL issue #3234",
+            "02_logprobs; 06b_training: 5. Confirmatory",
+            ("dropout", False),
+        ),
+        _p(
+            "position_ids",
+            "absolute positions, left-padded prompts, no position_ids when scoring: rows scored at shifted positions",
+            "pass position_ids = attention_mask.cumsum(-1) - 1 in the scoring forward (a GRPOTrainer subclass)",
+            "TRL issue #6800 (GPT-2 without position_ids)",
+            "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
+            ("position_ids", True),
+        ),
+        _p(
+            "sampler_truncation",
+            "top_p / top_k / min_p sampling: the samples come from a truncated distribution the loss does not score",
+            "score over the sampler's support (TRL PR #7269), or sample with top_p=1.0, top_k=0",
+            "TRL issues #6789, #4772; PR #7269",
+            "05c_mismatch: 2. Truncated sampling",
+            ("logprob_support", "sampler_support"),
+        ),
+        _p(
+            "sampler_mismatch",
+            "the sampler's log-probs drift from the trainer's (verl's rollout-correction health check)",
+            "vllm_importance_sampling_correction=True, or sample at the trainer's precision",
+            "verl docs/algo/rollout_corr.md; TRL issues #4772, #5231",
+            "05c_mismatch: 1. The gap, as verl measures it; 4. Length times drift",
+            ("vllm_importance_sampling_correction", True),
+        ),
+        _p(
+            "precision",
+            "the sampler runs at another precision than the trainer",
+            "sample and score at one precision, or correct with vllm_importance_sampling_correction=True",
+            "TRL issues #5231, #6789; verl's rollout correction",
+            "05c_mismatch: 3. The sampler and the trainer at different precisions",
+            ("vllm_importance_sampling_correction", True),
+        ),
+        _p(
+            "kl_off",
+            "beta = 0: no reference model, no KL term (the logged kl is 0)",
+            "beta > 0 (e.g. 0.04) if the policy should stay near the reference",
+            "TRL issue #4040; TRL's default beta=0.0 since 0.19",
+            "05_loss: KL estimators",
+        ),
+        _p(
+            "kl_estimator",
+            "the KL estimator's value and gradient differ from the KL's",
+            "use_bias_correction_kl=True (k3 times the ratio: the reverse-KL gradient)",
+            "Tang & Munos 2025, 'On a few pitfalls in KL divergence gradient estimation for RL'",
+            "05_loss: KL estimators; Per-token KL on real tokens",
+            ("kl_estimator", "k3_corrected"),
+        ),
+        _p(
+            "clip_inactive",
+            "the PPO clip never acts: the ratio is 1 on the step's first pass",
+            "nothing to fix at num_iterations=1; clipping acts from the second pass or with a mismatched sampler",
+            "'why is clip_ratio always 0?'",
+            "05b_off_policy: The ratio, per pass",
+        ),
+        _p(
+            "clip_saturated",
+            "a large share of tokens is clipped: their gradient is cut",
+            "lower learning_rate or num_iterations, or widen epsilon / epsilon_high",
+            "PPO practice; DAPO's clip-higher",
+            "05b_off_policy: The ratio, per pass",
+        ),
+        _p(
+            "entropy_collapse",
+            "the policy's token entropy is near 0: every sample of a group is (nearly) the same",
+            "raise temperature, add an entropy bonus, or lower the learning rate",
+            "entropy collapse in RL for LLMs (Cui et al. 2025)",
+            "05b_off_policy: Entropy, and training on the high-entropy tokens only",
+        ),
+        _p(
+            "advantage_scale",
+            "tiny reward stds divided into the advantages blow noise up (phantom advantages)",
+            "scale_rewards='batch' or 'none' (Dr. GRPO)",
+            "TRL's std + 1e-4; Dr. GRPO",
+            "04_advantages: Phantom advantages, on purpose",
+            ("scale_rewards", "none"),
+        ),
+        _p(
+            "update_size",
+            "the update is large against the weights it changes",
+            "lower learning_rate, or keep max_grad_norm on",
+            "PPO/GRPO practice: a step that moves weights by more than ~1% leaves the trust region",
+            "06_update",
+        ),
+        _p(
+            "loss_normaliser",
+            "dr_grpo divides by max_completion_length, far above the real lengths: every gradient is shrunk",
+            "lower max_completion_length toward the real lengths, or loss_type='dapo'",
+            "Dr. GRPO's constant normaliser; TRL's dr_grpo",
+            "05b_off_policy: Micro-batches and their normalisers",
+            ("loss_type", "dapo"),
+        ),
+    )
+}

@@ -1,0 +1,317 @@
+"""One pure function per pitfall: `StepFacts` (a step run up to its update, and what was measured beside it)
+in, a `Finding` out. Severity: `problem` (the step cannot learn what it should), `warning` (it learns
+something else, or much less), `info` (worth knowing, by design), `absent`. Every threshold is a constant
+here, with where it comes from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
+from .logprob_detectors import (
+    dropout,
+    eos_masked,
+    position_ids,
+    precision,
+    sampler_mismatch,
+    sampler_truncation,
+    temperature,
+)
+
+# ---- rewards and advantages
+
+NO_SIGNAL_WARNING = 0.5  # half the groups or more without a gradient: the step learns from a few prompts
+
+
+def zero_std_groups(f: StepFacts) -> Finding:
+    adv, mask, upd = f.run.advantages, f.run.logprobs.mask, f.run.update
+    G = f.run.config.num_generations
+    zero = torch.zeros(len(adv.group_std), dtype=torch.bool)
+    zero[adv.zero_std_groups + adv.rounding_std_groups] = True
+    token_share = _masked_mean(zero.repeat_interleave(G).float().unsqueeze(1).expand_as(mask), mask)
+    share = zero.float().mean().item()
+    evidence = dict(
+        frac_reward_zero_std=adv.frac_reward_zero_std,
+        groups_without_signal=share,
+        tokens_without_signal=token_share,
+        grad_norm=upd.grad_norm,
+    )
+    if share == 1.0:
+        return _finding(
+            "zero_std_groups", "problem",
+            f"every group's rewards are equal: every advantage is 0 and the loss's 0.0000 is real "
+            f"(grad_norm {upd.grad_norm:.3g} from the KL alone)", **evidence,
+        )  # fmt: skip
+    if share == 0:
+        return _finding("zero_std_groups", "absent", "every group has varied rewards", **evidence)
+    severity = "warning" if share >= NO_SIGNAL_WARNING else "info"
+    return _finding(
+        "zero_std_groups", severity,
+        f"{share:.0%} of groups ({token_share:.0%} of tokens) have equal rewards and no gradient; "
+        f"the rest give grad_norm {upd.grad_norm:.3g}: a loss near 0 is cosmetic", **evidence,
+    )  # fmt: skip
+
+
+def _within_group(values: torch.Tensor, G: int) -> torch.Tensor:
+    """(N,) each value minus its group's mean (NaN, a function that does not apply, counts as 0)."""
+    v = _groups(values.nan_to_num(0.0), G)
+    return (v - v.mean(1, keepdim=True)).flatten()
+
+
+def constant_reward(f: StepFacts) -> Finding:
+    per, G = f.run.rewards.per_function, f.run.config.num_generations
+    constant = [name for name, v in per.items() if _within_group(v, G).abs().max().item() == 0]
+    evidence = dict(constant_functions=constant, functions=list(per))
+    if not constant:
+        return _finding("constant_reward", "absent", "every reward function varies within some group", **evidence)
+    severity = "problem" if len(constant) == len(per) else "warning"
+    return _finding(
+        "constant_reward", severity,
+        f"{', '.join(constant)} {'is' if len(constant) == 1 else 'are'} constant within every group: "
+        f"{len(constant)} of {len(per)} reward functions add nothing to any advantage", **evidence,
+    )  # fmt: skip
+
+
+DOMINANT_SHARE = 0.9
+
+
+def dominant_reward(f: StepFacts) -> Finding:
+    """Each function's share of the weighted total's within-group variance: cov(w_k r_k, total) / var(total)."""
+    per, G = f.run.rewards.per_function, f.run.config.num_generations
+    parts = {name: w * _within_group(v, G) for (name, v), w in zip(per.items(), f.reward_weights)}
+    total = sum(parts.values())
+    variance = (total * total).sum().item()
+    if len(parts) < 2 or variance == 0:
+        return _finding("dominant_reward", "absent", "one reward function, or no variance to share")
+    shares = {name: (p * total).sum().item() / variance for name, p in parts.items()}
+    top = max(shares, key=shares.get)
+    evidence = dict(variance_shares=shares)
+    if shares[top] < DOMINANT_SHARE:
+        return _finding("dominant_reward", "absent", f"largest share of the advantage variance {shares[top]:.0%}",
+                        **evidence)  # fmt: skip
+    return _finding(
+        "dominant_reward", "info",
+        f"{top} carries {shares[top]:.0%} of the advantages' within-group variance", **evidence,
+    )  # fmt: skip
+
+
+LENGTH_CORRELATION = 0.7  # within-group Pearson r between a reward and the completion length
+
+
+def length_reward(f: StepFacts) -> Finding:
+    r, per, G = f.run.rollout, f.run.rewards.per_function, f.run.config.num_generations
+    lengths = _within_group(r.completion_lengths.float(), G)
+    if lengths.abs().max().item() == 0:
+        return _finding("length_reward", "absent", "every completion of a group has the same length")
+    correlations = {}
+    for name, v in {**per, "total": f.run.rewards.total}.items():
+        x = _within_group(v, G)
+        denominator = (x.norm() * lengths.norm()).item()
+        correlations[name] = (x * lengths).sum().item() / denominator if denominator > 0 else 0.0
+    name = max(per, key=lambda k: correlations[k])
+    evidence = dict(within_group_correlation=correlations)
+    if correlations[name] >= LENGTH_CORRELATION:
+        return _finding(
+            "length_reward", "warning",
+            f"{name} rises with completion length (within-group r = {correlations[name]:+.2f}): longer is paid",
+            **evidence,
+        )  # fmt: skip
+    if min(correlations[k] for k in per) <= -LENGTH_CORRELATION:
+        low = min(per, key=lambda k: correlations[k])
+        return _finding("length_reward", "info", f"{low} falls with length (r = {correlations[low]:+.2f}): a "
+                        "length penalty, if meant", **evidence)  # fmt: skip
+    return _finding("length_reward", "absent", f"largest |r| with length {max(map(abs, correlations.values())):.2f}",
+                    **evidence)  # fmt: skip
+
+
+def bad_reward(f: StepFacts) -> Finding:
+    if f.reward_error:
+        return _finding("bad_reward", "problem", f.reward_error)
+    per = f.run.rewards.per_function
+    none = {name: int(v.isnan().sum()) for name, v in per.items()}
+    if not any(none.values()):
+        return _finding("bad_reward", "absent", "every reward is a finite number", none_rewards=none)
+    return _finding(
+        "bad_reward", "info",
+        "None rewards (skipped in the sum, as TRL does): "
+        + ", ".join(f"{k} {n}/{len(f.run.rewards.total)}" for k, n in none.items() if n),
+        none_rewards=none,
+    )  # fmt: skip
+
+
+TRUNCATED_WARNING = 0.25  # a quarter of the completions cut: their rewards judge unfinished text
+
+
+def truncation(f: StepFacts) -> Finding:
+    r, cfg = f.run.rollout, f.run.config
+    cut = (~r.finished).float().mean().item()
+    evidence = dict(
+        truncated_share=cut,
+        max_completion_length=cfg.max_new_tokens,
+        mean_length=r.completion_lengths.float().mean().item(),
+        masked=cfg.mask_truncated_completions,
+    )
+    if cut == 0:
+        return _finding("truncation", "absent", "every completion ended with an EOS", **evidence)
+    masked = " (masked from the loss: mask_truncated_completions)" if cfg.mask_truncated_completions else ""
+    severity = "warning" if cut >= TRUNCATED_WARNING else "info"
+    return _finding(
+        "truncation", severity,
+        f"{cut:.0%} of completions hit max_completion_length={cfg.max_new_tokens} without an EOS{masked}",
+        **evidence,
+    )  # fmt: skip
+
+
+# ---- loss
+
+
+def kl_off(f: StepFacts) -> Finding:
+    beta = f.run.config.beta
+    if beta > 0:
+        return _finding("kl_off", "absent", f"beta = {beta:g}", beta=beta)
+    return _finding("kl_off", "info", "beta = 0: no reference model and no KL term; the logged kl is 0", beta=beta)
+
+
+def kl_estimator(f: StepFacts) -> Finding:
+    cfg, lp = f.run.config, f.run.logprobs
+    if cfg.beta == 0:
+        return _finding("kl_estimator", "absent", "no KL term (beta = 0)", estimator=cfg.kl_estimator)
+    log_ratio = (lp.reference - lp.policy) * lp.mask
+    k1, k3 = _masked_mean(-log_ratio, lp.mask), _masked_mean(torch.exp(log_ratio) - log_ratio - 1, lp.mask)
+    evidence = dict(estimator=cfg.kl_estimator, k1=k1, k3=k3, beta=cfg.beta)
+    if cfg.kl_estimator == "k3_corrected":
+        return _finding("kl_estimator", "absent", "k3 times the ratio: the reverse-KL gradient", **evidence)
+    severity = "warning" if cfg.kl_estimator == "k1" else "info"
+    why = {
+        "k1": "k1's gradient is 0 in expectation: the KL term does not pull toward the reference",
+        "k2": "k2's gradient is the forward KL's, not the reverse KL it estimates",
+        "k3": "k3's gradient without the ratio is biased (Tang & Munos 2025)",
+    }.get(cfg.kl_estimator, cfg.kl_estimator)
+    return _finding("kl_estimator", severity, f"{cfg.kl_estimator} (k1 {k1:.3g}, k3 {k3:.3g}): {why}", **evidence)
+
+
+CLIP_SATURATED = 0.2  # a fifth of the tokens with a cut gradient
+
+
+def clip_inactive(f: StepFacts) -> Finding:
+    loss = f.run.loss
+    region = loss.metrics.get("clip_ratio/region_mean", 0.0)
+    on_policy = bool((loss.ratio == 1).all())
+    if f.run.config.num_iterations == 1 and on_policy:
+        return _finding(
+            "clip_inactive", "info",
+            "num_iterations = 1: the ratio is exactly 1 on this pass, so every clip_ratio is 0 by design",
+            clip_ratio_region_mean=region,
+        )  # fmt: skip
+    return _finding("clip_inactive", "absent", f"clip_ratio/region_mean {region:.3g}", clip_ratio_region_mean=region)
+
+
+def clip_saturated(f: StepFacts) -> Finding:
+    upd = f.run.update
+    regions = [it.metrics.get("clip_ratio/region_mean", 0.0) for it in upd.iterations]
+    worst = max(regions, default=0.0)
+    evidence = dict(clip_ratio_region_mean_per_pass=regions)
+    if worst < CLIP_SATURATED:
+        return _finding("clip_saturated", "absent", f"at most {worst:.1%} of tokens clipped in a pass", **evidence)
+    return _finding("clip_saturated", "warning", f"{worst:.0%} of tokens clipped in a pass: their gradient is cut",
+                    **evidence)  # fmt: skip
+
+
+ENTROPY_COLLAPSE = 0.05  # nats per token
+
+
+def entropy_collapse(f: StepFacts) -> Finding:
+    lp = f.run.logprobs
+    mean = _masked_mean(lp.entropies, lp.mask)
+    identical = len(f.run.rollout.identical_groups)
+    evidence = dict(entropy=mean, identical_groups=identical)
+    if mean >= ENTROPY_COLLAPSE:
+        return _finding("entropy_collapse", "absent", f"mean token entropy {mean:.3g} nats", **evidence)
+    return _finding(
+        "entropy_collapse", "warning",
+        f"mean token entropy {mean:.3g} nats; {identical} groups sampled one completion G times", **evidence,
+    )  # fmt: skip
+
+
+PHANTOM_RELATIVE = 0.01  # a group std below 1% of the batch's reward std, scaled up to unit size
+
+
+def advantage_scale(f: StepFacts) -> Finding:
+    """Phantom advantages: a group whose rewards differ by a sliver of the batch's spread, divided by its own
+    std, gets advantages as large as a group whose rewards really differ."""
+    adv, cfg = f.run.advantages, f.run.config
+    batch_std = f.run.rewards.total.std().item() if len(f.run.rewards.total) > 1 else 0.0
+    tiny = [g for g in adv.phantom_groups if adv.group_std[g].item() < PHANTOM_RELATIVE * batch_std]
+    evidence = dict(scale_rewards=cfg.scale_rewards, phantom_groups=len(adv.phantom_groups), tiny_std_groups=len(tiny),
+                    batch_reward_std=batch_std, max_abs_advantage=adv.max_abs_advantage)  # fmt: skip
+    if cfg.scale_rewards == "none" or not adv.phantom_groups:
+        return _finding("advantage_scale", "absent", f"max |A| {adv.max_abs_advantage:.3g}", **evidence)
+    n = len(tiny) or len(adv.phantom_groups)
+    groups = f"{n} group{'s' if n != 1 else ''}"
+    if tiny:
+        return _finding(
+            "advantage_scale", "warning",
+            f"{groups} whose reward std is below {PHANTOM_RELATIVE:.0%} of the batch's ({batch_std:.3g}) divided into "
+            f"their advantages (max |A| {adv.max_abs_advantage:.3g}): slivers blown up to full-size advantages",
+            **evidence,
+        )  # fmt: skip
+    return _finding("advantage_scale", "info", f"{groups} with a reward std below 0.05 scaled to unit advantages",
+                    **evidence)  # fmt: skip
+
+
+UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||
+
+
+def update_size(f: StepFacts) -> Finding:
+    upd, cfg = f.run.update, f.run.config
+    relative = upd.update_norm / f.weight_norm if f.weight_norm else math.inf
+    evidence = dict(update_norm=upd.update_norm, weight_norm=f.weight_norm, relative=relative,
+                    learning_rate=cfg.learning_rate, grad_norm=upd.grad_norm)  # fmt: skip
+    if relative > UPDATE_WARNING:
+        return _finding("update_size", "warning", f"the step moves the weights by {relative:.2%} of their norm "
+                        f"(learning_rate {cfg.learning_rate:g})", **evidence)  # fmt: skip
+    return _finding("update_size", "absent", f"the step moves the weights by {relative:.2g} of their norm", **evidence)
+
+
+NORMALISER_RATIO = 4.0  # max_completion_length over the mean scored length
+
+
+def loss_normaliser(f: StepFacts) -> Finding:
+    cfg, lp = f.run.config, f.run.logprobs
+    mean_length = lp.mask.sum(1).float().mean().item()
+    evidence = dict(loss_type=cfg.loss_type, max_completion_length=cfg.max_new_tokens, mean_scored_length=mean_length)
+    if cfg.loss_type != "dr_grpo" or cfg.max_new_tokens <= NORMALISER_RATIO * mean_length:
+        return _finding("loss_normaliser", "absent", f"loss_type {cfg.loss_type}", **evidence)
+    return _finding(
+        "loss_normaliser", "warning",
+        f"dr_grpo divides by max_completion_length={cfg.max_new_tokens}, {cfg.max_new_tokens / mean_length:.1f}x "
+        f"the mean scored length {mean_length:.1f}: every gradient is shrunk by as much", **evidence,
+    )  # fmt: skip
+
+
+DETECTORS = (
+    zero_std_groups,
+    constant_reward,
+    dominant_reward,
+    length_reward,
+    bad_reward,
+    truncation,
+    eos_masked,
+    temperature,
+    dropout,
+    position_ids,
+    sampler_truncation,
+    sampler_mismatch,
+    precision,
+    kl_off,
+    kl_estimator,
+    clip_inactive,
+    clip_saturated,
+    entropy_collapse,
+    advantage_scale,
+    update_size,
+    loss_normaliser,
+)

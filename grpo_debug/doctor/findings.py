@@ -1,0 +1,50 @@
+"""What every detector returns and reads: a `Finding`, from `StepFacts`. Severity: `problem` (the step cannot
+learn what it should), `warning` (it learns something else, or much less), `info` (worth knowing, by design),
+`absent`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..step import StepRun
+
+SEVERITIES = ("problem", "warning", "info", "absent")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str
+    summary: str  # one line, with the numbers that decided it
+    evidence: dict = field(default_factory=dict)
+    effect: dict | None = None  # what flipping its toggle on this step does to the update (`counterfactual`)
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the detectors read, measured once on the step."""
+
+    run: StepRun  # up to the update, under the step's own config
+    reward_weights: tuple[float, ...]
+    absolute_positions: bool
+    left_padded: bool
+    dropout_sources: tuple[str, ...]
+    dropout_gap: float | None  # max |logp - logp'| over two train-mode scorings of the same tokens; None: not run
+    sampler_logps_known: bool  # the sampler's own log-probs exist (our sampler; vLLM's in a TRL capture)
+    kept_mass: torch.Tensor | None  # (N, C) mass top_p/top_k/min_p kept at each scored token; None: no truncation
+    weight_norm: float  # ||theta|| before the step
+    reward_error: str = ""  # the rewards phase refused the step (an infinite reward, a row of all-None)
+
+
+def _finding(id: str, severity: str, summary: str, **evidence) -> Finding:
+    return Finding(id, severity, summary, evidence)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return (x * mask).sum().item() / max(mask.sum().item(), 1.0)
+
+
+def _groups(values: torch.Tensor, G: int) -> torch.Tensor:
+    return values.view(-1, G)

@@ -1,0 +1,94 @@
+"""The doctor's report as text (the command line), a table (a notebook cell) and a standalone HTML page."""
+
+from __future__ import annotations
+
+import html
+
+from . import Report
+from .catalogue import PITFALLS
+from .findings import Finding
+
+
+def effect_line(f: Finding) -> str:
+    e = f.effect
+    if not e:
+        return ""
+    (field, value), = e["toggle"].items()  # fmt: skip
+    if "error" in e:
+        return f"flip {field}={value}: not possible here ({e['error']})"
+    moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
+    verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
+    return (
+        f"flip {field}={value}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
+        f"update cosine {e['update_cosine']:+.3f}{moved}: {verdict}"
+    )
+
+
+def text(report: Report, at_least: str = "info") -> str:
+    shown = report.present(at_least)
+    lines = [f"the doctor: {len(shown)} findings at {at_least} or above, most severe and most moving first"]
+    for rank, f in enumerate(shown, start=1):
+        p = PITFALLS[f.id]
+        lines.append(f"{rank:2d}. [{f.severity}] {f.id}: {f.summary}")
+        if f.effect:
+            lines.append(f"    {effect_line(f)}")
+        if f.severity in ("problem", "warning"):
+            lines.append(f"    fix: {p.fix}")
+            lines.append(f"    learn: notebooks/{p.teach}")
+    absent = [f.id for f in report.findings if f.severity == "absent"]
+    lines.append(f"absent ({len(absent)}): {', '.join(absent)}")
+    lines.append(f"({report.seconds:.1f} s)")
+    return "\n".join(lines)
+
+
+def table(report: Report, at_least: str = "absent"):
+    """One row per finding, ranked: what a notebook cell shows."""
+    import pandas as pd
+
+    rows = [
+        {
+            "severity": f.severity,
+            "finding": f.id,
+            "what": f.summary,
+            "flip on this step": effect_line(f),
+            "fix": PITFALLS[f.id].fix if f.severity in ("problem", "warning") else "",
+            "learn": PITFALLS[f.id].teach,
+        }
+        for f in report.present(at_least)
+    ]
+    return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="rank"))
+
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
+.finding { border-left: 6px solid #999; padding: .4em .8em; margin: .6em 0; background: #fafafa; }
+.problem { border-color: #c62828; } .warning { border-color: #ef6c00; } .info { border-color: #1565c0; }
+.absent { border-color: #bbb; color: #777; }
+.sev { font-weight: bold; text-transform: uppercase; font-size: 12px; }
+code { background: #eee; padding: 0 .2em; }
+"""
+
+
+def page(report: Report, title: str = "grpo-debug doctor") -> str:
+    """A standalone HTML page (no script, no outside resource): every finding, ranked, with its fix and effect."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>{len(report.present('info'))} findings at info or above; {len(report.findings)} checks in "
+             f"{report.seconds:.1f} s. Ranked by severity, then by how far flipping the cause on this step moves "
+             "the update.</p>"]  # fmt: skip
+    for rank, f in enumerate(report.findings, start=1):
+        p = PITFALLS[f.id]
+        parts.append(
+            f"<div class='finding {f.severity}' id='{html.escape(f.id)}'><span class='sev'>{rank}. {f.severity}"
+            f"</span> <b>{html.escape(f.id)}</b>: {html.escape(f.summary)}<br><small>{html.escape(p.title)}</small>"
+        )
+        if f.effect:
+            parts.append(f"<br>{html.escape(effect_line(f))}")
+        if f.severity != "absent":
+            parts.append(
+                f"<br>fix: <code>{html.escape(p.fix)}</code><br>learn: {html.escape(p.teach)}"
+                f"<br><small>from: {html.escape(p.origin)}</small>"
+            )
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,93 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+#
+# %% [markdown]
+# # 10 · The doctor: why does my step not learn?
+#
+# Start here with a run that does not learn. Point `CAPTURE` at a step captured from your TRL run
+# (`CaptureCallback`, notebook 10_your_run) and run the notebook. The doctor runs every detector on that one
+# step, flips each cause it finds on the same step (the same completions, the same weights) and ranks the
+# findings. Each finding names its fix in TRL's names and the notebook section that teaches it.
+#
+# With no capture, the step is the bundled model's, taken the way TRL 1.16 takes it by default (the `trl`
+# preset): no `position_ids` on left-padded rows of an absolute-position model, dropout on while scoring.
+# The same report from the command line: `python -m grpo_debug doctor [CAPTURE] --json out.json --html report.html`.
+
+# %%
+from grpo_debug.notebook import open_step
+from grpo_debug.presets import PRESET_SAMPLING, PRESETS
+
+MODEL = None  # a model folder or hub name; None: the bundled RookWorld-format model
+CAPTURE = None  # your captured step ("captures/step-2"): the doctor examines it instead
+TASK = None  # your reward functions ("my_rewards.py:NAME") or a registered task; None: the captured rewards
+TRL_DEFAULTS = {**PRESETS["trl"], **PRESET_SAMPLING["trl"]}  # how TRL 1.16 takes a step with a default GRPOConfig
+cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
+                      **({} if CAPTURE else dict(num_prompts=4, num_generations=4, max_new_tokens=48)))
+
+# %% [markdown]
+# ## The ranked report
+#
+# Each detector is one small function of the step's numbers (`grpo_debug/doctor/detectors.py`), and each pitfall
+# is declared once, with its fix and its origin, in `grpo_debug/doctor/catalogue.py`. A finding whose cause is a
+# switch of the step is then flipped on this very step, and the two updates are compared:
+#
+# $$\cos(\Delta\theta, \Delta\theta') = \frac{\langle \theta_\text{after} - \theta_\text{before},\;
+# \theta'_\text{after} - \theta_\text{before}\rangle}{\lVert\cdot\rVert\,\lVert\cdot\rVert}$$
+#
+# A cosine near 1 (and the same `grad_norm`) means the cause is cosmetic on this step: it changes a logged
+# number, not where the step goes. Findings are ranked by severity, then by how far their flip moves the update.
+
+# %% tags=["nbval-ignore-output"]
+from grpo_debug.doctor import diagnose
+from grpo_debug.doctor.present import table
+
+report = diagnose(step)
+table(report, at_least="info")
+
+# %% [markdown]
+# ## What to notice, and where to learn it
+
+# %%
+from grpo_debug.doctor.catalogue import PITFALLS
+
+loud = report.present("warning")
+print(f"{len(loud)} findings at warning or above, {len(report.present('info')) - len(loud)} at info, "
+      f"{sum(f.severity == 'absent' for f in report.findings)} checks found nothing")
+for f in loud:
+    moved = ("not flipped (no switch of the step removes it)" if f.effect is None else
+             f"flipping {next(iter(f.effect['toggle']))} gives an update at cosine {f.effect['update_cosine']:+.2f} "
+             f"to this one ({'cosmetic' if f.effect['cosmetic'] else 'it moves the update'})")
+    print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {PITFALLS[f.id].fix}\n    learn: notebooks/{PITFALLS[f.id].teach}")
+
+# %% [markdown]
+# ## Checks
+
+# %%
+order = [("problem", "warning", "info", "absent").index(f.severity) for f in report.findings]
+assert order == sorted(order), f"the findings are not ranked by severity: {[f.severity for f in report.findings]}"
+for f in report.findings:
+    if f.effect and "update_cosine" in f.effect:
+        assert f.effect["cosmetic"] == (f.effect["update_cosine"] >= 0.99 and
+                                        abs(f.effect["grad_norm"][1] - f.effect["grad_norm"][0])
+                                        <= 0.01 * f.effect["grad_norm"][0]), f"{f.id}: 'cosmetic' disagrees with its numbers"
+if CAPTURE is None:  # the bundled step under TRL's defaults: left-padded rows of GPT-2, no position_ids
+    top = report.findings[0]
+    assert top.id == "position_ids" and top.severity == "problem", (
+        f"the bundled step without position_ids: the doctor's first finding is {top.id} ({top.severity})")
+    assert not top.effect["cosmetic"], "passing position_ids on the bundled step did not move the update"
+    print(f"position_ids ranks first: its flip moves the update to cosine {top.effect['update_cosine']:+.2f}")
+print("every claim above holds")

@@ -1,0 +1,73 @@
+"""A user's GRPO script with one planted defect, for the doctor's tests: a plain GRPOConfig (TRL's defaults but the
+batch shape and `use_cpu`), a model in a relative folder, the user's own reward functions, one captured step.
+
+    python planted_train.py DEFECT OUT      (DEFECT: one of DEFECTS below; "clean" plants nothing)
+"""
+
+import sys
+
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_debug.capture import CaptureCallback
+
+
+def text(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def digits(completions, **kwargs):
+    """The share of digits in the completion: graded, unrelated to its length."""
+    return [sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1) for c in completions]
+
+
+def always_one(completions, **kwargs):
+    """A format check every completion passes: the same reward everywhere."""
+    return [1.0 for _ in completions]
+
+
+def longer(completions, **kwargs):
+    """A reward that pays for length."""
+    return [len(text(c)) / 40 for c in completions]
+
+
+def starts_low(completions, **kwargs):
+    """Binary and rare: 1 when the completion starts with 1 or 2."""
+    return [1.0 if text(c)[:1] in ("1", "2") else 0.0 for c in completions]
+
+
+SAME_LENGTH = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]]
+MIXED_LENGTH = [f"What is {a}+{b}? " for a, b in [(1, 2), (13, 4), (5, 61), (7, 1), (22, 2), (9, 0), (4, 44), (6, 3)]]
+
+# defect -> (model folder, reward functions, GRPOConfig changes, prompts)
+DEFECTS = {
+    "clean": ("llama", [digits], {}, SAME_LENGTH),
+    "constant_reward": ("llama", [digits, always_one], {}, SAME_LENGTH),
+    "top_p": ("llama", [digits], {"top_p": 0.8}, SAME_LENGTH),
+    "attention_dropout": ("qwen2-dropout", [digits], {}, SAME_LENGTH),
+    "position_ids": ("gpt2", [digits], {"disable_dropout": True}, MIXED_LENGTH),
+    "short_completions": ("llama", [digits], {"max_completion_length": 4}, SAME_LENGTH),
+    "length_reward": ("llama", [longer], {}, SAME_LENGTH),
+    "binary_pairs": ("llama", [starts_low], {"num_generations": 2}, SAME_LENGTH),
+}
+
+if __name__ == "__main__":
+    defect, out = sys.argv[1], sys.argv[2]
+    model, reward_funcs, changes, prompts = DEFECTS[defect]
+    args = GRPOConfig(
+        **{
+            "output_dir": out,
+            "per_device_train_batch_size": 16,
+            "num_generations": 4,
+            "max_completion_length": 40,
+            "max_steps": 1,
+            "report_to": "none",
+            "use_cpu": True,
+            **changes,
+        }
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_dict({"prompt": prompts * 2})
+    )
+    trainer.add_callback(CaptureCallback(f"{out}/captures", steps=[1]))
+    trainer.train()

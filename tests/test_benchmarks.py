@@ -1,0 +1,67 @@
+"""Every benchmark script runs to the end in its quick mode and prints the keys benchmarks/README.md reads.
+
+Nothing here times anything: the quick mode's sizes are too small for a number to mean something. What it
+catches is a script that no longer runs (a renamed function, a GRPOStep reused for another task).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+EXPECTED = {  # script, extra arguments -> the report's keys that the README's tables are built from
+    ("step.py", ()): {
+        "bundled_8x8_mixed",
+        "bundled_8x8_mixed_readable",
+        "bundled_8x8_mixed_no_per_sample_norms",
+        "bundled_8x8_policy",
+        "generation_one_call_vs_loop",
+        "num_iterations_2_vs_1_8x8_mixed",
+        "vs_trl_8x8_mixed",
+        "gpt2_124m_shape_4x4_80_tokens",
+    },
+    ("influence.py", ()): {"bundled_8x8_mixed", "gpt2_124m_shape_8x8_80_tokens"},
+    ("widgets.py", ("--fields", "logprob_temperature", "beta")): {
+        "apply_change",
+        "redraw_png_html_encoding_seconds",
+        "panel_mu1",
+        "panel_mu2",
+    },
+    ("capture.py", ()): {"runs", "median_overhead", "capture_mb"},
+    ("train.py", ("--arm", "fixed", "tracin")): {"seconds_per_step"},
+}
+
+
+def run_quick(script: str, extra: tuple[str, ...], cwd: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--threads", "1", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"benchmarks/{script} --quick failed:\n{done.stderr[-3000:]}"
+    report, _ = json.JSONDecoder().raw_decode(done.stdout)  # widgets.py prints a table after its JSON
+    return report
+
+
+@pytest.mark.parametrize("script,extra", list(EXPECTED), ids=[s for s, _ in EXPECTED])
+def test_benchmark_runs_in_quick_mode(script, extra, tmp_path):
+    report = run_quick(script, extra, tmp_path)
+    missing = EXPECTED[script, extra] - report.keys()
+    assert not missing, f"benchmarks/{script} --quick printed no {sorted(missing)}"
+    assert report["quick"] is True, f"benchmarks/{script} ignored --quick"
+
+
+def test_step_benchmark_compares_with_trl_on_one_run(tmp_path):
+    """ours vs TRL side by side, from the same run of the script (the README's table reads this ratio)."""
+    vs = run_quick("step.py", ("--skip-124m",), tmp_path)["vs_trl_8x8_mixed"]
+    assert vs["ours_seconds"] > 0 and vs["trl_seconds"] > 0, f"a side of ours vs TRL was not timed: {vs}"
+    assert vs["ours_over_trl"] == round(vs["ours_seconds"] / vs["trl_seconds"], 2), f"the ratio is not theirs: {vs}"
