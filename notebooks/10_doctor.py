@@ -31,9 +31,12 @@
 from grpo_debug.notebook import open_step
 from grpo_debug.presets import PRESET_SAMPLING, PRESETS
 
-MODEL = None  # a model folder or hub name; None: the bundled RookWorld-format model
-CAPTURE = None  # your captured step ("captures/step-2"): the doctor examines it instead
-TASK = None  # your reward functions ("my_rewards.py:NAME") or a registered task; None: the captured rewards
+# MODEL: a model folder or hub name (None: the bundled RookWorld-format model). CAPTURE: your captured step
+# ("captures/step-2"), which the doctor then examines. TASK: your reward functions ("my_rewards.py:NAME") or a
+# registered task (None: the captured rewards).
+MODEL = None
+CAPTURE = None
+TASK = None
 TRL_DEFAULTS = {**PRESETS["trl"], **PRESET_SAMPLING["trl"]}  # how TRL 1.16 takes a step with a default GRPOConfig
 cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
                       **({} if CAPTURE else dict(num_prompts=4, num_generations=4, max_new_tokens=48)))

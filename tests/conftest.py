@@ -41,6 +41,7 @@ def task_registry_restored():
 SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no long one starts last
     "tests/test_notebooks_on_a_capture.py::TestBundled",
     "tests/test_benchmarks.py",
+    "tests/test_doctor.py",
     "tests/test_train_resume.py",
     "notebooks/07_influence.ipynb",
     "tests/test_browser.py",
