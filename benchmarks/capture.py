@@ -10,9 +10,11 @@ folder) and their ratio (target: under 10%), and the capture folder's size in MB
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,7 +32,8 @@ def one_run(threads: int, sizes: dict) -> dict:
         trainer = trl_trainer(StepConfig(**sizes), tmp, max_steps=3, disable_dropout=True)
         callback = CaptureCallback(Path(tmp) / "captures", steps=[2])
         trainer.add_callback(callback)
-        trainer.train()
+        with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout is the report's JSON
+            trainer.train()
         step_time = next(h["step_time"] for h in trainer.state.log_history if h.get("step") == 2 and "step_time" in h)
         folder = Path(tmp) / "captures" / "step-2"
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1024**2
