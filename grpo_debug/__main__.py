@@ -28,6 +28,10 @@ TASK_HELP = (
 )
 
 
+def add_set(parser, help: str) -> None:
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help=help)
+
+
 def _threads(n: int) -> None:
     import torch
 
@@ -85,6 +89,13 @@ def train_command(parser, args) -> int:
     return 0
 
 
+def check_outputs(parser, args) -> None:
+    """`--json` and `--html`, where given, refused before any work starts unless writable."""
+    for path, flag in ((args.json, "--json"), (args.html, "--html")):
+        if path:
+            check_writable(parser, path, flag)
+
+
 def check_writable(parser, path: str, flag: str = "--json") -> None:
     out = os.path.abspath(path)
     if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
@@ -127,10 +138,7 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
-    if args.json:
-        check_writable(parser, args.json)
-    if args.html:
-        check_writable(parser, args.html, "--html")
+    check_outputs(parser, args)
     _threads(args.threads)
     from .replay import reproduction
     from .step import GRPOStep
@@ -174,9 +182,7 @@ def doctor_command(parser, args) -> int:
         cfg = None if args.path else StepConfig(**overrides)
     except ValueError as e:
         parser.error(str(e))
-    for path, flag in ((args.json, "--json"), (args.html, "--html")):
-        if path is not None:
-            check_writable(parser, path, flag)
+    check_outputs(parser, args)
     _threads(args.threads)
     from .doctor import diagnose
     from .doctor.present import page, text
@@ -257,13 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         default="fixed",
         help="fixed: every fix on; trl: what TRL 1.16's GRPOTrainer computes with a default GRPOConfig",
     )
-    step.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1",
-    )
+    add_set(step, "StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1")
     step.add_argument("--json", help="write every number to this file")
     step.add_argument("--html", help=HTML_HELP)
     step.add_argument("--threads", type=int, default=1)
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used",
     )
-    tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="StepConfig changes for every arm")
+    add_set(tr, "StepConfig changes for every arm")
     tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
     tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")
     tr.add_argument(
@@ -323,13 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "our recomputation with what TRL logged",
     )
     rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
-    rp.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="StepConfig changes on top of the capture's config (not rollout fields)",
-    )
+    add_set(rp, "StepConfig changes on top of the capture's config (not rollout fields)")
     rp.add_argument("--task", help=TASK_HELP)
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
@@ -340,13 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     dr.add_argument("path", nargs="?", help="a capture folder, e.g. captures/step-2 (none: the bundled step)")
     dr.add_argument("--task", help=TASK_HELP)
-    dr.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="StepConfig changes (on a capture: not rollout fields)",
-    )
+    add_set(dr, "StepConfig changes (on a capture: not rollout fields)")
     dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
     dr.add_argument("--html", help="write the report as one standalone page")
     dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
@@ -368,10 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
-    if args.json:
-        check_writable(parser, args.json)
-    if args.html:
-        check_writable(parser, args.html, "--html")
+    check_outputs(parser, args)
     _threads(args.threads)
     from .report import report, step_json
     from .step import GRPOStep

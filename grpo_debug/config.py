@@ -239,6 +239,10 @@ class StepConfig:
         """S: the B*G samples are split into this many micro-batches (TRL's steps_per_generation)."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
+    def settings(self) -> dict:
+        """Every field but `model` and `task`, which name a folder and a plug-in rather than a setting."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("model", "task")}
+
     def replace(self, **changes) -> StepConfig:
         return dataclasses.replace(self, **changes)
 

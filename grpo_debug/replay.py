@@ -5,7 +5,6 @@ number with the step's own metrics from the trainer. Open a capture with `GRPOSt
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -154,7 +153,7 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
     gap = (policy_logps - trainer_logps).abs()[mask]
     return {
         "step": capture.meta["step"],
-        "config": {k: v for k, v in dataclasses.asdict(run.config).items() if k not in ("model", "task")},
+        "config": run.config.settings(),
         "logged": {k: logged[k] for k in keys},
         "logged_source": capture.step_metrics_source,
         "replayed": {k: ours[k] for k in keys},

@@ -106,7 +106,6 @@ def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
     """The same tokenizer with a randomly initialised 2-layer Llama (rotary positions: left padding cannot
     shift them), saved to `folder`. `chat`: the tokenizer also has a chat template, whose role markers are
     special tokens."""
-    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     build_tiny_model(folder, seed)  # the tokenizer (and a GPT-2 config, replaced below)
@@ -115,23 +114,7 @@ def build_tiny_llama(folder: Path, seed: int = 0, chat: bool = False) -> Path:
         tokenizer.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>", "<|end|>"]})
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.save_pretrained(folder)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=1,
-    )
-    for old in folder.glob("*.safetensors"):
-        old.unlink()
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    return _with_random_weights(folder, seed, LlamaConfig, LlamaForCausalLM, vocab_size=len(tokenizer))
 
 
 def conversational(func):
@@ -147,25 +130,33 @@ def conversational(func):
 def build_tiny_qwen2(folder: Path, seed: int = 0, attention_dropout: float = 0.0) -> Path:
     """The same tokenizer with a randomly initialised 2-layer Qwen2 (rotary positions); `attention_dropout` is a
     config field its attention reads directly, with no `nn.Dropout` module."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     build_tiny_model(folder, seed)
+    vocab_size = len(AutoTokenizer.from_pretrained(folder))
+    return _with_random_weights(
+        folder, seed, Qwen2Config, Qwen2ForCausalLM, vocab_size=vocab_size, attention_dropout=attention_dropout
+    )
+
+
+def _with_random_weights(folder: Path, seed: int, config_class, model_class, **config) -> Path:
+    """`folder`'s weights and config replaced by a randomly initialised 2-layer rotary model of `model_class`
+    (its tokenizer kept), the tiny shape every such test model shares."""
+    import torch
+
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=21,
+    shape = dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        attention_dropout=attention_dropout,
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=1,
     )
     for old in folder.glob("*.safetensors"):
         old.unlink()
-    Qwen2ForCausalLM(config).save_pretrained(folder)
+    model_class(config_class(**shape, **config)).save_pretrained(folder)
     return folder

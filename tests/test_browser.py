@@ -493,20 +493,10 @@ def test_the_executed_notebooks_tables_fit_the_column(lab_of_executed_notebooks)
     )
 
 
-def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
-    """`step --html` writes a page that a browser opens from disk, no server: its tokens are there, and switching
-    the quantity recolours them."""
+@contextmanager
+def _standalone_page(path: Path):
+    """(page, requests, page errors) of a page a headless chromium opened from disk at `path`."""
     sync_playwright = _sync_playwright()
-    path = tmp_path / "tokens.html"
-    made = subprocess.run(
-        [sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=4"]
-        + ["max_new_tokens=32", "--html", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert made.returncode == 0, made.stderr
-    colours_js = "() => [...document.querySelectorAll('span.gd-tok')].map(s => getComputedStyle(s).backgroundColor)"
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
@@ -517,23 +507,38 @@ def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
             page.on("request", lambda r: requests.append(r.url))
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(path.as_uri())
-            page.wait_for_selector("span.gd-tok", timeout=30_000)
-            before = page.evaluate(colours_js)
-            legend = page.evaluate(
-                "() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)"
-            )
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "browser_token_page_advantage.png"))
-            page.select_option("select.gd-quantity", "entropy")
-            after = page.evaluate(colours_js)
-            legend_after = page.evaluate(
-                "() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)"
-            )
-            page.screenshot(path=str(ARTIFACTS / "browser_token_page_entropy.png"))
-            page.select_option("select.gd-quantity", "advantage")
-            back = page.evaluate(colours_js)
+            yield page, requests, errors
         finally:
             browser.close()
+
+
+def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
+    """`step --html` writes a page that a browser opens from disk, no server: its tokens are there, and switching
+    the quantity recolours them."""
+    path = tmp_path / "tokens.html"
+    made = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "step", "--set", "num_prompts=2", "num_generations=4"]
+        + ["max_new_tokens=32", "--html", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    colours_js = "() => [...document.querySelectorAll('span.gd-tok')].map(s => getComputedStyle(s).backgroundColor)"
+    with _standalone_page(path) as (page, requests, errors):
+        page.wait_for_selector("span.gd-tok", timeout=30_000)
+        before = page.evaluate(colours_js)
+        legend = page.evaluate("() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "browser_token_page_advantage.png"))
+        page.select_option("select.gd-quantity", "entropy")
+        after = page.evaluate(colours_js)
+        legend_after = page.evaluate(
+            "() => [...document.querySelectorAll('.gd-legend:not([hidden])')].map(l => l.dataset.q)"
+        )
+        page.screenshot(path=str(ARTIFACTS / "browser_token_page_entropy.png"))
+        page.select_option("select.gd-quantity", "advantage")
+        back = page.evaluate(colours_js)
     assert not errors, errors
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
     assert len(before) > 8 and len(set(before)) > 1, "the tokens are there, coloured"
@@ -546,7 +551,6 @@ def test_the_token_page_loads_and_recolours_in_a_real_browser(tmp_path):
 def test_the_doctor_page_opens_in_a_real_browser(tmp_path):
     """`doctor --html` writes a standalone page: a browser opens it from disk, every finding is there, ranked, and
     nothing is fetched from elsewhere."""
-    sync_playwright = _sync_playwright()
     path = tmp_path / "doctor.html"
     made = subprocess.run(
         [sys.executable, "-m", "grpo_debug", "doctor", "--set", "num_prompts=2", "num_generations=4"]
@@ -556,23 +560,12 @@ def test_the_doctor_page_opens_in_a_real_browser(tmp_path):
         timeout=600,
     )
     assert made.returncode == 0, made.stderr
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            requests, errors = [], []
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(path.as_uri())
-            page.wait_for_selector("div.finding", timeout=30_000)
-            ids = page.evaluate("() => [...document.querySelectorAll('div.finding')].map(d => d.id)")
-            first = page.evaluate("() => document.querySelector('div.finding').className")
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "browser_doctor_page.png"), full_page=True)
-        finally:
-            browser.close()
+    with _standalone_page(path) as (page, requests, errors):
+        page.wait_for_selector("div.finding", timeout=30_000)
+        ids = page.evaluate("() => [...document.querySelectorAll('div.finding')].map(d => d.id)")
+        first = page.evaluate("() => document.querySelector('div.finding').className")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "browser_doctor_page.png"), full_page=True)
     assert not errors, errors
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
     assert ids[0] == "position_ids" and "problem" in first, f"the planted position_ids is not first: {ids[:3]}"

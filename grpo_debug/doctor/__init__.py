@@ -22,11 +22,12 @@ import torch
 
 from ..loss_gradients import gradient_of_loss_wrt_logps
 from ..model import absolute_positions, dropout_sources
+from ..sampler import mismatch_metrics
 from ..scoring import per_token_logps
 from ..specs import scoring_of
 from ..step import GRPOStep, StepRun
 from .catalogue import PITFALLS
-from .detectors import DETECTORS
+from .detectors import DETECTORS, bad_reward
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)
 
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
@@ -62,15 +63,14 @@ def _finding_json(f: Finding) -> dict:
     }
 
 
+def _trained(step: GRPOStep):
+    """(each trained parameter now, its value before the step): `named_parameters` lists a tied weight once."""
+    return [(p.detach(), step.initial_state[name]) for name, p in step.policy.named_parameters() if p.requires_grad]
+
+
 def update_vector(step: GRPOStep) -> torch.Tensor:
     """theta_after - theta_before over every trained parameter, flattened: what the last update did."""
-    return torch.cat(
-        [
-            (p.detach() - step.initial_state[name]).flatten()
-            for name, p in step.policy.named_parameters()
-            if p.requires_grad
-        ]
-    )
+    return torch.cat([(now - before).flatten() for now, before in _trained(step)])
 
 
 def _dropout_gap(step: GRPOStep, run: StepRun) -> float | None:
@@ -88,12 +88,15 @@ def _kept_mass(step: GRPOStep, run: StepRun) -> torch.Tensor | None:
     cfg = run.config
     if cfg.top_p >= 1.0 and cfg.top_k == 0 and not cfg.min_p:
         return None
-    support = step.run(cfg.replace(logprob_support="sampler_support"), until="logprobs", base=run, remember=False)
-    full = run.logprobs.policy if cfg.logprob_support == "full_vocabulary" else None
-    if full is None:
-        full = step.run(cfg.replace(logprob_support="full_vocabulary"), until="logprobs", base=run, remember=False)
-        full = full.logprobs.policy
-    return torch.exp(full - support.logprobs.policy) * run.logprobs.mask
+
+    def scored_over(support: str) -> torch.Tensor:  # the run's own log-probs where it already scores so
+        if cfg.logprob_support == support:
+            return run.logprobs.policy
+        return step.run(
+            cfg.replace(logprob_support=support), until="logprobs", base=run, remember=False
+        ).logprobs.policy
+
+    return torch.exp(scored_over("full_vocabulary") - scored_over("sampler_support")) * run.logprobs.mask
 
 
 def examine(step: GRPOStep) -> tuple[StepFacts, torch.Tensor | None]:
@@ -111,8 +114,9 @@ def examine(step: GRPOStep) -> tuple[StepFacts, torch.Tensor | None]:
 
 
 def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
-    weight_norm = torch.cat([v.flatten().float() for v in step.initial_state.values()]).norm().item()
-    capture = step.capture
+    weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
+    capture, r, lp = step.capture, run.rollout, run.logprobs
+    sampler_known = capture is None or "sampling_per_token_logps" in capture.batch  # our sampler, or vLLM's
     return StepFacts(
         run=run,
         reward_weights=step.task.weights,
@@ -120,7 +124,9 @@ def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
         left_padded=bool((run.rollout.prompt_mask[:, 0] == 0).any()),
         dropout_sources=tuple(dropout_sources(step.policy)),
         dropout_gap=_dropout_gap(step, run),
-        sampler_logps_known=capture is None or "sampling_per_token_logps" in capture.batch,
+        sampler_metrics=mismatch_metrics(lp.policy, r.sampler_logps_temperature_only, lp.mask)
+        if sampler_known
+        else None,
         kept_mass=_kept_mass(step, run),
         weight_norm=weight_norm,
         reward_error=reward_error,
@@ -167,7 +173,7 @@ def diagnose(step: GRPOStep, flip: bool = True) -> Report:
     facts, delta = examine(step)
     base = facts.run
     if facts.reward_error:
-        findings = [DETECTORS_BY_ID["bad_reward"](facts)]
+        findings = [bad_reward(facts)]
     else:
         findings = [detect(facts) for detect in DETECTORS]
     if flip and delta is not None:
@@ -176,8 +182,4 @@ def diagnose(step: GRPOStep, flip: bool = True) -> Report:
             if f.severity != "absent" and toggle and getattr(base.config, toggle[0]) != toggle[1]:
                 findings[i] = dataclasses.replace(f, effect=counterfactual(step, base, delta, *toggle))
     step.restore_policy()
-    config = {k: v for k, v in dataclasses.asdict(base.config).items() if k not in ("model", "task")}
-    return Report(rank(findings), config, time.perf_counter() - start)
-
-
-DETECTORS_BY_ID = {d.__name__: d for d in DETECTORS}
+    return Report(rank(findings), base.config.settings(), time.perf_counter() - start)

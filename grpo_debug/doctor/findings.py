@@ -32,9 +32,9 @@ class StepFacts:
     left_padded: bool
     dropout_sources: tuple[str, ...]
     dropout_gap: float | None  # max |logp - logp'| over two train-mode scorings of the same tokens; None: not run
-    sampler_logps_known: bool  # the sampler's own log-probs exist (our sampler; vLLM's in a TRL capture)
+    sampler_metrics: dict[str, float] | None  # verl's sampler-vs-trainer metrics; None: no sampler log-probs
     kept_mass: torch.Tensor | None  # (N, C) mass top_p/top_k/min_p kept at each scored token; None: no truncation
-    weight_norm: float  # ||theta|| before the step
+    weight_norm: float  # ||theta|| before the step, over the trained parameters (a tied embedding counted once)
     reward_error: str = ""  # the rewards phase refused the step (an infinite reward, a row of all-None)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sampler import HEALTH, mismatch_metrics
+from ..sampler import HEALTH
 from .findings import Finding, StepFacts, _finding, _masked_mean
 
 # ---- log-probs
@@ -87,15 +87,10 @@ def sampler_truncation(f: StepFacts) -> Finding:
     )  # fmt: skip
 
 
-def _sampler_metrics(f: StepFacts) -> dict[str, float]:
-    r, lp = f.run.rollout, f.run.logprobs
-    return mismatch_metrics(lp.policy, r.sampler_logps_temperature_only, lp.mask)
-
-
 def sampler_mismatch(f: StepFacts) -> Finding:
-    if not f.sampler_logps_known:
+    m = f.sampler_metrics
+    if m is None:
         return _finding("sampler_mismatch", "absent", "the trainer sampled with its own model: no sampler log-probs")
-    m = _sampler_metrics(f)
     bad = {k.split("/")[-1]: m[k] for k, (_, off) in HEALTH.items() if k in m and off(m[k])}
     evidence = {k.split("/", 1)[-1]: v for k, v in m.items() if k in HEALTH or "sequence/fraction" in k}
     if not bad:
@@ -112,9 +107,9 @@ PRECISION_DRIFT = 1e-3  # |mean log(pi_trainer / pi_sampler)| per token that a f
 def precision(f: StepFacts) -> Finding:
     cfg = f.run.config
     evidence = dict(sampler_dtype=cfg.sampler_dtype, trainer_dtype=cfg.dtype)
-    if not f.sampler_logps_known or cfg.sampler_dtype == cfg.dtype:
+    m = f.sampler_metrics
+    if m is None or cfg.sampler_dtype == cfg.dtype:
         return _finding("precision", "absent", f"sampler and trainer at one precision ({cfg.dtype})", **evidence)
-    m = _sampler_metrics(f)
     drift, gap = abs(m["rollout_corr/log_ppl_diff"]), f.run.logprobs.max_sampler_gap
     evidence.update(log_ppl_abs_diff=m["rollout_corr/log_ppl_abs_diff"], max_sampler_gap=gap)
     severity = "warning" if m["rollout_corr/log_ppl_abs_diff"] > PRECISION_DRIFT or gap > 0.1 else "info"
