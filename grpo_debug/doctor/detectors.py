@@ -94,7 +94,8 @@ def dominant_reward(f: StepFacts) -> Finding:
                         **evidence)  # fmt: skip
     return _finding(
         "dominant_reward", "info",
-        f"{top} carries {shares[top]:.0%} of the advantages' within-group variance", **evidence,
+        f"{top} carries {shares[top]:.0%} of the advantages' within-group variance (a covariance share: above "
+        "100% when the other functions pull against it)", **evidence,
     )  # fmt: skip
 
 
