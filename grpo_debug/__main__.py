@@ -191,7 +191,7 @@ def doctor_command(parser, args) -> int:
 
     try:
         step = GRPOStep.from_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
-        report = diagnose(step, flip=not args.no_flip)
+        report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
     except (ValueError, FileNotFoundError, ModelUnavailable) as e:
         parser.error(str(e))
     print(text(report))
@@ -338,10 +338,19 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
     dr.add_argument("--html", help="write the report as one standalone page")
     dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
+    dr.add_argument(
+        "--held-out",
+        type=int,
+        metavar="N",
+        help="score each flip's update on N held-out test prompts, paired with the update as run (default: 16, "
+        "at most the config's eval_prompts, where the task has a held-out set; 0: skip)",
+    )
     dr.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if getattr(args, "threads", 1) < 1:
         parser.error(f"--threads {args.threads}: at least 1")
+    if (getattr(args, "held_out", None) or 0) < 0:
+        parser.error(f"--held-out {args.held_out}: at least 0")
     if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
         parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
     if args.command == "train":

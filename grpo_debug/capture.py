@@ -22,7 +22,8 @@ each process's share is gathered and only the main process writes; such a captur
 (its micro-batches and dropout are per process, not recorded).
 
 A capture is a folder holding `README.md`, `capture.json` (the config, texts, rewards, metrics), `batch.pt`
-(the tensors) and `policy/` (weights and tokenizer, `save_pretrained`). The reference model (TRL has one
+(the tensors), `policy/` (weights and tokenizer, `save_pretrained`) and `checksums.json` (the SHA-256 of every
+other file, which reading the capture verifies first). The reference model (TRL has one
 when beta != 0) is named, not copied: TRL loads it frozen from the policy's own name, recorded here as an
 absolute path where it is a local folder.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from .checksums import write_checksums
 from .files import write_text_atomically
 from .trainer_state import (
     FORMAT,
@@ -203,6 +205,7 @@ class CaptureCallback(TrainerCallback):
             meta["logged"] = jsonable(dict(logs))
             meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
             write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
+            write_checksums(path)
 
     def on_train_end(self, args, state, control, **kwargs):
         for step in self.steps:
@@ -388,4 +391,5 @@ class CaptureCallback(TrainerCallback):
                 reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
             ),
         )
+        write_checksums(path)  # last: every file the capture wrote, which reading it verifies first
         return path

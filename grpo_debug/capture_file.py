@@ -1,8 +1,9 @@
 """A captured TRL step (`grpo_debug.capture`) read from disk and checked, and the `StepConfig` it implies.
 
-A capture is a file from outside: `load_capture` reads tensors with `weights_only=True` and checks every piece
-(files, JSON, tensor names, shapes, masks, NaN, the schedule, the random states, and the policy's config
-against the shapes of its stored weights, before any model is built); a problem names the file. The config
+A capture is a file from outside: `load_capture` verifies the SHA-256 of every file it wrote (`checksums.json`)
+before parsing any, reads tensors with `weights_only=True` and checks every piece (files, JSON, tensor names,
+shapes, masks, NaN, the schedule, the random states, and the policy folder as `model_folder` checks a model,
+before any model is built); a problem names the file. The config
 is the `trl` preset with the capture's own `GRPOConfig` settings, None values resolved as the trainer
 resolved them (`config_from_capture`).
 """
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import torch
 
+from .checksums import checksum_problem
 from .choices import SAME_NAME as TRL_SAME_NAME
 from .config import StepConfig
+from .model_folder import check_model_folder
 from .task import register_task, task_names
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
@@ -85,6 +88,9 @@ def load_capture(path: str | Path) -> Capture:
     for name in ("capture.json", "batch.pt"):
         if not (path / name).is_file():
             raise CaptureError(f"{path} is not a capture: no {name} (CaptureCallback writes step-<k>/ folders)")
+    problem = checksum_problem(path)  # before any file is parsed: what the capture wrote, unchanged
+    if problem:
+        raise CaptureError(problem)
     try:
         meta = json.loads((path / "capture.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -117,8 +123,20 @@ def check_capture(capture: Capture) -> None:
     _need(isinstance(meta, dict), js, "not a JSON object")
     for key in ("step", "grpo_config", "prompts", "completions", "rewards", "reward_weights", "policy", "reference"):
         _need(key in meta, js, f"no {key!r} entry")
+    kinds = {"grpo_config": dict, "prompts": list, "completions": list, "rewards": dict, "reward_weights": dict}
+    kinds.update(policy=dict, reference=dict)
+    for key, kind in kinds.items():
+        _need(isinstance(meta[key], kind), js, f"{key!r} is not a JSON {'object' if kind is dict else 'list'}")
+    _need(isinstance(meta["step"], int), js, f"step = {meta['step']!r} is not an integer")
+    number = (int, float)
+    for name, values in meta["rewards"].items():
+        ok = isinstance(values, list) and all(v is None or isinstance(v, number) for v in values)
+        _need(ok, js, f"rewards of {name!r} are not a list of numbers (or null)")
+    for name, w in meta["reward_weights"].items():
+        _need(
+            isinstance(w, number) and not isinstance(w, bool), js, f"reward weight of {name!r} = {w!r} is not a number"
+        )
     g = meta["grpo_config"]
-    _need(isinstance(g, dict), js, "'grpo_config' is not an object")
     for key in ("num_generations", "max_completion_length", "epsilon", "disable_dropout", "loss_type", "beta"):
         _need(key in g, js, f"grpo_config has no {key!r}")
     G = g["num_generations"]
@@ -126,6 +144,12 @@ def check_capture(capture: Capture) -> None:
     _need(isinstance(b, dict), pt, "not a dict of tensors")
     for name in REQUIRED:
         _need(isinstance(b.get(name), torch.Tensor), pt, f"no tensor {name!r}")
+    for name in ("prompt_ids", "completion_ids", "prompt_mask", "completion_mask"):
+        _need(
+            not b[name].is_floating_point() and not b[name].is_complex(),
+            pt,
+            f"{name} holds {b[name].dtype}, not integers",
+        )
     N, C = b["completion_ids"].shape if b["completion_ids"].dim() == 2 else (-1, -1)
     _need(N > 0, pt, f"completion_ids has shape {tuple(b['completion_ids'].shape)}, not (N, C)")
     P = b["prompt_ids"].shape[1] if b["prompt_ids"].dim() == 2 else -1
@@ -151,6 +175,11 @@ def check_capture(capture: Capture) -> None:
     for name in ("prompt_mask", "completion_mask"):
         _need(bool(((b[name] == 0) | (b[name] == 1)).all()), pt, f"{name} holds values other than 0 and 1")
     mask = b["completion_mask"].bool()
+    _need(
+        bool(mask.any(1).all()) or g.get("mask_truncated_completions") is True,
+        pt,
+        "completion_mask has rows with no token, which TRL writes only under mask_truncated_completions",
+    )
     _need(bool(b["advantages"].isfinite().all()), pt, "advantages hold NaN or inf")
     for name in ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"):
         if name in b:
@@ -167,6 +196,11 @@ def check_capture(capture: Capture) -> None:
     _need(set(meta["reward_weights"]) == set(meta["rewards"]), js, "reward_weights do not name the reward functions")
     schedule = meta.get("schedule")
     if schedule is not None:
+        micro = schedule.get("micro_batches") if isinstance(schedule, dict) else None
+        shaped = isinstance(micro, list) and all(
+            isinstance(mb, dict) and isinstance(mb.get("rows"), list) for mb in micro
+        )
+        _need(shaped, js, "'schedule' is not {micro_batches: [{rows: [...]}, ...]}")
         rows = [r for mb in schedule["micro_batches"] for r in mb["rows"]]
         _need(
             bool(rows) and all(isinstance(r, int) and 0 <= r < N for r in rows) and len(set(rows)) == len(rows),
@@ -184,46 +218,23 @@ def check_capture(capture: Capture) -> None:
 
 
 def check_policy_folder(capture: Capture) -> None:
-    """The policy's config must describe its stored weights: every weight of the architecture it names is in the
-    safetensors files with the same shape (read from their headers; the model is built on the meta device,
-    allocating nothing), so an edited config cannot build a model bigger than its weights."""
+    """The policy folder, inside the capture, checked before any model is built (`model_folder`): its config
+    against its stored weights' headers, bounded by them, floating and finite weights, a tokenizer; then the
+    batch's token ids against the config's vocabulary."""
     folder_name = capture.meta["policy"].get("folder")
     if folder_name is None:
         raise CaptureError(
             f"{capture.path} holds no weights ({capture.meta['policy']}): reload that checkpoint and "
             f"save it to {capture.path / 'policy'} with save_pretrained"
         )
-    folder = capture.path / folder_name
-    config_file = folder / "config.json"
-    _need(config_file.is_file(), folder, "no config.json")
-    files = sorted(folder.glob("*.safetensors"))
-    _need(bool(files), folder, "no .safetensors weights")
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    stored = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                stored.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-        except Exception as e:
-            raise CaptureError(f"{file} is not a readable safetensors file ({type(e).__name__}: {e})") from None
-    try:
-        config = AutoConfig.from_pretrained(folder)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as e:
-        raise CaptureError(f"{config_file} does not describe a causal LM ({type(e).__name__}: {e})") from None
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in expected if k not in stored and k not in tied and not k.endswith("lm_head.weight")]
-    wrong = [f"{k} {stored[k]} vs {expected[k]}" for k in expected if k in stored and stored[k] != expected[k]]
+    folder = capture.path / str(folder_name)
+    inside = capture.path.resolve()
     _need(
-        not missing and not wrong,
-        config_file,
-        f"the architecture it names does not match the stored weights: {len(missing)} missing "
-        f"({', '.join(missing[:3])}), {len(wrong)} of another shape ({', '.join(wrong[:3])})",
+        folder.resolve().is_relative_to(inside) and folder.resolve() != inside,
+        capture.path / "capture.json",
+        f"policy.folder {folder_name!r} is not a folder inside the capture",
     )
+    config = check_model_folder(folder, CaptureError)
     vocab = getattr(config, "vocab_size", None)
     b = capture.batch
     if vocab:

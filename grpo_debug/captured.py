@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .capture_file import Capture, CaptureError, task_name
 from .model import LoadedModel, ModelUnavailable, load_model
+from .model_folder import check_model_folder
 from .rollout import Rollout
 from .task import Task, callable_name, load_task, task_names
 
@@ -143,7 +144,11 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
                 f"the captured run had {names} weighted {weights}: not the run's reward functions"
             )
         return Task(
-            name=task_name(capture), prompts=prompt_set, reward_funcs=yours.reward_funcs, reward_weights=tuple(weights)
+            name=task_name(capture),
+            prompts=prompt_set,
+            reward_funcs=yours.reward_funcs,
+            reward_weights=tuple(weights),
+            held_out=has_sets and yours.held_out,
         )
     funcs = []
     for name, values in capture.meta["rewards"].items():
@@ -152,7 +157,13 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
             for i, (c, v) in enumerate(zip(completions, values))
         }
         funcs.append(StoredReward(name, table))
-    return Task(name=task_name(capture), prompts=prompt_set, reward_funcs=tuple(funcs), reward_weights=tuple(weights))
+    return Task(
+        name=task_name(capture),
+        prompts=prompt_set,
+        reward_funcs=tuple(funcs),
+        reward_weights=tuple(weights),
+        held_out=False,
+    )
 
 
 def captured_rollout(capture: Capture, tokenizer):
@@ -162,6 +173,7 @@ def captured_rollout(capture: Capture, tokenizer):
     b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
     prompts, completions = captured_texts(capture, tokenizer)
     lengths = b["completion_mask"].sum(1).long()
+    lengths = lengths.masked_fill(lengths == 0, b["completion_ids"].shape[1])  # mask_truncated_completions: no EOS
     last = b["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
     sampler = b.get("sampling_per_token_logps", b.get("old_per_token_logps", b["trainer_per_token_logps"]))
     sampler = sampler.float().nan_to_num(0.0)
@@ -188,9 +200,16 @@ def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
     """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
     (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference)."""
     loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
+    if len(loaded.tokenizer) <= int(capture.batch["completion_ids"].max()):
+        raise CaptureError(
+            f"{capture.path / 'policy'}: its tokenizer has {len(loaded.tokenizer)} tokens, fewer than the "
+            "batch's token ids need"
+        )
     reference_name = capture.meta["reference"]["name_or_path"]
     if reference_name is None:
         return loaded, True
+    if Path(str(reference_name)).is_dir():  # a local folder from outside the capture: checked like the policy's
+        check_model_folder(reference_name, CaptureError)
     try:
         reference = load_model(reference_name).policy.eval()
     except ModelUnavailable as e:

@@ -132,6 +132,11 @@ def token_logps(logits: torch.Tensor, completion_ids: torch.Tensor, scoring: Sco
     raise ValueError(f"gather must be one of {GATHERS}, got {scoring.gather!r}")
 
 
+def next_token_logps(logits: torch.Tensor, scoring: Scoring) -> torch.Tensor:
+    """(N, C, V) log-probs of every vocabulary token at each scored position, tempered as `scoring` says."""
+    return _tempered(logits, scoring).log_softmax(-1)
+
+
 def token_entropies(logits: torch.Tensor, scoring: Scoring, grad: bool = False) -> torch.Tensor:
     """(N, C) entropy -sum_v p log p of each position's next-token distribution (TRL's `entropy`); no
     gradient unless `grad` (only an entropy bonus needs one)."""

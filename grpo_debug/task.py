@@ -9,6 +9,8 @@ The engine (rollout, rewards, evaluation, the CLI, the notebooks) knows a task o
                           one reward per completion, the prompts repeated once per completion; None means
                           the function does not apply to that completion (TRL: NaN, skipped in the sum).
   reward_weights          TRL's `reward_weights`, one per function (None: all 1).
+  held_out                whether the 'test' prompts are held out (a capture opened with your reward
+                          functions only repeats its train prompts there).
 A reward function may also have a method `details(prompts, completions) -> (rewards, components, errors)`:
 the same rewards, named components for the tables ({name: one float per completion, NaN where the
 component does not apply}) and one error string per completion ("" when fine). The rewards phase calls it
@@ -36,6 +38,7 @@ class Task:
     prompts: Callable[[str, int], list[str]]  # (prompt_set, n) -> the first n prompts of that set
     reward_funcs: tuple[Callable, ...]  # TRL-style f(prompts, completions, **kwargs) -> list[float | None]
     reward_weights: tuple[float, ...] | None = None  # TRL's reward_weights; None: all 1
+    held_out: bool = True  # prompts("test", n) are prompts no step trains on (a capture's repeats are not)
 
     def __post_init__(self):
         object.__setattr__(self, "reward_funcs", tuple(self.reward_funcs))

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 2  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved
+FORMAT = (
+    3  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved; 3 checksums.json
+)
 TENSORS = (
     "prompt_ids",
     "prompt_mask",

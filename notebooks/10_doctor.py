@@ -53,6 +53,12 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
 #
 # A cosine near 1 (and the same `grad_norm`) means the cause is cosmetic on this step: it changes a logged
 # number, not where the step goes. Findings are ranked by severity, then by how far their flip moves the update.
+#
+# Where the task has held-out test prompts (the bundled task; a capture opened with a `Task` of yours), both
+# updated policies also sample on the same held-out prompts with the same seeds, and the per-prompt difference
+# in reward gets an interval (Student's t over prompts, at the Bonferroni level of the family of flips). One
+# step moves the reward little: expect "not detected" more often than not. It is the update's direction, above,
+# that tells a cosmetic cause from a real one.
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.doctor import diagnose
@@ -74,6 +80,9 @@ for f in loud:
     moved = ("not flipped (no switch of the step removes it)" if f.effect is None else
              f"flipping {next(iter(f.effect['toggle']))} gives an update at cosine {f.effect['update_cosine']:+.2f} "
              f"to this one ({'cosmetic' if f.effect['cosmetic'] else 'it moves the update'})")
+    held = f.effect and f.effect.get("held_out_reward")
+    if held:
+        moved += f"; {held['verdict']}"
     print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {PITFALLS[f.id].fix}\n    learn: notebooks/{PITFALLS[f.id].teach}")
 
 # %% [markdown]

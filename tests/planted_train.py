@@ -1,7 +1,7 @@
 """A user's GRPO script with one planted defect, for the doctor's tests: a plain GRPOConfig (TRL's defaults but the
 batch shape and `use_cpu`), a model in a relative folder, the user's own reward functions, one captured step.
 
-    python planted_train.py DEFECT OUT      (DEFECT: one of DEFECTS below; "clean" plants nothing)
+    python planted_train.py DEFECT OUT      (DEFECT: one of DEFECTS below, "clean" plants nothing; or one of USER_RUNS)
 """
 
 import sys
@@ -51,9 +51,17 @@ DEFECTS = {
     "binary_pairs": ("llama", [starts_low], {"num_generations": 2}, SAME_LENGTH),
 }
 
+# Nothing planted, other shapes of run a user brings: TRL's defaults on GPT-2 (its dropout stays on), a
+# conversational run (message-list prompts through the chat template), two passes over micro-batches.
+USER_RUNS = {
+    "gpt2_defaults": ("gpt2", [digits], {}, SAME_LENGTH),
+    "conversational": ("llama-chat", [digits], {}, [[{"role": "user", "content": p}] for p in SAME_LENGTH]),
+    "two_passes": ("llama", [digits], {"num_iterations": 2, "gradient_accumulation_steps": 2}, SAME_LENGTH),
+}
+
 if __name__ == "__main__":
     defect, out = sys.argv[1], sys.argv[2]
-    model, reward_funcs, changes, prompts = DEFECTS[defect]
+    model, reward_funcs, changes, prompts = {**DEFECTS, **USER_RUNS}[defect]
     args = GRPOConfig(
         **{
             "output_dir": out,

@@ -33,6 +33,7 @@ EXPECTED = {  # script, extra arguments -> the report's keys that the README's t
         "panel_mu2",
     },
     ("capture.py", ()): {"runs", "median_overhead", "capture_mb"},
+    ("doctor.py", ()): {"bundled", "capture_2_layers"},
     ("train.py", ("--arm", "fixed", "tracin")): {"seconds_per_step"},
 }
 

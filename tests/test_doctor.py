@@ -14,6 +14,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_llama, build_tiny_model, build_tiny_qwen2  # noqa: E402
+from planted_train import USER_RUNS  # noqa: E402
 
 from grpo_debug.config import StepConfig  # noqa: E402
 from grpo_debug.doctor import diagnose  # noqa: E402
@@ -39,11 +40,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """Every planted run, trained by the user's script in the user's folder; defect -> its captured step."""
     folder = tmp_path_factory.mktemp("planted")
     build_tiny_llama(folder / "llama")
+    build_tiny_llama(folder / "llama-chat", chat=True)
     build_tiny_model(folder / "gpt2")
     build_tiny_qwen2(folder / "qwen2-dropout", attention_dropout=0.1)
     shutil.copy(TESTS / "planted_train.py", folder / "planted_train.py")
     captures = {}
-    for defect in ("clean", *PLANTED):
+    for defect in ("clean", *PLANTED, *USER_RUNS):
         done = subprocess.run(
             [sys.executable, "planted_train.py", defect, f"out-{defect}"],
             cwd=folder,
@@ -116,6 +118,30 @@ def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(r
     assert "dropout" in done.stdout and "<div class='finding" in page.read_text()
 
 
+@pytest.mark.parametrize("run", list(USER_RUNS))
+def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
+    """TRL's defaults on GPT-2, a conversational Llama, two passes over two micro-batches: ranked JSON with
+    every finding's id, severity, evidence, fix and effect; on GPT-2 with TRL's defaults its dropout is named."""
+    out = tmp_path / "doctor.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "doctor", str(runs[run]), "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the doctor failed on the {run} capture:\n{done.stderr[-3000:]}"
+    findings = json.loads(out.read_text())["findings"]
+    assert {f["id"] for f in findings} == set(PITFALLS), f"not every detector reported on the {run} capture"
+    assert all({"id", "severity", "evidence", "fix", "effect"} <= f.keys() for f in findings), findings[0].keys()
+    order = [("problem", "warning", "info", "absent").index(f["severity"]) for f in findings]
+    assert order == sorted(order), f"findings not ranked by severity: {[f['severity'] for f in findings]}"
+    loud = {f["id"]: f["summary"] for f in findings if f["severity"] in ("problem", "warning")}
+    if run == "gpt2_defaults":
+        assert "dropout" in loud, f"GPT-2's dropout, on under TRL's defaults, was not named: {loud}"
+    print(f"\n{run}: above info {loud}")
+
+
 def test_the_replay_names_dropout_that_is_a_config_field(runs):
     """Qwen2's attention_dropout has no nn.Dropout module: the replay still names it as the run's pitfall."""
     from grpo_debug.replay import reproduction
@@ -132,3 +158,54 @@ def test_every_detector_has_one_catalogue_entry():
         if p.toggle is not None:
             field, value = p.toggle
             StepConfig().replace(**{field: value})  # a toggle the config accepts
+
+
+def _moved_step(**cfg) -> GRPOStep:
+    """The bundled step one update away from its reference (learning rate 1e-3), so KL(pi || ref) > 0."""
+    step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=16, learning_rate=1e-3, **cfg))
+    step.run(until="update")
+    step.advance()
+    return step
+
+
+def test_the_kl_estimator_is_measured_against_the_exact_kl():
+    """k1's expected gradient is 0 (all of the exact KL's gradient missing: a warning); k3 times the ratio has
+    the reverse KL's gradient; the estimate on the sampled tokens is the kl the loss logs, as TRL does."""
+    step = _moved_step(beta=0.04)
+    measured = {}
+    for estimator in ("k1", "k3_corrected"):
+        step.cfg = step.cfg.replace(kl_estimator=estimator)
+        report = diagnose(step, flip=False)
+        measured[estimator] = next(f for f in report.findings if f.id == "kl_estimator")
+    k1, fixed = measured["k1"], measured["k3_corrected"]
+    assert k1.evidence["exact_kl"] > 1e-6, f"the step did not move away from its reference: {k1.evidence}"
+    assert k1.severity == "warning" and k1.evidence["grad_rel_error"] > 0.99, k1
+    assert fixed.severity == "absent" and fixed.evidence["grad_rel_error"] < 1e-3, fixed
+    logged = step.run(step.cfg.replace(kl_estimator="k3"), until="loss").loss.metrics["kl"]
+    sampled = fixed.evidence["estimate_on_sampled_tokens"]
+    assert abs(sampled - logged) < 1e-6, f"k3 on the sampled tokens {sampled} is not the loss's kl {logged}"
+
+
+def test_each_flip_is_paired_with_the_update_as_run_on_held_out_prompts():
+    """The same held-out prompts and sampling seeds after both updates: a flip that leaves the update as it
+    was gives a difference of exactly 0; one that moves it gives an interval at the family's level."""
+    step = GRPOStep(StepConfig(num_prompts=4, num_generations=4, max_new_tokens=16, scale_rewards="group"))
+    report = diagnose(step, held_out=4)
+    flipped = [f for f in report.findings if f.effect and "held_out_reward" in f.effect]
+    assert flipped, f"no finding was flipped on the bundled step: {[(f.id, f.severity) for f in report.findings]}"
+    for f in flipped:
+        held = f.effect["held_out_reward"]
+        assert held["prompts"] == 4 and held["difference"]["level"] == 1 - 0.05 / len(flipped), held
+        assert held["difference"]["mean"] == pytest.approx(held["flipped"] - held["as_run"], abs=1e-9), held
+        if f.effect["update_cosine"] == 1.0:
+            assert held["difference"]["mean"] == 0.0, f"{f.id}: the same update, another held-out reward: {held}"
+    none = diagnose(step, held_out=0)
+    assert all(f.effect is None or f.effect["held_out_reward"] is None for f in none.findings), "held_out=0 scored"
+
+
+def test_the_readme_table_is_the_catalogue():
+    from grpo_debug.doctor.catalogue import markdown_table
+
+    readme = (TESTS.parent / "README.md").read_text()
+    shown = readme.split("<!-- doctor catalogue: begin -->\n", 1)[1].split("\n<!-- doctor catalogue: end -->", 1)[0]
+    assert shown == markdown_table(), "README's doctor table is not the catalogue: paste markdown_table() into it"

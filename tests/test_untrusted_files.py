@@ -53,10 +53,12 @@ def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     import json
 
     from grpo_debug.capture_file import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     capture = tmp_path / "step-2"
     planted(capture / "batch.pt", lambda p: {"prompt_ids": p})
     (capture / "capture.json").write_text(json.dumps({"step": 2}))
+    write_checksums(capture)  # sealed as a capture would be: the payload must still be refused when read
     with pytest.raises(CaptureError, match="batch.pt"):
         load_capture(capture)
 

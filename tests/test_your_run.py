@@ -274,6 +274,56 @@ def _damage(capture: Path, how: str) -> None:
     elif how == "no weights":
         for f in (capture / "policy").glob("*.safetensors"):
             f.unlink()
+    elif how == "a flipped byte in the weights":
+        weights = next((capture / "policy").glob("*.safetensors"))
+        data = bytearray(weights.read_bytes())
+        data[-100] ^= 0x40
+        weights.write_bytes(bytes(data))
+    elif how in ("a NaN weight", "inf weights", "int32 weights"):
+        from safetensors.torch import load_file, save_file
+
+        weights = next((capture / "policy").glob("*.safetensors"))
+        tensors = load_file(weights)
+        first = next(iter(tensors))
+        if how == "a NaN weight":
+            tensors[first].view(-1)[0] = float("nan")
+        elif how == "inf weights":
+            tensors = {k: torch.full_like(v, float("inf")) for k, v in tensors.items()}
+        else:
+            tensors = {k: v.to(torch.int32) for k, v in tensors.items()}
+        save_file(tensors, weights, metadata={"format": "pt"})
+    elif how == "no tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+            (capture / "policy" / name).unlink(missing_ok=True)
+    elif how in ("100000 layers in the config", "a 9.7B-parameter config"):
+        config = capture / "policy" / "config.json"
+        cfg = json.loads(config.read_text())
+        cfg.update(
+            {"num_hidden_layers": 100000}
+            if how == "100000 layers in the config"
+            else {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 48, "vocab_size": 32000}
+        )
+        config.write_text(json.dumps(cfg))
+    elif how in ("float token ids", "an all-zero completion mask"):
+        tensors = torch.load(batch, weights_only=True)
+        if how == "float token ids":
+            tensors["completion_ids"] = tensors["completion_ids"].float()
+        else:
+            tensors["completion_mask"] = torch.zeros_like(tensors["completion_mask"])
+        torch.save(tensors, batch)
+    elif how in ("string rewards", "string reward weights", "a list for grpo_config", "policy folder outside"):
+        data = json.loads(meta.read_text())
+        first = next(iter(data["rewards"]))
+        if how == "string rewards":
+            data["rewards"][first] = ["1.0"] * len(data["rewards"][first])
+        elif how == "string reward weights":
+            data["reward_weights"][first] = "1"
+        elif how == "a list for grpo_config":
+            data["grpo_config"] = [1, 2]
+        else:
+            shutil.copytree(capture / "policy", capture.parent / "elsewhere")
+            data["policy"]["folder"] = "../elsewhere"
+        meta.write_text(json.dumps(data))
 
 
 DAMAGES = [
@@ -289,7 +339,22 @@ DAMAGES = [
     "a schedule row out of range",
     "rewards of another length",
     "no weights",
+    "a flipped byte in the weights",
+    "a NaN weight",
+    "inf weights",
+    "int32 weights",
+    "no tokenizer",
+    "100000 layers in the config",
+    "a 9.7B-parameter config",
+    "float token ids",
+    "an all-zero completion mask",
+    "string rewards",
+    "string reward weights",
+    "a list for grpo_config",
+    "policy folder outside",
 ]
+# resealed, a flipped byte is an edit nothing can tell from a real weight: the checksum is what catches it
+UNDETECTABLE_ONCE_RESEALED = {"a flipped byte in the weights"}
 
 
 @pytest.fixture(scope="module")
@@ -298,18 +363,60 @@ def good_capture(user_dir) -> Path:
     return run / "captures" / "step-2"
 
 
-@pytest.mark.parametrize("how", DAMAGES)
-def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, capsys):
+@pytest.mark.parametrize(
+    "how, resealed",
+    [(how, False) for how in DAMAGES] + [(how, True) for how in DAMAGES if how not in UNDETECTABLE_ONCE_RESEALED],
+    ids=lambda v: {False: "as damaged", True: "checksums rewritten"}.get(v, v) if isinstance(v, bool) else v,
+)
+def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, resealed, capsys):
+    """As damaged, the checksums catch it; with checksums.json rewritten over the damage (an edit made on
+    purpose), the checks of what the files hold still refuse it."""
     from grpo_debug.capture_file import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
     load_capture(copy)  # the good one opens
     _damage(copy, how)
+    if resealed:
+        write_checksums(copy)
     with pytest.raises(CaptureError) as refused:
         load_capture(copy)
     assert str(copy) in str(refused.value), refused.value
+    if not resealed and how != "no batch.pt":
+        assert "checksums.json" in str(refused.value), f"not refused by the capture's checksums: {refused.value}"
+    if resealed:
+        assert "checksums.json" not in str(refused.value), f"resealed, yet refused by checksums.json: {refused.value}"
+    assert "\n" not in str(refused.value), f"not one line: {refused.value}"
     assert "payload ran" not in capsys.readouterr().out
+    print(f"{how} ({'resealed' if resealed else 'as damaged'}): {refused.value}")
+
+
+@pytest.mark.parametrize("reference", ["a 9.7B-parameter config over small weights", "/etc"])
+def test_a_reference_from_outside_the_capture_is_checked_before_it_is_built(good_capture, tmp_path, reference):
+    """The reference folder a capture names is not the capture's own: its config is bounded by its weights'
+    headers before transformers builds anything (a config describing ~9.7B parameters allocated them)."""
+    from grpo_debug.capture_file import CaptureError
+    from grpo_debug.checksums import write_checksums
+    from grpo_debug.step import GRPOStep
+
+    copy = tmp_path / "capture"
+    shutil.copytree(good_capture, copy)
+    if reference == "/etc":
+        named = Path("/etc")
+    else:
+        named = tmp_path / "reference"
+        shutil.copytree(good_capture / "policy", named)
+        cfg = json.loads((named / "config.json").read_text())
+        cfg.update(hidden_size=4096, intermediate_size=11008, num_hidden_layers=48, vocab_size=32000)
+        (named / "config.json").write_text(json.dumps(cfg))
+    meta = json.loads((copy / "capture.json").read_text())
+    meta["reference"]["name_or_path"] = str(named)
+    (copy / "capture.json").write_text(json.dumps(meta))
+    write_checksums(copy)
+    with pytest.raises(CaptureError) as refused:
+        GRPOStep.from_capture(copy)
+    assert str(named) in str(refused.value) and "\n" not in str(refused.value), refused.value
 
 
 def test_trl_generates_in_train_mode_with_dropout_on_and_the_trl_preset_samples_so(tmp_path):

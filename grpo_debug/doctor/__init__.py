@@ -20,14 +20,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ..evaluation import EvalSampling, EvalSide, eval_side
 from ..loss_gradients import gradient_of_loss_wrt_logps
 from ..model import absolute_positions, dropout_sources
 from ..sampler import mismatch_metrics
-from ..scoring import per_token_logps
-from ..specs import scoring_of
+from ..scoring import completion_logits, next_token_logps, per_token_logps
+from ..specs import eval_sampling_of, scoring_of
+from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun
 from .catalogue import PITFALLS
 from .detectors import DETECTORS, bad_reward
+from .exact_kl import at_reference, estimator_against_exact
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)
 
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
@@ -99,8 +102,47 @@ def _kept_mass(step: GRPOStep, run: StepRun) -> torch.Tensor | None:
     return torch.exp(scored_over("full_vocabulary") - scored_over("sampler_support")) * run.logprobs.mask
 
 
-def examine(step: GRPOStep) -> tuple[StepFacts, torch.Tensor | None]:
-    """The step run up to its update under its own config, the facts the detectors read, and the update it made."""
+def _kl_against_exact(step: GRPOStep, run: StepRun) -> dict | None:
+    """The run's KL estimator against the exact KL(pi || ref) over the full vocabulary (`exact_kl`); None at
+    beta 0 (no reference, no KL term). At the reference (the first step) both are 0 by construction."""
+    cfg = run.config
+    if cfg.beta == 0:
+        return None
+    if step.at_reference:
+        return at_reference(run.logprobs.mask)
+    step.restore_policy()
+    scoring = dataclasses.replace(scoring_of(cfg).without_dropout(), support="full_vocabulary")
+    rollout = run.rollout
+
+    def score_rows(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return tuple(
+                next_token_logps(completion_logits(model, rollout.rows(rows), scoring), scoring)
+                for model in (step.policy, step.loaded.reference)
+            )
+
+    return estimator_against_exact(score_rows, rollout.completion_ids, run.logprobs.mask, cfg.kl_estimator)
+
+
+HELD_OUT_PROMPTS = 16  # per flip: ~4 s of sampling on the bundled model (4 samples each, the config's eval_samples)
+
+
+def held_out_prompts(step: GRPOStep, n: int | None = None) -> list[str]:
+    """The task's first `n` (default: HELD_OUT_PROMPTS, at most the config's eval_prompts) held-out test
+    prompts; none where the task has no held-out set (a capture opened with your reward functions only, or
+    its stored rewards)."""
+    n = min(HELD_OUT_PROMPTS, step.cfg.eval_prompts) if n is None else n
+    return step.task.prompts("test", n) if step.task.held_out and n > 0 else []
+
+
+def _held_out(step: GRPOStep, sampling: EvalSampling, prompts: list[str]) -> EvalSide | None:
+    """The policy as it stands (after an update) on the held-out prompts, the same sampling seeds every time."""
+    return eval_side(step.policy, step.loaded.tokenizer, prompts, sampling, step.task) if prompts else None
+
+
+def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.Tensor | None, EvalSide | None]:
+    """The step run up to its update under its own config, the facts the detectors read, the update it made
+    and the updated policy's reward on the held-out `prompts`."""
     cfg = step.cfg.replace(per_sample_grad_norms=False)  # the same update, without the norms' extra work
     try:
         run = step.run(cfg, until="update")
@@ -108,9 +150,10 @@ def examine(step: GRPOStep) -> tuple[StepFacts, torch.Tensor | None]:
         if "reward" not in str(e):
             raise
         run = step.run(cfg, until="logprobs")
-        return _facts(step, run, reward_error=str(e)), None
+        return _facts(step, run, reward_error=str(e)), None, None
     delta = update_vector(step)
-    return _facts(step, run), delta
+    after = _held_out(step, eval_sampling_of(cfg), list(prompts))
+    return _facts(step, run), delta, after
 
 
 def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
@@ -128,15 +171,31 @@ def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
         if sampler_known
         else None,
         kept_mass=_kept_mass(step, run),
+        kl_against_exact=_kl_against_exact(step, run),
         weight_norm=weight_norm,
         reward_error=reward_error,
     )
 
 
-def counterfactual(step: GRPOStep, base: StepRun, base_update: torch.Tensor, field: str, value) -> dict:
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out reward after the step's update as run (`as_run`), which each flip's is paired with:
+    same prompts, same sampling seeds, the config's sampling; `level` is each flip's interval level (the
+    family of flips, Bonferroni)."""
+
+    prompts: list[str]
+    as_run: EvalSide
+    sampling: EvalSampling
+    level: float
+
+
+def counterfactual(
+    step: GRPOStep, base: StepRun, base_update: torch.Tensor, field: str, value, held_out: HeldOut | None = None
+) -> dict:
     """The step's update with `field` set to `value` against the update as run: loss, grad_norm, the cosine
-    between the two updates (theta_after - theta_before), and the share of d loss / d logp that moved
-    (sum |g' - g| / sum |g| over every token)."""
+    between the two updates (theta_after - theta_before), the share of d loss / d logp that moved
+    (sum |g' - g| / sum |g| over every token) and, given `held_out`, the held-out reward after each update,
+    paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only)."""
     try:
         flipped = step.run(base.config.replace(**{field: value}), until="update", base=base, remember=False)
     except ValueError as e:
@@ -147,6 +206,7 @@ def counterfactual(step: GRPOStep, base: StepRun, base_update: torch.Tensor, fie
     g1 = gradient_of_loss_wrt_logps(flipped, flipped.config)
     dlogp_moved = (g1 - g0).abs().sum().item() / max(g0.abs().sum().item(), 1e-30) if g0.shape == g1.shape else None
     grad_change = abs(flipped.update.grad_norm - base.update.grad_norm) / max(base.update.grad_norm, 1e-30)
+    reward = _held_out_effect(step, held_out) if held_out else None
     step.restore_policy()
     return {
         "toggle": {field: value},
@@ -155,6 +215,20 @@ def counterfactual(step: GRPOStep, base: StepRun, base_update: torch.Tensor, fie
         "update_cosine": cosine,
         "dlogp_moved": dlogp_moved,
         "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
+        "held_out_reward": reward,
+    }
+
+
+def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
+    flipped = _held_out(step, held_out.sampling, held_out.prompts)
+    paired = prompt_interval(flipped.per_prompt - held_out.as_run.per_prompt, held_out.level)
+    return {
+        "as_run": held_out.as_run.reward,
+        "flipped": flipped.reward,
+        "difference": paired.as_dict(),
+        "verdict": verdict(paired, "held-out reward with the flip"),
+        "prompts": len(held_out.prompts),
+        "samples_per_prompt": held_out.sampling.samples,
     }
 
 
@@ -167,19 +241,28 @@ def rank(findings: list[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), -_moves(f))))
 
 
-def diagnose(step: GRPOStep, flip: bool = True) -> Report:
-    """Every detector on the step, each present finding with a toggle flipped on it (`flip`), ranked."""
+def _flippable(f: Finding, config) -> bool:
+    toggle = PITFALLS[f.id].toggle
+    return f.severity != "absent" and toggle is not None and getattr(config, toggle[0]) != toggle[1]
+
+
+def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> Report:
+    """Every detector on the step, each present finding with a toggle flipped on it (`flip`), ranked. Where
+    the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of them
+    (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run."""
     start = time.perf_counter()
-    facts, delta = examine(step)
+    prompts = held_out_prompts(step, held_out) if flip else []
+    facts, delta, after = examine(step, prompts)
     base = facts.run
     if facts.reward_error:
         findings = [bad_reward(facts)]
     else:
         findings = [detect(facts) for detect in DETECTORS]
     if flip and delta is not None:
-        for i, f in enumerate(findings):
-            toggle = PITFALLS[f.id].toggle
-            if f.severity != "absent" and toggle and getattr(base.config, toggle[0]) != toggle[1]:
-                findings[i] = dataclasses.replace(f, effect=counterfactual(step, base, delta, *toggle))
+        flips = [i for i, f in enumerate(findings) if _flippable(f, base.config)]
+        paired = after and HeldOut(prompts, after, eval_sampling_of(base.config), bonferroni_level(len(flips)))
+        for i in flips:
+            toggle = PITFALLS[findings[i].id].toggle
+            findings[i] = dataclasses.replace(findings[i], effect=counterfactual(step, base, delta, *toggle, paired))
     step.restore_policy()
     return Report(rank(findings), base.config.settings(), time.perf_counter() - start)

@@ -186,3 +186,16 @@ PITFALLS: dict[str, Pitfall] = {
         ),
     )
 }
+
+
+def markdown_table() -> str:
+    """The catalogue as the README's table (`tests/test_doctor.py` checks the README holds it as written here)."""
+    rows = [
+        "| finding | what | flipped on your step by | fix (TRL's names) | from | learn |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in PITFALLS.values():
+        toggle = "" if p.toggle is None else f"`{p.toggle[0]}={p.toggle[1]}`"
+        cells = [f"`{p.id}`", p.title, toggle, p.fix, p.origin, p.teach]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)

@@ -176,22 +176,46 @@ def kl_off(f: StepFacts) -> Finding:
     return _finding("kl_off", "info", "beta = 0: no reference model and no KL term; the logged kl is 0", beta=beta)
 
 
+KL_GRADIENT_ERROR = 0.25  # |E[grad k] - grad KL| / |grad KL| (or the value's relative error) above this: off
+
+
 def kl_estimator(f: StepFacts) -> Finding:
-    cfg, lp = f.run.config, f.run.logprobs
-    if cfg.beta == 0:
+    cfg, measured = f.run.config, f.kl_against_exact
+    if cfg.beta == 0 or measured is None:
         return _finding("kl_estimator", "absent", "no KL term (beta = 0)", estimator=cfg.kl_estimator)
-    log_ratio = (lp.reference - lp.policy) * lp.mask
-    k1, k3 = _masked_mean(-log_ratio, lp.mask), _masked_mean(torch.exp(log_ratio) - log_ratio - 1, lp.mask)
-    evidence = dict(estimator=cfg.kl_estimator, k1=k1, k3=k3, beta=cfg.beta)
-    if cfg.kl_estimator == "k3_corrected":
-        return _finding("kl_estimator", "absent", "k3 times the ratio: the reverse-KL gradient", **evidence)
-    severity = "warning" if cfg.kl_estimator == "k1" else "info"
-    why = {
-        "k1": "k1's gradient is 0 in expectation: the KL term does not pull toward the reference",
-        "k2": "k2's gradient is the forward KL's, not the reverse KL it estimates",
-        "k3": "k3's gradient without the ratio is biased (Tang & Munos 2025)",
-    }.get(cfg.kl_estimator, cfg.kl_estimator)
-    return _finding("kl_estimator", severity, f"{cfg.kl_estimator} (k1 {k1:.3g}, k3 {k3:.3g}): {why}", **evidence)
+    evidence = dict(estimator=cfg.kl_estimator, beta=cfg.beta, **measured)
+    numbers = (
+        f"exact KL {measured['exact_kl']:.3g}, {cfg.kl_estimator} on the sampled tokens "
+        f"{measured['estimate_on_sampled_tokens']:.3g}"
+    )
+    cosine, error = measured["grad_cosine"], measured["grad_rel_error"]
+    if math.isnan(error):
+        return _finding(
+            "kl_estimator", "info" if cfg.kl_estimator != "k1" else "warning",
+            f"{numbers}: the policy is the reference on this step, so every estimator's gradient is 0 here; "
+            f"{_KL_WHY.get(cfg.kl_estimator, cfg.kl_estimator)} once it moves",
+            **evidence,
+        )  # fmt: skip
+    numbers += f"; its expected gradient is {error:.0%} off the exact KL's (cosine {cosine:.3f})"
+    if error <= KL_GRADIENT_ERROR:
+        exact, expected = measured["exact_kl"], measured["expected_estimate"]
+        if abs(expected - exact) > KL_GRADIENT_ERROR * exact:
+            return _finding(
+                "kl_estimator", "info",
+                f"{numbers}: it pulls toward the reference as KL does, but its value (expected {expected:.3g}) "
+                "is not the KL: the logged kl is not the divergence",
+                **evidence,
+            )  # fmt: skip
+        return _finding("kl_estimator", "absent", f"{numbers}: it pulls toward the reference as KL does", **evidence)
+    return _finding("kl_estimator", "warning", f"{numbers}: {_KL_WHY.get(cfg.kl_estimator, '')}", **evidence)
+
+
+_KL_WHY = {
+    "k1": "k1's gradient is 0 in expectation: the KL term does not pull toward the reference",
+    "k2": "k2's value is not the KL (its expected gradient is the reverse KL's)",
+    "k3": "k3's gradient without the ratio is the gradient of KL(ref || pi), not KL(pi || ref) (Tang & Munos 2025)",
+    "k3_corrected": "k3 times the ratio: the reverse KL's gradient",
+}
 
 
 CLIP_SATURATED = 0.2  # a fifth of the tokens with a cut gradient

@@ -34,6 +34,7 @@ class StepFacts:
     dropout_gap: float | None  # max |logp - logp'| over two train-mode scorings of the same tokens; None: not run
     sampler_metrics: dict[str, float] | None  # verl's sampler-vs-trainer metrics; None: no sampler log-probs
     kept_mass: torch.Tensor | None  # (N, C) mass top_p/top_k/min_p kept at each scored token; None: no truncation
+    kl_against_exact: dict[str, float] | None  # the KL estimator against the exact KL (`exact_kl`); None: beta 0
     weight_norm: float  # ||theta|| before the step, over the trained parameters (a tied embedding counted once)
     reward_error: str = ""  # the rewards phase refused the step (an infinite reward, a row of all-None)
 

@@ -18,10 +18,17 @@ def effect_line(f: Finding) -> str:
         return f"flip {field}={value}: not possible here ({e['error']})"
     moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
-    return (
+    line = (
         f"flip {field}={value}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
         f"update cosine {e['update_cosine']:+.3f}{moved}: {verdict}"
     )
+    held = e.get("held_out_reward")
+    if held:
+        line += (
+            f"; {held['verdict']} ({held['prompts']} prompts x {held['samples_per_prompt']}, "
+            f"{held['difference']['level']:.2%} level)"
+        )
+    return line
 
 
 def text(report: Report, at_least: str = "info") -> str:

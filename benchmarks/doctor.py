@@ -1,0 +1,112 @@
+"""What the doctor costs, as a user runs it: `python benchmarks/doctor.py [--threads N] [--repeats R]`.
+
+Two runs of `python -m grpo_debug doctor`, each a fresh process (imports, model loading, every detector, each
+present finding's cause flipped on the step, each flip's held-out reward where the task has test prompts):
+- `bundled`: no argument, the bundled step under the default config;
+- `capture_2_layers`: a capture of a TRL GRPOTrainer run (TRL's own pitfalls: no position_ids, dropout on) of
+  a 2-layer GPT-2 with random weights and the bundled tokenizer, opened with the bundled task so that its
+  flips are also scored on held-out prompts.
+Prints JSON: the wall seconds of each (median of R), and the seconds the doctor itself reported. Target (issue 32):
+under 60 s each on this 2-core machine.
+`--quick`: 2 prompts x 2 samples, 8 new tokens, one run (run by `make test`; no number means anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import QUICK_SET, add_quick
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from grpo_debug.capture import CaptureCallback
+from grpo_debug.config import StepConfig
+from grpo_debug.model import load_model
+from grpo_debug.trl_bridge import trl_trainer
+
+
+def two_layer_capture(folder: Path, sizes: dict) -> Path:
+    """A 2-layer GPT-2 (random weights, the bundled tokenizer) trained one TRL step, that step captured."""
+    tokenizer = load_model(StepConfig().model).tokenizer
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=192,
+        n_head=4,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model_dir = folder / "two-layers"
+    GPT2LMHeadModel(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    cfg = StepConfig(model=str(model_dir), **sizes).replace(position_ids=False, dropout=True, sample_dropout=True)
+    trainer = trl_trainer(cfg, str(folder / "run"), max_steps=1)
+    trainer.add_callback(CaptureCallback(folder / "run" / "captures", steps=[1]))
+    with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout is the report's JSON
+        trainer.train()
+    return folder / "run" / "captures" / "step-1"
+
+
+def doctor_seconds(arguments: list[str], threads: int, folder: Path) -> dict:
+    """One `python -m grpo_debug doctor ...` from a fresh process: its wall seconds and the doctor's own."""
+    report = folder / "doctor.json"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "doctor", *arguments, "--threads", str(threads), "--json", str(report)],
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"the doctor failed ({' '.join(arguments)}):\n{done.stderr[-2000:]}")
+    written = json.loads(report.read_text())
+    flipped = [f for f in written["findings"] if f["effect"]]
+    return {
+        "wall_seconds": wall,
+        "doctor_seconds": written["seconds"],
+        "findings_flipped": len(flipped),
+        "held_out_scored": sum(bool(f["effect"].get("held_out_reward")) for f in flipped),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=3)
+    add_quick(parser)
+    args = parser.parse_args()
+    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    quick_set = ["--set", *(f"{k}={v}" for k, v in sizes.items())] if sizes else []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        capture = two_layer_capture(folder, sizes)
+        runs = {
+            "bundled": [doctor_seconds(quick_set, args.threads, folder) for _ in range(repeats)],
+            "capture_2_layers": [
+                doctor_seconds([str(capture), "--task", StepConfig().task], args.threads, folder) for _ in range(repeats)
+            ],
+        }
+    report = {"threads": args.threads, "quick": args.quick, "load_average_1min": os.getloadavg()[0]}
+    for name, measured in runs.items():
+        report[name] = {
+            "median_wall_seconds": statistics.median(r["wall_seconds"] for r in measured),
+            "median_doctor_seconds": statistics.median(r["doctor_seconds"] for r in measured),
+            "findings_flipped": measured[0]["findings_flipped"],
+            "held_out_scored": measured[0]["held_out_scored"],
+        }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
