@@ -94,7 +94,8 @@ def main() -> None:
         runs = {
             "bundled": [doctor_seconds(quick_set, args.threads, folder) for _ in range(repeats)],
             "capture_2_layers": [
-                doctor_seconds([str(capture), "--task", StepConfig().task], args.threads, folder) for _ in range(repeats)
+                doctor_seconds([str(capture), "--task", StepConfig().task], args.threads, folder)
+                for _ in range(repeats)
             ],
         }
     report = {"threads": args.threads, "quick": args.quick, "load_average_1min": os.getloadavg()[0]}
