@@ -92,14 +92,54 @@ def train_command(parser, args) -> int:
 def check_outputs(parser, args) -> None:
     """`--json` and `--html`, where given, refused before any work starts unless writable."""
     for path, flag in ((args.json, "--json"), (args.html, "--html")):
-        if path:
+        if path is not None:  # "" too: refused, not silently skipped
             check_writable(parser, path, flag)
 
 
+def check_prompts(cfg: StepConfig) -> None:
+    """The task holds the prompts the step asks for (num_prompts after prompt_offset, eval_prompts), checked
+    before the model loads (the bundled tasks load without torch)."""
+    from .task import load_task
+
+    task = load_task(cfg.task)
+    for prompt_set, n, names in (
+        ("train", cfg.prompt_offset + cfg.num_prompts, "prompt_offset + num_prompts"),
+        ("test", cfg.eval_prompts, "eval_prompts"),
+    ):
+        try:
+            task.prompts(prompt_set, n)
+        except ValueError as e:
+            raise ValueError(f"{names} = {n}: {e}") from None
+
+
+def capture_overrides(parser, args) -> dict:
+    """`--set` on a capture, typed, before torch loads: the capture's folder must be one, and its model and task
+    are the run's (`--task` names your reward functions): a `--set` value never names code to load."""
+    if not os.path.isfile(os.path.join(args.path, "capture.json")):
+        parser.error(f"{args.path} is not a capture: no capture.json (CaptureCallback writes step-<k>/ folders)")
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        parser.error(str(e))
+    named = sorted(set(overrides) & {"model", "task"})
+    if named:
+        parser.error(
+            f"--set {', '.join(named)}: a capture's model and task are the run's (your reward functions: --task)"
+        )
+    return overrides
+
+
 def check_writable(parser, path: str, flag: str = "--json") -> None:
+    import tempfile
+
     out = os.path.abspath(path)
-    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
-        parser.error(f"{flag} {path}: not a writable file path (its folder must exist and be writable)")
+    folder = os.path.dirname(out)
+    try:
+        if os.path.isdir(out) or not os.path.isdir(folder):
+            raise OSError
+        tempfile.TemporaryFile(dir=folder).close()  # a file can really be made there (/proc passes os.access)
+    except OSError:
+        parser.error(f"{flag} {path or repr(path)}: not a writable file path (its folder must exist and be writable)")
 
 
 def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None:
@@ -138,14 +178,16 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
+    overrides = capture_overrides(parser, args)
     check_outputs(parser, args)
     _threads(args.threads)
+    from .model import ModelUnavailable
     from .replay import reproduction
     from .step import GRPOStep
 
     try:
-        step = GRPOStep.from_capture(args.path, args.task, **parse_overrides(args.set))
-    except (ValueError, FileNotFoundError) as e:
+        step = GRPOStep.from_capture(args.path, args.task, **overrides)
+    except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     run = step.run(until="update")
     out = reproduction(run, step.capture, step.policy, step)
@@ -178,8 +220,10 @@ def replay_command(parser, args) -> int:
 def doctor_command(parser, args) -> int:
     """Every detector on the step (a capture, or the bundled step), each cause flipped on it, ranked."""
     try:
-        overrides = parse_overrides(args.set)
+        overrides = capture_overrides(parser, args) if args.path else parse_overrides(args.set)
         cfg = None if args.path else StepConfig(**overrides)
+        if cfg:
+            check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
     check_outputs(parser, args)
@@ -192,7 +236,7 @@ def doctor_command(parser, args) -> int:
     try:
         step = GRPOStep.from_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
         report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
-    except (ValueError, FileNotFoundError, ModelUnavailable) as e:
+    except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     print(text(report))
     try:
@@ -363,17 +407,19 @@ def main(argv: list[str] | None = None) -> int:
         return doctor_command(parser, args)
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
+        check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
     check_outputs(parser, args)
     _threads(args.threads)
+    from .model import ModelUnavailable
     from .report import report, step_json
     from .step import GRPOStep
 
     try:
         step_ = GRPOStep(cfg)
         run = step_.run()
-    except ValueError as e:  # a value only the model or the task can check (positions, prompt counts)
+    except (ValueError, ModelUnavailable, OSError) as e:  # what only the model or the task can check
         parser.error(str(e))
     print(report(run))
     if args.json:

@@ -6,11 +6,12 @@ arms differ only where their configs do (`step_config`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from .choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
 from .config import StepConfig
-from .overrides import FALSE_WORDS, TRUE_WORDS, parse_overrides
+from .overrides import INTEGER, parse_bool, parse_overrides
 from .task import load_task
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
@@ -95,15 +96,15 @@ def _selection_value(text: str, key: str, value: str):
     """A TracIn arm value, read by the rules `--set` reads a StepConfig value by."""
 
     if key == "flip_sign":
-        if value.lower() not in TRUE_WORDS + FALSE_WORDS:
-            raise ValueError(f"arm {text!r}: flip_sign = {value!r} is not allowed: it must be true or false")
-        return value.lower() in TRUE_WORDS
+        return parse_bool(value, f"arm {text!r}: flip_sign")
     if key == "size":
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"arm {text!r}: val_size = {value!r} is not allowed: it must be an integer") from None
+        if not INTEGER.fullmatch(value):
+            raise ValueError(f"arm {text!r}: val_size = {value!r} is not allowed: it must be an integer (ASCII digits)")
+        return int(value)
     return value
+
+
+ARM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # an arm names its checkpoint files: no path in it
 
 
 def parse_arm(text: str) -> Arm:
@@ -112,6 +113,10 @@ def parse_arm(text: str) -> Arm:
     name, _, rest = text.partition(":")
     if not name:
         raise ValueError(f"arm {text!r} has no name: NAME[:key=value,...]")
+    if not ARM_NAME.fullmatch(name):
+        raise ValueError(
+            f"arm name {name!r} is not allowed: letters, digits, '_' and '-' only, at most 64 (it names files)"
+        )
     pairs = [p for p in rest.split(",") if p] if rest else []
     if name not in ARMS and not pairs:
         raise ValueError(
@@ -132,7 +137,11 @@ def parse_arm(text: str) -> Arm:
     selection = arm.selection
     if picked:
         typed = {k: _selection_value(text, k, v) for k, v in picked.items()}
-        selection = dataclasses.replace(selection or Selection(), **typed)
+        try:
+            selection = dataclasses.replace(selection or Selection(), **typed)
+        except ValueError as e:  # named by the arm's own keys (select=, val_size=, ...), not Selection's fields
+            keys = {field: key for key, field in SELECTION_KEYS.items()}
+            raise ValueError(f"arm {text!r}: {e} ({', '.join(keys[k] + '=' for k in typed)})") from None
     out = Arm(name, preset, tuple(sorted(changes.items())), selection)
     out.config(StepConfig())  # refuse a bad combination now, not at step 40
     return out
@@ -151,6 +160,9 @@ def check_distinct(arms: list[Arm]) -> None:
         raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
 
 
+MAX_STEPS, MAX_SEEDS = 100_000, 1_000  # a run of more is a real training run, not a debugging experiment
+
+
 def check_plan(
     arms: list[Arm],
     steps: int,
@@ -164,10 +176,10 @@ def check_plan(
     """What a train run asks for, checked before any model loads (and, from the command line, before torch
     does): distinct arms, counts of at least 1, and prompt sets that hold the prompts the run asks for."""
     check_distinct(arms)
-    if steps < 1 or seeds < 1 or eval_every < 1 or first_seed < 0:
+    if not (1 <= steps <= MAX_STEPS and 1 <= seeds <= MAX_SEEDS and 1 <= eval_every and 0 <= first_seed <= 2**20):
         raise ValueError(
-            f"steps, seeds and eval_every must be >= 1 and first_seed >= 0, got {steps}, {seeds}, "
-            f"{eval_every}, {first_seed}"
+            f"steps must be 1..{MAX_STEPS}, seeds 1..{MAX_SEEDS}, eval_every >= 1 and first_seed 0..{2**20}, got "
+            f"{steps}, {seeds}, {eval_every}, {first_seed}"
         )
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")

@@ -19,6 +19,13 @@ from .task import REGISTERED_TASKS
 
 PHASES = ("rollout", "logprobs", "rewards", "advantages", "loss", "update", "evaluation")
 
+# Upper bounds: far above any one step a person debugs (a large real run: 1,024 x 16 samples, 32k-token
+# completions), far below what exhausts a machine before a model even loads (num_generations=100000 asked
+# for 133 GB). A bigger step is refused at once, naming the bound.
+MAX_SAMPLES = 2**14  # B x G, and any one count of samples or micro-batches
+MAX_TOKENS = 2**17  # completion tokens; top_k (vocabularies are ~50k-260k)
+MAX_PROMPTS = 10**9  # a prompt index or count
+
 
 def _in(
     phase: str,
@@ -48,8 +55,10 @@ class StepConfig:
         "the bundled chess tasks: P: only, A: only, or alternating (the only one with left padding)",
         choices=REGISTERED_TASKS,
     )
-    num_prompts: int = _in("rollout", 8, "B, prompts per step", low=1)
-    num_generations: int = _in("rollout", 8, "G, samples per prompt (a group needs at least 2)", low=2)
+    num_prompts: int = _in("rollout", 8, "B, prompts per step (B x G at most MAX_SAMPLES)", low=1, high=MAX_SAMPLES)
+    num_generations: int = _in(
+        "rollout", 8, "G, samples per prompt (a group needs at least 2)", low=2, high=MAX_SAMPLES
+    )
     temperature: float = _in("rollout", 0.7, "sampling temperature", low=0, low_open=True)
     top_p: float = _in(
         "rollout",
@@ -59,11 +68,15 @@ class StepConfig:
         high=1,
         low_open=True,
     )
-    top_k: int = _in("rollout", 0, "sample among the k likeliest tokens only (0: all, TRL's default)", low=0)
+    top_k: int = _in(
+        "rollout", 0, "sample among the k likeliest tokens only (0: all, TRL's default)", low=0, high=MAX_TOKENS
+    )
     min_p: float | None = _in(
         "rollout", None, "drop tokens below min_p x the top token's probability (none: off, TRL's)", low=0, high=1
     )
-    max_new_tokens: int = _in("rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1)
+    max_new_tokens: int = _in(
+        "rollout", 104, "completion budget: P: completions take ~30 tokens, A: ~90", low=1, high=MAX_TOKENS
+    )
     seed: int = _in(
         "rollout", 0, "sampling seed (training adds the step to seed x 1000: kept far below 2**63)", low=0, high=2**40
     )
@@ -72,6 +85,7 @@ class StepConfig:
         0,
         "the step's prompts are the task's prompts offset..offset+B-1 of the set (training step t: t x B)",
         low=0,
+        high=MAX_PROMPTS,
     )
     generation: choices.Generation = _in(
         "rollout", "batched", "one generate call for B*G, or one call per prompt", choices=choices.GENERATIONS
@@ -208,12 +222,18 @@ class StepConfig:
     vllm_importance_sampling_clip_max: float | None = _in(
         "loss", 3.0, "upper bound of the sampler ratio (none: no bound)", low=0
     )
-    gradient_accumulation_steps: int = _in("loss", 1, "micro-batches per optimizer step", low=1)
+    gradient_accumulation_steps: int = _in("loss", 1, "micro-batches per optimizer step", low=1, high=MAX_SAMPLES)
     steps_per_generation: int | None = _in(
-        "loss", None, "micro-batches the B*G samples are split into (none: gradient_accumulation_steps, as TRL)", low=1
+        "loss",
+        None,
+        "micro-batches the B*G samples are split into (none: gradient_accumulation_steps, as TRL)",
+        low=1,
+        high=MAX_SAMPLES,
     )
     # --- update
-    num_iterations: int = _in("update", 1, "mu: optimizer passes over the same rollout, each re-scoring it", low=1)
+    num_iterations: int = _in(
+        "update", 1, "mu: optimizer passes over the same rollout, each re-scoring it", low=1, high=1000
+    )
     learning_rate: float = _in(
         "update",
         1e-4,
@@ -225,9 +245,11 @@ class StepConfig:
     weight_decay: float = _in("update", 0.0, "AdamW weight decay", low=0)
     per_sample_grad_norms: bool = _in("update", True, "per-sample gradient norms from layer hooks")
     # --- evaluation before and after the update
-    eval_prompts: int = _in("evaluation", 32, "held-out test prompts", low=1)
-    eval_samples: int = _in("evaluation", 4, "samples per test prompt, same seeds before and after", low=1)
-    bootstrap: int = _in("evaluation", 1000, "bootstrap resamples for the confidence interval", low=1)
+    eval_prompts: int = _in("evaluation", 32, "held-out test prompts", low=1, high=MAX_PROMPTS)
+    eval_samples: int = _in(
+        "evaluation", 4, "samples per test prompt, same seeds before and after", low=1, high=MAX_SAMPLES
+    )
+    bootstrap: int = _in("evaluation", 1000, "bootstrap resamples for the confidence interval", low=1, high=10**6)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -344,6 +366,17 @@ def _check_batch_layout(cfg: StepConfig) -> None:
     """TRL's constraints between fields: the micro-batches split the B*G samples evenly, and each optimizer
     step takes whole micro-batches of this one generation."""
     N, S, GA = cfg.num_prompts * cfg.num_generations, cfg.micro_batches, cfg.gradient_accumulation_steps
+    if N > MAX_SAMPLES:
+        raise ValueError(
+            f"num_prompts x num_generations = {cfg.num_prompts} x {cfg.num_generations} = {N} samples is not "
+            f"allowed: at most {MAX_SAMPLES} in one step"
+        )
+    low, high = cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
+    if low is not None and high is not None and not low < high:
+        raise ValueError(
+            f"vllm_importance_sampling_clip_min = {low:g} is not allowed with clip_max = {high:g}: the bounds "
+            "must satisfy min < max (else every sampler ratio is clipped or masked and the loss is 0)"
+        )
     if N % S:
         name = "steps_per_generation" if cfg.steps_per_generation else "gradient_accumulation_steps"
         also = "" if cfg.steps_per_generation else " (steps_per_generation is none: it takes this value)"

@@ -67,6 +67,8 @@ def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype
     name = str(name_or_path or DEFAULT_MODEL)
     if Path(name).expanduser().exists():
         name = str(Path(name).expanduser())
+        if not (Path(name) / "config.json").is_file():
+            raise ModelUnavailable(f"{name} is not a model folder: it has no config.json (save_pretrained writes one)")
     elif name.startswith((".", "/", "~")) or name.count("/") != 1:
         origin = " (from GRPO_DEBUG_MODEL)" if name_or_path is None and os.environ.get("GRPO_DEBUG_MODEL") else ""
         raise ModelUnavailable(

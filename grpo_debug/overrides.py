@@ -3,6 +3,7 @@
 
 import dataclasses
 import difflib
+import re
 
 from .config import StepConfig, allowed_values, base_type
 
@@ -17,7 +18,16 @@ def describe_fields() -> str:
     return "\n".join(lines)
 
 
-TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+TRUE_WORDS, FALSE_WORDS = ("true",), ("false",)  # any case; 1/0, yes/no, on/off are refused, not guessed
+INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would also read other scripts' digits
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_bool(text: str, what: str) -> bool:
+    """`true` or `false` (any case); `what` names the setting in the error."""
+    if text.lower() not in TRUE_WORDS + FALSE_WORDS:
+        raise ValueError(f"{what} = {text!r} is not allowed: it must be true or false")
+    return text.lower() in TRUE_WORDS
 
 
 def parse_value(key: str, text: str):
@@ -27,13 +37,10 @@ def parse_value(key: str, text: str):
     if optional and text.lower() in ("none", "null", ""):
         return None
     if base == "bool":
-        if text.lower() not in TRUE_WORDS + FALSE_WORDS:
-            raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be true or false")
-        return text.lower() in TRUE_WORDS
-    try:
-        return {"int": int, "float": float}.get(base, str)(text)
-    except ValueError:
-        raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {allowed_values(f)}") from None
+        return parse_bool(text, f"StepConfig.{key}")
+    if base in ("int", "float") and not (INTEGER if base == "int" else NUMBER).fullmatch(text):
+        raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {allowed_values(f)} (ASCII digits)")
+    return {"int": int, "float": float}.get(base, str)(text)
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -50,5 +57,7 @@ def parse_overrides(pairs: list[str]) -> dict:
             )
         if not sep:
             raise ValueError(f"{pair!r} has no value: write {key}=VALUE ({allowed_values(fields[key])})")
+        if key in out:
+            raise ValueError(f"{key!r} is given twice ({key}={out[key]!r} and {pair!r}): give each key once")
         out[key] = parse_value(key, value)
     return out

@@ -1,10 +1,13 @@
 """A training run's progress on disk: a JSON-lines file of every record so far (rewritten atomically, a torn
 last line cut off when it is opened again), one checkpoint per (arm, seed) at its last evaluation (tensors and
-plain values, read with `weights_only=True`), and a lock that refuses a second run on the same output."""
+plain values, read with `weights_only=True`, sealed with the SHA-256 of its contents in the same file, so a
+kill can never leave the two apart), and a lock that refuses a second run on the same output."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -71,7 +74,7 @@ class Progress:
         """The step the (arm, seed) checkpoint was taken after (0: none); records after it are dropped, and
         with no checkpoint every record of it is (its step-0 evaluation is taken again)."""
         path = self.checkpoint(arm, seed)
-        done = torch.load(path, weights_only=True)["step"] if path.exists() else 0
+        done = read_checkpoint(path)["step"] if path.exists() else 0
         if done and not any(
             r["arm"] == arm and r["seed"] == seed and r["step"] == done and "eval" in r for r in self.records
         ):
@@ -97,12 +100,45 @@ class Progress:
             "policy": step.policy.state_dict(),
             "optimizer": step.optimizer.state_dict() if step.optimizer else None,
         }
-        write_atomically(self.checkpoint(arm, seed), lambda f: torch.save(state, f), binary=True)
+        write_atomically(self.checkpoint(arm, seed), lambda f: torch.save(sealed(state), f), binary=True)
 
     def load(self, step: GRPOStep, base: StepConfig, arm: str, seed: int) -> None:
-        state = torch.load(self.checkpoint(arm, seed), weights_only=True)
-        step.policy.load_state_dict(state["policy"])
-        step.start_from_current_weights(state["optimizer"])
+        path = self.checkpoint(arm, seed)
+        state = read_checkpoint(path)
+        try:
+            step.policy.load_state_dict(state["policy"])
+            step.start_from_current_weights(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path} does not fit this run's model and optimizer ({first})") from None
+
+
+def sealed(state: dict) -> dict:
+    """`state` serialised (torch.save) and stored beside the SHA-256 of those bytes, in one file."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    raw = buffer.getvalue()
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "payload": torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's state after its checksum is verified; every problem is one sentence naming the file."""
+    try:
+        outer = torch.load(path, weights_only=True)
+    except Exception as e:  # a truncated or edited file fails in many ways inside torch
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e})") from None
+    if not (isinstance(outer, dict) and set(outer) == {"sha256", "payload"}):
+        raise ValueError(f"{path} carries no checksum (written by an older version?): remove it to start over")
+    raw = outer["payload"].numpy().tobytes()
+    if hashlib.sha256(raw).hexdigest() != outer["sha256"]:
+        raise ValueError(f"{path} does not match its checksum: it changed after it was written")
+    try:
+        state = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e})") from None
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int) and isinstance(state.get("policy"), dict)):
+        raise ValueError(f"{path} is not a training checkpoint (no step and policy)")
+    return state
 
 
 def remove_progress(progress_path: str | Path) -> None:

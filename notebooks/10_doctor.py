@@ -82,7 +82,7 @@ for f in loud:
              f"to this one ({'cosmetic' if f.effect['cosmetic'] else 'it moves the update'})")
     held = f.effect and f.effect.get("held_out_reward")
     if held:
-        moved += f"; {held['verdict']}"
+        moved += f"; {held['verdict']}, {held['completions_changed']} of {held['prompts'] * held['samples_per_prompt']} held-out completions changed"
     print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {PITFALLS[f.id].fix}\n    learn: notebooks/{PITFALLS[f.id].teach}")
 
 # %% [markdown]

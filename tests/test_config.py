@@ -37,11 +37,68 @@ def test_choices_are_listed_in_the_error():
 
 
 def test_cli_values_are_parsed_strictly():
-    assert parse_overrides(["dropout=on", "beta=0.1"]) == {"dropout": True, "beta": 0.1}
-    with pytest.raises(ValueError, match="dropout = 'maybe'"):
-        parse_overrides(["dropout=maybe"])
+    """true/false only (any case), ASCII digits only, each key once, cross-field rules and upper bounds."""
+    assert parse_overrides(["dropout=True", "beta=0.1", "seed=+3"]) == {"dropout": True, "beta": 0.1, "seed": 3}
+    for word in ("on", "yes", "1", "maybe"):
+        with pytest.raises(ValueError, match=f"dropout = '{word}' is not allowed: it must be true or false"):
+            parse_overrides([f"dropout={word}"])
     with pytest.raises(ValueError, match="num_prompts = 'two'"):
         parse_overrides(["num_prompts=two"])
+    for digits in ("\u0663", "\uff11", "1_000", "0x10", " 3"):  # Arabic-Indic 3, fullwidth 1, Python-only forms
+        with pytest.raises(ValueError, match="ASCII digits"):
+            parse_overrides([f"max_new_tokens={digits}"])
+    with pytest.raises(ValueError, match="'temperature' is given twice"):
+        parse_overrides(["temperature=1", "temperature=2"])
+    with pytest.raises(ValueError, match="num_generations = 100000 is not allowed"):
+        StepConfig(**parse_overrides(["num_generations=100000"]))
+    with pytest.raises(ValueError, match="1024 x 32 = 32768 samples is not allowed"):
+        StepConfig(num_prompts=1024, num_generations=32)
+    with pytest.raises(ValueError, match="clip_min = 5 is not allowed with clip_max = 1"):
+        StepConfig(vllm_importance_sampling_clip_min=5.0, vllm_importance_sampling_clip_max=1.0)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["step", "--set", "model=/nonexistent/model"], "no model folder at '/nonexistent/model'"),
+        (["step", "--set", "model=/etc"], "/etc is not a model folder: it has no config.json"),
+        (["step", "--json", ""], "--json '': not a writable file path"),
+        (["step", "--set", "temperature=\u0663"], "ASCII digits"),
+        (["replay", "/nonexistent"], "/nonexistent is not a capture"),
+        (["step", "--set", "num_prompts=1000"], "prompt_offset + num_prompts = 1000: 1000 train prompts asked for"),
+        (["train", "--steps", "1", "--arm", "fixed", "--json", "/proc/t.json"], "--json /proc/t.json: not a writable"),
+        (["train", "--steps", "99999999999999", "--arm", "fixed", "--json", "x.json"], "steps must be 1..100000"),
+        (
+            ["train", "--steps", "2", "--arm", "../../elsewhere/x:dropout=true", "--json", "x.json"],
+            "arm name '../../elsewhere/x'",
+        ),
+    ],
+)
+def test_a_bad_command_line_value_is_one_line_and_exit_2(argv, says, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert says in done.stderr.splitlines()[-1], f"the last line does not say {says!r}: {done.stderr[-600:]}"
+    assert not list(tmp_path.iterdir()), f"a refused command wrote {list(tmp_path.iterdir())}"
+
+
+def test_a_set_value_never_names_code_to_load_on_a_capture(tmp_path):
+    """`replay CAPTURE --set task=evil.py:F` is refused before anything is imported: the file never runs."""
+    capture = tmp_path / "step-1"
+    capture.mkdir()
+    (capture / "capture.json").write_text("{}")
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\nF = []\n")
+    for command in ("replay", "doctor"):
+        done = subprocess.run(
+            [sys.executable, "-m", "grpo_debug", command, str(capture), "--set", f"task={evil}:F"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and "a capture's model and task are the run's" in done.stderr, done.stderr
+        assert not (tmp_path / "ran").exists(), f"{command} ran the file named in --set"
 
 
 def test_presets_cover_every_loss_side_field_and_keep_the_rest():

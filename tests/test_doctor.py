@@ -199,6 +199,8 @@ def test_each_flip_is_paired_with_the_update_as_run_on_held_out_prompts():
         assert held["difference"]["mean"] == pytest.approx(held["flipped"] - held["as_run"], abs=1e-9), held
         if f.effect["update_cosine"] == 1.0:
             assert held["difference"]["mean"] == 0.0, f"{f.id}: the same update, another held-out reward: {held}"
+        if held["completions_changed"] == 0:
+            assert held["difference"]["mean"] == 0.0, f"{f.id}: the same completions, another reward: {held}"
     none = diagnose(step, held_out=0)
     assert all(f.effect is None or f.effect["held_out_reward"] is None for f in none.findings), "held_out=0 scored"
 

@@ -81,3 +81,41 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
     write_atomically(path, lambda f: f.write("new"))
     assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+class _Step:
+    """What Progress.save and Progress.load touch of a GRPOStep: the policy and the optimizer."""
+
+    def __init__(self, policy):
+        self.policy, self.optimizer, self.started = policy, None, False
+
+    def start_from_current_weights(self, optimizer_state):
+        self.started = True
+
+
+@pytest.mark.parametrize("damage", ["a flipped byte", "truncated", "weights of another shape", "no checksum"])
+def test_a_damaged_training_checkpoint_is_refused_naming_the_file(tmp_path, damage):
+    """The checkpoint carries the SHA-256 of its own contents (one file: a kill cannot part them)."""
+    from grpo_debug.progress import Progress
+
+    progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
+    saved = torch.nn.Linear(4, 4)
+    progress.save(_Step(saved), "fixed", 0, 3)
+    path = progress.checkpoint("fixed", 0)
+    restored = _Step(torch.nn.Linear(4, 4))
+    progress.load(restored, None, "fixed", 0)  # the good one loads, weights as saved
+    assert restored.started and torch.equal(restored.policy.weight, saved.weight)
+    target = _Step(torch.nn.Linear(4, 4))
+    if damage == "a flipped byte":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:300])
+    elif damage == "weights of another shape":
+        target = _Step(torch.nn.Linear(4, 5))
+    else:
+        torch.save({"step": 3, "policy": {}, "optimizer": None}, path)
+    with pytest.raises(ValueError) as refused:
+        progress.load(target, None, "fixed", 0)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value), refused.value

@@ -227,6 +227,7 @@ def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
         "flipped": flipped.reward,
         "difference": paired.as_dict(),
         "verdict": verdict(paired, "held-out reward with the flip"),
+        "completions_changed": sum(a != b for a, b in zip(flipped.completions, held_out.as_run.completions)),
         "prompts": len(held_out.prompts),
         "samples_per_prompt": held_out.sampling.samples,
     }

@@ -26,7 +26,7 @@ def effect_line(f: Finding) -> str:
     if held:
         line += (
             f"; {held['verdict']} ({held['prompts']} prompts x {held['samples_per_prompt']}, "
-            f"{held['difference']['level']:.2%} level)"
+            f"{held['difference']['level']:.2%} level; {held['completions_changed']} completions changed)"
         )
     return line
 
