@@ -8,7 +8,8 @@ present finding's cause flipped on the step, each flip's held-out reward where t
   flips are also scored on held-out prompts.
 Prints JSON: the wall seconds of each (median of R), and the seconds the doctor itself reported. Target (issue 32):
 under 60 s each on this 2-core machine.
-`--quick`: 2 prompts x 2 samples, 8 new tokens, one run (run by `make test`; no number means anything).
+`--quick`: 2 prompts x 2 samples, 8 new tokens, 2 held-out prompts, one run (run by `make test`; no number
+means anything).
 """
 
 from __future__ import annotations
@@ -88,13 +89,14 @@ def main() -> None:
     args = parser.parse_args()
     sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
     quick_set = ["--set", *(f"{k}={v}" for k, v in sizes.items())] if sizes else []
+    held_out = ["--held-out", "2"] if args.quick else []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         capture = two_layer_capture(folder, sizes)
         runs = {
-            "bundled": [doctor_seconds(quick_set, args.threads, folder) for _ in range(repeats)],
+            "bundled": [doctor_seconds(quick_set + held_out, args.threads, folder) for _ in range(repeats)],
             "capture_2_layers": [
-                doctor_seconds([str(capture), "--task", StepConfig().task], args.threads, folder)
+                doctor_seconds([str(capture), "--task", StepConfig().task, *held_out], args.threads, folder)
                 for _ in range(repeats)
             ],
         }

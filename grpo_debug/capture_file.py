@@ -295,9 +295,13 @@ def config_from_capture(capture: Capture, **changes) -> StepConfig:
         fast=_model_type(capture) == "gpt2" and not dropout,
     )
     try:
-        return StepConfig.preset("trl", **{**fields, **changes})
+        captured = StepConfig.preset("trl", **fields)
     except ValueError as e:
         raise CaptureError(f"{capture.path / 'capture.json'}: its GRPOConfig has no StepConfig here: {e}") from None
+    try:
+        return captured.replace(**changes)
+    except (ValueError, TypeError) as e:  # the caller's change, not the capture, is at fault
+        raise ValueError(f"your change to the captured step ({', '.join(map(str, changes))}): {e}") from None
 
 
 def _model_type(capture: Capture) -> str:

@@ -24,7 +24,7 @@ class TokenLogProbs:
     reference: torch.Tensor  # (N, C)
     mask: torch.Tensor  # (N, C) float, 1 on scored completion tokens
     entropies: torch.Tensor  # (N, C) entropy of the policy's next-token distribution (at the scoring temperature)
-    sampler_gap: torch.Tensor  # (N, C) |sampler (temperature only) - recomputed policy| on the TRL mask
+    sampler_gap: torch.Tensor  # (N, C) |sampler - recomputed policy| on the TRL mask, over the scoring's support
     max_sampler_gap: float
     top_p_gap: float  # max |sampler with top_p - sampler temperature-only|: what no recomputation removes
     eos_kept: float  # fraction of finished completions whose EOS is inside the mask
@@ -111,7 +111,9 @@ def compute_logprobs(
     if scoring.mask_truncated_completions:
         mask = mask * rollout.finished.unsqueeze(1).float()
     trl_mask = completion_mask(rollout, "keep_first_eos")
-    gap = (rollout.sampler_logps_temperature_only - policy_logps).abs() * trl_mask
+    # the sampler's log-probs over the support the scoring uses: renormalised over what top_p/top_k kept, or not
+    sampler = rollout.sampler_logps if scoring.support == "sampler_support" else rollout.sampler_logps_temperature_only
+    gap = (sampler - policy_logps).abs() * trl_mask
     top_p_gap = ((rollout.sampler_logps - rollout.sampler_logps_temperature_only).abs() * trl_mask).max()
     eos_positions = (rollout.completion_lengths - 1).unsqueeze(1)
     eos_in_mask = mask.gather(1, eos_positions).squeeze(1)[rollout.finished]

@@ -42,7 +42,11 @@ def report(run) -> str:
     ]
     out += [
         "2. log-probs",
-        _line("logps/max_sampler_gap", lp.max_sampler_gap, "max |sampler - recomputed|, nats; ~1e-5 with every fix on"),
+        _line(
+            "logps/max_sampler_gap",
+            lp.max_sampler_gap,
+            "max |sampler - recomputed| over the scoring's support, nats; ~1e-5 with every fix on",
+        ),
         _line("top_p renormalisation gap", lp.top_p_gap, "0 when top_p = 1"),
         _line("EOS inside the mask", lp.eos_kept, "1: the model is taught to stop"),
         _line("scored tokens", int(lp.mask.sum().item()), f"mask={cfg.mask}"),

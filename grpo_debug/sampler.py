@@ -74,8 +74,10 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
 def is_weight_metrics(
     log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token", threshold: float = IS_THRESHOLD
 ) -> dict[str, float]:
-    """verl's `rollout_is_*` statistics of the IS weights rho before truncation: per token ((N, T) log-ratios)
-    or per sequence (exp of each row's summed log-ratio). `eff_sample_size` is 1 / E[(w / E[w])^2] in (0, 1]
+    """verl's `rollout_is_*` statistics of the IS weights rho before truncation, per token ((N, T) log-ratios;
+    verl's numbers), or per sequence (exp of each row's summed log-ratio), each sequence counted once: verl
+    broadcasts a sequence's weight to its tokens and averages over tokens, weighing each sequence by its length,
+    so its per-sequence numbers differ where lengths do. `eff_sample_size` is 1 / E[(w / E[w])^2] in (0, 1]
     with w the weights clamped to [1/threshold, threshold] (verl's)."""
     lower = 1.0 / threshold
     if level == "sequence":
@@ -164,13 +166,16 @@ HEALTH = {
 
 
 def health_line(metrics: dict[str, float]) -> str:
-    """'healthy' or each metric outside verl's range, with its value."""
+    """'healthy' or each metric outside verl's range, with its value. Every metric verl checks is per token: a
+    step whose sequence weights fall far from 1 (top_p's kept mass multiplies along a completion) can be healthy
+    here; the line says so."""
     bad = [
         f"{k.split('/')[-1]} {metrics[k]:.3g} ({rule})"
         for k, (rule, off) in HEALTH.items()
         if k in metrics and off(metrics[k])
     ]
-    return "sampler vs trainer: " + ("healthy (verl's thresholds)" if not bad else "WARNING " + "; ".join(bad))
+    verdict = "healthy (verl's per-token thresholds)" if not bad else "WARNING " + "; ".join(bad)
+    return "sampler vs trainer: " + verdict
 
 
 # ---- length times drift (TRL issue #4772): a sequence's ratio is the product of its tokens' ratios, so a small

@@ -42,7 +42,10 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8)
 # On the scored tokens: `kl` = E[log pi_sampler - log pi_trainer], `k3_kl` = E[rho - log rho - 1], the
 # chi-square of the weights per token (E[rho^2] - 1) and per sequence (E[(prod rho)^2] - 1), the weights'
 # mean, spread and effective sample size (ESS, in (0, 1]: 1 when every weight is equal) per token and per
-# sequence, and the share of tokens and sequences whose ratio leaves TRL's clip of 3. verl warns when the
+# sequence, and the share of tokens and sequences whose ratio leaves TRL's clip of 3. The per-token numbers
+# are verl's; the per-sequence ones count each sequence once, where verl broadcasts a sequence's weight to
+# its tokens and so weighs each sequence by its length (its per-sequence mean and ESS differ from these
+# whenever lengths differ). verl warns when the
 # mean weight leaves [0.5, 2], the ESS drops below 0.3, the weights' std exceeds 1, |kl| exceeds 0.1 or the
 # token chi-square exceeds 1. Below: the step with every fix on, and scored as TRL 1.16 scores it.
 

@@ -90,10 +90,22 @@ agreement.index.names = ["validation", "score", "real step"]
 agreement[["Spearman", "sign agreement", "samples"]]
 
 # %%
+import math
+
+
+def ranks(c) -> str:
+    """A check's Spearman, or why it has none: it is taken over the samples whose step moved L_val beyond the
+    evaluation noise, and is undefined (NaN) with fewer than two of them, or when their changes are all equal."""
+    if math.isnan(c.spearman):
+        return f"undefined ({c.moved} sample(s) moved L_val beyond its noise floor {c.noise_floor:.1e})"
+    return f"{c.spearman:+.2f}"
+
+
 for name in check_sets:
     sgd, tracin_adamw, aware = (checks[(name, s, k)] for s, k in [("tracin", "sgd"), ("tracin", "adamw"), ("adam", "adamw")])
-    print(f"{name}: TracIn vs SGD steps Spearman {sgd.spearman:+.2f} (sign agreement {sgd.sign_agreement:.0%}); "
-          f"TracIn vs AdamW steps {tracin_adamw.spearman:+.2f}; AdamW-aware score vs AdamW steps {aware.spearman:+.2f}")
+    agree = "" if math.isnan(sgd.spearman) else f" (sign agreement {sgd.sign_agreement:.0%})"
+    print(f"{name}: TracIn vs SGD steps Spearman {ranks(sgd)}{agree}; "
+          f"TracIn vs AdamW steps {ranks(tracin_adamw)}; AdamW-aware score vs AdamW steps {ranks(aware)}")
 warm = checks[("random 16", "adam_batch", "adamw_batch")]
 print(f"random 16, warmed AdamW: {(warm.measured < 0).float().mean():.0%} of the single-sample steps lower L_val; "
       f"noise floor of L_val {warm.noise_floor:.1e}")

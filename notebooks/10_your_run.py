@@ -111,9 +111,15 @@ print(f"the captured config is the {run.config.preset_name() or 'custom'} preset
 toggled = step.run(step.cfg.replace(position_ids=not step.cfg.position_ids), until="update")
 moved = (toggled.logprobs.policy - run.logprobs.policy).abs()[run.logprobs.mask.bool()]
 print(f"re-ran: {list(toggled.rerun)}")
-print(f"position_ids={toggled.config.position_ids}: the largest per-token log-prob moves by {moved.max().item():.2f} nats")
-print(f"loss changes: {toggled.update.loss != run.update.loss}; "
-      f"grad_norm changes: {toggled.update.grad_norm != run.update.grad_norm}")
+from grpo_debug.model import absolute_positions
+
+print(f"position_ids={toggled.config.position_ids}: the largest per-token log-prob moves by {moved.max().item():.2g} nats")
+grad_change = abs(toggled.update.grad_norm - run.update.grad_norm) / run.update.grad_norm
+print(f"grad_norm {run.update.grad_norm:.4g} -> {toggled.update.grad_norm:.4g} ({grad_change:.1e} of it; the loss "
+      "itself is ~0 at ratio 1, notebook 08)")
+if not absolute_positions(step.policy):
+    print("this model adds no absolute position embeddings (rotary positions, say): shifting a row's positions "
+          "changes its scores by float rounding only, so position_ids cannot matter on it")
 
 # %% [markdown]
 # ## Your step in every notebook

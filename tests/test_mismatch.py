@@ -60,7 +60,7 @@ def test_identical_log_probs_are_perfectly_on_policy_and_healthy():
         assert got[f"rollout_corr/{name}"] == pytest.approx(0.0, abs=1e-6), name
     assert got["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0)
     assert got["rollout_corr/rollout_is_mean"] == pytest.approx(1.0)
-    assert health_line(got).endswith("healthy (verl's thresholds)")
+    assert health_line(got).endswith("healthy (verl's per-token thresholds)")
 
 
 @pytest.mark.parametrize("name", list(HEALTH))

@@ -2,8 +2,10 @@
 executed here, top to bottom, on four captured steps, and must end on that captured step:
 - bundled: a 2-step TRL run of the bundled model (as notebook 10 once made it), opened with the bundled task;
 - defaults: a user's own script (`user_train.py`) on a tiny GPT-2 with TRL's defaults (dropout on, bfloat16,
-  dapo, beta 0, logging every 10 steps), opened with the user's reward functions ("user_train.py:REWARD_FUNCS");
-- chat: the same script on a tiny Llama with a chat template and message-list prompts (a conversational run);
+  dapo, beta 0, logging every 10 steps) and prompts of different lengths (left padding with dropout on), opened
+  with the user's reward functions ("user_train.py:REWARD_FUNCS");
+- chat: the same script on a tiny Llama (rotary positions) with a chat template and message-list prompts (a
+  conversational run), every completion at max_completion_length (`min_new_tokens`: no EOS can be sampled);
 - mu2-ga2: the same script with num_iterations 2, gradient_accumulation_steps 2, beta 0.04, grpo (step 2: pass 2).
 
 Each capture is a test class that builds only its own run, so that pytest-xdist (`--dist loadscope`, as
@@ -38,8 +40,8 @@ pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 TESTS = Path(__file__).resolve().parent
 USER_RUNS = {
-    "defaults": {},
-    "chat": {"model": "my-chat", "chat": True},
+    "defaults": {"mixed_lengths": True},
+    "chat": {"model": "my-chat", "chat": True, "generation_kwargs": {"min_new_tokens": 16}},
     "mu2-ga2": {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo"},
 }
 

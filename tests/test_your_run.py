@@ -503,3 +503,37 @@ def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_pat
     assert cfg.dtype == ("bfloat16" if str(trainer.accelerator.mixed_precision) == "bf16" else "float32")
     assert cfg.dropout == cfg.sample_dropout == (not trainer.args.disable_dropout)
     assert cfg.max_new_tokens == trainer.max_completion_length and cfg.learning_rate == trainer.args.learning_rate
+
+
+@pytest.mark.parametrize("how", ["100000 layers in the config", "a 9.7B-parameter config"])
+def test_a_config_too_large_for_its_weights_is_refused_within_a_memory_and_time_bound(good_capture, tmp_path, how):
+    """Under a 3 GB address-space limit and a 120 s timeout, in a fresh process: the check reads the weights'
+    headers and bounds the config by them before building anything (before: the 100000-layer config ran past
+    120 s with memory rising, the ~9.7B one allocated its parameters)."""
+    from grpo_debug.checksums import write_checksums
+
+    copy = tmp_path / "capture"
+    shutil.copytree(good_capture, copy)
+    _damage(copy, how)
+    write_checksums(copy)
+    bounded = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))\n"
+        "from grpo_debug.capture_file import CaptureError, load_capture\n"
+        "try:\n"
+        f"    load_capture({str(copy)!r})\n"
+        "except CaptureError as e:\n"
+        "    print(e)\n"
+        "    sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", bounded], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, f"not refused within the bounds (exit {done.returncode}):\n{done.stderr[-2000:]}"
+    assert "config.json" in done.stdout and "layers" in done.stdout, done.stdout
+
+
+def test_a_bad_change_to_a_capture_blames_the_change_not_the_capture(good_capture):
+    """`open_step(..., beta="0.0")` once read "its GRPOConfig has no StepConfig here", blaming the capture."""
+    from grpo_debug.step import GRPOStep
+
+    with pytest.raises(ValueError, match=r"your change to the captured step \(beta\): StepConfig.beta = '0.0'"):
+        GRPOStep.from_capture(good_capture, beta="0.0")

@@ -3,7 +3,8 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
 
-`model` (a folder), `capture` (the steps) and `chat` (message-list prompts) are read from the JSON too.
+`model` (a folder), `capture` (the steps), `chat` (message-list prompts) and `mixed_lengths` (prompts of
+different lengths, so left padding) are read from the JSON too.
 """
 
 import json
@@ -35,7 +36,10 @@ if __name__ == "__main__":
     changes = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     model = changes.pop("model", "my-model")
     steps = changes.pop("capture", [2])
-    prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]]
+    pairs = [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]
+    if changes.pop("mixed_lengths", False):  # prompts of different lengths: TRL left-pads the shorter ones
+        pairs = [(1, 2), (13, 4), (5, 61), (7, 1), (22, 2), (9, 0), (4, 44), (6, 3)]
+    prompts = [f"What is {a}+{b}? " for a, b in pairs]
     if changes.pop("chat", False):  # a conversational dataset: the tokenizer's chat template applies
         prompts = [[{"role": "user", "content": p}] for p in prompts]
     args = GRPOConfig(
