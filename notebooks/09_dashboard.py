@@ -136,10 +136,12 @@ passes.round(4)
 # %%
 if CAPTURE is None:  # the bundled step, from the fixed preset
     assert "dropout" in moved and "TRL 1.16 as shipped" not in moved, f"the rows whose loss moves: {moved}"
-# pass 1 is on-policy where every ratio is exactly 1: not on a later optimizer step of a captured generation,
-# nor with dropout on while scoring; then pass 1 clips, and its update depends on the clip range
-run = step.result
-pass_1_on_policy = bool((run.loss.ratio[run.logprobs.mask.bool()] == 1).all())
+# at mu = 2, pass 1 is on-policy where every ratio is 1: not on a later optimizer step of a captured generation,
+# nor with dropout on (pi_old was scored with other dropout masks); then pass 1 clips, and its update depends
+# on the clip range (at mu = 1 the ratio is 1 by construction: TRL takes pi_old = pi.detach())
+two = step.run(mu2, until="update", remember=False)
+pass_1_ratio = two.update.iterations[0].ratio[two.logprobs.mask.bool()]
+pass_1_on_policy = bool(((pass_1_ratio - 1).abs() < 1e-3).all())  # 1 up to the fast path's float rounding
 passes_2 = "iteration_2/clip_ratio/region_mean"
 if pass_1_on_policy:
     assert shown["iteration_1/clip_ratio/region_mean"] == 0.0, "pass 1 is on-policy, yet the panel shows clipping"
@@ -148,8 +150,8 @@ if pass_1_on_policy:
     narrow, wide = passes.loc["epsilon 0.1", passes_2], passes.loc["mu=2", passes_2]
     assert narrow >= wide, f"a narrower clip range clipped less in pass 2 ({narrow:.3g} < {wide:.3g})"
 else:
-    print("pass 1 is not on-policy on this step (ratio != 1 before any update): it clips too, and the rows' "
-          "second passes start from different updates")
+    print(f"pass 1 of mu = 2 is not on-policy on this step (|ratio - 1| up to {(pass_1_ratio - 1).abs().max():.2g} "
+          "before any update): it clips too, and the rows' second passes start from different updates")
 if CAPTURE is None:  # the bundled step, with epsilon_high 0.2
     high = "iteration_2/clip_ratio/high_mean"
     assert passes.loc["epsilon_high 0.28", high] <= passes.loc["mu=2", high], "a wider epsilon_high clipped more"

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 TESTS = Path(__file__).resolve().parent
 USER_RUNS = {
-    "defaults": {"mixed_lengths": True},
+    "defaults": {"mixed_lengths": True, "per_device_train_batch_size": 8},  # two prompts a step: one is padded
     "chat": {"model": "my-chat", "chat": True, "generation_kwargs": {"min_new_tokens": 16}},
     "mu2-ga2": {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo"},
 }

@@ -37,14 +37,14 @@ if __name__ == "__main__":
     model = changes.pop("model", "my-model")
     steps = changes.pop("capture", [2])
     pairs = [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]
-    if changes.pop("mixed_lengths", False):  # prompts of different lengths: TRL left-pads the shorter ones
-        pairs = [(1, 2), (13, 4), (5, 61), (7, 1), (22, 2), (9, 0), (4, 44), (6, 3)]
+    if changes.pop("mixed_lengths", False):  # every prompt of its own length: TRL left-pads the shorter ones
+        pairs = [(1, 2), (13, 4), (15, 61), (7, 1001), (222, 444), (9, 100000), (4444, 4444), (66666, 3333)]
     prompts = [f"What is {a}+{b}? " for a, b in pairs]
     if changes.pop("chat", False):  # a conversational dataset: the tokenizer's chat template applies
         prompts = [[{"role": "user", "content": p}] for p in prompts]
     args = GRPOConfig(
         output_dir=out,
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=changes.pop("per_device_train_batch_size", 4),
         num_generations=4,
         max_completion_length=16,
         max_steps=changes.pop("max_steps", 2),

@@ -222,13 +222,13 @@ CLIP_SATURATED = 0.2  # a fifth of the tokens with a cut gradient
 
 
 def clip_inactive(f: StepFacts) -> Finding:
-    loss = f.run.loss
-    region = loss.metrics.get("clip_ratio/region_mean", 0.0)
-    on_policy = bool((loss.ratio == 1).all())
+    first = f.run.update.iterations[0]  # the update's own pass 1: dropout or moved weights take it off 1
+    region = first.metrics.get("clip_ratio/region_mean", 0.0)
+    on_policy = bool(((first.ratio - 1).abs()[f.run.logprobs.mask.bool()] < 1e-3).all())
     if f.run.config.num_iterations == 1 and on_policy:
         return _finding(
             "clip_inactive", "info",
-            "num_iterations = 1: the ratio is exactly 1 on this pass, so every clip_ratio is 0 by design",
+            "num_iterations = 1 and no dropout: the ratio is 1 on this pass, so every clip_ratio is 0 by design",
             clip_ratio_region_mean=region,
         )  # fmt: skip
     return _finding("clip_inactive", "absent", f"clip_ratio/region_mean {region:.3g}", clip_ratio_region_mean=region)
