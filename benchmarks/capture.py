@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import QUICK_SET, add_quick
+from common import add_repeats, sizes_and_repeats
 
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.config import StepConfig
@@ -47,11 +47,9 @@ def one_run(threads: int, sizes: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=3)
-    add_quick(parser)
+    add_repeats(parser)
     args = parser.parse_args()
-    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    sizes, repeats = sizes_and_repeats(args)
     runs = [one_run(args.threads, sizes) for _ in range(repeats)]
     report = {
         "threads": args.threads,

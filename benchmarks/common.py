@@ -52,6 +52,18 @@ def add_quick(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_repeats(parser: argparse.ArgumentParser, help: str = "fresh runs (median)") -> None:
+    """`--threads`, `--repeats` and `--quick`, which `sizes_and_repeats` reads back."""
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=3, help=help)
+    add_quick(parser)
+
+
+def sizes_and_repeats(args: argparse.Namespace) -> tuple[dict, int]:
+    """(StepConfig sizes, repeats): QUICK_SET and one run under `--quick`, else the defaults and `--repeats`."""
+    return (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+
+
 def gpt2_124m_shape(tokenizer, quick: bool = False) -> LoadedModel:
     """RookWorld-LM-124M's architecture with random weights (`quick`: 1 layer of 64, the same code path)."""
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import QUICK_SET, add_quick
+from common import add_repeats, sizes_and_repeats
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.capture import CaptureCallback
@@ -83,11 +83,9 @@ def doctor_seconds(arguments: list[str], threads: int, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=3)
-    add_quick(parser)
+    add_repeats(parser)
     args = parser.parse_args()
-    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    sizes, repeats = sizes_and_repeats(args)
     quick_set = ["--set", *(f"{k}={v}" for k, v in sizes.items())] if sizes else []
     held_out = ["--held-out", "2"] if args.quick else []
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import torch
-from common import QUICK_SET, PeakRSS, add_quick, gpt2_124m_shape
+from common import PeakRSS, add_repeats, gpt2_124m_shape, sizes_and_repeats
 
 from grpo_debug.config import PHASES, StepConfig
 from grpo_debug.model import load_model
@@ -123,7 +123,7 @@ def bundled_model(repeats: int, sizes: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_repeats(parser, help="fresh steps per bundled configuration (median)")
     parser.add_argument("--skip-124m", action="store_true")
     parser.add_argument("--only-124m", action="store_true")
     parser.add_argument(
@@ -131,11 +131,9 @@ def main() -> None:
         action="store_true",
         help="only num_iterations = 2 against 1 on the bundled model, default config",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="fresh steps per bundled configuration (median)")
-    add_quick(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    sizes, repeats = (QUICK_SET, 1) if args.quick else ({}, args.repeats)
+    sizes, repeats = sizes_and_repeats(args)
     report = {"threads": args.threads, "torch": torch.__version__, "quick": args.quick}
 
     if args.only_num_iterations:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
 from .config import StepConfig
 from .overrides import INTEGER, parse_bool, parse_overrides
-from .task import load_task
+from .task import check_prompt_counts
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 
@@ -184,12 +184,6 @@ def check_plan(
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
 
-    task = load_task(base.task)  # its prompt sets must hold what the run asks for, before any model loads
-    for prompt_set, needed, flag in (
-        ("train", train_prompts, "--train-prompts"),
-        ("test", eval_prompts, "--eval-prompts"),
-    ):
-        try:
-            task.prompts(prompt_set, needed)
-        except ValueError as e:
-            raise ValueError(f"{flag} {needed}: {e}") from None
+    check_prompt_counts(
+        base.task, [("train", train_prompts, "--train-prompts"), ("test", eval_prompts, "--eval-prompts")]
+    )

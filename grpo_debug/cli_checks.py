@@ -18,18 +18,16 @@ def check_outputs(parser, args) -> None:
 
 def check_prompts(cfg: StepConfig) -> None:
     """The task holds the prompts the step asks for (num_prompts after prompt_offset, eval_prompts), checked
-    before the model loads (the bundled tasks load without torch)."""
-    from .task import load_task
+    before the model loads."""
+    from .task import check_prompt_counts
 
-    task = load_task(cfg.task)
-    for prompt_set, n, names in (
-        ("train", cfg.prompt_offset + cfg.num_prompts, "prompt_offset + num_prompts"),
-        ("test", cfg.eval_prompts, "eval_prompts"),
-    ):
-        try:
-            task.prompts(prompt_set, n)
-        except ValueError as e:
-            raise ValueError(f"{names} = {n}: {e}") from None
+    check_prompt_counts(
+        cfg.task,
+        [
+            ("train", cfg.prompt_offset + cfg.num_prompts, "prompt_offset + num_prompts ="),
+            ("test", cfg.eval_prompts, "eval_prompts ="),
+        ],
+    )
 
 
 def capture_overrides(parser, args) -> dict:

@@ -167,6 +167,18 @@ NULL_STEP_VARIANTS = {
 }
 
 
+ON_POLICY = 1e-3  # |ratio - 1| below this is the fast path's float rounding, not a policy change
+
+
+def first_pass_ratio_gap(run: StepRun) -> float:
+    """max |ratio - 1| over the scored tokens in the first pass of the run's update. Below ON_POLICY that pass
+    is on-policy: at mu = 1 TRL takes pi_old = pi.detach(), so the ratio is 1 by construction; at mu >= 2 pi_old
+    was scored at generation, so dropout (other masks) or weights a captured generation already moved take it
+    off 1, and pass 1 clips too."""
+    ratio = run.update.iterations[0].ratio[run.logprobs.mask.bool()]
+    return (ratio - 1).abs().max().item() if ratio.numel() else 0.0
+
+
 def null_step(step: GRPOStep, variants: dict[str, dict | str] | None = None, base: StepConfig | None = None):
     """The same rollout optimised with learning rate 0 and num_iterations = 2: the weights never change, so
     any ratio != 1, clipped token or KL is numerics (or dropout) alone, the floor a real failure must clear.

@@ -86,6 +86,17 @@ _FACTORIES: dict[str, Callable[[], Task] | str] = {
 _LOADED: dict[str, Task] = {}
 
 
+def check_prompt_counts(name: str, needs) -> None:
+    """Each (prompt_set, n, what) of `needs` the task `name` must hold, refused naming `what` and n before any
+    model loads (the bundled tasks load without torch)."""
+    task = load_task(name)
+    for prompt_set, n, what in needs:
+        try:
+            task.prompts(prompt_set, n)
+        except ValueError as e:
+            raise ValueError(f"{what} {n}: {e}") from None
+
+
 def register_task(name: str, factory: Callable[[], Task] | str) -> None:
     """Make `name` a task: `factory()` (or the function an import string "module:function" names) builds it.
     Registering a name again replaces it."""

@@ -325,8 +325,9 @@ panel.widget()
 # %%
 # pass 1 is on-policy where the step's weights are the ones that scored pi_old (every ratio 1): not on
 # a later optimizer step of a captured generation, nor with dropout on while scoring
-pass_1_ratio = one.update.iterations[0].ratio[one.logprobs.mask.bool()]
-pass_1_on_policy = bool(((pass_1_ratio - 1).abs() < 1e-3).all())  # 1 up to the fast path's float rounding
+from grpo_debug.diagnostics import ON_POLICY, first_pass_ratio_gap
+
+pass_1_on_policy = first_pass_ratio_gap(one) < ON_POLICY  # 1 up to the fast path's float rounding
 if pass_1_on_policy:
     clipped = passes_table.loc["mu = 1, pass 1", keys[:4]]
     assert (clipped == 0).all(), f"pass 1 is on-policy, yet it clipped tokens: {clipped.to_dict()}"

@@ -139,9 +139,10 @@ if CAPTURE is None:  # the bundled step, from the fixed preset
 # at mu = 2, pass 1 is on-policy where every ratio is 1: not on a later optimizer step of a captured generation,
 # nor with dropout on (pi_old was scored with other dropout masks); then pass 1 clips, and its update depends
 # on the clip range (at mu = 1 the ratio is 1 by construction: TRL takes pi_old = pi.detach())
-two = step.run(mu2, until="update", remember=False)
-pass_1_ratio = two.update.iterations[0].ratio[two.logprobs.mask.bool()]
-pass_1_on_policy = bool(((pass_1_ratio - 1).abs() < 1e-3).all())  # 1 up to the fast path's float rounding
+from grpo_debug.diagnostics import ON_POLICY, first_pass_ratio_gap
+
+pass_1_gap = first_pass_ratio_gap(step.run(mu2, until="update", remember=False))
+pass_1_on_policy = pass_1_gap < ON_POLICY  # 1 up to the fast path's float rounding
 passes_2 = "iteration_2/clip_ratio/region_mean"
 if pass_1_on_policy:
     assert shown["iteration_1/clip_ratio/region_mean"] == 0.0, "pass 1 is on-policy, yet the panel shows clipping"
@@ -150,7 +151,7 @@ if pass_1_on_policy:
     narrow, wide = passes.loc["epsilon 0.1", passes_2], passes.loc["mu=2", passes_2]
     assert narrow >= wide, f"a narrower clip range clipped less in pass 2 ({narrow:.3g} < {wide:.3g})"
 else:
-    print(f"pass 1 of mu = 2 is not on-policy on this step (|ratio - 1| up to {(pass_1_ratio - 1).abs().max():.2g} "
+    print(f"pass 1 of mu = 2 is not on-policy on this step (|ratio - 1| up to {pass_1_gap:.2g} "
           "before any update): it clips too, and the rows' second passes start from different updates")
 if CAPTURE is None:  # the bundled step, with epsilon_high 0.2
     high = "iteration_2/clip_ratio/high_mean"

@@ -109,7 +109,7 @@ def _kl_against_exact(step: GRPOStep, run: StepRun) -> dict | None:
     if cfg.beta == 0:
         return None
     if step.at_reference:
-        return at_reference(run.logprobs.mask)
+        return at_reference()
     step.restore_policy()
     scoring = dataclasses.replace(scoring_of(cfg).without_dropout(), support="full_vocabulary")
     rollout = run.rollout

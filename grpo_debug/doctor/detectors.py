@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from ..diagnostics import ON_POLICY, first_pass_ratio_gap
 from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
 from .logprob_detectors import (
     dropout,
@@ -222,9 +223,8 @@ CLIP_SATURATED = 0.2  # a fifth of the tokens with a cut gradient
 
 
 def clip_inactive(f: StepFacts) -> Finding:
-    first = f.run.update.iterations[0]  # the update's own pass 1: dropout or moved weights take it off 1
-    region = first.metrics.get("clip_ratio/region_mean", 0.0)
-    on_policy = bool(((first.ratio - 1).abs()[f.run.logprobs.mask.bool()] < 1e-3).all())
+    region = f.run.update.iterations[0].metrics.get("clip_ratio/region_mean", 0.0)
+    on_policy = first_pass_ratio_gap(f.run) < ON_POLICY
     if f.run.config.num_iterations == 1 and on_policy:
         return _finding(
             "clip_inactive", "info",

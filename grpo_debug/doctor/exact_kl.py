@@ -38,7 +38,7 @@ def _sums(
     return torch.stack([exact.detach(), sampled, expected.detach(), a @ b, a @ a, b @ b])
 
 
-def at_reference(mask: torch.Tensor) -> dict:
+def at_reference() -> dict:
     """The comparison where the policy is the reference (step 0): KL 0, its gradient 0, no cosine."""
     nothing = float("nan")
     return dict(
