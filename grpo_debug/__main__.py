@@ -110,17 +110,22 @@ def write_json(path: str, value) -> None:
 
 
 def analyze_command(parser, args) -> int:
-    """Every verdict of committed training results, recomputed from their records (grpo_debug.stats)."""
-    from .train_results import reanalyze
+    """Every verdict of committed training results, recomputed from their records (grpo_debug.stats), in the
+    families of the comparison a file belongs to (grpo_debug.comparisons); --write stores them."""
+    from .comparisons import analyze
 
     for path in args.paths:
         try:
-            results = reanalyze(json.loads(open(path).read()))
+            results, writes = analyze(path)
         except (OSError, ValueError, KeyError) as e:
             parser.error(f"{path}: {e}")
+        if "comparison" in results:
+            files = ", ".join(results["files"])
+            print(f"{path} is read in comparison {results['comparison']!r} ({files}): {results['question']}")
         print(summary_table(results))
         if args.write:
-            write_json(path, results)
+            for file, value in writes.items():
+                write_json(file, value)
     return 0
 
 
@@ -229,7 +234,8 @@ def summary_table(results: dict) -> str:
         )
         for arm, value in members:
             holm = "-" if value["holm_p"] is None else f"{value['holm_p']:.3g}"
-            lines.append(f"  {arm:18s} {value['verdict']}  (Holm p {holm})")
+            label = f"{arm} - {value['other']}" if "other" in value else arm
+            lines.append(f"  {label:18s} {value['verdict']}  (Holm p {holm})")
     return "\n".join(lines)
 
 

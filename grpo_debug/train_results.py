@@ -53,10 +53,10 @@ def metric_difference(mine: torch.Tensor, theirs: torch.Tensor, key: str, level:
     return stats.seed_interval(mine - theirs, level)
 
 
-def family(intervals: dict[str, stats.Interval], what: str) -> dict[str, dict]:
+def family(intervals: dict[str, stats.Interval], what: str, others: dict[str, str] | None = None) -> dict[str, dict]:
     """A family of verdicts: Holm's adjusted p-values across it, and each verdict in words. The intervals
     are computed at `stats.bonferroni_level` of the family's size by the caller, so a verdict never
-    contradicts its interval."""
+    contradicts its interval. `others` names, per member, what it is compared with (a claim's other arm)."""
     adjusted = stats.holm([i.p_value for i in intervals.values()])
     return {
         name: {
@@ -64,18 +64,31 @@ def family(intervals: dict[str, stats.Interval], what: str) -> dict[str, dict]:
             "holm_p": p,
             "family": what,
             "family_size": len(intervals),
-            "verdict": stats.verdict(i, what, p),
+            **({"other": others[name]} if others else {}),
+            "verdict": stats.verdict(i, what if not others else f"{what}, {name}", p),
         }
         for (name, i), p in zip(intervals.items(), adjusted)
     }
 
 
-def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> dict:
+Claim = tuple[str, str, str]  # (what it says, arm, other): the held-out reward of arm minus other after K steps
+
+
+def summarize(
+    records: list[dict],
+    arms: list[str],
+    seeds: int,
+    steps: int,
+    claims: list[Claim] | None = None,
+    borrowed: tuple[str, ...] = (),
+) -> dict:
     """Per arm: the held-out reward at the start and after `steps` (`stats.crossed_interval`: seeds crossed with
-    test prompts; a deterministic arm counts once), its change from the start, and its difference from the first
-    arm paired by seed and prompt; the step metrics of `COMPARED` over the last quarter of the steps against the
-    first arm's (`metric_difference`). Each kind of comparison across the arms is one family: its intervals are
-    shown at the Bonferroni level (95% when the family has one member) and its verdicts carry Holm's p."""
+    test prompts; a deterministic arm counts once), its change from the start, and the held-out `claims`
+    (default: every arm minus the first, paired by seed and prompt), each under its arm as "minus_<other>"; the
+    step metrics of `COMPARED` over the last quarter of the steps against the first arm's
+    (`metric_difference`). Each kind of comparison is one family: its intervals are shown at the Bonferroni
+    level (95% when the family has one member) and its verdicts carry Holm's p. `borrowed` arms are references
+    taken from another comparison: their own change is that comparison's verdict, not one of this family's."""
     ref, others = arms[0], arms[1:]
     tables = {arm: (eval_table(records, arm, seeds, 0), eval_table(records, arm, seeds, steps)) for arm in arms}
     done = [a for a in arms if tables[a][1] is not None]
@@ -87,18 +100,21 @@ def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> d
         }
         for arm in done
     }
-    with_start = [a for a in done if tables[a][0] is not None]
+    with_start = [a for a in done if tables[a][0] is not None and a not in borrowed]
     level = stats.bonferroni_level(len(with_start))
     changes = family(
         {a: stats.crossed_interval(tables[a][1] - tables[a][0], level) for a in with_start},
         "change of the held-out reward from step 0",
     )
-    compared = [a for a in others if a in done and tables[ref][1] is not None]
-    level = stats.bonferroni_level(len(compared))
-    minus = family(
-        {a: stats.crossed_interval(tables[a][1] - tables[ref][1], level) for a in compared},
-        f"held-out reward minus {ref}",
+    claims = [(f"{a} - {ref}", a, ref) for a in others] if claims is None else claims
+    claims = [(text, a, b) for text, a, b in claims if a in done and b in done]
+    level = stats.bonferroni_level(len(claims))
+    differences = family(
+        {f"{a} - {b}": stats.crossed_interval(tables[a][1] - tables[b][1], level) for _, a, b in claims},
+        "held-out reward difference",
+        {f"{a} - {b}": b for _, a, b in claims},
     )
+    compared = [a for a in others if a in done and tables[ref][1] is not None]
     metrics = {}
     for key in COMPARED:
         pairs = {a: [last_steps_mean(records, x, seeds, key, *window) for x in (a, ref)] for a in compared}
@@ -106,13 +122,14 @@ def summarize(records: list[dict], arms: list[str], seeds: int, steps: int) -> d
         level = stats.bonferroni_level(len(pairs))
         what = f"{key} {'log ratio to' if key in HEAVY_TAILED else 'minus'} {ref}, last quarter"
         metrics[key] = family({a: metric_difference(m, t, key, level) for a, (m, t) in pairs.items()}, what)
+    for text, a, b in claims:
+        out[a][f"minus_{b}"] = {**differences[f"{a} - {b}"], "claim": text}
     for arm in done:
         row = out[arm]
         if arm in changes:
             row["change_from_start"] = changes[arm]
-        if arm in minus:
-            row[f"minus_{ref}"] = minus[arm]
-            row["verdict"] = minus[arm]["verdict"]
+        if f"minus_{ref}" in row:
+            row["verdict"] = row[f"minus_{ref}"]["verdict"]
         for key in COMPARED:
             if arm in metrics[key]:
                 row[f"{key} minus_{ref}"] = metrics[key][arm]
@@ -161,13 +178,6 @@ def difference_curve(results: dict, arm: str, other: str) -> list[dict]:
         d = paired_difference(results, arm, other, step)
         rows.append({"arm": arm, "step": step, "mean": d.mean, "low": d.ci_low, "high": d.ci_high})
     return rows
-
-
-def claims(results: dict, pairs: list[tuple[str, str, str]], what: str = "held-out reward") -> dict[str, dict]:
-    """A family of claims (label, arm, other), each the paired held-out difference arm - other after K steps:
-    intervals at the family's Bonferroni level, Holm's p, the verdict in words."""
-    level = stats.bonferroni_level(len(pairs))
-    return family({label: paired_difference(results, a, b, level=level) for label, a, b in pairs}, what)
 
 
 def reanalyze(results: dict) -> dict:

@@ -147,7 +147,12 @@ def test_a_tracin_arm_records_the_fraction_it_selected(tmp_path):
 
 def test_a_summary_is_families_of_verdicts_with_their_correction(three_steps):
     row = three_steps["summary"]["k1"]["minus_fixed"]
-    assert row["family"] == "held-out reward minus fixed" and row["family_size"] == 1 and row["level"] == 0.95
+    assert (
+        row["family"] == "held-out reward difference"
+        and row["other"] == "fixed"
+        and row["family_size"] == 1
+        and row["level"] == 0.95
+    )
     assert row["method"].startswith("crossed seeds x prompts" if row["n_seeds"] > 1 else "one seed")
     assert row["holm_p"] == row["p_value"]
     change = three_steps["summary"]["fixed"]["change_from_start"]
@@ -234,7 +239,8 @@ def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_number
         r["arm"] = "k1_again" if r["arm"] == "k1" else r["arm"]
     merged = merge_results(first, second)
     assert list(merged["arms"]) == ["fixed", "k1", "k1_again"] and merged["command"] == ["a", "b"]
-    assert merged["summary"]["k1_again"]["minus_fixed"] == merged["summary"]["k1"]["minus_fixed"]
+    numbers = lambda d: {k: v for k, v in d.items() if k not in ("claim", "verdict")}  # those name the arm
+    assert numbers(merged["summary"]["k1_again"]["minus_fixed"]) == numbers(merged["summary"]["k1"]["minus_fixed"])
     second["records"][1]["reward"] += 1e-6  # fixed's step-1 record
     with pytest.raises(ValueError, match="other numbers"):
         merge_results(first, second)

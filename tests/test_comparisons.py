@@ -1,0 +1,84 @@
+"""One verdict per claim: the committed results, `analyze` and the notebooks read the families that
+data/experiments/comparisons.json defines once."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from grpo_debug.comparisons import analyze, comparison_of, open_comparison, read_comparisons, share_of
+from grpo_debug.paths import DATA_DIR, ROOT
+
+EXPERIMENTS = DATA_DIR / "experiments"
+RESULT_FILES = sorted(p.name for p in EXPERIMENTS.glob("*.json") if "records" in json.loads(p.read_text()))
+
+
+def test_every_committed_result_belongs_to_one_comparison_and_stores_its_verdicts():
+    comparisons = read_comparisons(EXPERIMENTS)
+    opened = {name: open_comparison(EXPERIMENTS, name) for name in comparisons}
+    for file in RESULT_FILES:
+        name = comparison_of(EXPERIMENTS / file)
+        assert name is not None, f"{file} is in no comparison of comparisons.json: its verdicts have no family"
+        stored = json.loads((EXPERIMENTS / file).read_text())
+        expected = json.loads(json.dumps(share_of(stored, opened[name])))  # as written: strict JSON
+        assert stored["summary"] == expected["summary"], f"{file}'s stored summary is stale: run analyze --write"
+
+
+def test_analyze_prints_the_verdict_the_notebook_prints(tmp_path):
+    """The issue's example: the trl arm's KL was 'higher' from pitfalls.json alone (a family of 4) and 'not
+    detected' in 06b's merged family of 7. Now both read the comparison."""
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "analyze", str(EXPERIMENTS / "pitfalls.json")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    ).stdout
+    pitfalls = open_comparison(EXPERIMENTS, "pitfalls")
+    kl = pitfalls["summary"]["trl"]["kl minus_fixed"]
+    assert kl["family_size"] == 7 and kl["verdict"] in out, out
+    for arm, row in pitfalls["summary"].items():
+        for value in row.values():
+            if isinstance(value, dict) and "verdict" in value:
+                assert value["verdict"] in out, f"{arm}: {value['verdict']} not printed by analyze"
+
+
+def test_a_borrowed_arm_keeps_the_verdict_of_its_own_comparison():
+    tracin = open_comparison(EXPERIMENTS, "tracin")
+    assert "change_from_start" not in tracin["summary"]["fixed"]  # the pitfalls comparison's verdict
+    claims = [d for row in tracin["summary"].values() for k, d in row.items() if k.startswith("minus_")]
+    assert len(claims) == 5 and {d["family_size"] for d in claims} == {5}
+
+
+def test_a_bad_comparisons_file_is_refused_in_one_line(tmp_path):
+    for file in ("zero_loss.json", "precision.json"):
+        shutil.copy(EXPERIMENTS / file, tmp_path / file)
+    write = lambda value: (tmp_path / "comparisons.json").write_text(json.dumps(value))
+    write({"comparisons": {"a": {"files": ["zero_loss.json"]}, "b": {"files": ["zero_loss.json"]}}})
+    with pytest.raises(ValueError, match="zero_loss.json is in both 'a' and 'b'"):
+        read_comparisons(tmp_path)
+    write({"comparisons": {"a": {"files": ["missing.json"]}}})
+    with pytest.raises(ValueError, match="names missing.json, which is not in"):
+        read_comparisons(tmp_path)
+    write({"comparisons": {"a": {"files": ["zero_loss.json"], "claims": [["only two", "dapo"]]}}})
+    with pytest.raises(ValueError, match=r"claims as \[text, arm, other\]"):
+        read_comparisons(tmp_path)
+    (tmp_path / "comparisons.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a comparisons file"):
+        read_comparisons(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "analyze", str(tmp_path / "zero_loss.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and "not a comparisons file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_file_of_no_comparison_is_summarised_alone(tmp_path):
+    shutil.copy(EXPERIMENTS / "zero_loss.json", tmp_path / "mine.json")
+    results, writes = analyze(str(tmp_path / "mine.json"))
+    assert "comparison" not in results and list(writes) == [str(tmp_path / "mine.json")]
+    assert results["summary"]["dapo"]["minus_fixed"]["family_size"] == 2
