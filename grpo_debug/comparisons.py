@@ -86,7 +86,7 @@ def analyze(path: str) -> tuple[dict, dict[str, dict]]:
     path = Path(path)
     name = comparison_of(path)
     if name is None:
-        results = reanalyze(json.loads(path.read_text()))
+        results = {k: v for k, v in reanalyze(json.loads(path.read_text())).items() if k != "comparison"}
         return results, {str(path): results}
     results = open_comparison(path.parent, name)
     files = [path.parent / f for f in read_comparisons(path.parent)[name]["files"]]

@@ -52,6 +52,8 @@ from .choices import (  # noqa: F401
     SAMPLER_CORRECTION_MODES,
     TRL_LOSS_TYPES,
 )
+from .logprobs import TokenLogProbs
+from .sampler import SamplerCorrection, sampler_correction
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,32 @@ class LossSpec:
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def batch_loss(
+    spec: LossSpec,
+    correction: SamplerCorrection | None,
+    lp: TokenLogProbs,
+    advantages: torch.Tensor,
+    sampler_logps: torch.Tensor | None,
+    logps: torch.Tensor | None = None,
+) -> LossBreakdown:
+    """The loss phase: the whole batch's loss at the weights that scored it (no accumulation: the first
+    micro-batch's view when S = 1), the sampler correction applied and its sampling/* metrics added.
+    `logps`: the (N, C) log-probs to differentiate it against (default `lp.policy`: the same values)."""
+    ratio, sampling = sampler_correction(correction, lp.policy, sampler_logps, lp.mask)
+    breakdown = compute_loss(
+        lp.policy if logps is None else logps,
+        lp.policy,
+        lp.reference,
+        advantages,
+        lp.mask,
+        entropies=lp.entropies,
+        sampler_logps=sampler_logps if correction else None,
+        sampler_ratio=ratio,
+        **dataclasses.replace(spec, gradient_accumulation_steps=1, steps_per_generation=1).kwargs(),
+    )
+    return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)
 
 
 # ---- the pieces, in the order `compute_loss` uses them

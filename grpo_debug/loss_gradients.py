@@ -8,16 +8,17 @@ import numpy as np
 import torch
 
 from .config import StepConfig
-from .loss import compute_loss, loss_weights
-from .specs import batch_loss
+from .loss import batch_loss, compute_loss, loss_weights
+from .specs import loss_spec_of, sampler_correction_of
 from .step import StepRun
 
 
 def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
-    """(N, C) d loss / d logp per token of the batch's loss under `cfg` (`specs.batch_loss`, the sampler
+    """(N, C) d loss / d logp per token of the batch's loss under `cfg` (`loss.batch_loss`, the sampler
     correction included): what the backward pass sends into the model, even when the loss is ~0."""
     logps = run.logprobs.policy.clone().requires_grad_(True)
-    loss = batch_loss(cfg, run.rollout, run.logprobs, run.advantages.values, logps=logps).loss
+    spec, correction = loss_spec_of(cfg), sampler_correction_of(cfg)
+    loss = batch_loss(spec, correction, run.logprobs, run.advantages.values, run.rollout.sampler_logps, logps).loss
     (grad,) = torch.autograd.grad(loss, logps)
     return grad
 

@@ -130,3 +130,15 @@ def dropout_sources(model) -> list[str]:
 
 def has_dropout(model) -> bool:
     return bool(dropout_sources(model))
+
+
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def at_precision(dtype: str, role: str):
+    """The context a forward runs in, the sampler's (`rollout.sample`) and the trainer's (`completion_logits`)
+    alike: CPU autocast to `dtype` ("bfloat16", "float16"); "float32" is autocast off, the plain forward.
+    `role` ("sampler", "trainer") names whose precision a bad value was."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"{role} dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
+    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")

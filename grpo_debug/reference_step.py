@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from .advantages import Advantages, summarize_advantages
 from .config import StepConfig
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown
+from .loss import LossBreakdown, batch_loss
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
-from .specs import batch_loss, loss_spec_of, optimization_of, scoring_of, update_context
+from .sampler import sampler_correction
+from .specs import loss_spec_of, optimization_of, sampler_correction_of, scoring_of
 from .task import Task
-from .update import StepResult, update
+from .update import StepResult, needs_old_logps, update
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,11 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
 
     advantages = summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
-    loss = batch_loss(cfg, samples, logprobs, advantages.values)
+    correction = sampler_correction_of(cfg)  # None unless TRL's vLLM importance-sampling correction is on
+    loss = batch_loss(loss_spec_of(cfg), correction, logprobs, advantages.values, samples.sampler_logps)
 
+    sampler_ratio, _ = sampler_correction(correction, logprobs.policy, samples.sampler_logps, logprobs.mask)
+    on_policy = not needs_old_logps(loss_spec_of(cfg), cfg.num_iterations, correction)
     result = update(
         policy,
         samples,
@@ -67,7 +71,9 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
         scoring_of(cfg),
         loss_spec_of(cfg),
         optimization_of(cfg),
-        **update_context(cfg, samples, logprobs),
+        old_logps=None if on_policy else logprobs.policy,  # None: each pass's own log-probs, detached
+        sampler_ratio=sampler_ratio,
+        sampler_logps=samples.sampler_logps if correction else None,
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,
     )

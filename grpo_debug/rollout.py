@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .scoring import at_precision
+from .model import at_precision
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,30 @@ import torch
 from .choices import SAMPLER_CORRECTION_MODES
 
 
+@dataclass(frozen=True)
+class SamplerCorrection:
+    """TRL's vLLM importance-sampling correction (`vllm_importance_sampling_*`): pi_old / pi_sampler per token
+    or per sequence, zeroed (*_mask) or clamped (*_truncate) outside [clip_min, clip_max]. None: off."""
+
+    mode: str
+    clip_min: float | None
+    clip_max: float | None
+
+
+def sampler_correction(
+    correction: SamplerCorrection | None, old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """TRL's importance-sampling ratio pi_old / pi_sampler ((N, C) or (N, 1)) and its sampling/* metrics, the
+    rollout's own sampler log-probs (temperature and top_p applied, as vLLM's processed log-probs) standing in
+    for vLLM's; (None, {}) when the correction is off."""
+    if correction is None:
+        return None, {}
+    ratio = sampler_importance_ratio(
+        old_logps, sampler_logps, mask, correction.mode, correction.clip_min, correction.clip_max
+    )
+    return ratio, sampler_metrics(old_logps, sampler_logps, mask, ratio)
+
+
 def outside_clip(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
     """bool, the shape of `ratio`: where it leaves [clip_min, clip_max] (None: no bound on that side), what
     the *_mask modes zero and the *_truncate modes clamp."""

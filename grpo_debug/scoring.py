@@ -16,6 +16,7 @@ import torch
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .choices import GATHERS, SUPPORTS
+from .model import at_precision
 
 if TYPE_CHECKING:
     from .rollout import Rollout
@@ -69,18 +70,6 @@ def model_inputs(rollout: Rollout, position_ids: bool) -> dict[str, torch.Tensor
     if position_ids:
         inputs["position_ids"] = positions_from_mask(attention_mask)
     return inputs
-
-
-PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def at_precision(dtype: str, role: str):
-    """The context a forward runs in, the sampler's (`rollout.sample`) and the trainer's (`completion_logits`)
-    alike: CPU autocast to `dtype` ("bfloat16", "float16"); "float32" is autocast off, the plain forward.
-    `role` ("sampler", "trainer") names whose precision a bad value was."""
-    if dtype not in PRECISIONS:
-        raise ValueError(f"{role} dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
-    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")
 
 
 def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor:

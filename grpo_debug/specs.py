@@ -8,14 +8,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from .config import StepConfig
 from .evaluation import EvalSampling
-from .logprobs import TokenLogProbs
-from .loss import LossBreakdown, LossSpec, compute_loss
-from .rollout import Rollout
-from .sampler import sampler_importance_ratio, sampler_metrics
+from .loss import LossSpec
+from .sampler import SamplerCorrection
 from .scoring import Scoring
 from .speed import Kernels, kernels
 from .update import Optimization
@@ -50,13 +46,11 @@ def loss_spec_of(cfg: StepConfig) -> LossSpec:
     )
 
 
-def needs_old_logps(cfg: StepConfig) -> bool:
-    """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
-    first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
-    the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
-    return (
-        cfg.gradient_accumulation_steps % (cfg.micro_batches * cfg.num_iterations) != 0
-        or cfg.vllm_importance_sampling_correction
+def sampler_correction_of(cfg: StepConfig) -> SamplerCorrection | None:
+    if not cfg.vllm_importance_sampling_correction:
+        return None
+    return SamplerCorrection(
+        cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
     )
 
 
@@ -84,6 +78,7 @@ class StepSpecs:
 
     scoring: Scoring
     loss: LossSpec
+    correction: SamplerCorrection | None  # the sampler correction (None: off)
     optimization: Optimization
     kernels: Kernels  # readable or fast (`speed.kernels`)
     sampling: EvalSampling  # a held-out evaluation's
@@ -95,58 +90,10 @@ def specs_of(cfg: StepConfig) -> StepSpecs:
     return StepSpecs(
         scoring=scoring_of(cfg),
         loss=loss_spec_of(cfg),
+        correction=sampler_correction_of(cfg),
         optimization=optimization_of(cfg),
         kernels=kernels(cfg.fast),
         sampling=eval_sampling_of(cfg),
         seed=cfg.seed,
         bootstrap=cfg.bootstrap,
     )
-
-
-def sampler_correction(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> tuple[torch.Tensor | None, dict]:
-    """TRL's vLLM importance-sampling ratio pi_old / pi_sampler and its sampling/* metrics, the rollout's
-    own sampler log-probs (temperature and top_p applied, as vLLM's processed log-probs) standing in for
-    vLLM's; (None, {}) when the correction is off."""
-    if not cfg.vllm_importance_sampling_correction:
-        return None, {}
-    ratio = sampler_importance_ratio(
-        lp.policy,
-        rollout.sampler_logps,
-        lp.mask,
-        cfg.vllm_importance_sampling_mode,
-        cfg.vllm_importance_sampling_clip_min,
-        cfg.vllm_importance_sampling_clip_max,
-    )
-    return ratio, sampler_metrics(lp.policy, rollout.sampler_logps, lp.mask, ratio)
-
-
-def update_context(cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs) -> dict:
-    """The tensors `update` takes besides the rollout: pi_old's log-probs (or None) and the sampler's."""
-    corrected = cfg.vllm_importance_sampling_correction
-    return dict(
-        old_logps=lp.policy if needs_old_logps(cfg) else None,
-        sampler_ratio=sampler_correction(cfg, rollout, lp)[0],
-        sampler_logps=rollout.sampler_logps if corrected else None,
-    )
-
-
-def batch_loss(
-    cfg: StepConfig, rollout: Rollout, lp: TokenLogProbs, advantages: torch.Tensor, logps: torch.Tensor | None = None
-) -> LossBreakdown:
-    """The loss of the whole batch at the weights that scored it (the first micro-batch's view when S = 1).
-    `logps`: the (N, C) log-probs to differentiate it against (default `lp.policy`: the same values)."""
-    ratio, sampling = sampler_correction(cfg, rollout, lp)
-    corrected = cfg.vllm_importance_sampling_correction
-    spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
-    breakdown = compute_loss(
-        lp.policy if logps is None else logps,
-        lp.policy,
-        lp.reference,
-        advantages,
-        lp.mask,
-        entropies=lp.entropies,
-        sampler_logps=rollout.sampler_logps if corrected else None,
-        sampler_ratio=ratio,
-        **spec.kwargs(),
-    )
-    return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)

@@ -10,12 +10,10 @@ functions as arguments and default to their readable versions; `kernels(fast)` h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .fast.backward import backward_hooked
-from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
-from .fast.shared_prompt import generate_per_prompt
 from .rollout import generate_repeated
 from .scoring import per_token_logps, per_token_logps_and_entropies
 from .update import backward
@@ -30,11 +28,20 @@ class Kernels:
 
 
 READABLE = Kernels(generate_repeated, per_token_logps_and_entropies, per_token_logps, backward)
-FAST = Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, backward_hooked)
+
+
+@functools.cache
+def fast_kernels() -> Kernels:
+    """The fast twins, imported on first use: a step with every fast path off never loads `grpo_debug.fast`."""
+    from .fast.backward import backward_hooked
+    from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
+    from .fast.shared_prompt import generate_per_prompt
+
+    return Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, backward_hooked)
 
 
 def kernels(fast: bool) -> Kernels:
-    return FAST if fast else READABLE
+    return fast_kernels() if fast else READABLE
 
 
 def sampling_kernels(fast: bool, dropout: bool) -> Kernels:

@@ -21,15 +21,15 @@ from .captured import StoredReward, captured_models, captured_rollout, captured_
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown
+from .loss import LossBreakdown, batch_loss
 from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
-from .specs import batch_loss, eval_sampling_of, loss_spec_of, optimization_of, scoring_of, update_context
+from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, scoring_of
 from .speed import kernels, sampling_kernels
 from .task import Task, load_task, register_task
-from .update import StepResult, new_optimizer, update
+from .update import StepResult, new_optimizer, off_policy_inputs, update
 
 
 @dataclass(frozen=True)
@@ -294,14 +294,15 @@ class GRPOStep:
         return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
     def _loss(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
-        return batch_loss(cfg, done["rollout"], done["logprobs"], done["advantages"].values)
+        r, advantages = done["rollout"], done["advantages"].values
+        return batch_loss(loss_spec_of(cfg), sampler_correction_of(cfg), done["logprobs"], advantages, r.sampler_logps)
 
     def _update(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
         """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`)
         with the AdamW carried from the previous steps."""
         self.restore_policy()
         self._policy_dirty = True
-        lp = done["logprobs"]
+        lp, r = done["logprobs"], done["rollout"]
         self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
         return update(
             self.policy,
@@ -311,7 +312,7 @@ class GRPOStep:
             scoring_of(cfg),
             loss_spec_of(cfg),
             optimization_of(cfg),
-            **update_context(cfg, done["rollout"], lp),
+            **off_policy_inputs(loss_spec_of(cfg), sampler_correction_of(cfg), cfg.num_iterations, lp, r.sampler_logps),
             optimizer=self._last_optimizer,
             num_iterations=cfg.num_iterations,
             per_sample_grad_norms=cfg.per_sample_grad_norms,

@@ -115,13 +115,7 @@ def summarize(
         {f"{a} - {b}": b for _, a, b in claims},
     )
     compared = [a for a in others if a in done and tables[ref][1] is not None]
-    metrics = {}
-    for key in COMPARED:
-        pairs = {a: [last_steps_mean(records, x, seeds, key, *window) for x in (a, ref)] for a in compared}
-        pairs = {a: p for a, p in pairs.items() if p[0] is not None and p[1] is not None}
-        level = stats.bonferroni_level(len(pairs))
-        what = f"{key} {'log ratio to' if key in HEAVY_TAILED else 'minus'} {ref}, last quarter"
-        metrics[key] = family({a: metric_difference(m, t, key, level) for a, (m, t) in pairs.items()}, what)
+    metrics = {key: metric_family(records, key, compared, ref, seeds, window) for key in COMPARED}
     for text, a, b in claims:
         out[a][f"minus_{b}"] = {**differences[f"{a} - {b}"], "claim": text}
     for arm in done:
@@ -137,6 +131,17 @@ def summarize(
         if selected is not None:
             row["selected_fraction"] = stats.seed_interval(selected).as_dict()
     return out
+
+
+def metric_family(
+    records: list[dict], key: str, arms: list[str], ref: str, seeds: int, window: tuple[int, int]
+) -> dict[str, dict]:
+    """One family: each arm's step metric `key` over the steps in `window` against `ref`'s, paired by seed."""
+    pairs = {a: [last_steps_mean(records, x, seeds, key, *window) for x in (a, ref)] for a in arms}
+    pairs = {a: p for a, p in pairs.items() if p[0] is not None and p[1] is not None}
+    level = stats.bonferroni_level(len(pairs))
+    what = f"{key} {'log ratio to' if key in HEAVY_TAILED else 'minus'} {ref}, last quarter"
+    return family({a: metric_difference(m, t, key, level) for a, (m, t) in pairs.items()}, what)
 
 
 def metric_curve(results: dict, arm: str, key: str) -> list[dict]:

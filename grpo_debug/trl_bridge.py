@@ -13,6 +13,8 @@ prints the gap row by row). Rotary models
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
@@ -56,6 +58,14 @@ def prompt_dataset(cfg: StepConfig, task: Task | None = None):
     return Dataset.from_dict({"prompt": task.prompts("train", offset + cfg.num_prompts)[offset:]})
 
 
+# transformers 5.24 renamed gradient_checkpointing (a FutureWarning when set) to activation_checkpointing
+CHECKPOINTING = next(
+    n
+    for n in ("activation_checkpointing", "gradient_checkpointing")
+    if n in {f.name for f in dataclasses.fields(GRPOConfig)}
+)
+
+
 def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
     """TRL `GRPOConfig` for one optimizer step on all B*G samples, matching `cfg`."""
     unsupported = no_trl_switch(cfg)
@@ -82,7 +92,7 @@ def grpo_config(cfg: StepConfig, output_dir: str, **overrides) -> GRPOConfig:
         max_grad_norm=cfg.max_grad_norm,
         weight_decay=cfg.weight_decay,
         disable_dropout=not cfg.dropout,
-        gradient_checkpointing=False,
+        **{CHECKPOINTING: False},
         seed=cfg.seed,
         max_steps=cfg.num_iterations * cfg.micro_batches // cfg.gradient_accumulation_steps,
         logging_steps=1,

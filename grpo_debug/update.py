@@ -27,6 +27,7 @@ import torch
 from .logprobs import TokenLogProbs
 from .loss import LossBreakdown, LossSpec, compute_loss, loss_weights
 from .rollout import Rollout, row_chunks
+from .sampler import SamplerCorrection, sampler_correction
 from .scoring import Scoring, per_token_logps_and_entropies
 
 DROPOUT_SEED = 0  # the update's dropout masks, when dropout is on
@@ -72,6 +73,25 @@ def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:
         [p for p in model.parameters() if p.requires_grad],
         lr=optimization.learning_rate,
         weight_decay=optimization.weight_decay,
+    )
+
+
+def needs_old_logps(loss: LossSpec, num_iterations: int, correction: SamplerCorrection | None) -> bool:
+    """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
+    first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
+    the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
+    first_only = loss.gradient_accumulation_steps % (loss.steps_per_generation * num_iterations) == 0
+    return not first_only or correction is not None
+
+
+def off_policy_inputs(
+    loss: LossSpec, correction: SamplerCorrection | None, num_iterations: int, lp: TokenLogProbs, sampler_logps
+) -> dict:
+    """`update`'s old_logps (pi_old's, or None: each pass's own, detached), sampler_ratio and sampler_logps."""
+    return dict(
+        old_logps=lp.policy if needs_old_logps(loss, num_iterations, correction) else None,
+        sampler_ratio=sampler_correction(correction, lp.policy, sampler_logps, lp.mask)[0],
+        sampler_logps=sampler_logps if correction else None,
     )
 
 

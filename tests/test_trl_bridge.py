@@ -164,3 +164,16 @@ def GRPOConfig_defaults():
     from trl import GRPOConfig
 
     return GRPOConfig(output_dir="unused", use_cpu=True)
+
+
+def test_the_bridge_sets_no_deprecated_trl_or_transformers_field(tmp_path):
+    """A deprecation warning from our code is a bug, wherever the library attributes it: transformers warns
+    from its own __post_init__ when `gradient_checkpointing` is set, so pytest's module filter cannot see it."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = grpo_config(StepConfig(), str(tmp_path))
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not deprecations, deprecations
+    assert config.activation_checkpointing is False and config.gradient_checkpointing is False

@@ -10,9 +10,9 @@ import torch
 
 from ..config import StepConfig
 from ..loss import LossSpec
-from ..specs import loss_spec_of, update_context
+from ..specs import loss_spec_of, sampler_correction_of
 from ..step import StepRun
-from ..update import Iteration, StepResult, iteration_record, micro_batch_losses
+from ..update import Iteration, StepResult, iteration_record, micro_batch_losses, off_policy_inputs
 
 
 def token_gradients(it: Iteration, logprobs, advantages, loss: LossSpec, **context) -> tuple[torch.Tensor, ...]:
@@ -62,8 +62,8 @@ def passes_under(run: StepRun, cfg: StepConfig) -> tuple[Iteration, ...] | None:
     if run.update is None or not all(StepConfig.phase_of(f) == "loss" for f in changed):
         return None
     lp, num_items = run.logprobs, run.logprobs.mask.sum()
-    sides = [
-        (loss_spec_of(c), {**update_context(c, run.rollout, lp), "num_items_in_batch": num_items})
-        for c in (run.config, cfg)
-    ]
+    inputs = lambda c: off_policy_inputs(
+        loss_spec_of(c), sampler_correction_of(c), c.num_iterations, lp, run.rollout.sampler_logps
+    )
+    sides = [(loss_spec_of(c), {**inputs(c), "num_items_in_batch": num_items}) for c in (run.config, cfg)]
     return reevaluate_passes(run.update, lp, run.advantages.values, *sides)
