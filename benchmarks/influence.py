@@ -27,7 +27,7 @@ from grpo_debug.rollout import row_chunks
 from grpo_debug.specs import loss_spec_of, scoring_of, specs_of
 from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
-from grpo_debug.update import chunk_loss
+from grpo_debug.update import Batch, Normalisation, scored_rows_loss
 
 
 def measured(fn) -> tuple[object, dict]:
@@ -46,20 +46,21 @@ def influence_costs(model, run: StepRun, adam_aware: bool = False) -> dict:
     if synthetic:  # the cost does not depend on the values; give every sample a gradient to compare
         adv = torch.randn(r.num_samples, generator=torch.Generator().manual_seed(0))
         val = ValidationSet(r, lp, adv, run.rewards.total)
-    weights = loss_weights(lp.mask, cfg.loss_type, cfg.max_new_tokens)
+    batch, norm = Batch(r, lp, adv), Normalisation(loss_weights(lp.mask, cfg.loss_type, cfg.max_new_tokens))
+    share = lambda rows: scored_rows_loss(model, batch, scoring_of(cfg), loss_spec_of(cfg), norm, rows)[0]
     params = [p for p in model.parameters() if p.requires_grad]
 
     def plain_step():  # what `update` does without hooks
         model.zero_grad(set_to_none=True)
         for rows in row_chunks(r.num_samples):
-            chunk_loss(model, r, lp, adv, scoring_of(cfg), loss_spec_of(cfg), rows, weights).backward()
+            share(rows).backward()
         model.zero_grad(set_to_none=True)
 
     def naive_loop():
         scores = []
         for i in range(r.num_samples):
             model.zero_grad(set_to_none=True)
-            chunk_loss(model, r, lp, adv, scoring_of(cfg), loss_spec_of(cfg), [i], weights).backward()
+            share([i]).backward()
             scores.append(sum((p.grad.double() * val_grad[p].double()).sum() for p in params).item())
         model.zero_grad(set_to_none=True)
         return torch.tensor(scores)

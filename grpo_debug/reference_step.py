@@ -20,7 +20,7 @@ from .rollout import Rollout, rollout
 from .sampler import sampler_correction
 from .specs import loss_spec_of, optimization_of, sampler_correction_of, scoring_of
 from .task import Task
-from .update import StepResult, needs_old_logps, update
+from .update import Batch, StepResult, needs_old_logps, update
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,20 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
 
     sampler_ratio, _ = sampler_correction(correction, logprobs.policy, samples.sampler_logps, logprobs.mask)
     on_policy = not needs_old_logps(loss_spec_of(cfg), cfg.num_iterations, correction)
-    result = update(
-        policy,
+    batch = Batch(
         samples,
         logprobs,
         advantages.values,
-        scoring_of(cfg),
-        loss_spec_of(cfg),
-        optimization_of(cfg),
         old_logps=None if on_policy else logprobs.policy,  # None: each pass's own log-probs, detached
         sampler_ratio=sampler_ratio,
         sampler_logps=samples.sampler_logps if correction else None,
+    )
+    result = update(
+        policy,
+        batch,
+        scoring_of(cfg),
+        loss_spec_of(cfg),
+        optimization_of(cfg),
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,
     )

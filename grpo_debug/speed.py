@@ -5,7 +5,7 @@ functions as arguments and default to their readable versions; `kernels(fast)` h
   generate     G samples of each prompt          rollout.generate_repeated   fast.shared_prompt.generate_per_prompt
   score        per-token log-probs, entropies    scoring.per_token_logps_and_entropies  fast.scoring.*_fast
   score_logps  per-token log-probs only          scoring.per_token_logps     fast.scoring.per_token_logps_fast
-  backward     a micro-batch's backward, norms   update.backward             fast.backward.backward_hooked
+  norms        each sample's gradient norm      update.OneBackwardPerSample fast.backward.HookedNorms
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .rollout import generate_repeated
 from .scoring import per_token_logps, per_token_logps_and_entropies
-from .update import backward
+from .update import OneBackwardPerSample, SampleNorms
 
 
 @dataclass(frozen=True)
@@ -24,20 +24,20 @@ class Kernels:
     generate: Callable
     score: Callable
     score_logps: Callable
-    backward: Callable
+    norms: SampleNorms
 
 
-READABLE = Kernels(generate_repeated, per_token_logps_and_entropies, per_token_logps, backward)
+READABLE = Kernels(generate_repeated, per_token_logps_and_entropies, per_token_logps, OneBackwardPerSample())
 
 
 @functools.cache
 def fast_kernels() -> Kernels:
     """The fast twins, imported on first use: a step with every fast path off never loads `grpo_debug.fast`."""
-    from .fast.backward import backward_hooked
+    from .fast.backward import HookedNorms
     from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
     from .fast.shared_prompt import generate_per_prompt
 
-    return Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, backward_hooked)
+    return Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, HookedNorms())
 
 
 def kernels(fast: bool) -> Kernels:

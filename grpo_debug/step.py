@@ -29,7 +29,7 @@ from .scoring import Scoring
 from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, scoring_of
 from .speed import kernels, sampling_kernels
 from .task import Task, load_task, register_task
-from .update import StepResult, new_optimizer, off_policy_inputs, update
+from .update import StepResult, batch_of, new_optimizer, update
 
 
 @dataclass(frozen=True)
@@ -304,20 +304,18 @@ class GRPOStep:
         self._policy_dirty = True
         lp, r = done["logprobs"], done["rollout"]
         self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
+        advantages, loss, correction = done["advantages"].values, loss_spec_of(cfg), sampler_correction_of(cfg)
         return update(
             self.policy,
-            done["rollout"],
-            lp,
-            done["advantages"].values,
+            batch_of(r, lp, advantages, loss, correction, cfg.num_iterations),
             scoring_of(cfg),
-            loss_spec_of(cfg),
+            loss,
             optimization_of(cfg),
-            **off_policy_inputs(loss_spec_of(cfg), sampler_correction_of(cfg), cfg.num_iterations, lp, r.sampler_logps),
             optimizer=self._last_optimizer,
             num_iterations=cfg.num_iterations,
             per_sample_grad_norms=cfg.per_sample_grad_norms,
             score=kernels(cfg.fast).score,
-            backward=kernels(cfg.fast).backward,
+            norms=kernels(cfg.fast).norms,
         )
 
     def _evaluation(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Evaluation:

@@ -11,16 +11,18 @@ differs from pi_old (the weights that scored the rollout), the ratio leaves 1 an
 the first (GA % (S * mu) != 0) or when it corrects for the sampler; otherwise None, and each micro-batch's
 own log-probs, detached, stand in (the ratio is then exactly 1, whatever dropout does).
 
-`backward` backpropagates a micro-batch a few rows at a time (the gradients add up), then, if asked, each
-sample's gradient norm from one more backward of that sample's share alone. Its fast twin
-(`fast.backward.backward_hooked`, chosen by `speed.kernels`) gets every per-sample norm from the same backward
-through layer hooks; tested equal in `tests/test_fast_paths.py`.
+`backward` backpropagates a micro-batch a few rows at a time (the gradients add up); each sample's gradient
+norm, when asked for, is taken the way a `SampleNorms` strategy says: `OneBackwardPerSample` (readable: one
+more backward of each sample's share alone) or its fast twin `fast.backward.HookedNorms` (layer hooks in the
+same backward), chosen by `speed.kernels`; tested equal in `tests/test_fast_paths.py`.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -84,14 +86,35 @@ def needs_old_logps(loss: LossSpec, num_iterations: int, correction: SamplerCorr
     return not first_only or correction is not None
 
 
-def off_policy_inputs(
-    loss: LossSpec, correction: SamplerCorrection | None, num_iterations: int, lp: TokenLogProbs, sampler_logps
-) -> dict:
-    """`update`'s old_logps (pi_old's, or None: each pass's own, detached), sampler_ratio and sampler_logps."""
-    return dict(
+@dataclass(frozen=True)
+class Batch:
+    """The generation batch an update trains on: all a micro-batch's loss reads besides the model."""
+
+    rollout: Rollout
+    logprobs: TokenLogProbs  # (N, C) the scoring's log-probs, the reference's, the mask
+    advantages: torch.Tensor  # (N,)
+    old_logps: torch.Tensor | None = None  # (N, C) pi_old's, or None: each pass's own, detached (ratio 1)
+    sampler_ratio: torch.Tensor | None = None  # (N, C) or (N, 1): the sampler correction, when on
+    sampler_logps: torch.Tensor | None = None  # (N, C), when the correction is on
+
+
+def batch_of(
+    rollout: Rollout,
+    lp: TokenLogProbs,
+    advantages: torch.Tensor,
+    loss: LossSpec,
+    correction: SamplerCorrection | None,
+    num_iterations: int,
+) -> Batch:
+    """The update's batch: pi_old's log-probs where TRL keeps them (`needs_old_logps`), the sampler's with
+    their correction where it is on."""
+    return Batch(
+        rollout,
+        lp,
+        advantages,
         old_logps=lp.policy if needs_old_logps(loss, num_iterations, correction) else None,
-        sampler_ratio=sampler_correction(correction, lp.policy, sampler_logps, lp.mask)[0],
-        sampler_logps=sampler_logps if correction else None,
+        sampler_ratio=sampler_correction(correction, lp.policy, rollout.sampler_logps, lp.mask)[0],
+        sampler_logps=rollout.sampler_logps if correction else None,
     )
 
 
@@ -102,90 +125,105 @@ def micro_batches(num_samples: int, steps_per_generation: int) -> list[list[int]
     return [part.tolist() for part in parts if len(part)]
 
 
-def chunk_share(
-    model,
-    rollout: Rollout,
-    logprobs: TokenLogProbs,
-    advantages: torch.Tensor,
-    scoring: Scoring,
+@dataclass(frozen=True)
+class Normalisation:
+    """How one micro-batch's loss is normalised, computed once for it."""
+
+    weights: torch.Tensor  # (N, C) each token's weight in the micro-batch's loss; 0 outside its rows
+    entropy_tokens: torch.Tensor | None = None  # its token count, where the entropy bonus needs it
+
+
+def normalisation(batch: Batch, loss: LossSpec, rows: list[int]) -> Normalisation:
+    """The micro-batch `rows`' normalisation: `loss.loss_weights` over the batch (TRL's num_items_in_batch is
+    the whole batch's token count), and the micro-batch's token count unless top_entropy_quantile < 1."""
+    mask = batch.logprobs.mask
+    weights = torch.zeros_like(mask)
+    weights[rows] = loss_weights(
+        mask[rows],
+        loss.loss_type,
+        loss.max_completion_length,
+        num_items_in_batch=mask.sum(),
+        gradient_accumulation_steps=loss.gradient_accumulation_steps,
+        steps_per_generation=loss.steps_per_generation,
+    )
+    entropy_tokens = None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0)
+    return Normalisation(weights, entropy_tokens)
+
+
+def rows_loss(
+    batch: Batch,
     loss: LossSpec,
+    norm: Normalisation,
     rows: list[int],
-    weights: torch.Tensor,
-    score,
-    old_logps,
-    sampler_ratio,
-    entropy_tokens,
-    sampler_logps=None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """These rows' share of their micro-batch's loss (its normalisation `weights`, (N, C)), gradients
-    flowing, and their (rows, C) log-probs and entropies. `score`: how rows are scored
-    (`scoring.per_token_logps_and_entropies` or its fast twin)."""
-    logps, entropies = score(model, rollout.rows(rows), scoring, entropy_grad=loss.entropy_coef != 0)
-    part = compute_loss(
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+) -> LossBreakdown:
+    """These rows' share of their micro-batch's loss from their (rows, C) log-probs and entropies, which may
+    carry gradients: the one place the update calls `compute_loss`."""
+    pick = lambda t: None if t is None else t[rows]
+    return compute_loss(
         logps,
-        None if old_logps is None else old_logps[rows],
-        logprobs.reference[rows],
-        advantages[rows],
-        logprobs.mask[rows],
+        pick(batch.old_logps),
+        batch.logprobs.reference[rows],
+        batch.advantages[rows],
+        batch.logprobs.mask[rows],
         entropies=entropies,
-        sampler_ratio=None if sampler_ratio is None else sampler_ratio[rows],
-        sampler_logps=None if sampler_logps is None else sampler_logps[rows],
-        weights=weights[rows],
-        entropy_tokens=entropy_tokens,
+        sampler_ratio=pick(batch.sampler_ratio),
+        sampler_logps=pick(batch.sampler_logps),
+        weights=norm.weights[rows],
+        entropy_tokens=norm.entropy_tokens,
         **loss.kwargs(),
     )
-    return part.loss, logps.detach(), entropies.detach()
 
 
-def chunk_loss(
-    model,
-    rollout: Rollout,
-    logprobs: TokenLogProbs,
-    advantages: torch.Tensor,
-    scoring: Scoring,
-    loss: LossSpec,
-    rows: list[int],
-    weights: torch.Tensor,
-    score=per_token_logps_and_entropies,
-    *,
-    old_logps: torch.Tensor | None = None,
-    sampler_ratio: torch.Tensor | None = None,
-    entropy_tokens: float | None = None,
-    sampler_logps: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """These rows' share of the loss whose normalisation is `weights` (N, C), gradients flowing."""
-    return chunk_share(
-        model,
-        rollout,
-        logprobs,
-        advantages,
-        scoring,
-        loss,
-        rows,
-        weights,
-        score,
-        old_logps,
-        sampler_ratio,
-        entropy_tokens,
-        sampler_logps,
-    )[0]
+def scored_rows_loss(
+    model, batch: Batch, scoring: Scoring, loss: LossSpec, norm: Normalisation, rows: list[int], score=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """These rows scored by the model (`score`: `scoring.per_token_logps_and_entropies` or its fast twin), and
+    their share of the loss, gradients flowing; with their detached (rows, C) log-probs and entropies."""
+    score = score or per_token_logps_and_entropies
+    logps, entropies = score(model, batch.rollout.rows(rows), scoring, entropy_grad=loss.entropy_coef != 0)
+    return rows_loss(batch, loss, norm, rows, logps, entropies).loss, logps.detach(), entropies.detach()
+
+
+def pieces_of(rows: list[int], loss: LossSpec) -> list[list[int]]:
+    """A micro-batch's rows a few at a time (the gradients add up); all at once under top_entropy_quantile < 1,
+    whose entropy quantile is over the micro-batch."""
+    return [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
+
+
+class SampleNorms(Protocol):
+    """How each sample's gradient norm is taken: `during` wraps each piece's backward and yields a function
+    giving that piece's norms (or None), `after` returns the micro-batch's norms once its backward is done."""
+
+    def during(self, model): ...
+
+    def after(self, model, batch, scoring, loss, norm, rows, measured: list[torch.Tensor], score) -> torch.Tensor: ...
 
 
 def per_sample_norms(
-    model, rollout, logprobs, advantages, scoring, loss, weights, rows=None, **context
+    model, batch: Batch, scoring: Scoring, loss: LossSpec, norm: Normalisation, rows: list[int], score=None
 ) -> torch.Tensor:
     """(len(rows),) each sample's gradient norm of its share of the loss: one backward per sample (readable, slow)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norms = []
-    for i in range(rollout.num_samples) if rows is None else rows:
+    for i in rows:
         torch.manual_seed(DROPOUT_SEED + i)
-        grads = torch.autograd.grad(
-            chunk_loss(model, rollout, logprobs, advantages, scoring, loss, [i], weights, **context),
-            params,
-            allow_unused=True,
-        )
+        share = scored_rows_loss(model, batch, scoring, loss, norm, [i], score)[0]
+        grads = torch.autograd.grad(share, params, allow_unused=True)
         norms.append(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
     return torch.stack(norms).float()
+
+
+class OneBackwardPerSample:
+    """The readable strategy: after the micro-batch's backward, one more backward per sample."""
+
+    @contextmanager
+    def during(self, model):
+        yield None
+
+    def after(self, model, batch, scoring, loss, norm, rows, measured, score) -> torch.Tensor:
+        return per_sample_norms(model, batch, scoring, loss, norm, rows, score)
 
 
 @dataclass(frozen=True)
@@ -197,108 +235,41 @@ class MicroBatch:
     per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
 
 
-def micro_batch_loss_inputs(logprobs: TokenLogProbs, loss: LossSpec, rows: list[int], num_items, **tensors):
-    """(N, C) each token's weight in this micro-batch's loss (its normalisation; 0 outside `rows`), and the
-    keyword arguments `chunk_share` takes with them: `tensors` (old_logps, sampler_ratio, sampler_logps) and
-    the token count of the entropy mask, which is the micro-batch's."""
-    weights = torch.zeros_like(logprobs.mask)
-    weights[rows] = loss_weights(
-        logprobs.mask[rows],
-        loss.loss_type,
-        loss.max_completion_length,
-        num_items_in_batch=num_items,
-        gradient_accumulation_steps=loss.gradient_accumulation_steps,
-        steps_per_generation=loss.steps_per_generation,
-    )
-    entropy_tokens = None if loss.top_entropy_quantile < 1 else logprobs.mask[rows].sum().clamp(min=1.0)
-    return weights, {**tensors, "entropy_tokens": entropy_tokens}
-
-
-def pieces_of(rows: list[int], loss: LossSpec) -> list[list[int]]:
-    """A micro-batch's rows a few at a time (the gradients add up); all at once under top_entropy_quantile < 1,
-    whose entropy quantile is over the micro-batch."""
-    return [rows] if loss.top_entropy_quantile < 1 else [[rows[i] for i in c] for c in row_chunks(len(rows))]
-
-
 def backward(
     model,
-    rollout,
-    logprobs,
-    advantages,
-    scoring,
-    loss,
+    batch: Batch,
+    scoring: Scoring,
+    loss: LossSpec,
     rows: list[int],
-    *,
-    old_logps=None,
-    sampler_ratio=None,
-    sampler_logps=None,
-    num_items_in_batch=None,
-    norms: bool = False,
-    score=per_token_logps_and_entropies,
+    norms: SampleNorms | None = None,
+    score=None,
 ) -> MicroBatch:
     """Accumulate one micro-batch's loss gradient in `.grad`, a few rows at a time; with `norms`, each sample's
-    gradient norm from one more backward of its share alone (`per_sample_norms`). The fast twin:
-    `fast.backward.backward_hooked`."""
-    tensors = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps)
-    weights, context = micro_batch_loss_inputs(logprobs, loss, rows, num_items_in_batch, **tensors)
-    value, logps, entropies = 0.0, [], []
+    gradient norm the way that strategy takes it."""
+    norm = normalisation(batch, loss, rows)
+    value, logps, entropies, measured = 0.0, [], [], []
     for piece in pieces_of(rows, loss):
-        share, lp, ent = chunk_share(
-            model, rollout, logprobs, advantages, scoring, loss, piece, weights, score, **context
-        )
-        share.backward()
+        with norms.during(model) if norms else nullcontext() as measure:
+            share, lp, ent = scored_rows_loss(model, batch, scoring, loss, norm, piece, score)
+            share.backward()
         value += share.item()
         logps.append(lp)
         entropies.append(ent)
-    per_sample = (
-        per_sample_norms(model, rollout, logprobs, advantages, scoring, loss, weights, rows, **context)
-        if norms
-        else torch.tensor([])
-    )
+        if measure is not None:
+            measured.append(measure())
+    per_sample = norms.after(model, batch, scoring, loss, norm, rows, measured, score) if norms else torch.tensor([])
     return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), per_sample)
 
 
 def micro_batch_losses(
-    logps: torch.Tensor,
-    entropies: torch.Tensor,
-    logprobs: TokenLogProbs,
-    advantages: torch.Tensor,
-    loss: LossSpec,
-    *,
-    old_logps=None,
-    sampler_ratio=None,
-    sampler_logps=None,
-    num_items_in_batch=None,
+    logps: torch.Tensor, entropies: torch.Tensor, batch: Batch, loss: LossSpec
 ) -> list[LossBreakdown]:
     """Each micro-batch's loss as `backward` takes it (its normalisation, its entropy quantile), from a
     pass's (N, C) log-probs and entropies, which may require grad; the model is not run."""
-    mask, pick = logprobs.mask, lambda t, rows: None if t is None else t[rows]
-    parts = []
-    for rows in micro_batches(len(mask), loss.steps_per_generation):
-        weights = loss_weights(
-            mask[rows],
-            loss.loss_type,
-            loss.max_completion_length,
-            num_items_in_batch=num_items_in_batch,
-            gradient_accumulation_steps=loss.gradient_accumulation_steps,
-            steps_per_generation=loss.steps_per_generation,
-        )
-        parts.append(
-            compute_loss(
-                logps[rows],
-                pick(old_logps, rows),
-                logprobs.reference[rows],
-                advantages[rows],
-                mask[rows],
-                entropies=entropies[rows],
-                sampler_ratio=pick(sampler_ratio, rows),
-                sampler_logps=pick(sampler_logps, rows),
-                weights=weights,
-                entropy_tokens=None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0),
-                **loss.kwargs(),
-            )
-        )
-    return parts
+    return [
+        rows_loss(batch, loss, normalisation(batch, loss, rows), rows, logps[rows], entropies[rows])
+        for rows in micro_batches(len(batch.advantages), loss.steps_per_generation)
+    ]
 
 
 def iteration_record(
@@ -306,13 +277,11 @@ def iteration_record(
     entropies: torch.Tensor,
     losses: list[float],
     grad_norms: list[float],
-    logprobs,
-    advantages,
+    batch: Batch,
     loss: LossSpec,
-    **context,
 ) -> Iteration:
     """What one pass did, recomputed from its detached (N, C) log-probs, micro-batch by micro-batch as TRL logs it."""
-    parts = micro_batch_losses(logps, entropies, logprobs, advantages, loss, **context)
+    parts = micro_batch_losses(logps, entropies, batch, loss)
     cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
     keys = parts[0].metrics.keys()
     return Iteration(
@@ -331,86 +300,54 @@ def iteration_record(
 
 def update(
     model,
-    rollout: Rollout,
-    logprobs: TokenLogProbs,
-    advantages: torch.Tensor,
+    batch: Batch,
     scoring: Scoring,
     loss: LossSpec,
     optimization: Optimization,
     *,
-    old_logps: torch.Tensor | None = None,
-    sampler_ratio: torch.Tensor | None = None,
-    sampler_logps: torch.Tensor | None = None,
     num_iterations: int = 1,
     per_sample_grad_norms: bool = True,
     optimizer: torch.optim.Optimizer | None = None,
-    score=per_token_logps_and_entropies,
-    backward=backward,
+    score=None,
+    norms: SampleNorms | None = None,
 ) -> StepResult:
-    """mu x S / GA AdamW steps on the rollout; `advantages` is (N,), the log-probs (N, C), `old_logps`
-    (N, C) or None (on-policy); `sampler_ratio` ((N, C) or (N, 1)) and `sampler_logps` (N, C) when the
-    sampler correction is on. `optimizer`: an AdamW over the model's parameters carried from earlier
-    steps (training); None: a fresh one (`new_optimizer`). `score` and `backward`: the readable functions,
-    or their fast twins (`speed.kernels`)."""
+    """mu x S / GA AdamW steps on `batch`. `optimizer`: an AdamW over the model's parameters carried from
+    earlier steps (training); None: a fresh one (`new_optimizer`). `score` and `norms`: the readable
+    scoring and per-sample norms, or their fast twins (`speed.kernels`)."""
     start = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = optimizer or new_optimizer(model, optimization)
     max_norm = optimization.max_grad_norm if optimization.max_grad_norm > 0 else float("inf")
     S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
-    batches = micro_batches(rollout.num_samples, S)
-    num_items = logprobs.mask.sum()
-    context = dict(
-        old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps, num_items_in_batch=num_items
-    )
+    batches = micro_batches(batch.rollout.num_samples, S)
+    norms = norms or OneBackwardPerSample()
     torch.manual_seed(DROPOUT_SEED)
-    iterations, norms = [], torch.tensor([])
+    iterations = []
     for it in range(num_iterations):
-        passes, losses, grad_norms = [], [], []
+        done, losses, grad_norms = [], [], []
         for window in range(0, S, GA):
             optimizer.zero_grad(set_to_none=True)
-            done = [
-                backward(
-                    model,
-                    rollout,
-                    logprobs,
-                    advantages,
-                    scoring,
-                    loss,
-                    rows,
-                    norms=per_sample_grad_norms and it == 0,
-                    score=score,
-                    **context,
-                )
-                for rows in batches[window : window + GA]
+            strategy = norms if per_sample_grad_norms and it == 0 else None
+            steps = [
+                backward(model, batch, scoring, loss, rows, strategy, score) for rows in batches[window : window + GA]
             ]
             grad_norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
             optimizer.step()
-            passes += done
-            losses.append(sum(mb.value for mb in done))
-        if it == 0 and per_sample_grad_norms:
-            norms = torch.cat([mb.per_sample_grad_norms for mb in passes])
-        iterations.append(
-            iteration_record(
-                torch.cat([mb.logps for mb in passes]),
-                torch.cat([mb.entropies for mb in passes]),
-                losses,
-                grad_norms,
-                logprobs,
-                advantages,
-                loss,
-                **context,
-            )
-        )
+            done += steps
+            losses.append(sum(mb.value for mb in steps))
+        logps, entropies = torch.cat([mb.logps for mb in done]), torch.cat([mb.entropies for mb in done])
+        iterations.append(iteration_record(logps, entropies, losses, grad_norms, batch, loss))
+        if it == 0:
+            first_norms = torch.cat([mb.per_sample_grad_norms for mb in done])
     optimizer.zero_grad(set_to_none=True)
-    update_norm = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item()
     first = iterations[0]
     return StepResult(
         loss=first.losses[0],
         grad_norm=first.grad_norms[0],
         clipped=first.grad_norms[0] > max_norm,
-        per_sample_grad_norms=norms,
-        update_norm=update_norm,
+        per_sample_grad_norms=first_norms if per_sample_grad_norms else torch.tensor([]),
+        update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
         seconds=time.perf_counter() - start,
         iterations=tuple(iterations),
         optimizer_steps=num_iterations * (S // GA),

@@ -10,23 +10,15 @@ from grpo_debug.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
 from grpo_debug.speed import kernels
 from grpo_debug.step import GRPOStep
-from grpo_debug.update import chunk_loss
+from grpo_debug.update import Batch, Normalisation, scored_rows_loss
 
 
 def _share(model, run, cfg, rows):
     """These samples' share of the batch loss (the batch normalisation held fixed)."""
     weights = loss_weights(run.logprobs.mask, cfg.loss_type, cfg.max_new_tokens)
-    return chunk_loss(
-        model,
-        run.rollout,
-        run.logprobs,
-        run.advantages.values,
-        scoring_of(cfg),
-        loss_spec_of(cfg),
-        rows,
-        weights,
-        kernels(model.config.model_type == "gpt2").score,
-    )
+    batch = Batch(run.rollout, run.logprobs, run.advantages.values)
+    score = kernels(model.config.model_type == "gpt2").score
+    return scored_rows_loss(model, batch, scoring_of(cfg), loss_spec_of(cfg), Normalisation(weights), rows, score)[0]
 
 
 def naive_per_sample_gradients(model, run, cfg):
@@ -131,6 +123,7 @@ def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(
 def test_update_builds_block_gradients_from_per_sample_ones_exactly():
     """With norms on, `update` takes the Conv1D weights' batch gradient as the sum of their per-sample
     gradients (autograd skips them): the norms equal the naive ones and the step equals autograd's."""
+    from grpo_debug.fast.backward import HookedNorms
     from grpo_debug.update import update
 
     cfg = StepConfig(num_prompts=2, num_generations=3, max_new_tokens=40, learning_rate=1e-3)
@@ -143,13 +136,12 @@ def test_update_builds_block_gradients_from_per_sample_ones_exactly():
         model.load_state_dict(start)
         result = update(
             model,
-            run.rollout,
-            run.logprobs,
-            run.advantages.values,
+            Batch(run.rollout, run.logprobs, run.advantages.values),
             scoring_of(cfg),
             loss_spec_of(cfg),
             optimization_of(cfg),
             per_sample_grad_norms=norms,
+            norms=HookedNorms(),
         )
         after[norms] = ({k: v.clone() for k, v in model.state_dict().items()}, result)
     model.load_state_dict(start)

@@ -97,7 +97,6 @@ LONG_FUNCTIONS = {
     "grpo_debug.report:report": 100,
     "grpo_debug.capture_file:check_capture": 99,
     "grpo_debug.loss:compute_loss": 88,
-    "grpo_debug.update:update": 86,
     "grpo_debug.captured:captured_task": 85,
     "grpo_debug.capture:_write": 81,
     "grpo_debug.metrics:metrics": 70,

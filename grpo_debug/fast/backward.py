@@ -4,7 +4,8 @@
 `norms_and_batch_gradient` builds those weights' per-sample gradients from the layer hooks
 (`per_sample`) instead, takes their norms and adds their sum to `.grad` ("book-keeping"): building
 them costs what autograd's batch weight gradient would have, so the transformer blocks' per-sample norms
-come almost free. Readable twin: `update.backward` with `update.per_sample_norms` (one backward per sample).
+come almost free. `HookedNorms` is the strategy `update.backward` takes them with; its readable twin is
+`update.OneBackwardPerSample` (one backward per sample).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import torch
 from transformers.pytorch_utils import Conv1D
 
 from ..per_sample import PerSampleGradients, SampleGradients, materialize
-from ..scoring import per_token_logps_and_entropies
-from ..update import MicroBatch, backward, chunk_share, micro_batch_loss_inputs, pieces_of
 
 
 def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -50,49 +49,14 @@ def norms_and_batch_gradient(hooks: PerSampleGradients, built: list[torch.nn.Par
     return squared.clamp(min=0).sqrt().float()
 
 
-def backward_hooked(
-    model,
-    rollout,
-    logprobs,
-    advantages,
-    scoring,
-    loss,
-    rows: list[int],
-    *,
-    old_logps=None,
-    sampler_ratio=None,
-    sampler_logps=None,
-    num_items_in_batch=None,
-    norms: bool = False,
-    score=per_token_logps_and_entropies,
-) -> MicroBatch:
-    """`update.backward`, with each sample's gradient norm from layer hooks in the same backward."""
-    tensors = dict(old_logps=old_logps, sampler_ratio=sampler_ratio, sampler_logps=sampler_logps)
-    if not norms:
-        return backward(
-            model,
-            rollout,
-            logprobs,
-            advantages,
-            scoring,
-            loss,
-            rows,
-            num_items_in_batch=num_items_in_batch,
-            score=score,
-            **tensors,
-        )
-    weights, context = micro_batch_loss_inputs(logprobs, loss, rows, num_items_in_batch, **tensors)
-    built = conv1d_weights(model)
-    value, logps, entropies, per_sample = 0.0, [], [], []
-    for piece in pieces_of(rows, loss):
-        hooks = PerSampleGradients(model)
+class HookedNorms:
+    """The fast strategy for `update.backward`: each sample's gradient norm from layer hooks in the same backward."""
+
+    @contextmanager
+    def during(self, model) -> Iterator:
+        hooks, built = PerSampleGradients(model), conv1d_weights(model)
         with hooks.capture(), no_autograd_for(built):
-            share, lp, ent = chunk_share(
-                model, rollout, logprobs, advantages, scoring, loss, piece, weights, score, **context
-            )
-            share.backward()
-        value += share.item()
-        logps.append(lp)
-        entropies.append(ent)
-        per_sample.append(norms_and_batch_gradient(hooks, built))
-    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), torch.cat(per_sample))
+            yield lambda: norms_and_batch_gradient(hooks, built)
+
+    def after(self, model, batch, scoring, loss, norm, rows, measured, score) -> torch.Tensor:
+        return torch.cat(measured)

@@ -39,7 +39,7 @@ from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..specs import StepSpecs
 from ..step import StepRun
-from ..update import DROPOUT_SEED, chunk_loss
+from ..update import DROPOUT_SEED, Batch, Normalisation, scored_rows_loss
 
 PARAMETER_SETS = ("all", "blocks", "lora")
 VAL_ADVANTAGES = ("per_group", "whole_set")
@@ -295,17 +295,8 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture(), no_autograd_for(skipped):
-            chunk_loss(
-                model,
-                rollout,
-                logprobs,
-                advantages,
-                spec.scoring,
-                spec.loss,
-                rows,
-                weights,
-                spec.kernels.score,
-            ).backward()
+            batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
+            scored_rows_loss(model, batch, spec.scoring, spec.loss, norm, rows, spec.kernels.score)[0].backward()
         yield hooks
     model.zero_grad(set_to_none=True)
 

@@ -19,7 +19,7 @@ from ..loss import loss_weights
 from ..rollout import Rollout, row_chunks
 from ..specs import StepSpecs
 from ..stats import prompt_bootstrap
-from ..update import DROPOUT_SEED, chunk_loss, update
+from ..update import DROPOUT_SEED, Batch, Normalisation, scored_rows_loss, update
 from .influence import (
     ValidationSet,
     influence_scores,
@@ -79,17 +79,10 @@ def batch_share_gradient(
     grads = [torch.zeros_like(p) for p in params]
     torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(len(keep)):
-        share = chunk_loss(
-            model,
-            rollout,
-            logprobs,
-            advantages,
-            spec.scoring,
-            spec.loss,
-            keep[rows].tolist(),
-            weights,
-            spec.kernels.score,
-        )
+        batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
+        share = scored_rows_loss(model, batch, spec.scoring, spec.loss, norm, keep[rows].tolist(), spec.kernels.score)[
+            0
+        ]
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
     return dict(zip(params, grads))
@@ -184,9 +177,7 @@ def step_on_selection(model, run, keep: torch.Tensor, optimizer: str, lr: float,
     if optimizer == "adamw":
         update(
             model,
-            r.rows(keep),
-            lp.rows(keep),
-            adv[keep],
+            Batch(r.rows(keep), lp.rows(keep), adv[keep]),
             spec.scoring,
             spec.loss,
             spec.optimization,
