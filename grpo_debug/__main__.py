@@ -245,9 +245,7 @@ HTML_HELP = (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_step_parser(sub) -> None:
     step = sub.add_parser(
         "step",
         help="run one GRPO step and print a phase-by-phase report",
@@ -264,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     step.add_argument("--json", help="write every number to this file")
     step.add_argument("--html", help=HTML_HELP)
     step.add_argument("--threads", type=int, default=1)
+
+
+def add_train_parser(sub) -> None:
     tr = sub.add_parser(
         "train",
         help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
@@ -307,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
         "then resumes from them instead of starting over",
     )
+
+
+def add_analyze_and_replay_parsers(sub) -> None:
     an = sub.add_parser(
         "analyze",
         help="recompute the verdicts of training results (train's --json) from their "
@@ -325,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
     rp.add_argument("--threads", type=int, default=1)
+
+
+def add_doctor_parser(sub) -> None:
     dr = sub.add_parser(
         "doctor",
         help="why a step does not learn: every detector on the step, each cause flipped on it, ranked",
@@ -343,21 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         "at most the config's eval_prompts, where the task has a held-out set; 0: skip)",
     )
     dr.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    if getattr(args, "threads", 1) < 1:
-        parser.error(f"--threads {args.threads}: at least 1")
-    if (getattr(args, "held_out", None) or 0) < 0:
-        parser.error(f"--held-out {args.held_out}: at least 0")
-    if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
-        parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
-    if args.command == "train":
-        return train_command(parser, args)
-    if args.command == "analyze":
-        return analyze_command(parser, args)
-    if args.command == "replay":
-        return replay_command(parser, args)
-    if args.command == "doctor":
-        return doctor_command(parser, args)
+
+
+def step_command(parser, args) -> int:
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
         check_prompts(cfg)
@@ -383,6 +378,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.html:
         write_token_page(parser, args.html, run, step_.loaded.tokenizer)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_step_parser, add_train_parser, add_analyze_and_replay_parsers, add_doctor_parser):
+        add(sub)
+    args = parser.parse_args(argv)
+    if getattr(args, "threads", 1) < 1:
+        parser.error(f"--threads {args.threads}: at least 1")
+    if (getattr(args, "held_out", None) or 0) < 0:
+        parser.error(f"--held-out {args.held_out}: at least 0")
+    if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
+        parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
+    commands = {
+        "step": step_command,
+        "train": train_command,
+        "analyze": analyze_command,
+        "replay": replay_command,
+        "doctor": doctor_command,
+    }
+    return commands[args.command](parser, args)
 
 
 if __name__ == "__main__":

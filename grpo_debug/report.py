@@ -15,16 +15,8 @@ def _line(name: str, value, note: str = "") -> str:
 
 
 def report(run) -> str:
-    m = metrics(run)
-    cfg, r, lp, adv, loss, upd, ev = (
-        run.config,
-        run.rollout,
-        run.logprobs,
-        run.advantages,
-        run.loss,
-        run.update,
-        run.evaluation,
-    )
+    """Every phase of `run` in a few lines each, TRL's metric names first."""
+    cfg, m = run.config, metrics(run)
     off = [f"{k}={v}" for k, v in cfg.pitfalls_on().items()]
     out = [
         f"GRPO step on {cfg.model}",
@@ -32,15 +24,22 @@ def report(run) -> str:
         f"  differs from the fixed preset: {', '.join(off) or 'nothing (every fix on)'}",
         "",
     ]
-    out += [
+    out += _rollout_and_logprobs(run, m) + _rewards_advantages_loss(run)
+    out += _update(run) if run.update is not None else []
+    out += _evaluation(run.evaluation) if run.evaluation is not None else []
+    out += ["", "time per phase (s): " + ", ".join(f"{k} {v.seconds:.2f}" for k, v in run.timings.items())]
+    return "\n".join(out)
+
+
+def _rollout_and_logprobs(run, m: dict) -> list[str]:
+    cfg, r, lp = run.config, run.rollout, run.logprobs
+    return [
         "1. rollout",
         _line("samples", r.num_samples, f"{len(r.prompts)} prompts x {r.num_generations}"),
         _line("completions/mean_length", m["completions/mean_length"]),
         _line("completions/clipped_ratio", m["completions/clipped_ratio"], "no EOS within max_new_tokens"),
         _line("identical groups", len(r.identical_groups), "all G completions the same text"),
         _line("seconds", r.seconds, cfg.generation),
-    ]
-    out += [
         "2. log-probs",
         _line(
             "logps/max_sampler_gap",
@@ -63,7 +62,11 @@ def report(run) -> str:
         ),
         "  " + health_line(m),
     ]
-    out += ["3. rewards"] + [_line(f"rewards/{k}/mean", v.nanmean().item()) for k, v in run.rewards.components.items()]
+
+
+def _rewards_advantages_loss(run) -> list[str]:
+    cfg, adv, loss = run.config, run.advantages, run.loss
+    out = ["3. rewards"] + [_line(f"rewards/{k}/mean", v.nanmean().item()) for k, v in run.rewards.components.items()]
     out += [
         "4. advantages",
         _line("reward", adv.reward),
@@ -71,49 +74,52 @@ def report(run) -> str:
         _line("frac_reward_zero_std", adv.frac_reward_zero_std, "groups with no signal"),
         _line("phantom groups", len(adv.phantom_groups), f"divided by 0 < std < {PHANTOM_STD}: noise amplified"),
         _line("max |advantage|", adv.max_abs_advantage, f"scale_rewards={cfg.scale_rewards}"),
-    ]
-    out += [
         "5. loss",
         _line("loss", loss.loss.item(), f"{cfg.loss_type}; its value says little: judge the step by grad_norm"),
         _line("policy term", loss.policy_loss.item()),
         _line("beta * KL term", loss.kl_loss.item()),
         _line("kl", loss.metrics["kl"], f"{cfg.kl_estimator}, 0 at step 0 unless scoring differs"),
+        _line("entropy", loss.metrics["entropy"], "mean over scored tokens, nats"),
     ]
-    out += [_line("entropy", loss.metrics["entropy"], "mean over scored tokens, nats")]
-    out += [_line(k, v) for k, v in loss.metrics.items() if k.startswith(("clip_ratio", "sampling/", "cispo", "vespo"))]
-    if upd is not None:
-        out += [
-            "6. update",
-            _line(
-                "optimizer steps",
-                upd.optimizer_steps,
-                f"num_iterations={cfg.num_iterations} x steps_per_generation={cfg.micro_batches} "
-                f"/ gradient_accumulation_steps={cfg.gradient_accumulation_steps}",
-            ),
-            _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
-            _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
-            _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
-            *[
-                _line(f"pass {i}: {k}", it.metrics[k], "0 on-policy" if i == 1 else "")
-                for i, it in enumerate(upd.iterations, start=1)
-                for k in ("clip_ratio/region_mean", "kl")
-                if k in it.metrics and len(upd.iterations) > 1
-            ],
-            _line(
-                "max per-sample grad norm",
-                upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms) else float("nan"),
-                "from layer hooks, one backward",
-            ),
-        ]
-    if ev is not None:
-        out += [
-            "7. evaluation (held-out test prompts, paired seeds)",
-            _line("reward before", ev.before.reward),
-            _line("reward after", ev.after.reward),
-            _line("delta", ev.delta, f"95% CI [{ev.ci_low:.4f}, {ev.ci_high:.4f}]"),
-        ]
-    out += ["", "time per phase (s): " + ", ".join(f"{k} {v.seconds:.2f}" for k, v in run.timings.items())]
-    return "\n".join(out)
+    return out + [
+        _line(k, v) for k, v in loss.metrics.items() if k.startswith(("clip_ratio", "sampling/", "cispo", "vespo"))
+    ]
+
+
+def _update(run) -> list[str]:
+    cfg, upd = run.config, run.update
+    return [
+        "6. update",
+        _line(
+            "optimizer steps",
+            upd.optimizer_steps,
+            f"num_iterations={cfg.num_iterations} x steps_per_generation={cfg.micro_batches} "
+            f"/ gradient_accumulation_steps={cfg.gradient_accumulation_steps}",
+        ),
+        _line("grad_norm", upd.grad_norm, "before clipping; non-zero even when loss ~ 0"),
+        _line("clipped", upd.clipped, f"max_grad_norm={cfg.max_grad_norm}"),
+        _line("update norm", upd.update_norm, f"AdamW lr={cfg.learning_rate}"),
+        *[
+            _line(f"pass {i}: {k}", it.metrics[k], "0 on-policy" if i == 1 else "")
+            for i, it in enumerate(upd.iterations, start=1)
+            for k in ("clip_ratio/region_mean", "kl")
+            if k in it.metrics and len(upd.iterations) > 1
+        ],
+        _line(
+            "max per-sample grad norm",
+            upd.per_sample_grad_norms.max().item() if len(upd.per_sample_grad_norms) else float("nan"),
+            "from layer hooks, one backward" if cfg.fast else "one backward per sample",
+        ),
+    ]
+
+
+def _evaluation(ev) -> list[str]:
+    return [
+        "7. evaluation (held-out test prompts, paired seeds)",
+        _line("reward before", ev.before.reward),
+        _line("reward after", ev.after.reward),
+        _line("delta", ev.delta, f"95% CI [{ev.ci_low:.4f}, {ev.ci_high:.4f}]"),
+    ]
 
 
 def step_json(run) -> dict:
