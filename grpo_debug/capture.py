@@ -315,7 +315,7 @@ class CaptureCallback(TrainerCallback):
     def _write(self, step: int, capture: dict, generation: dict) -> Path:
         import trl
 
-        t, model = self.trainer, self._model()
+        t = self.trainer
         path = self.out_dir / f"step-{step}"
         path.mkdir(parents=True, exist_ok=True)
         tensors = dict(generation["tensors"])
@@ -324,26 +324,50 @@ class CaptureCallback(TrainerCallback):
         if single and capture["rng"]:
             tensors["rng_states"] = torch.stack(capture["rng"])
         torch.save(tensors, path / "batch.pt")
-        reference = getattr(t, "ref_model", None)
-        if capture["weights"] is not None:
-            model.save_pretrained(path / "policy", state_dict=capture["weights"])
+        policy, note = self._write_policy(path, step, capture["weights"])
+        meta = self._meta(step, capture, generation, policy, trl.__version__)
+        write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
+        write_text_atomically(
+            path / "README.md",
+            README.format(
+                step=step,
+                trl_version=trl.__version__,
+                trainer_class=type(t).__name__,
+                when=time.strftime("%Y-%m-%d %H:%M:%S"),
+                num_generations=t.args.num_generations,
+                tensors=", ".join(f"`{k}` {tuple(v.shape)}" for k, v in tensors.items()),
+                policy_note=note,
+                path=path.resolve(),
+                reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
+            ),
+        )
+        write_checksums(path)  # last: every file the capture wrote, which reading it verifies first
+        return path
+
+    def _write_policy(self, path: Path, step: int, weights: dict | None) -> tuple[dict, str]:
+        """The policy's weights and tokenizer in `path/policy` (or where to reload them, past max_weight_bytes):
+        capture.json's `policy` entry and the README's note."""
+        t, model = self.trainer, self._model()
+        name = resolved_name(model.config._name_or_path)
+        if weights is not None:
+            model.save_pretrained(path / "policy", state_dict=weights)
             t.processing_class.save_pretrained(path / "policy")
-            policy = {"folder": "policy", "name_or_path": resolved_name(model.config._name_or_path)}
             note = f"the policy's weights before optimizer step {step}, and its tokenizer (`save_pretrained`)."
-        else:
-            policy = {
-                "folder": None,
-                "name_or_path": resolved_name(model.config._name_or_path),
-                "checkpoint_step": step - 1,
-                "output_dir": str(Path(t.args.output_dir).resolve()),
-            }
-            note = (
-                f"not written: the weights are larger than {self.max_weight_bytes} bytes. Reload the "
-                f"checkpoint of step {step - 1} from `{t.args.output_dir}`."
-            )
+            return {"folder": "policy", "name_or_path": name}, note
+        output_dir = str(Path(t.args.output_dir).resolve())
+        note = (
+            f"not written: the weights are larger than {self.max_weight_bytes} bytes. Reload the "
+            f"checkpoint of step {step - 1} from `{t.args.output_dir}`."
+        )
+        return {"folder": None, "name_or_path": name, "checkpoint_step": step - 1, "output_dir": output_dir}, note
+
+    def _meta(self, step: int, capture: dict, generation: dict, policy: dict, trl_version: str) -> dict:
+        """capture.json: the trainer, its config and settings, the batch's texts and rewards, the schedule."""
+        t, model = self.trainer, self._model()
+        reference = getattr(t, "ref_model", None)
         S, mu, GA = self._layout()
         schedule = None
-        if single:
+        if generation["processes"] == 1:
             schedule = {
                 "micro_batches": capture["micro_batches"],
                 "steps_per_generation": S,
@@ -352,10 +376,10 @@ class CaptureCallback(TrainerCallback):
                 "generation_first_step": generation["first_step"],
                 "forwards": len(capture["rng"]),
             }
-        meta = {
+        return {
             "format": FORMAT,
             "step": step,
-            "trl_version": trl.__version__,
+            "trl_version": trl_version,
             "trainer_class": type(t).__name__,
             "model_class": type(model).__name__,
             "position_ids": isinstance(t, PositionIdsGRPOTrainer),
@@ -376,20 +400,3 @@ class CaptureCallback(TrainerCallback):
             "step_metrics": jsonable(capture["step_metrics"]),
             "logged": None,
         }
-        write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
-        write_text_atomically(
-            path / "README.md",
-            README.format(
-                step=step,
-                trl_version=trl.__version__,
-                trainer_class=type(t).__name__,
-                when=time.strftime("%Y-%m-%d %H:%M:%S"),
-                num_generations=t.args.num_generations,
-                tensors=", ".join(f"`{k}` {tuple(v.shape)}" for k, v in tensors.items()),
-                policy_note=note,
-                path=path.resolve(),
-                reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
-            ),
-        )
-        write_checksums(path)  # last: every file the capture wrote, which reading it verifies first
-        return path

@@ -120,6 +120,14 @@ def check_capture(capture: Capture) -> None:
     """Refuse a damaged or edited capture before anything is built, naming the file and the problem."""
     meta, b, path = capture.meta, capture.batch, capture.path
     js, pt = path / "capture.json", path / "batch.pt"
+    g, G = _check_meta(meta, js)
+    N = _check_batch(b, pt, meta, js, g, G)
+    _check_rows_and_schedule(meta, b, js, pt, N)
+    check_policy_folder(capture)
+
+
+def _check_meta(meta, js: Path) -> tuple[dict, int]:
+    """capture.json's entries and their types; its grpo_config and num_generations."""
     _need(isinstance(meta, dict), js, "not a JSON object")
     for key in ("step", "grpo_config", "prompts", "completions", "rewards", "reward_weights", "policy", "reference"):
         _need(key in meta, js, f"no {key!r} entry")
@@ -141,6 +149,11 @@ def check_capture(capture: Capture) -> None:
         _need(key in g, js, f"grpo_config has no {key!r}")
     G = g["num_generations"]
     _need(isinstance(G, int) and G >= 1, js, f"num_generations = {G!r} is not a positive integer")
+    return g, G
+
+
+def _check_batch(b, pt: Path, meta: dict, js: Path, g: dict, G: int) -> int:
+    """batch.pt's tensors: present, integer ids, shapes that agree, groups of G, finite where read; N rows."""
     _need(isinstance(b, dict), pt, "not a dict of tensors")
     for name in REQUIRED:
         _need(isinstance(b.get(name), torch.Tensor), pt, f"no tensor {name!r}")
@@ -191,6 +204,11 @@ def check_capture(capture: Capture) -> None:
         pt,
         "trainer_per_token_logps holds NaN or inf on completion tokens of a row the trainer scored",
     )
+    return N
+
+
+def _check_rows_and_schedule(meta: dict, b: dict, js: Path, pt: Path, N: int) -> None:
+    """One reward per row, weights naming the reward functions, a schedule of distinct rows and CPU states."""
     for name, values in meta["rewards"].items():
         _need(isinstance(values, list) and len(values) == N, js, f"rewards of {name!r} are not one per row")
     _need(set(meta["reward_weights"]) == set(meta["rewards"]), js, "reward_weights do not name the reward functions")
@@ -214,7 +232,6 @@ def check_capture(capture: Capture) -> None:
                 pt,
                 "rng_states are not CPU random states",
             )
-    check_policy_folder(capture)
 
 
 def check_policy_folder(capture: Capture) -> None:

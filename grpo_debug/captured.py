@@ -85,14 +85,35 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     completions (evaluation, validation sets) are rewarded too; a Task also brings its validation and test
     prompts. In a conversational capture, your functions get message lists, as TRL gave them."""
     prompts, completions = captured_texts(capture, tokenizer)
-    G = capture.meta["grpo_config"]["num_generations"]
     names = list(capture.meta["rewards"])
     weights = [capture.meta["reward_weights"][name] for name in names]
-    yours = None
     has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
+    yours = _your_task(capture, rewards_from, prompts, weights)
+    prompt_set = _prompt_sets(prompts, yours, has_sets)
+    if yours is None:
+        funcs = tuple(_stored_rewards(capture, prompts, completions))
+        return Task(task_name(capture), prompt_set, funcs, tuple(weights), held_out=False)
+    theirs = list(yours.reward_weights or [1.0] * len(yours.reward_funcs))
+    if list(yours.reward_names) != names or theirs != weights:
+        raise ValueError(
+            f"{yours.name!r} has the reward functions {list(yours.reward_names)} weighted {theirs}; "
+            f"the captured run had {names} weighted {weights}: not the run's reward functions"
+        )
+    return Task(
+        name=task_name(capture),
+        prompts=prompt_set,
+        reward_funcs=yours.reward_funcs,
+        reward_weights=tuple(weights),
+        held_out=has_sets and yours.held_out,
+    )
+
+
+def _your_task(capture: Capture, rewards_from, prompts: list[str], weights: list[float]) -> Task | None:
+    """`rewards_from` as a Task: a registered task's name, a Task, or your reward functions (given message lists
+    where the capture is conversational); None without it."""
     if isinstance(rewards_from, str) and ".py:" not in rewards_from:
         try:
-            yours = load_task(rewards_from)
+            return load_task(rewards_from)
         except ValueError:
             names = ", ".join(n for n in task_names() if not n.startswith("capture:"))
             raise ValueError(
@@ -100,20 +121,24 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
                 "'file.py:NAME' naming your reward functions; pass the functions themselves "
                 "(task=[f, g]) or register a Task (grpo_debug.task.register_task)"
             ) from None
-    elif isinstance(rewards_from, Task):
-        yours = rewards_from
-    elif rewards_from is not None:
-        funcs = reward_functions(rewards_from)
-        if capture.conversational:
-            messages = {p: capture.meta["prompts"][i * G] for i, p in enumerate(prompts)}
-            funcs = [_as_messages(f, messages) for f in funcs]
-        yours = Task(
-            name="your reward functions",
-            prompts=lambda s, n: prompts[:n],
-            reward_funcs=tuple(funcs),
-            reward_weights=tuple(weights),
-        )
+    if isinstance(rewards_from, Task) or rewards_from is None:
+        return rewards_from
+    funcs = reward_functions(rewards_from)
+    if capture.conversational:
+        G = capture.meta["grpo_config"]["num_generations"]
+        messages = {p: capture.meta["prompts"][i * G] for i, p in enumerate(prompts)}
+        funcs = [_as_messages(f, messages) for f in funcs]
+    return Task(
+        name="your reward functions",
+        prompts=lambda s, n: prompts[:n],
+        reward_funcs=tuple(funcs),
+        reward_weights=tuple(weights),
+    )
 
+
+def _prompt_sets(prompts: list[str], yours: Task | None, has_sets: bool):
+    """The captured task's prompt sets: the captured train prompts, your task's other sets where it has them,
+    the train prompts repeated (said once) for your reward functions alone, else a clear refusal."""
     told = []
 
     def prompt_set(name: str, n: int) -> list[str]:
@@ -136,20 +161,12 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
             "GRPOStep.from_capture(path, task=NAME)"
         )
 
-    if yours is not None:
-        theirs = list(yours.reward_weights or [1.0] * len(yours.reward_funcs))
-        if list(yours.reward_names) != names or theirs != weights:
-            raise ValueError(
-                f"{yours.name!r} has the reward functions {list(yours.reward_names)} weighted {theirs}; "
-                f"the captured run had {names} weighted {weights}: not the run's reward functions"
-            )
-        return Task(
-            name=task_name(capture),
-            prompts=prompt_set,
-            reward_funcs=yours.reward_funcs,
-            reward_weights=tuple(weights),
-            held_out=has_sets and yours.held_out,
-        )
+    return prompt_set
+
+
+def _stored_rewards(capture: Capture, prompts: list[str], completions: list[str]) -> list[StoredReward]:
+    """One reward function per captured reward, replaying its stored value of each (prompt, completion)."""
+    G = capture.meta["grpo_config"]["num_generations"]
     funcs = []
     for name, values in capture.meta["rewards"].items():
         table = {
@@ -157,13 +174,7 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
             for i, (c, v) in enumerate(zip(completions, values))
         }
         funcs.append(StoredReward(name, table))
-    return Task(
-        name=task_name(capture),
-        prompts=prompt_set,
-        reward_funcs=tuple(funcs),
-        reward_weights=tuple(weights),
-        held_out=False,
-    )
+    return funcs
 
 
 def captured_rollout(capture: Capture, tokenizer):

@@ -276,6 +276,13 @@ class StepConfig:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **PRESET_SAMPLING.get(name, {}), **overrides})
 
+    @staticmethod
+    def preset_fields(name: str) -> dict[str, object]:
+        """Every log-prob, advantage and loss field of a preset (the ones it changes and the defaults it keeps):
+        a preset as a change to apply to any config, e.g. `cfg.replace(**StepConfig.preset_fields("trl"))`."""
+        preset = StepConfig.preset(name)
+        return {k: getattr(preset, k) for k in PRESET_FIELDS}
+
     def with_preset(self, name: str) -> StepConfig:
         """This config with a preset's fields; sampling, update and evaluation settings kept."""
         return StepConfig.preset(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .logprobs import completion_mask
-from .loss import LossSpec, compute_loss, loss_weights
+from .loss import LossSpec, compute_loss
 from .rollout import Rollout
 from .scoring import Scoring, _mode, positions_from_mask, token_entropies, token_logps
 
@@ -106,22 +106,14 @@ def trl_step(
         if rng_states is not None and scoring.dropout:
             torch.set_rng_state(rng_states[j].clone())  # a view with an offset is read from its start
         lp, entropies = trl_forward(model, rollout.rows(rows), scoring, fused)
-        weights = loss_weights(
-            mask[rows],
-            loss.loss_type,
-            loss.max_completion_length,
-            num_items_in_batch=num_items,
-            gradient_accumulation_steps=loss.gradient_accumulation_steps,
-            steps_per_generation=loss.steps_per_generation,
-        )
-        part = compute_loss(
+        part = compute_loss(  # normalised by `loss_weights` over the whole batch's tokens
             lp,
             None if old_logps is None else old_logps[rows],
             None if ref_logps is None or loss.beta == 0 else ref_logps[rows],
             advantages[rows],
             mask[rows],
             entropies=entropies,
-            weights=weights,
+            num_items_in_batch=num_items,
             entropy_tokens=mask[rows].sum().clamp(min=1.0),
             **loss.kwargs(),
         )

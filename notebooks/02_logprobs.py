@@ -57,7 +57,7 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
-from grpo_debug.config import PRESETS
+from grpo_debug.config import StepConfig
 
 run = step.run(cfg, until="logprobs")
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
@@ -74,7 +74,7 @@ pitfalls = {base: {}, **({} if CAPTURE is None else {"every scoring fix on": SCO
             "dropout on": {"dropout": True}, "no position_ids": {"position_ids": False},
             "bfloat16": {"dtype": "bfloat16"}, "first-position gather": {"gather": "first_position"},
             "EOS and PAD dropped": {"mask": "drop_eos_and_pad"}, "every position": {"mask": "all_positions"},
-            "TRL 1.16 as shipped": PRESETS["trl"]}
+            "TRL 1.16 as shipped": StepConfig.preset_fields("trl")}
 table = compare_variants(step, pitfalls, until="loss",
                          columns=["logps/max_sampler_gap", "logps/eos_kept", "kl", "loss"])
 table

@@ -59,14 +59,14 @@ assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollo
 print("the dashboard's step now:", step.cfg.mask, step.cfg.kl_estimator)
 
 # %%
-from grpo_debug.config import PRESETS
+from grpo_debug.config import StepConfig
 from grpo_debug.ui.tables import compare_variants
 
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
 table = compare_variants(step, {base: {}, "T not applied": {"logprob_temperature": False},
                                 "dropout": {"dropout": True}, "EOS dropped": {"mask": "drop_eos_and_pad"},
                                 "k1": {"kl_estimator": "k1"}, "batch scale": {"scale_rewards": "batch"},
-                                "dr_grpo": {"loss_type": "dr_grpo"}, "TRL 1.16 as shipped": PRESETS["trl"]},
+                                "dr_grpo": {"loss_type": "dr_grpo"}, "TRL 1.16 as shipped": StepConfig.preset_fields("trl")},
                          base=cfg, until="loss",
                          columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std", "kl", "loss"])
 moved = table.index[(table["loss"] - table.loc[base, "loss"]).abs() > 1e-6].tolist()

@@ -102,7 +102,11 @@ def test_a_set_value_never_names_code_to_load_on_a_capture(tmp_path):
 
 
 def test_presets_cover_every_loss_side_field_and_keep_the_rest():
-    assert set(PRESETS["trl"]) == set(PRESET_FIELDS)
+    assert set(PRESETS["trl"]) <= set(PRESET_FIELDS)
+    default = StepConfig()
+    assert all(v != getattr(default, k) for k, v in PRESETS["trl"].items()), "the trl preset states only differences"
+    assert set(StepConfig.preset_fields("trl")) == set(PRESET_FIELDS)
+    assert default.replace(**StepConfig.preset_fields("trl")) == StepConfig.preset("trl").replace(sample_dropout=False)
     base = StepConfig(num_prompts=3, temperature=0.9, learning_rate=1e-5)
     trl = base.with_preset("trl")
     assert trl.preset_name() == "trl" and base.preset_name() == "fixed"

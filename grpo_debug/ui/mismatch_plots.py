@@ -45,39 +45,7 @@ def sequence_ratio_vs_length(
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     for ax, (name, r) in zip(axes, panels.items()):
-        lengths, ratio = r.lengths.numpy(), np.exp(r.log_ratio.numpy())
-        out = outside_cap(r, clip_min, clip_max).numpy()
-        ax.scatter(lengths[~out], ratio[~out], s=14, alpha=0.6, color="C0", label="a completion, inside the cap")
-        ax.scatter(lengths[out], ratio[out], s=18, alpha=0.8, color="C3", label="outside: masked / truncated")
-        grid = np.linspace(1, max(lengths.max(), up_to, 1), 100)
-        ax.plot(grid, np.exp(r.token_drift * grid), color="k", lw=1, label="exp(d x length), d: measured drift")
-        walk = 2 * r.token_spread * np.sqrt(grid)
-        ax.fill_between(
-            grid,
-            np.exp(r.token_drift * grid - walk),
-            np.exp(r.token_drift * grid + walk),
-            color="grey",
-            alpha=0.2,
-            label="+- 2 s sqrt(length): a random walk",
-        )
-        ax.plot(
-            grid,
-            np.exp(reference_drift * grid),
-            color="C1",
-            ls="--",
-            lw=1,
-            label=f"TRL #4772: {reference_drift} nats per token",
-        )
-        for bound in (clip_max, clip_min):
-            if bound is not None:
-                ax.axhline(bound, color="C3", ls=":", lw=1.2, label="cap: clip_min, clip_max")
-        ax.set(
-            yscale="log",
-            xlabel="completion length (scored tokens)",
-            title=f"{name}\nd = {r.token_drift:+.2g}, s = {r.token_spread:.2g} nats per token",
-        )
-        ax.title.set_fontsize(9)
-        _plain_log_ticks(ax, [b for b in (clip_min, clip_max) if b is not None])
+        _ratio_panel(ax, name, r, clip_min, clip_max, reference_drift, up_to)
     for ax in axes[::ncols]:
         ax.set_ylabel("sequence ratio (log scale)")
     handles, labels = axes[0].get_legend_handles_labels()
@@ -87,3 +55,40 @@ def sequence_ratio_vs_length(
     fig.legend(seen.values(), seen.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8)
     plt.close(fig)
     return fig
+
+
+def _ratio_panel(ax, name: str, r: SequenceRatios, clip_min, clip_max, reference_drift: float, up_to: int) -> None:
+    """One setting's panel of `sequence_ratio_vs_length`."""
+    lengths, ratio = r.lengths.numpy(), np.exp(r.log_ratio.numpy())
+    out = outside_cap(r, clip_min, clip_max).numpy()
+    ax.scatter(lengths[~out], ratio[~out], s=14, alpha=0.6, color="C0", label="a completion, inside the cap")
+    ax.scatter(lengths[out], ratio[out], s=18, alpha=0.8, color="C3", label="outside: masked / truncated")
+    grid = np.linspace(1, max(lengths.max(), up_to, 1), 100)
+    ax.plot(grid, np.exp(r.token_drift * grid), color="k", lw=1, label="exp(d x length), d: measured drift")
+    walk = 2 * r.token_spread * np.sqrt(grid)
+    ax.fill_between(
+        grid,
+        np.exp(r.token_drift * grid - walk),
+        np.exp(r.token_drift * grid + walk),
+        color="grey",
+        alpha=0.2,
+        label="+- 2 s sqrt(length): a random walk",
+    )
+    ax.plot(
+        grid,
+        np.exp(reference_drift * grid),
+        color="C1",
+        ls="--",
+        lw=1,
+        label=f"TRL #4772: {reference_drift} nats per token",
+    )
+    for bound in (clip_max, clip_min):
+        if bound is not None:
+            ax.axhline(bound, color="C3", ls=":", lw=1.2, label="cap: clip_min, clip_max")
+    ax.set(
+        yscale="log",
+        xlabel="completion length (scored tokens)",
+        title=f"{name}\nd = {r.token_drift:+.2g}, s = {r.token_spread:.2g} nats per token",
+    )
+    ax.title.set_fontsize(9)
+    _plain_log_ticks(ax, [b for b in (clip_min, clip_max) if b is not None])
