@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -402,5 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     return commands[args.command](parser, args)
 
 
+def run_main() -> int:
+    """`main`, quiet when the reader of its output goes away (`analyze FILE | head`): no traceback."""
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own advice: no second error
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main())

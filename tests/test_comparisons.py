@@ -82,3 +82,16 @@ def test_a_file_of_no_comparison_is_summarised_alone(tmp_path):
     results, writes = analyze(str(tmp_path / "mine.json"))
     assert "comparison" not in results and list(writes) == [str(tmp_path / "mine.json")]
     assert results["summary"]["dapo"]["minus_fixed"]["family_size"] == 2
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    """`analyze FILE | head -1`: the pipe closes before the table is written; the command ends quietly."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_debug", "analyze", str(EXPERIMENTS / "pitfalls.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # before the command has loaded anything: its first write meets a closed pipe
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
