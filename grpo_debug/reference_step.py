@@ -18,7 +18,7 @@ from .loss import LossBreakdown, batch_loss
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .sampler import sampler_correction
-from .specs import loss_spec_of, optimization_of, sampler_correction_of, scoring_of
+from .specs import loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .task import Task
 from .update import Batch, StepResult, needs_old_logps, update
 
@@ -35,22 +35,7 @@ class ReferenceRun:
 
 def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg: StepConfig) -> ReferenceRun:
     """One GRPO step of `policy` on `prompts` (the reference stays frozen), rewards from `task`'s functions."""
-    samples = rollout(
-        policy,
-        tokenizer,
-        prompts,
-        num_generations=cfg.num_generations,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        min_p=cfg.min_p,
-        seed=cfg.seed,
-        pad_with_eos=cfg.pad_with_eos,
-        generation=cfg.generation,
-        dropout=cfg.sample_dropout,
-        dtype=cfg.sampler_dtype,
-    )
+    samples = rollout(policy, tokenizer, prompts, sampling_of(cfg))
 
     logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg))
 

@@ -254,53 +254,45 @@ def check_positions(model, tokenizer, prompts: list[str], max_new_tokens: int) -
         )
 
 
-def rollout(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    num_generations: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    pad_with_eos: bool = True,
-    generation: str = "batched",
-    dropout: bool = False,
-    top_k: int = 0,
-    min_p: float | None = None,
-    dtype: str = "float32",
-    generate=generate_repeated,
-) -> Rollout:
-    """Sample `num_generations` completions for each prompt, model in eval mode (`dropout`: train mode, as
-    TRL 1.16 generates with disable_dropout=False), seeded.
+@dataclass(frozen=True)
+class Sampling:
+    """How the rollout samples (`specs.sampling_of` reads it from a StepConfig)."""
 
-    `generation="batched"` makes one left-padded `generate` call for all B*G samples (KV cache);
-    `"loop"` makes one call per prompt, for the speed comparison. `pad_with_eos` pads completions with
-    the EOS token, as a GPT-2 tokenizer without a pad token does under TRL (pad == eos). `dtype`: the
-    sampler's precision (`at_precision`), apart from the trainer's.
-    """
-    if generation not in ("batched", "loop"):
-        raise ValueError(f"generation must be 'batched' or 'loop', got {generation!r}")
-    pad_id = tokenizer.eos_token_id if pad_with_eos else tokenizer.pad_token_id
+    num_generations: int  # G completions per prompt
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    min_p: float | None
+    seed: int
+    pad_with_eos: bool  # pad completions with EOS, as a GPT-2 tokenizer without a pad token does under TRL
+    generation: str  # "batched": one left-padded `generate` call for all B*G samples; "loop": one per prompt
+    dropout: bool  # sample in train mode, as TRL 1.16 generates with disable_dropout=False
+    dtype: str  # the sampler's precision (`at_precision`), apart from the trainer's
+
+
+def rollout(model, tokenizer, prompts: list[str], sampling: Sampling, generate=generate_repeated) -> Rollout:
+    """Sample `sampling.num_generations` completions for each prompt, model in eval mode (train mode with
+    `sampling.dropout`), seeded. `generate`: the readable `generate_repeated` or its fast twin."""
+    s = sampling
+    if s.generation not in ("batched", "loop"):
+        raise ValueError(f"generation must be 'batched' or 'loop', got {s.generation!r}")
+    pad_id = tokenizer.eos_token_id if s.pad_with_eos else tokenizer.pad_token_id
     tokenizer.padding_side = "left"
     with eval_mode(model):
-        model.train(dropout)
+        model.train(s.dropout)
         start = time.perf_counter()
-        torch.manual_seed(seed)
+        torch.manual_seed(s.seed)
+        warpers = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, dtype=s.dtype)
         parts = sample_batches(
             model,
             tokenizer,
             prompts,
-            num_generations,
-            generation,
+            s.num_generations,
+            s.generation,
             pad_id,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            dtype=dtype,
+            max_new_tokens=s.max_new_tokens,
+            **warpers,
             generate=generate,
         )
         seconds = time.perf_counter() - start
@@ -316,9 +308,9 @@ def rollout(
         finished=finished,
         sampler_logps=sampler,
         sampler_logps_temperature_only=temperature_only,
-        num_generations=num_generations,
+        num_generations=s.num_generations,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=pad_id,
-        identical_groups=identical_groups(completions, num_generations),
+        identical_groups=identical_groups(completions, s.num_generations),
         seconds=seconds,
     )

@@ -11,10 +11,27 @@ from dataclasses import dataclass
 from .config import StepConfig
 from .evaluation import EvalSampling
 from .loss import LossSpec
+from .rollout import Sampling
 from .sampler import SamplerCorrection
 from .scoring import Scoring
 from .speed import Kernels, kernels
 from .update import Optimization
+
+
+def sampling_of(cfg: StepConfig) -> Sampling:
+    return Sampling(
+        num_generations=cfg.num_generations,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
+        seed=cfg.seed,
+        pad_with_eos=cfg.pad_with_eos,
+        generation=cfg.generation,
+        dropout=cfg.sample_dropout,
+        dtype=cfg.sampler_dtype,
+    )
 
 
 def scoring_of(cfg: StepConfig) -> Scoring:

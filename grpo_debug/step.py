@@ -26,7 +26,7 @@ from .model import LoadedModel, load_model
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
-from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, scoring_of
+from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .speed import kernels, sampling_kernels
 from .task import Task, load_task, register_task
 from .update import StepResult, batch_of, new_optimizer, update
@@ -249,23 +249,8 @@ class GRPOStep:
         offset = cfg.prompt_offset if prompt_set == "train" else 0
         prompts = self.task.prompts(prompt_set, offset + cfg.num_prompts)[offset:]
         check_positions(self.policy, self.loaded.tokenizer, prompts, cfg.max_new_tokens)
-        return rollout(
-            self.policy,
-            self.loaded.tokenizer,
-            prompts,
-            num_generations=cfg.num_generations,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            min_p=cfg.min_p,
-            seed=cfg.seed,
-            pad_with_eos=cfg.pad_with_eos,
-            generation=cfg.generation,
-            dropout=cfg.sample_dropout,
-            dtype=cfg.sampler_dtype,
-            generate=sampling_kernels(cfg.fast, cfg.sample_dropout).generate,
-        )
+        generate = sampling_kernels(cfg.fast, cfg.sample_dropout).generate
+        return rollout(self.policy, self.loaded.tokenizer, prompts, sampling_of(cfg), generate)
 
     def _logprobs(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> TokenLogProbs:
         self.restore_policy()

@@ -8,6 +8,7 @@ from grpo_debug.config import StepConfig
 from grpo_debug.fast.shared_prompt import shared_prompt_attention
 from grpo_debug.model import load_model
 from grpo_debug.rollout import rollout
+from grpo_debug.specs import sampling_of
 from grpo_debug.speed import kernels
 
 
@@ -42,17 +43,7 @@ def _sample(fast, **overrides):
     cfg = StepConfig(num_prompts=3, num_generations=4, max_new_tokens=48, task="mixed", **overrides)
     policy, _, tokenizer = load_model()
     prompts = load_task(cfg.task).prompts("train", cfg.num_prompts)
-    return policy, rollout(
-        policy,
-        tokenizer,
-        prompts,
-        num_generations=cfg.num_generations,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        seed=cfg.seed,
-        generate=kernels(fast).generate,
-    )
+    return policy, rollout(policy, tokenizer, prompts, sampling_of(cfg), kernels(fast).generate)
 
 
 def test_rollout_samples_the_same_tokens_fast_and_readable():

@@ -170,25 +170,17 @@ def test_the_float32_sampler_is_autocast_off_and_a_low_precision_one_is_on():
 
 
 def _sampled(fast: bool, dtype: str):
+    from grpo_debug.config import StepConfig
     from grpo_debug.model import load_model
     from grpo_debug.rollout import rollout
+    from grpo_debug.specs import sampling_of
     from grpo_debug.speed import kernels
     from grpo_debug.task import load_task
 
     policy, _, tokenizer = load_model()
     prompts = load_task("mixed").prompts("train", 3)
-    return rollout(
-        policy,
-        tokenizer,
-        prompts,
-        num_generations=4,
-        max_new_tokens=48,
-        temperature=0.7,
-        top_p=1.0,
-        seed=0,
-        dtype=dtype,
-        generate=kernels(fast).generate,
-    )
+    cfg = StepConfig(num_generations=4, max_new_tokens=48, temperature=0.7, top_p=1.0, seed=0, sampler_dtype=dtype)
+    return rollout(policy, tokenizer, prompts, sampling_of(cfg), kernels(fast).generate)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
