@@ -297,57 +297,29 @@ def compute_loss(
     sampler_logps: the sampler's log-probs (the off-policy mask reads them instead of old_logps).
     sampler_ratio: the sampler importance-sampling ratio ((N, T) or (N, 1), `sampler_importance_ratio`).
     weights, entropy_tokens: the normalisation of a larger micro-batch these rows belong to (the update
-    backpropagates a micro-batch a few rows at a time); default: these rows are the micro-batch.
-    `spec`: the `LossSpec` fields.
+    backpropagates a micro-batch a few rows at a time); default: these rows are it. `spec`: LossSpec's fields.
     """
     s = LossSpec(**spec)
-    if logps.shape != mask.shape or advantages.shape != logps.shape[:1]:
-        raise ValueError(
-            f"shapes: logps {tuple(logps.shape)}, mask {tuple(mask.shape)}, "
-            f"advantages {tuple(advantages.shape)}; expected (N, T), (N, T), (N,)"
-        )
-    if s.beta != 0 and ref_logps is None:
-        raise ValueError("beta != 0 needs ref_logps")
-    if s.top_entropy_quantile < 1 or s.entropy_coef != 0:
-        if entropies is None:
-            raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need the per-token entropies")
-    mask = mask.float()
-    A = advantages.unsqueeze(1)
+    check_loss_inputs(logps, mask, advantages, ref_logps, entropies, s)
+    mask, A = mask.float(), advantages.unsqueeze(1)
     old = logps.detach() if old_logps is None else old_logps
     weight = importance_weight(logps, old, mask, s.importance_sampling_level)
     kl = torch.zeros_like(logps) if ref_logps is None else per_token_kl(logps, ref_logps, weight, s.kl_estimator)
     pg, clip_weight, phi = policy_term(s.loss_type, logps, weight, A, mask, logps - old, sampler_ratio, s)
     trained = mask
-    if s.off_policy_mask_threshold is not None:
-        keep = off_policy_mask(
-            A, logps, old if sampler_logps is None else sampler_logps, mask, s.off_policy_mask_threshold
-        )
-        pg, trained = pg * keep, trained * keep
-    entropy_kept = None
-    if s.top_entropy_quantile < 1.0:
-        entropy_kept = high_entropy_mask(entropies, mask, s.top_entropy_quantile).float()
-        pg, trained = pg * entropy_kept, trained * entropy_kept
+    off_policy_kept, entropy_kept = token_masks(A, logps, old, sampler_logps, mask, entropies, s)
+    for keep in (off_policy_kept, entropy_kept):  # in TRL's order; None: that mask is off
+        if keep is not None:
+            pg, trained = pg * keep, trained * keep
     if sampler_ratio is not None and s.loss_type != "vespo":
         pg = pg * sampler_ratio
     per_token = (pg + s.beta * kl) * mask
-    if weights is None:
-        weights = loss_weights(
-            mask,
-            s.loss_type,
-            s.max_completion_length,
-            num_items_in_batch=num_items_in_batch,
-            gradient_accumulation_steps=s.gradient_accumulation_steps,
-            steps_per_generation=s.steps_per_generation,
-        )
+    weights = spec_weights(mask, s, num_items_in_batch) if weights is None else weights
     per_sample = (per_token * weights).sum(-1)
     if s.entropy_coef != 0:
-        acting = mask if entropy_kept is None else mask * entropy_kept
-        tokens = acting.sum().clamp(min=1.0) if entropy_tokens is None else entropy_tokens
-        per_sample = per_sample - s.entropy_coef * (entropies * acting).sum(-1) / tokens / s.gradient_accumulation_steps
+        per_sample = per_sample - entropy_bonus(entropies, mask, entropy_kept, entropy_tokens, s)
     low, high = clip_regions(clip_weight, A, s)
-    clipped = (
-        (low | high) & mask.bool() if s.loss_type in CLIPPED_LOSS_TYPES else torch.zeros_like(mask, dtype=torch.bool)
-    )
+    clipped = (low | high) & mask.bool() if s.loss_type in CLIPPED_LOSS_TYPES else torch.zeros_like(mask).bool()
     metrics = loss_metrics(s, mask, kl if ref_logps is not None else None, entropies, clip_weight, A, phi, low, high)
     return LossBreakdown(
         loss=per_sample.sum(),
@@ -363,6 +335,54 @@ def compute_loss(
         metrics=metrics,
         sampler_ratio=sampler_ratio,
     )
+
+
+def check_loss_inputs(logps, mask, advantages, ref_logps, entropies, s: LossSpec) -> None:
+    """One line naming what `compute_loss` cannot take: shapes that disagree, beta without the reference's
+    log-probs, an entropy setting without entropies."""
+    if logps.shape != mask.shape or advantages.shape != logps.shape[:1]:
+        raise ValueError(
+            f"shapes: logps {tuple(logps.shape)}, mask {tuple(mask.shape)}, "
+            f"advantages {tuple(advantages.shape)}; expected (N, T), (N, T), (N,)"
+        )
+    if s.beta != 0 and ref_logps is None:
+        raise ValueError("beta != 0 needs ref_logps")
+    if (s.top_entropy_quantile < 1 or s.entropy_coef != 0) and entropies is None:
+        raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need the per-token entropies")
+
+
+def token_masks(A, logps, old_logps, sampler_logps, mask, entropies, s: LossSpec) -> tuple:
+    """In TRL's order: the off-policy sequence mask ((N, 1); None where off_policy_mask_threshold is None), which
+    compares with the sampler's log-probs where given, else pi_old's, and the top-entropy token mask ((N, T)
+    float; None where top_entropy_quantile = 1)."""
+    off_policy = entropy_kept = None
+    if s.off_policy_mask_threshold is not None:
+        behaviour = old_logps if sampler_logps is None else sampler_logps
+        off_policy = off_policy_mask(A, logps, behaviour, mask, s.off_policy_mask_threshold)
+    if s.top_entropy_quantile < 1.0:
+        entropy_kept = high_entropy_mask(entropies, mask, s.top_entropy_quantile).float()
+    return off_policy, entropy_kept
+
+
+def spec_weights(mask: torch.Tensor, s: LossSpec, num_items_in_batch) -> torch.Tensor:
+    """`loss_weights` under the spec's loss type, max_completion_length, GA and S: these rows as the micro-batch."""
+    return loss_weights(
+        mask,
+        s.loss_type,
+        s.max_completion_length,
+        num_items_in_batch=num_items_in_batch,
+        gradient_accumulation_steps=s.gradient_accumulation_steps,
+        steps_per_generation=s.steps_per_generation,
+    )
+
+
+def entropy_bonus(entropies, mask, entropy_kept, entropy_tokens, s: LossSpec) -> torch.Tensor:
+    """(N,) entropy_coef times each sequence's entropy over the acting tokens (the mask, times the top-entropy
+    mask where on), normalised by the micro-batch's token count (`entropy_tokens`; default: these rows'), / GA:
+    what the loss subtracts."""
+    acting = mask if entropy_kept is None else mask * entropy_kept
+    tokens = acting.sum().clamp(min=1.0) if entropy_tokens is None else entropy_tokens
+    return s.entropy_coef * (entropies * acting).sum(-1) / tokens / s.gradient_accumulation_steps
 
 
 def clip_regions(weight: torch.Tensor, advantages: torch.Tensor, s: LossSpec) -> tuple[torch.Tensor, torch.Tensor]:
