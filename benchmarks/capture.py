@@ -22,8 +22,8 @@ import torch
 from common import add_repeats, sizes_and_repeats
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import trl_trainer
 
 
 def one_run(threads: int, sizes: dict) -> dict:

@@ -30,9 +30,9 @@ from common import add_repeats, sizes_and_repeats
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
 from grpo_debug.model import load_model
-from grpo_debug.trl_bridge import trl_trainer
 
 
 def two_layer_capture(folder: Path, sizes: dict) -> Path:

@@ -54,7 +54,7 @@ def generation_ratio(step: GRPOStep, cfg: StepConfig) -> dict:
 
 
 def trl_step_seconds(cfg: StepConfig) -> float:
-    from grpo_debug.trl_bridge import trl_trainer
+    from grpo_debug.capture.trl_bridge import trl_trainer
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs
         trainer = trl_trainer(cfg, tmp)

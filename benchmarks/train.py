@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from common import QUICK_SET, add_quick
 
-from grpo_debug.arms import parse_arm
 from grpo_debug.config import StepConfig
 from grpo_debug.overrides import parse_overrides
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train import train
+from grpo_debug.runs.arms import parse_arm
+from grpo_debug.runs.train import train
 
 DEFAULT_SET = ["num_prompts=4", "num_generations=8", "learning_rate=0.0002", "per_sample_grad_norms=false"]
 

@@ -1,7 +1,7 @@
 """`python -m grpo_debug step [--set key=value ...] [--json out.json] [--html tokens.html]`: one GRPO step,
-phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.token_page`).
+phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.show.token_page`).
 `python -m grpo_debug train --steps K --arm NAME[:key=value,...] ... --seeds S --json out.json`: short
-training runs, arms paired by seed (`grpo_debug.train`).
+training runs, arms paired by seed (`grpo_debug.runs.train`).
 `python -m grpo_debug replay CAPTURE [--task file.py:NAME] [--set ...]`: a step captured from a TRL run, replayed.
 `python -m grpo_debug doctor [CAPTURE] [--task ...] [--json out.json] [--html report.html]`: why the step does not
 learn, ranked (`grpo_debug.doctor`)."""
@@ -44,7 +44,7 @@ def train_command(parser, args) -> int:
         base = StepConfig(**parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
-    from .arms import check_plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
+    from .runs.arms import check_plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
 
     try:
         arms = [parse_arm(a) for a in args.arm]
@@ -55,8 +55,8 @@ def train_command(parser, args) -> int:
         parser.error(str(e))
     check_writable(parser, args.json)
     _threads(args.threads)
-    from .progress import remove_progress
-    from .train import train
+    from .runs.progress import remove_progress
+    from .runs.train import train
 
     progress = f"{args.json}.progress.jsonl"
     try:
@@ -91,9 +91,9 @@ def train_command(parser, args) -> int:
 
 
 def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None:
-    """`--html`: every token of the run on one standalone page (`grpo_debug.token_page`)."""
+    """`--html`: every token of the run on one standalone page (`grpo_debug.show.token_page`)."""
     from .files import write_text_atomically
-    from .token_page import render_page, token_values
+    from .show.token_page import render_page, token_values
 
     try:
         write_text_atomically(path, render_page(token_values(run, tokenizer, title)))
@@ -105,15 +105,15 @@ def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None
 def write_json(path: str, value) -> None:
     """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
     from .files import write_atomically
-    from .train_results import strict_json
+    from .runs.results import strict_json
 
     write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
 
 
 def analyze_command(parser, args) -> int:
     """Every verdict of committed training results, recomputed from their records (grpo_debug.stats), in the
-    families of the comparison a file belongs to (grpo_debug.comparisons); --write stores them."""
-    from .comparisons import analyze
+    families of the comparison a file belongs to (grpo_debug.runs.comparisons); --write stores them."""
+    from .runs.comparisons import analyze
 
     for path in args.paths:
         try:
@@ -134,8 +134,8 @@ def replay_command(parser, args) -> int:
     overrides = capture_overrides(parser, args)
     check_outputs(parser, args)
     _threads(args.threads)
+    from .capture.replay import reproduction
     from .model import ModelUnavailable
-    from .replay import reproduction
     from .step import GRPOStep
 
     try:
@@ -362,7 +362,7 @@ def step_command(parser, args) -> int:
     check_outputs(parser, args)
     _threads(args.threads)
     from .model import ModelUnavailable
-    from .report import report, step_json
+    from .show.report import report, step_json
     from .step import GRPOStep
 
     try:

@@ -16,8 +16,15 @@ from dataclasses import dataclass, field
 import torch
 
 from .advantages import Advantages, summarize_advantages
-from .capture_file import Capture, config_from_capture, load_capture
-from .captured import StoredReward, captured_models, captured_rollout, captured_task
+from .capture.reading import (
+    Capture,
+    StoredReward,
+    captured_models,
+    captured_rollout,
+    captured_task,
+    config_from_capture,
+    load_capture,
+)
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs

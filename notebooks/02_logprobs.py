@@ -123,7 +123,7 @@ run = step.run(cfg.replace(position_ids=False), until="logprobs", remember=False
 plots.logprob_gap_heatmap(run.logprobs, "no position_ids: |sampler - recomputed|")
 
 # %% [markdown]
-# The fix outside this notebook: `grpo_debug.trl_bridge.PositionIdsGRPOTrainer` is a drop-in `GRPOTrainer`
+# The fix outside this notebook: `grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer` is a drop-in `GRPOTrainer`
 # that passes `position_ids` from the attention mask on every scoring pass (tested on a real TRL step).
 #
 # ## The EOS when pad == eos

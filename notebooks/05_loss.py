@@ -60,7 +60,7 @@ if not cfg.vllm_importance_sampling_correction:  # (with it, the step also passe
     assert torch.equal(loss.loss, run.loss.loss)  # what the step computed, bit for bit
 
 # %%
-from grpo_debug.loss_gradients import gradient_of_loss_wrt_logps, loss_value_at_ratio_one
+from grpo_debug.show.loss_gradients import gradient_of_loss_wrt_logps, loss_value_at_ratio_one
 from grpo_debug.ui.tables import compare_variants
 
 variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
@@ -94,7 +94,7 @@ for name in ["grpo", "bnpo", "dapo", "dr_grpo", "reinforce_sum"]:
 # %%
 import pandas as pd
 
-from grpo_debug.diagnostics import kl_estimator_check
+from grpo_debug.show.diagnostics import kl_estimator_check
 
 check = pd.DataFrame(kl_estimator_check()).T
 check["value biased"] = (check["value"] - check["exact_kl"]).abs() > 0.02

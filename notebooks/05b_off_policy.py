@@ -112,7 +112,7 @@ marked_completions(two, it2.clipped, step.loaded.tokenizer, most)
 # recommended cap `epsilon_high = 5.0`; at the default 0.2 it scales every token by 0.2.
 
 # %%
-from grpo_debug.loss_gradients import token_gradient_curves
+from grpo_debug.show.loss_gradients import token_gradient_curves
 
 ratios = torch.logspace(-0.5, 0.5, 201)
 curves = token_gradient_curves(["grpo", "sapo", "vespo"], ratios, epsilon_low=0.2, epsilon_high=0.2)
@@ -280,7 +280,7 @@ marked_completions(two, top, step.loaded.tokenizer, list(range(0, len(top), cfg.
 # its own batch).
 
 # %%
-from grpo_debug.diagnostics import null_step
+from grpo_debug.show.diagnostics import null_step
 
 floor = null_step(step, base=cfg.replace(num_prompts=2) if CAPTURE is None else cfg.with_preset("fixed"))  # every fix on, then one change
 floor[[c for c in floor.columns if c.startswith("pass 2")]]
@@ -325,7 +325,7 @@ panel.widget()
 # %%
 # pass 1 is on-policy where the step's weights are the ones that scored pi_old (every ratio 1): not on
 # a later optimizer step of a captured generation, nor with dropout on while scoring
-from grpo_debug.diagnostics import ON_POLICY, first_pass_ratio_gap
+from grpo_debug.show.diagnostics import ON_POLICY, first_pass_ratio_gap
 
 pass_1_on_policy = first_pass_ratio_gap(one) < ON_POLICY  # 1 up to the fast path's float rounding
 if pass_1_on_policy:

@@ -52,8 +52,8 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8)
 # %%
 import pandas as pd
 
-from grpo_debug.metrics import metrics
 from grpo_debug.sampler import HEALTH, health_line
+from grpo_debug.show.metrics import metrics
 
 print("verl's warnings:", "; ".join(f"{name.split('/')[-1]} {rule}" for name, (rule, _) in HEALTH.items()))
 
@@ -235,8 +235,8 @@ import warnings
 from pathlib import Path
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import trl_trainer
 
 if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), captured as notebook 10 captures yours
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_05c_"))

@@ -22,7 +22,7 @@
 # TracIn-selected GRPO does worse than plain GRPO and blames the validation-loss sign. One blames a
 # 16-sample top-reward validation set. One sees the loss read 0.0000 at the first iteration.
 #
-# `grpo_debug.train` runs K GRPO steps per **arm**. It is a loop over the same phase functions: the update's
+# `grpo_debug.runs.train` runs K GRPO steps per **arm**. It is a loop over the same phase functions: the update's
 # weights become the next step's start (`GRPOStep.advance`), one AdamW carries on, and the reference stays
 # the initial model. The arms are **paired**: step t of seed s uses the same prompts and the same sampling
 # seed in every arm, so two arms differ only where their configs do. Every few steps, the policy samples
@@ -62,9 +62,9 @@ import json
 
 import pandas as pd
 
-from grpo_debug.comparisons import open_comparison, read_comparisons
 from grpo_debug.paths import DATA_DIR
-from grpo_debug.train_results import base_config, difference_curve, last_steps_mean, metric_curve
+from grpo_debug.runs.comparisons import open_comparison, read_comparisons
+from grpo_debug.runs.results import base_config, difference_curve, last_steps_mean, metric_curve
 from grpo_debug.ui import plots
 
 EXPERIMENTS = DATA_DIR / "experiments"
@@ -301,7 +301,7 @@ print(f"{len(undecided)} of {len(answers8)} claims not detected; widths "
 #   decoding, so every group's completions, and so their rewards, are identical. At step 1 every advantage
 #   is 0 (`frac_reward_zero_std`, printed below).
 #
-# The triage (`grpo_debug.diagnostics.triage_zero_loss`, notebook 08) gives its verdict at every step. The
+# The triage (`grpo_debug.show.diagnostics.triage_zero_loss`, notebook 08) gives its verdict at every step. The
 # last cell counts, over every seed, the step-1 losses that print as 0.0000 and the triage's verdicts.
 
 # %%
@@ -367,8 +367,8 @@ print(f"beta = {base_config(zl).beta}; identical_groups: {len(identical_runs)} d
 # exactly (times aside).
 
 # %%
-from grpo_debug.arms import ARMS
-from grpo_debug.train import train
+from grpo_debug.runs.arms import ARMS
+from grpo_debug.runs.train import train
 
 live = train([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
              eval_prompts_n=pit["eval_prompts"], train_prompts=pit["train_prompts"], show_progress=False,
@@ -432,8 +432,8 @@ print(f"exploratory estimate {exploratory:+.4f} (3 seeds); confirmatory {primary
 # of as many seeds, or an upper confidence bound of each).
 
 # %%
+from grpo_debug.runs.results import eval_table
 from grpo_debug.stats import crossed_power, variance_components
-from grpo_debug.train_results import eval_table
 
 planned = {k: plan["power"]["method"].split(f"{k} ")[1].split(",")[0] for k in ("seed", "prompt", "residual")}
 planned = {k: float(v) for k, v in planned.items()}

@@ -30,7 +30,7 @@ CAPTURE = None
 TASK = None
 # setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK)
-from grpo_debug.diagnostics import triage_zero_loss
+from grpo_debug.show.diagnostics import triage_zero_loss
 
 run = step.run(cfg, until="update")
 print(triage_zero_loss(run))
@@ -62,7 +62,7 @@ print(triage_zero_loss(broken))
 # `replay CAPTURE --html tokens.html`) writes every group to one standalone page.
 
 # %%
-from grpo_debug.token_page import notebook_view, token_values
+from grpo_debug.show.token_page import notebook_view, token_values
 
 page = token_values(run, step.loaded.tokenizer, groups=2)
 kept = {s.index: [abs(g) for g, m in zip(s.values["gradient"], s.values["mask"]) if m] for s in page.samples}
@@ -110,7 +110,7 @@ print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; r
 # every test run).
 
 # %% tags=["nbval-ignore-output"]
-from grpo_debug.diagnostics import compile_comparison
+from grpo_debug.show.diagnostics import compile_comparison
 
 INDUCTOR = False
 compiled = compile_comparison(step, rows=8, backend="inductor" if INDUCTOR else "aot_eager")

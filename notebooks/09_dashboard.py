@@ -139,7 +139,7 @@ if CAPTURE is None:  # the bundled step, from the fixed preset
 # at mu = 2, pass 1 is on-policy where every ratio is 1: not on a later optimizer step of a captured generation,
 # nor with dropout on (pi_old was scored with other dropout masks); then pass 1 clips, and its update depends
 # on the clip range (at mu = 1 the ratio is 1 by construction: TRL takes pi_old = pi.detach())
-from grpo_debug.diagnostics import ON_POLICY, first_pass_ratio_gap
+from grpo_debug.show.diagnostics import ON_POLICY, first_pass_ratio_gap
 
 pass_1_gap = first_pass_ratio_gap(step.run(mu2, until="update", remember=False))
 pass_1_on_policy = pass_1_gap < ON_POLICY  # 1 up to the fast path's float rounding

@@ -49,8 +49,8 @@ import tempfile
 from pathlib import Path
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import trl_trainer
 
 if CAPTURE is None:
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_capture_"))
@@ -72,7 +72,7 @@ print(sorted(p.name for p in Path(CAPTURE).iterdir()))
 # %% tags=["nbval-ignore-output"]
 import pandas as pd
 
-from grpo_debug.replay import reproduction
+from grpo_debug.capture.replay import reproduction
 from grpo_debug.step import GRPOStep
 
 step = GRPOStep.from_capture(CAPTURE, TASK)

@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arithmetic_task import arithmetic_task  # noqa: E402
 
 from grpo_debug.capture import CaptureCallback  # noqa: E402
+from grpo_debug.capture.trl_bridge import trl_trainer  # noqa: E402
 from grpo_debug.config import StepConfig  # noqa: E402
 from grpo_debug.task import Task, register_task  # noqa: E402
-from grpo_debug.trl_bridge import trl_trainer  # noqa: E402
 
 PROCESSES = 2
 

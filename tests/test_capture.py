@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from grpo_debug.capture import CaptureCallback
-from grpo_debug.capture_file import load_capture
+from grpo_debug.capture.reading import load_capture
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
 from grpo_debug.step import GRPOStep
-from grpo_debug.trl_bridge import trl_trainer
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -65,7 +65,7 @@ def test_a_capture_is_a_self_contained_folder(bundled):
 
 
 def test_the_replay_reproduces_what_trl_logged(bundled):
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
 
     step = GRPOStep.from_capture(bundled)
     run = step.run(until="update")
@@ -115,7 +115,7 @@ def test_the_cli_writes_logged_and_replayed_and_takes_a_toggle(bundled, tmp_path
 def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
     """The trl preset: TRL's GRPOTrainer without position_ids, dropout on. The replay draws the trainer's own
     dropout masks, so it reproduces the step; both pitfalls are named as pitfalls of the run, not as causes."""
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
 
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)
     capture = captured_run(cfg, tmp_path)
@@ -130,7 +130,7 @@ def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
 
 
 def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
     from grpo_debug.task import register_task
 
     folder = build_tiny_llama(tmp_path / "llama")
@@ -179,8 +179,8 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from grpo_debug.replay import reproduction
-    from grpo_debug.trl_bridge import grpo_config
+    from grpo_debug.capture.replay import reproduction
+    from grpo_debug.capture.trl_bridge import grpo_config
 
     folder = build_tiny_llama(tmp_path / "chat", chat=True)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -214,7 +214,7 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
 def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     """torchrun, 2 CPU processes (gloo), each generating half the batch: the capture holds all B*G rows, and the
     trainer's log-probs of each process's share are put back in place; the replay reproduces the logged step."""
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
 
     folder = build_tiny_llama(tmp_path / "llama")
     done = subprocess.run(
@@ -250,7 +250,7 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
 def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     """Stored rewards exist for the captured completions only: an evaluation (new samples on test prompts)
     is refused with what to do, and works once the capture is opened with the run's own task."""
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
 
     stored = GRPOStep.from_capture(bundled, eval_prompts=4, eval_samples=2)
     assert stored.stored_rewards

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from grpo_debug.comparisons import analyze, comparison_of, open_comparison, read_comparisons, share_of
 from grpo_debug.paths import DATA_DIR, ROOT
+from grpo_debug.runs.comparisons import analyze, comparison_of, open_comparison, read_comparisons, share_of
 
 EXPERIMENTS = DATA_DIR / "experiments"
 RESULT_FILES = sorted(p.name for p in EXPERIMENTS.glob("*.json") if "records" in json.loads(p.read_text()))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.diagnostics import compile_comparison
+from grpo_debug.show.diagnostics import compile_comparison
 from grpo_debug.step import GRPOStep
 
 ONE_GROUP = StepConfig(num_prompts=1, num_generations=8, max_new_tokens=48, task="policy")
@@ -37,8 +37,8 @@ def test_a_compile_failure_is_a_result_not_an_exception(step):
 
 
 def test_triage_says_why_the_value_is_what_it_is_per_loss_type(step):
-    from grpo_debug.diagnostics import triage_zero_loss
-    from grpo_debug.loss_gradients import loss_value_at_ratio_one
+    from grpo_debug.show.diagnostics import triage_zero_loss
+    from grpo_debug.show.loss_gradients import loss_value_at_ratio_one
 
     grpo = step.run(ONE_GROUP, until="loss")
     assert triage_zero_loss(grpo).startswith("NORMAL") and "(~0)" in triage_zero_loss(grpo)
@@ -53,7 +53,7 @@ def test_triage_sees_identical_rewards_that_trl_counts_as_varied(step):
     import dataclasses
 
     from grpo_debug.advantages import summarize_advantages
-    from grpo_debug.diagnostics import triage_zero_loss
+    from grpo_debug.show.diagnostics import triage_zero_loss
 
     run = step.run(ONE_GROUP, until="loss")
     rounded = summarize_advantages(torch.full((8,), 0.7314049005508423), 8)  # std 6.4e-8 after rounding

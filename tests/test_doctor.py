@@ -144,7 +144,7 @@ def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
 
 def test_the_replay_names_dropout_that_is_a_config_field(runs):
     """Qwen2's attention_dropout has no nn.Dropout module: the replay still names it as the run's pitfall."""
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
 
     step = GRPOStep.from_capture(runs["attention_dropout"])
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)

@@ -87,7 +87,7 @@ def test_a_set_value_gives_a_checked_config_or_a_refusal_naming_its_key(key, val
 @example(name="tracin", key="flip_sign", value="maybe")
 @example(name="fixed", key="seed", value="5")
 def test_an_arm_gives_a_checked_arm_or_a_refusal_naming_its_key(name, key, value):
-    from grpo_debug.arms import parse_arm
+    from grpo_debug.runs.arms import parse_arm
 
     text = f"{name}:{key}={value}"
     try:

@@ -88,7 +88,7 @@ def test_a_step_reports_the_top_p_bias_as_a_ratio_below_one_and_none_without_top
     """The sampler renormalises over the top-p nucleus, the trainer scores the full vocabulary: each sampled
     token's rho = pi_trainer / pi_sampler is the nucleus's kept mass (<= 1). With top_p = 1 they agree."""
     from grpo_debug.config import StepConfig
-    from grpo_debug.metrics import metrics
+    from grpo_debug.show.metrics import metrics
     from grpo_debug.step import GRPOStep
 
     cfg = StepConfig(num_prompts=2, num_generations=4, top_p=1.0)
@@ -105,7 +105,7 @@ def test_the_truncation_bias_is_the_kept_mass_and_renormalising_over_the_support
     """TRL PR #7269's measurement on the bundled model: scored over the full vocabulary, the mean per-token
     ratio is the mean kept mass (closed form); renormalised over the sampler's support, it is 1."""
     from grpo_debug.config import StepConfig
-    from grpo_debug.metrics import metrics
+    from grpo_debug.show.metrics import metrics
     from grpo_debug.step import GRPOStep
 
     cfg = StepConfig(num_prompts=2, num_generations=4, **truncation)
@@ -199,7 +199,7 @@ def test_a_bfloat16_sampler_drifts_from_the_float32_trainer_and_a_float32_one_do
     """The step's own metrics: the float32 sampler matches the trainer's float32 scoring to float rounding;
     the bfloat16 sampler's log-probs carry its rounding, a mismatch verl's metrics see."""
     from grpo_debug.config import StepConfig
-    from grpo_debug.metrics import metrics
+    from grpo_debug.show.metrics import metrics
     from grpo_debug.step import GRPOStep
 
     cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48)
@@ -227,8 +227,8 @@ def test_the_length_plot_marks_exactly_the_sequences_outside_the_cap():
 
 def test_the_trl_bridge_refuses_a_sampler_precision_of_its_own():
     """TRL without vLLM samples with the trained model itself: a separate sampler precision is not a switch it has."""
+    from grpo_debug.capture.trl_bridge import no_trl_switch
     from grpo_debug.config import StepConfig
-    from grpo_debug.trl_bridge import no_trl_switch
 
     assert "sampler_dtype" not in no_trl_switch(StepConfig())
     assert no_trl_switch(StepConfig(sampler_dtype="bfloat16")) == {"sampler_dtype": "bfloat16"}

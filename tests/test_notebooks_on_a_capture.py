@@ -28,8 +28,8 @@ from nbclient import NotebookClient
 from nbclient.util import run_sync
 
 from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import trl_trainer
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ON_A_STEP = sorted(p.stem for p in NOTEBOOKS.glob("[0-9]*.py") if p.stem not in ("06b_training", "10_your_run"))

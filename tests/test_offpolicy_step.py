@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.diagnostics import null_step
+from grpo_debug.show.diagnostics import null_step
 from grpo_debug.step import GRPOStep
 
 SMALL = StepConfig(

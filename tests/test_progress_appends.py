@@ -3,7 +3,7 @@ opened again, so the next append starts a line of its own and every later resume
 
 import pytest
 
-from grpo_debug.progress import Progress
+from grpo_debug.runs.progress import Progress
 
 HEADER = {"arms": ["fixed"], "steps": 3, "seeds": 2}
 RECORDS = [

@@ -285,9 +285,9 @@ def test_an_a_prompt_on_an_invalid_position_scores_its_own_ground_truth_1():
 
 def test_a_trl_run_with_unreadable_prompts_in_its_dataset_finishes(scorer, tmp_path):
     """TRL's GRPOTrainer on the bundled model, each batch holding every kind of bad row next to a real one."""
+    from grpo_debug.capture.trl_bridge import trl_trainer
     from grpo_debug.config import StepConfig
     from grpo_debug.task import Task
-    from grpo_debug.trl_bridge import trl_trainer
 
     rows = ["P: not/a/fen w - - 0 1 ", "A: garbage", "hello", policy_example(POLICY_EVAL[0])[0]]
     task = Task("bad_rows", lambda prompt_set, n: rows[:n], (RookWorldReward(scorer),))

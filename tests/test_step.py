@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.diagnostics import kl_estimator_check
 from grpo_debug.logprobs import completion_mask
 from grpo_debug.loss import compute_loss
-from grpo_debug.metrics import metrics
 from grpo_debug.overrides import parse_overrides
+from grpo_debug.show.diagnostics import kl_estimator_check
+from grpo_debug.show.metrics import metrics
 from grpo_debug.step import GRPOStep
 
 SMALL = StepConfig(num_prompts=4, num_generations=4, eval_prompts=4, eval_samples=2, bootstrap=200)

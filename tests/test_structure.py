@@ -13,8 +13,8 @@ PACKAGE = ROOT / "grpo_debug"
 CORE_EXCLUDED = (
     "grpo_debug.tracin",
     "grpo_debug.ui",
-    "grpo_debug.train",
-    "grpo_debug.arms",
+    "grpo_debug.runs.train",
+    "grpo_debug.runs.arms",
     "grpo_debug.__main__",
     "grpo_debug.notebook",
 )

@@ -96,7 +96,7 @@ def test_task_and_registry_errors_are_named(arithmetic):
 
 
 def test_trl_gets_the_task_functions_and_weights(arithmetic, tiny_model, tmp_path):
-    from grpo_debug.trl_bridge import prompt_dataset, trl_trainer
+    from grpo_debug.capture.trl_bridge import prompt_dataset, trl_trainer
 
     cfg = StepConfig(model=str(tiny_model), task="arithmetic", num_prompts=2, num_generations=2, max_new_tokens=4)
     trainer = trl_trainer(cfg, str(tmp_path))
@@ -111,7 +111,7 @@ STEP_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from grpo_debug.config import StepConfig
-    from grpo_debug.metrics import metrics
+    from grpo_debug.show.metrics import metrics
     from grpo_debug.step import GRPOStep
     from grpo_debug.task import register_task
     register_task("arithmetic", "arithmetic_task:arithmetic_task")

@@ -1,4 +1,4 @@
-"""Every token of a step on one standalone page (`grpo_debug.token_page`, `step --html`, `replay --html`): the values
+"""Every token of a step on one standalone page (`grpo_debug.show.token_page`, `step --html`, `replay --html`): the values
 are the run's tensors, tokens are escaped, the CLI writes the page or refuses a path it cannot write. The page in a
 real browser (it loads, the selector recolours) is tests/test_browser.py's."""
 
@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.loss_gradients import gradient_of_loss_wrt_logps
-from grpo_debug.step import GRPOStep
-from grpo_debug.token_page import (
+from grpo_debug.show.loss_gradients import gradient_of_loss_wrt_logps
+from grpo_debug.show.token_page import (
     CODES,
     QUANTITIES,
     Quantity,
@@ -24,6 +23,7 @@ from grpo_debug.token_page import (
     scale_of,
     token_values,
 )
+from grpo_debug.step import GRPOStep
 
 SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=32)
 
@@ -192,7 +192,7 @@ def test_the_step_command_writes_the_page_and_refuses_an_unwritable_path(tmp_pat
 
 def test_the_replay_command_writes_the_page_of_a_captured_step(tmp_path):
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.trl_bridge import trl_trainer
+    from grpo_debug.capture.trl_bridge import trl_trainer
 
     cfg = StepConfig(**SMALL, beta=0.04)
     trainer = trl_trainer(cfg, str(tmp_path / "run"), max_steps=1, disable_dropout=True)

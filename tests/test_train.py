@@ -1,4 +1,4 @@
-"""Short training runs (`grpo_debug.train`): paired arms, the carried optimizer, resumption, TracIn arms,
+"""Short training runs (`grpo_debug.runs.train`): paired arms, the carried optimizer, resumption, TracIn arms,
 and the CLI's determinism."""
 
 import json
@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from grpo_debug.arms import ARMS, Selection, parse_arm, step_config
 from grpo_debug.config import StepConfig
-from grpo_debug.train import train
-from grpo_debug.train_results import metric_curve
+from grpo_debug.runs.arms import ARMS, Selection, parse_arm, step_config
+from grpo_debug.runs.results import metric_curve
+from grpo_debug.runs.train import train
 
 BASE = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48, per_sample_grad_norms=False)
 TIMES = ("seconds",)
@@ -214,8 +214,8 @@ def test_the_cli_writes_the_same_numbers_twice(tmp_path):
 
 def test_the_optimizer_aware_score_selects_too():
     """score=adam: each sample scored by the step a fresh AdamW would take on it (materialised gradients)."""
+    from grpo_debug.runs.train import influence
     from grpo_debug.step import GRPOStep
-    from grpo_debug.train import influence
 
     step = GRPOStep(BASE)
     run = step.run(step_config(BASE, ARMS["fixed"], 0, 0, 128), until="loss")
@@ -230,7 +230,7 @@ def test_the_optimizer_aware_score_selects_too():
 def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_numbers(three_steps):
     import copy
 
-    from grpo_debug.train_results import merge_results
+    from grpo_debug.runs.results import merge_results
 
     first = {**copy.deepcopy(three_steps), "command": "a"}
     second = {**copy.deepcopy(three_steps), "command": "b"}
@@ -251,7 +251,7 @@ def test_two_runs_sharing_an_arm_merge_only_when_that_arm_logged_the_same_number
 def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps):
     import copy
 
-    from grpo_debug.train_results import merge_results, select_arms
+    from grpo_debug.runs.results import merge_results, select_arms
 
     only_fixed = select_arms(three_steps, ["fixed"])
     assert list(only_fixed["arms"]) == ["fixed"] and {r["arm"] for r in only_fixed["records"]} == {"fixed"}
@@ -264,7 +264,7 @@ def test_select_arms_keeps_their_records_and_pairs_with_another_run(three_steps)
 
 
 def test_difference_curve_is_the_paired_difference_at_every_evaluation(three_steps):
-    from grpo_debug.train_results import difference_curve, paired_difference
+    from grpo_debug.runs.results import difference_curve, paired_difference
 
     rows = difference_curve(three_steps, "k1", "fixed")
     assert [r["step"] for r in rows] == [0, 2, 3]
@@ -277,7 +277,7 @@ def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_ste
     import matplotlib
 
     matplotlib.use("Agg")
-    from grpo_debug.train_results import difference_curve, metric_curve
+    from grpo_debug.runs.results import difference_curve, metric_curve
     from grpo_debug.ui import plots
 
     curves = {

@@ -115,7 +115,7 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
 
 
 def test_a_torn_or_mismatched_progress_file_is_named(tmp_path):
-    from grpo_debug.progress import Progress
+    from grpo_debug.runs.progress import Progress
 
     path = tmp_path / "p.jsonl"
     Progress(path, {"h": 1}).add({"arm": "fixed", "seed": 0, "step": 0, "eval": {}})

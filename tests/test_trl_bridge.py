@@ -5,9 +5,9 @@ import torch
 from trl import GRPOTrainer
 
 from grpo_debug.advantages import summarize_advantages
+from grpo_debug.capture.trl_bridge import PositionIdsGRPOTrainer, grpo_config, no_trl_switch, trl_trainer
 from grpo_debug.chess.task import RookWorldReward, rookworld_task
 from grpo_debug.config import StepConfig
-from grpo_debug.trl_bridge import PositionIdsGRPOTrainer, grpo_config, no_trl_switch, trl_trainer
 
 SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=104)
 
@@ -40,8 +40,8 @@ def test_one_real_trl_step(tmp_path, scorer):
 
 def _sampler_and_recomputed(trainer_class, cfg, tmp_path, scorer):
     """Run one real step; return (sampler log-probs, TRL's recomputed log-probs, completion mask, prompt mask)."""
+    from grpo_debug.capture.trl_bridge import prompt_dataset
     from grpo_debug.model import load_model
-    from grpo_debug.trl_bridge import prompt_dataset
 
     loaded = load_model(cfg.model)
     record = {"logits": []}
@@ -145,7 +145,7 @@ def test_trl_preset_is_what_a_default_grpo_config_sets(tmp_path):
     assert defaults.bf16 and trl.dtype == "float32"  # TRL resolves bf16=None to True; the preset keeps float32
     assert trl.scale_rewards == defaults.scale_rewards and trl.epsilon_low == defaults.epsilon
     assert trl.epsilon_high == (defaults.epsilon_high or defaults.epsilon)
-    from grpo_debug.trl_bridge import SAME_NAME
+    from grpo_debug.capture.trl_bridge import SAME_NAME
 
     for name in SAME_NAME:
         if name not in ("loss_type", "beta", "scale_rewards", "epsilon_high"):

@@ -29,7 +29,7 @@ def planted(tmp_path):
 
 
 def test_a_training_checkpoint_with_a_payload_is_refused(planted, tmp_path):
-    from grpo_debug.progress import Progress
+    from grpo_debug.runs.progress import Progress
 
     progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
     planted(progress.checkpoint("fixed", 0), lambda p: {"step": p, "policy": {}, "optimizer": None})
@@ -52,8 +52,8 @@ def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
 def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     import json
 
-    from grpo_debug.capture_file import CaptureError, load_capture
-    from grpo_debug.checksums import write_checksums
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError, load_capture
 
     capture = tmp_path / "step-2"
     planted(capture / "batch.pt", lambda p: {"prompt_ids": p})
@@ -96,7 +96,7 @@ class _Step:
 @pytest.mark.parametrize("damage", ["a flipped byte", "truncated", "weights of another shape", "no checksum"])
 def test_a_damaged_training_checkpoint_is_refused_naming_the_file(tmp_path, damage):
     """The checkpoint carries the SHA-256 of its own contents (one file: a kill cannot part them)."""
-    from grpo_debug.progress import Progress
+    from grpo_debug.runs.progress import Progress
 
     progress = Progress(tmp_path / "run.json.progress.jsonl", {"command": "test"})
     saved = torch.nn.Linear(4, 4)

@@ -155,7 +155,7 @@ def test_every_layout_replays_each_captured_step_in_process(layout, tmp_path):
     from user_train import REWARD_FUNCS
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
     from grpo_debug.step import GRPOStep
 
     build_tiny_model(tmp_path / "model")
@@ -194,7 +194,7 @@ def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
     from user_train import REWARD_FUNCS
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.replay import reproduction
+    from grpo_debug.capture.replay import reproduction
     from grpo_debug.step import GRPOStep
 
     build_tiny_llama(tmp_path / "llama")
@@ -371,8 +371,8 @@ def good_capture(user_dir) -> Path:
 def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, resealed, capsys):
     """As damaged, the checksums catch it; with checksums.json rewritten over the damage (an edit made on
     purpose), the checks of what the files hold still refuse it."""
-    from grpo_debug.capture_file import CaptureError, load_capture
-    from grpo_debug.checksums import write_checksums
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError, load_capture
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -396,8 +396,8 @@ def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, ho
 def test_a_reference_from_outside_the_capture_is_checked_before_it_is_built(good_capture, tmp_path, reference):
     """The reference folder a capture names is not the capture's own: its config is bounded by its weights'
     headers before transformers builds anything (a config describing ~9.7B parameters allocated them)."""
-    from grpo_debug.capture_file import CaptureError
-    from grpo_debug.checksums import write_checksums
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError
     from grpo_debug.step import GRPOStep
 
     copy = tmp_path / "capture"
@@ -427,8 +427,8 @@ def test_trl_generates_in_train_mode_with_dropout_on_and_the_trl_preset_samples_
     from trl import GRPOConfig, GRPOTrainer
     from user_train import REWARD_FUNCS
 
+    from grpo_debug.capture.trl_bridge import no_trl_switch
     from grpo_debug.config import StepConfig
-    from grpo_debug.trl_bridge import no_trl_switch
 
     build_tiny_model(tmp_path / "model")
     args = GRPOConfig(
@@ -466,7 +466,7 @@ def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_pat
     from user_train import REWARD_FUNCS
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.capture_file import config_from_capture, load_capture
+    from grpo_debug.capture.reading import config_from_capture, load_capture
 
     build_tiny_model(tmp_path / "model")
     args = GRPOConfig(
@@ -510,7 +510,7 @@ def test_a_config_too_large_for_its_weights_is_refused_within_a_memory_and_time_
     """Under a 3 GB address-space limit and a 120 s timeout, in a fresh process: the check reads the weights'
     headers and bounds the config by them before building anything (before: the 100000-layer config ran past
     120 s with memory rising, the ~9.7B one allocated its parameters)."""
-    from grpo_debug.checksums import write_checksums
+    from grpo_debug.capture.checksums import write_checksums
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -519,7 +519,7 @@ def test_a_config_too_large_for_its_weights_is_refused_within_a_memory_and_time_
     bounded = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))\n"
-        "from grpo_debug.capture_file import CaptureError, load_capture\n"
+        "from grpo_debug.capture.reading import CaptureError, load_capture\n"
         "try:\n"
         f"    load_capture({str(copy)!r})\n"
         "except CaptureError as e:\n"

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from ..evaluation import EvalSampling, EvalSide, eval_side
-from ..loss_gradients import gradient_of_loss_wrt_logps
 from ..model import absolute_positions, dropout_sources
 from ..sampler import mismatch_metrics
 from ..scoring import completion_logits, next_token_logps, per_token_logps
+from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from ..specs import eval_sampling_of, scoring_of
 from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun

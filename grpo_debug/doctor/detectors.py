@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..diagnostics import ON_POLICY, first_pass_ratio_gap
+from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
 from .logprob_detectors import (
     dropout,

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..config import StepConfig
-from ..metrics import metrics
+from ..show.metrics import metrics
 from ..step import GRPOStep, StepRun
 
 NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses

@@ -24,8 +24,8 @@ import traitlets
 from IPython.display import display
 
 from ..config import PRESETS, StepConfig
-from ..metrics import metrics
 from ..sampler import health_line
+from ..show.metrics import metrics
 from ..step import GRPOStep, StepRun
 from ..update import Iteration
 from . import plots

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .config import StepConfig
-from .files import write_atomically
-from .step import GRPOStep
+from ..config import StepConfig
+from ..files import write_atomically
+from ..step import GRPOStep
 
 
 class Progress:

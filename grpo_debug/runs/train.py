@@ -13,7 +13,7 @@ TracIn-selected GRPO (the two TracIn reports): each step, every sample's influen
 (same batch, or a random or top-k-by-reward set of fresh samples of the validation prompts), then the
 update on the selected samples only, their loss normalised over themselves as the seeds' trainers did.
 
-Arms: `arms.py`; the progress file and checkpoints: `progress.py`; the verdicts: `train_results.py`.
+Arms: `arms.py`; the progress file and checkpoints: `progress.py`; the verdicts: `results.py`.
 Results go to a JSON-lines progress file as they come, with the weights and AdamW state checkpointed at
 every evaluation, so an interrupted comparison resumes where it stopped and gives the same numbers.
 """
@@ -27,24 +27,24 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_plan, step_config
-from .config import StepConfig
-from .diagnostics import triage_zero_loss
-from .evaluation import eval_prompts, eval_side
-from .metrics import metrics
-from .progress import Progress, _lock
-from .specs import eval_sampling_of, specs_of
-from .step import GRPOStep, StepRun
-from .tracin.first_order import scores_for
-from .tracin.influence import (
+from ..config import StepConfig
+from ..evaluation import eval_prompts, eval_side
+from ..show.diagnostics import triage_zero_loss
+from ..show.metrics import metrics
+from ..specs import eval_sampling_of, specs_of
+from ..step import GRPOStep, StepRun
+from ..tracin.first_order import scores_for
+from ..tracin.influence import (
     influence_scores,
     per_sample_train_gradients,
     validation_gradient,
     validation_pool,
     validation_set,
 )
-from .tracin.selection import select
-from .train_results import summarize
+from ..tracin.selection import select
+from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_plan, step_config
+from .progress import Progress, _lock
+from .results import summarize
 
 LOGGED = (
     "reward",

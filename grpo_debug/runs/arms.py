@@ -9,10 +9,10 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
-from .config import StepConfig
-from .overrides import INTEGER, parse_bool, parse_overrides
-from .task import check_prompt_counts
+from ..choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
+from ..config import StepConfig
+from ..overrides import INTEGER, parse_bool, parse_overrides
+from ..task import check_prompt_counts
 
 TRAIN_SEED_STRIDE = 1000  # step t of seed s samples with seed 1000 * s + t
 

@@ -6,22 +6,31 @@ shapes, masks, NaN, the schedule, the random states, and the policy folder as `m
 before any model is built); a problem names the file. The config
 is the `trl` preset with the capture's own `GRPOConfig` settings, None values resolved as the trainer
 resolved them (`config_from_capture`).
+
+Opened as a step's inputs: a capture's batch as the step's rollout, and its rewards as a task: the stored values (`StoredReward`),
+or your own reward functions (`task=[f, g]`, `task="my_rewards.py:funcs"`, or a registered task name), which
+can also score new completions.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..choices import SAME_NAME as TRL_SAME_NAME
+from ..config import StepConfig
+from ..model import LoadedModel, ModelUnavailable, load_model
+from ..rollout import Rollout
+from ..task import Task, callable_name, load_task, register_task, task_names
 from .checksums import checksum_problem
-from .choices import SAME_NAME as TRL_SAME_NAME
-from .config import StepConfig
 from .model_folder import check_model_folder
-from .task import register_task, task_names
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
 # batch layout and optimiser fields it sets explicitly
@@ -332,3 +341,223 @@ def task_name(capture: Capture) -> str:
 
 
 # ---- the rewards: stored, or your own functions
+
+
+# ---- a capture as the step's inputs
+
+
+class StoredReward:
+    """A reward function that returns the captured values of the captured completions, by text."""
+
+    def __init__(self, name: str, table: dict[tuple[str, str], float | None]):
+        self.__name__, self.table = name, table
+
+    def __call__(self, prompts, completions, **kwargs):
+        missing = [(p, c) for p, c in zip(prompts, completions) if (p, c) not in self.table]
+        if missing:
+            raise ValueError(
+                f"reward {self.__name__!r} is known only for the captured completions; {len(missing)} "
+                "are new: open the capture with your reward functions (task=[...]) to score them"
+            )
+        return [self.table[(p, c)] for p, c in zip(prompts, completions)]
+
+
+def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
+    """The B prompts and B*G completions as our rollout decodes them (special tokens removed)."""
+    b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
+    prompts = [
+        tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+        for ids, m in zip(b["prompt_ids"][::G], b["prompt_mask"][::G])
+    ]
+    completions = [
+        tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+        for ids, m in zip(b["completion_ids"], b["completion_mask"])
+    ]
+    return prompts, completions
+
+
+def reward_functions(spec) -> list:
+    """Your reward functions: a list of callables, or "file.py:name" naming one function or a list of them."""
+    if callable(spec):
+        return [spec]
+    if isinstance(spec, (list, tuple)) and spec and all(callable(f) for f in spec):
+        return list(spec)
+    if isinstance(spec, str) and ".py:" in spec:
+        file, _, name = spec.rpartition(":")
+        if not Path(file).is_file():
+            raise ValueError(f"task {spec!r}: no file {file}")
+        module_spec = importlib.util.spec_from_file_location(Path(file).stem, file)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, name):
+            raise ValueError(f"task {spec!r}: {file} defines no {name!r}")
+        return reward_functions(getattr(module, name))
+    raise ValueError(f"task must be a registered task name, a Task, reward functions or 'file.py:name', got {spec!r}")
+
+
+def _as_messages(func, prompt_messages: dict[str, list]):
+    """`func` called as TRL calls it in a conversational run: message lists, not strings."""
+
+    def reward(prompts, completions, **kwargs):
+        return func(
+            prompts=[prompt_messages.get(p, [{"role": "user", "content": p}]) for p in prompts],
+            completions=[[{"role": "assistant", "content": c}] for c in completions],
+            **kwargs,
+        )
+
+    reward.__name__ = callable_name(func)
+    return reward
+
+
+def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
+    """The capture as a task: its train prompts are the captured prompts. Without `rewards_from` its reward
+    functions replay the stored values (the captured completions only). With your task or reward functions, new
+    completions (evaluation, validation sets) are rewarded too; a Task also brings its validation and test
+    prompts. In a conversational capture, your functions get message lists, as TRL gave them."""
+    prompts, completions = captured_texts(capture, tokenizer)
+    names = list(capture.meta["rewards"])
+    weights = [capture.meta["reward_weights"][name] for name in names]
+    has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
+    yours = _your_task(capture, rewards_from, prompts, weights)
+    prompt_set = _prompt_sets(prompts, yours, has_sets)
+    if yours is None:
+        funcs = tuple(_stored_rewards(capture, prompts, completions))
+        return Task(task_name(capture), prompt_set, funcs, tuple(weights), held_out=False)
+    theirs = list(yours.reward_weights or [1.0] * len(yours.reward_funcs))
+    if list(yours.reward_names) != names or theirs != weights:
+        raise ValueError(
+            f"{yours.name!r} has the reward functions {list(yours.reward_names)} weighted {theirs}; "
+            f"the captured run had {names} weighted {weights}: not the run's reward functions"
+        )
+    return Task(
+        name=task_name(capture),
+        prompts=prompt_set,
+        reward_funcs=yours.reward_funcs,
+        reward_weights=tuple(weights),
+        held_out=has_sets and yours.held_out,
+    )
+
+
+def _your_task(capture: Capture, rewards_from, prompts: list[str], weights: list[float]) -> Task | None:
+    """`rewards_from` as a Task: a registered task's name, a Task, or your reward functions (given message lists
+    where the capture is conversational); None without it."""
+    if isinstance(rewards_from, str) and ".py:" not in rewards_from:
+        try:
+            return load_task(rewards_from)
+        except ValueError:
+            names = ", ".join(n for n in task_names() if not n.startswith("capture:"))
+            raise ValueError(
+                f"task {rewards_from!r} is neither a registered task ({names}) nor "
+                "'file.py:NAME' naming your reward functions; pass the functions themselves "
+                "(task=[f, g]) or register a Task (grpo_debug.task.register_task)"
+            ) from None
+    if isinstance(rewards_from, Task) or rewards_from is None:
+        return rewards_from
+    funcs = reward_functions(rewards_from)
+    if capture.conversational:
+        G = capture.meta["grpo_config"]["num_generations"]
+        messages = {p: capture.meta["prompts"][i * G] for i, p in enumerate(prompts)}
+        funcs = [_as_messages(f, messages) for f in funcs]
+    return Task(
+        name="your reward functions",
+        prompts=lambda s, n: prompts[:n],
+        reward_funcs=tuple(funcs),
+        reward_weights=tuple(weights),
+    )
+
+
+def _prompt_sets(prompts: list[str], yours: Task | None, has_sets: bool):
+    """The captured task's prompt sets: the captured train prompts, your task's other sets where it has them,
+    the train prompts repeated (said once) for your reward functions alone, else a clear refusal."""
+    told = []
+
+    def prompt_set(name: str, n: int) -> list[str]:
+        if name == "train" and n <= len(prompts):
+            return prompts[:n]
+        if has_sets and name != "train":
+            return yours.prompts(name, n)
+        if yours is not None and name != "train":  # your reward functions, no prompt sets of yours
+            if not told:
+                told.append(name)
+                warnings.warn(
+                    f"the capture has no {name} prompts of its own: new completions are sampled on its "
+                    f"{len(prompts)} train prompts, repeated (open it with a Task for separate sets)",
+                    stacklevel=2,
+                )
+            return [prompts[i % len(prompts)] for i in range(n)]
+        raise ValueError(
+            f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts: to "
+            "sample new completions on other prompts, open it with a task that has them, "
+            "GRPOStep.from_capture(path, task=NAME)"
+        )
+
+    return prompt_set
+
+
+def _stored_rewards(capture: Capture, prompts: list[str], completions: list[str]) -> list[StoredReward]:
+    """One reward function per captured reward, replaying its stored value of each (prompt, completion)."""
+    G = capture.meta["grpo_config"]["num_generations"]
+    funcs = []
+    for name, values in capture.meta["rewards"].items():
+        table = {
+            (prompts[i // G], c): (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for i, (c, v) in enumerate(zip(completions, values))
+        }
+        funcs.append(StoredReward(name, table))
+    return funcs
+
+
+def captured_rollout(capture: Capture, tokenizer):
+    """The captured batch as a Rollout. The sampler's log-probs are the engine's (`sampling_per_token_logps`)
+    where one generated, else the trainer's own scoring (NaN rows, not trained on at this step, as 0)."""
+
+    b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
+    prompts, completions = captured_texts(capture, tokenizer)
+    lengths = b["completion_mask"].sum(1).long()
+    lengths = lengths.masked_fill(lengths == 0, b["completion_ids"].shape[1])  # mask_truncated_completions: no EOS
+    last = b["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    sampler = b.get("sampling_per_token_logps", b.get("old_per_token_logps", b["trainer_per_token_logps"]))
+    sampler = sampler.float().nan_to_num(0.0)
+    groups = [g for g in range(len(prompts)) if len(set(completions[g * G : (g + 1) * G])) == 1]
+    return Rollout(
+        prompts=prompts,
+        completions=completions,
+        prompt_ids=b["prompt_ids"],
+        prompt_mask=b["prompt_mask"],
+        completion_ids=b["completion_ids"],
+        completion_lengths=lengths,
+        finished=(last == tokenizer.eos_token_id) & (lengths > 0),
+        sampler_logps=sampler * b["completion_mask"],
+        sampler_logps_temperature_only=sampler * b["completion_mask"],
+        num_generations=G,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        identical_groups=groups,
+        seconds=0.0,
+    )
+
+
+def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
+    """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
+    (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference)."""
+    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
+    if len(loaded.tokenizer) <= int(capture.batch["completion_ids"].max()):
+        raise CaptureError(
+            f"{capture.path / 'policy'}: its tokenizer has {len(loaded.tokenizer)} tokens, fewer than the "
+            "batch's token ids need"
+        )
+    reference_name = capture.meta["reference"]["name_or_path"]
+    if reference_name is None:
+        return loaded, True
+    if Path(str(reference_name)).is_dir():  # a local folder from outside the capture: checked like the policy's
+        check_model_folder(reference_name, CaptureError)
+    try:
+        reference = load_model(reference_name).policy.eval()
+    except ModelUnavailable as e:
+        raise CaptureError(
+            f"{capture.path / 'capture.json'}: the run's reference model {reference_name!r} "
+            f"cannot be loaded here ({e}); copy it to that path, or edit reference.name_or_path "
+            "to a folder holding it"
+        ) from None
+    reference.requires_grad_(False)
+    return LoadedModel(loaded.policy, reference, loaded.tokenizer, loaded.name), False

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .logprobs import completion_mask
-from .sampler import kept_mass, mismatch_metrics
-from .step import StepRun
-from .update import StepResult
+from ..logprobs import completion_mask
+from ..sampler import kept_mass, mismatch_metrics
+from ..step import StepRun
+from ..update import StepResult
 
 
 def metrics(run: StepRun) -> dict[str, float]:

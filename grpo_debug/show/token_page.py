@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..step import StepRun
 from .loss_gradients import gradient_of_loss_wrt_logps
-from .step import StepRun
 
 
 @dataclass(frozen=True)

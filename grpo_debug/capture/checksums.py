@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .files import write_text_atomically
+from ..files import write_text_atomically
 
 MANIFEST = "checksums.json"
 CHUNK = 1 << 20

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from . import stats
-from .config import StepConfig
+from .. import stats
+from ..config import StepConfig
 
 COMPARED = ("kl", "entropy", "completions/mean_length")  # step metrics compared with the first arm's at the end
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .advantages import PHANTOM_STD
+from ..advantages import PHANTOM_STD
+from ..sampler import health_line
 from .metrics import metrics
-from .sampler import health_line
 
 
 def _line(name: str, value, note: str = "") -> str:

@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from ..files import write_text_atomically
 from .checksums import write_checksums
-from .files import write_text_atomically
 from .trainer_state import (
     FORMAT,
     README,

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import StepConfig
-from .logprobs import chunked_logps
-from .loss import KL_ESTIMATORS, per_token_kl
-from .specs import scoring_of
-from .speed import kernels
-from .step import GRPOStep, StepRun
+from ..config import StepConfig
+from ..logprobs import chunked_logps
+from ..loss import KL_ESTIMATORS, per_token_kl
+from ..specs import scoring_of
+from ..speed import kernels
+from ..step import GRPOStep, StepRun
 
 
 def triage_zero_loss(run: StepRun, tol: float = 1e-6) -> str:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .logprobs import completion_mask
-from .loss import LossSpec, compute_loss
-from .rollout import Rollout
-from .scoring import Scoring, _mode, positions_from_mask, token_entropies, token_logps
+from ..logprobs import completion_mask
+from ..loss import LossSpec, compute_loss
+from ..rollout import Rollout
+from ..scoring import Scoring, _mode, positions_from_mask, token_entropies, token_logps
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .config import StepConfig
-from .loss import batch_loss, compute_loss, loss_weights
-from .specs import loss_spec_of, sampler_correction_of
-from .step import StepRun
+from ..config import StepConfig
+from ..loss import batch_loss, compute_loss, loss_weights
+from ..specs import loss_spec_of, sampler_correction_of
+from ..step import StepRun
 
 
 def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:

@@ -9,10 +9,10 @@ import math
 
 import torch
 
-from .capture_file import Capture, config_from_capture
-from .metrics import metrics
-from .model import absolute_positions, has_dropout
-from .specs import loss_spec_of, scoring_of
+from ..model import absolute_positions, has_dropout
+from ..show.metrics import metrics
+from ..specs import loss_spec_of, scoring_of
+from .reading import Capture, config_from_capture
 from .trl_step import trl_step
 
 COMPARED = (

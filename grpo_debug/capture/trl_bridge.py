@@ -18,12 +18,12 @@ import dataclasses
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from .choices import SAME_NAME
-from .config import PRESET_FIELDS, StepConfig
-from .loss import TRL_LOSS_TYPES
-from .model import load_model
-from .scoring import positions_from_mask
-from .task import Task, load_task
+from ..choices import SAME_NAME
+from ..config import PRESET_FIELDS, StepConfig
+from ..loss import TRL_LOSS_TYPES
+from ..model import load_model
+from ..scoring import positions_from_mask
+from ..task import Task, load_task
 
 TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
 # StepConfig fields that TRL has a switch for (translated in `grpo_config`); the rest of the preset fields

@@ -1,7 +1,7 @@
 """Which committed result files are read together, and which held-out claims form one family.
 
 `data/experiments/comparisons.json` defines each comparison once: its files (merged by
-`train_results.merge_results`, which checks that they share their base config, K, seeds and evaluation), the arms
+`results.merge_results`, which checks that they share their base config, K, seeds and evaluation), the arms
 it borrows from another comparison as references, and its claims. `python -m grpo_debug analyze FILE` reads the
 comparison FILE belongs to and `--write` stores in each file its share of that comparison's summary, and the
 notebooks open comparisons by name: a claim gets one verdict, in one family, wherever it is printed.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .train_results import merge_results, reanalyze, select_arms, summarize
+from .results import merge_results, reanalyze, select_arms, summarize
 
 COMPARISONS_FILE = "comparisons.json"
 
