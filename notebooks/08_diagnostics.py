@@ -89,13 +89,11 @@ plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.rollout import rollout
+from grpo_debug.specs import sampling_of
 from grpo_debug.speed import kernels
 
 sampled = {generation: rollout(step.policy, step.loaded.tokenizer, step.result.rollout.prompts,  # sampled anew
-                               num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
-                               temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                               pad_with_eos=cfg.pad_with_eos, generation=generation,
-                               generate=kernels(cfg.fast).generate).seconds
+                               sampling_of(cfg.replace(generation=generation)), kernels(cfg.fast).generate).seconds
            for generation in ("batched", "loop")}
 batched, loop = sampled["batched"], sampled["loop"]
 print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; ratio {loop / batched:.2f}")
