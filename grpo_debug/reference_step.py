@@ -17,7 +17,6 @@ from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, batch_loss
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
-from .sampler import sampler_correction
 from .specs import loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .task import Task
 from .update import Batch, StepResult, needs_old_logps, update
@@ -43,24 +42,24 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
 
     advantages = summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
 
+    loss_spec = loss_spec_of(cfg)
     correction = sampler_correction_of(cfg)  # None unless TRL's vLLM importance-sampling correction is on
-    loss = batch_loss(loss_spec_of(cfg), correction, logprobs, advantages.values, samples.sampler_logps)
+    loss = batch_loss(loss_spec, correction, logprobs, advantages.values, samples.sampler_logps)
 
-    sampler_ratio, _ = sampler_correction(correction, logprobs.policy, samples.sampler_logps, logprobs.mask)
-    on_policy = not needs_old_logps(loss_spec_of(cfg), cfg.num_iterations, correction)
+    on_policy = not needs_old_logps(loss_spec, cfg.num_iterations, correction)
     batch = Batch(
         samples,
         logprobs,
         advantages.values,
         old_logps=None if on_policy else logprobs.policy,  # None: each pass's own log-probs, detached
-        sampler_ratio=sampler_ratio,
+        sampler_ratio=loss.sampler_ratio,  # pi_old / pi_sampler, as the loss phase took it (None: off)
         sampler_logps=samples.sampler_logps if correction else None,
     )
     result = update(
         policy,
         batch,
         scoring_of(cfg),
-        loss_spec_of(cfg),
+        loss_spec,
         optimization_of(cfg),
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,

@@ -136,6 +136,8 @@ def crossed_bounds(
     docstring). Vectorised over tables (64 at a time: a (64, PIVOT_DRAWS) slab), so that a coverage simulation
     runs this very code."""
     _, S, P = tables.shape
+    if S < 2 or P < 2:
+        raise ValueError(f"a crossed interval needs at least 2 seeds and 2 prompts, got {S} and {P}")
     z, u_seed, u_prompt, u_residual = _pivot_draws(S, P)
     tails = [q for level in levels for q in (0.5 - level / 2, 0.5 + level / 2)]
     out = []

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 
 from .logprobs import TokenLogProbs
-from .loss import LossBreakdown, LossSpec, compute_loss, loss_weights
+from .loss import LossBreakdown, LossSpec, compute_loss, spec_weights
 from .rollout import Rollout, row_chunks
 from .sampler import SamplerCorrection, sampler_correction
 from .scoring import Scoring, per_token_logps_and_entropies
@@ -138,14 +138,7 @@ def normalisation(batch: Batch, loss: LossSpec, rows: list[int]) -> Normalisatio
     the whole batch's token count), and the micro-batch's token count unless top_entropy_quantile < 1."""
     mask = batch.logprobs.mask
     weights = torch.zeros_like(mask)
-    weights[rows] = loss_weights(
-        mask[rows],
-        loss.loss_type,
-        loss.max_completion_length,
-        num_items_in_batch=mask.sum(),
-        gradient_accumulation_steps=loss.gradient_accumulation_steps,
-        steps_per_generation=loss.steps_per_generation,
-    )
+    weights[rows] = spec_weights(mask[rows], loss, num_items_in_batch=mask.sum())
     entropy_tokens = None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0)
     return Normalisation(weights, entropy_tokens)
 

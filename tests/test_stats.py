@@ -145,3 +145,10 @@ def test_variance_components_and_power_recover_a_known_design():
     low = crossed_power(0.05, {"seed": 0.0, "prompt": 0.0, "residual": 0.05}, seeds=4, prompts=24, runs=300)
     high = crossed_power(0.05, {"seed": 0.0, "prompt": 0.0, "residual": 0.05}, seeds=16, prompts=24, runs=300)
     assert low < high and crossed_power(0.0, c, seeds=8, prompts=24, runs=300) < 0.1  # no effect: about 5%
+
+
+def test_a_crossed_interval_needs_two_seeds_and_two_prompts():
+    with pytest.raises(ValueError, match="at least 2 seeds and 2 prompts, got 1 and 24"):
+        crossed_bounds(torch.zeros(5, 1, 24))
+    with pytest.raises(ValueError, match="at least 2 seeds and 2 prompts, got 3 and 1"):
+        crossed_bounds(torch.zeros(5, 3, 1))

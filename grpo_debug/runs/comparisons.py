@@ -89,5 +89,5 @@ def analyze(path: str) -> tuple[dict, dict[str, dict]]:
         results = {k: v for k, v in reanalyze(json.loads(path.read_text())).items() if k != "comparison"}
         return results, {str(path): results}
     results = open_comparison(path.parent, name)
-    files = [path.parent / f for f in read_comparisons(path.parent)[name]["files"]]
+    files = [path.parent / f for f in results["files"]]
     return results, {str(f): share_of(json.loads(f.read_text()), results) for f in files}

@@ -290,12 +290,12 @@ def _train_chunks(model, rollout: Rollout, logprobs: TokenLogProbs, advantages: 
     """The hooks of one backward per 8 rows of the GRPO loss (the batch's normalisation kept). No summed
     gradient is needed, so autograd skips the Conv1D weights' (a third of the backward's work)."""
     weights = loss_weights(logprobs.mask, spec.loss.loss_type, spec.loss.max_completion_length)
+    batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
     torch.manual_seed(DROPOUT_SEED)
     skipped = conv1d_weights(model)
     for rows in row_chunks(rollout.num_samples):
         hooks = PerSampleGradients(model)
         with hooks.capture(), no_autograd_for(skipped):
-            batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
             scored_rows_loss(model, batch, spec.scoring, spec.loss, norm, rows, spec.kernels.score)[0].backward()
         yield hooks
     model.zero_grad(set_to_none=True)

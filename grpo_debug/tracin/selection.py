@@ -77,12 +77,11 @@ def batch_share_gradient(
     params = [p for p in model.parameters() if p.requires_grad]
     weights = loss_weights(logprobs.mask, spec.loss.loss_type, spec.loss.max_completion_length)
     grads = [torch.zeros_like(p) for p in params]
+    batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
     torch.manual_seed(DROPOUT_SEED)
     for rows in row_chunks(len(keep)):
-        batch, norm = Batch(rollout, logprobs, advantages), Normalisation(weights)
-        share = scored_rows_loss(model, batch, spec.scoring, spec.loss, norm, keep[rows].tolist(), spec.kernels.score)[
-            0
-        ]
+        kept = keep[rows].tolist()
+        share = scored_rows_loss(model, batch, spec.scoring, spec.loss, norm, kept, spec.kernels.score)[0]
         for g, d in zip(grads, torch.autograd.grad(share, params)):
             g += d
     return dict(zip(params, grads))
