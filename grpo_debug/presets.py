@@ -13,18 +13,20 @@ of rounding per token on the bundled model and makes numbers depend on batch sha
 adds it to either preset.
 """
 
-# Each preset's log-prob, advantage and loss fields that differ from StepConfig().
+from .pitfalls import trl_values
+
+# Each preset's log-prob, advantage and loss fields that differ from StepConfig(): TRL's defaults that are
+# settings here, and the pitfalls TRL has by default (their values declared in `pitfalls.py`). Every other
+# such field is TRL's default already (tests/test_trl_bridge.py checks each against GRPOConfig());
+# vllm_importance_sampling_correction defaults to True in TRL but acts only with use_vllm=True: a default
+# trainer does not correct.
 PRESETS: dict[str, dict[str, object]] = {
     "fixed": {},
     "trl": {
         "loss_type": "dapo",
         "beta": 0.0,
         "kl_estimator": "k3_corrected",  # use_bias_correction_kl=True
-        "dropout": True,  # disable_dropout=False
-        "position_ids": False,  # input_ids and attention_mask only
-        # every other such field is TRL's default already (tests/test_trl_bridge.py checks each against
-        # GRPOConfig()); vllm_importance_sampling_correction defaults to True in TRL but acts only with
-        # use_vllm=True: a default trainer does not correct
+        **trl_values(),  # dropout on (disable_dropout=False), no position_ids, ...
     },
 }
 

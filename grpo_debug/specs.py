@@ -64,11 +64,11 @@ def loss_spec_of(cfg: StepConfig) -> LossSpec:
 
 
 def sampler_correction_of(cfg: StepConfig) -> SamplerCorrection | None:
+    """Each SamplerCorrection field is the StepConfig field `vllm_importance_sampling_<name>`; None: off."""
     if not cfg.vllm_importance_sampling_correction:
         return None
-    return SamplerCorrection(
-        cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
-    )
+    names = (f.name for f in dataclasses.fields(SamplerCorrection))
+    return SamplerCorrection(**{k: getattr(cfg, f"vllm_importance_sampling_{k}") for k in names})
 
 
 def optimization_of(cfg: StepConfig) -> Optimization:

@@ -45,7 +45,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
 # ## The ranked report
 #
 # Each detector is one small function of the step's numbers (`grpo_debug/doctor/detectors.py`), and each pitfall
-# is declared once, with its fix and its origin, in `grpo_debug/doctor/catalogue.py`. A finding whose cause is a
+# is declared once, with its fix and its origin, in `grpo_debug/pitfalls.py`. A finding whose cause is a
 # switch of the step is then flipped on this very step, and the two updates are compared:
 #
 # $$\cos(\Delta\theta, \Delta\theta') = \frac{\langle \theta_\text{after} - \theta_\text{before},\;
@@ -71,7 +71,7 @@ table(report, at_least="info")
 # ## What to notice, and where to learn it
 
 # %%
-from grpo_debug.doctor.catalogue import PITFALLS
+from grpo_debug.pitfalls import PITFALLS
 
 loud = report.present("warning")
 print(f"{len(loud)} findings at warning or above, {len(report.present('info')) - len(loud)} at info, "

@@ -18,7 +18,7 @@ from planted_train import USER_RUNS  # noqa: E402
 
 from grpo_debug.config import StepConfig  # noqa: E402
 from grpo_debug.doctor import diagnose  # noqa: E402
-from grpo_debug.doctor.catalogue import PITFALLS  # noqa: E402
+from grpo_debug.pitfalls import PITFALLS  # noqa: E402
 from grpo_debug.doctor.detectors import DETECTORS  # noqa: E402
 from grpo_debug.step import GRPOStep  # noqa: E402
 
@@ -206,7 +206,7 @@ def test_each_flip_is_paired_with_the_update_as_run_on_held_out_prompts():
 
 
 def test_the_readme_table_is_the_catalogue():
-    from grpo_debug.doctor.catalogue import markdown_table
+    from grpo_debug.pitfalls import markdown_table
 
     readme = (TESTS.parent / "README.md").read_text()
     shown = readme.split("<!-- doctor catalogue: begin -->\n", 1)[1].split("\n<!-- doctor catalogue: end -->", 1)[0]

@@ -4,7 +4,7 @@
 
 1. `examine` runs the step up to its update under its own config and measures what the detectors need beside
    it (two train-mode scorings where dropout is on, the mass top_p/top_k kept, the weights' norm).
-2. Every detector (`detectors.DETECTORS`, one pure function per pitfall of `catalogue.PITFALLS`) reads those
+2. Every detector (`detectors.DETECTORS`, one pure function per pitfall of `pitfalls.PITFALLS`) reads those
    facts and returns a finding.
 3. Each present finding whose pitfall has a toggle is flipped on this very step (the cached rollout, as the
    dashboard does; `counterfactual`): what it does to loss, grad_norm, the update's direction and d loss / d logp.
@@ -28,7 +28,7 @@ from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from ..specs import eval_sampling_of, scoring_of
 from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun
-from .catalogue import PITFALLS
+from ..pitfalls import PITFALLS
 from .detectors import DETECTORS, bad_reward
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)

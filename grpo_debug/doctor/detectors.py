@@ -12,15 +12,8 @@ import torch
 
 from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
-from .logprob_detectors import (
-    dropout,
-    eos_masked,
-    position_ids,
-    precision,
-    sampler_mismatch,
-    sampler_truncation,
-    temperature,
-)
+from ..pitfalls import PITFALLS
+from . import logprob_detectors
 
 # ---- rewards and advantages
 
@@ -317,26 +310,12 @@ def loss_normaliser(f: StepFacts) -> Finding:
     )  # fmt: skip
 
 
-DETECTORS = (
-    zero_std_groups,
-    constant_reward,
-    dominant_reward,
-    length_reward,
-    bad_reward,
-    truncation,
-    eos_masked,
-    temperature,
-    dropout,
-    position_ids,
-    sampler_truncation,
-    sampler_mismatch,
-    precision,
-    kl_off,
-    kl_estimator,
-    clip_inactive,
-    clip_saturated,
-    entropy_collapse,
-    advantage_scale,
-    update_size,
-    loss_normaliser,
-)
+def _detector(pitfall_id: str):
+    """The detector of a catalogue entry: the function of the same name here or in `logprob_detectors`."""
+    found = globals().get(pitfall_id) or getattr(logprob_detectors, pitfall_id, None)
+    if not callable(found):
+        raise ImportError(f"pitfall {pitfall_id!r} (pitfalls.py) has no detector function of that name")
+    return found
+
+
+DETECTORS = tuple(_detector(id) for id in PITFALLS)  # in catalogue order

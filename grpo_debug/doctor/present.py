@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from . import Report
-from .catalogue import PITFALLS
+from ..pitfalls import PITFALLS
 from .findings import Finding
 
 

@@ -24,6 +24,7 @@ import traitlets
 from IPython.display import display
 
 from ..config import PRESETS, StepConfig
+from ..pitfalls import panel_fields
 from ..sampler import health_line
 from ..show.metrics import metrics
 from ..step import GRPOStep, StepRun
@@ -52,26 +53,17 @@ SLIDERS = {
 }  # mu: each pass costs about one update
 OFF = "off"  # the menu entry of None in a field that may be None
 OPTIONAL = {"delta": [1.25, 1.5, 2.0, 4.0]}  # offered after "off" (delta > 0; TRL suggests > 1 + epsilon_high)
-TOGGLES = ["logprob_temperature", "dropout", "position_ids"]
-PITFALL_FIELDS = TOGGLES + [
-    "mask",
-    "dtype",
-    "gather",
-    "scale_rewards",
-    "std_floor",
-    "loss_type",
-    "kl_estimator",
-    "beta",
-]
+# Each panel offers the toggles of its pitfalls (`pitfalls.py` names the panel), then the knobs beside them.
+PITFALL_FIELDS = panel_fields("pitfalls") + ["dtype", "gather", "std_floor", "beta"]
 OFF_POLICY_FIELDS = [
     "num_iterations",
     "epsilon_low",
     "epsilon_high",
     "delta",
     "importance_sampling_level",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
     "top_entropy_quantile",
+    *panel_fields("off_policy"),
+    "vllm_importance_sampling_mode",
 ]
 DEFAULT_FIELDS = PITFALL_FIELDS + OFF_POLICY_FIELDS
 

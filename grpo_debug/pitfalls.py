@@ -1,7 +1,11 @@
-"""Every pitfall the doctor looks for, declared once: what it is called, TRL's name for the setting, the
-`StepConfig` toggle that flips it on a step (the field and the value that removes it), the fix a TRL user
-writes, where it comes from, and the notebook section that teaches it. The detectors, the counterfactuals,
-the reports and the README's table read it from here.
+"""Every pitfall the suite knows, declared once: what it is called, the `StepConfig` field that flips it on a
+step (and the value that removes it), the value TRL 1.16 computes where TRL has no switch for it, the widget
+panel that offers it, the fix a TRL user writes, where it comes from, and the notebook section that teaches it.
+
+Read by: the `trl` preset (`presets.py`: TRL's values), the TRL bridge and capture reading (through that
+preset: a field TRL cannot switch is TRL's value on a capture, and refused in a `GRPOConfig` otherwise), the
+widgets (`ui/widgets.py`: each panel's toggles), the doctor (`doctor/`: one detector per entry, named by its id;
+each toggle flipped on the user's step) and the README's table (`markdown_table`). Torch-free, like `choices`.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ class Pitfall:
     origin: str  # where it comes from: a bug report, a TRL issue or PR, a paper
     teach: str  # notebook and section that show it
     toggle: tuple[str, object] | None = None  # (StepConfig field, the value that removes it)
+    trl_value: object = None  # that field's value in what TRL 1.16 computes by default, where it is not the fix
+    panel: str | None = None  # the widget panel that offers the toggle: "pitfalls" or "off_policy"
 
 
-def _p(id, title, fix, origin, teach, toggle=None) -> Pitfall:
-    return Pitfall(id, title, fix, origin, teach, toggle)
+def _p(id, title, fix, origin, teach, toggle=None, trl_value=None, panel=None) -> Pitfall:
+    return Pitfall(id, title, fix, origin, teach, toggle, trl_value, panel)
 
 
 PITFALLS: dict[str, Pitfall] = {
@@ -76,6 +82,7 @@ PITFALLS: dict[str, Pitfall] = {
             "the temperature-and-mask bug report's fix (it masks the EOS too); TRL PR #4970",
             "02_logprobs: The EOS when pad == eos",
             ("mask", "keep_first_eos"),
+            panel="pitfalls",
         ),
         _p(
             "temperature",
@@ -84,6 +91,7 @@ PITFALLS: dict[str, Pitfall] = {
             "the temperature-and-mask bug report; TRL issue #4159 (the IS ratio at 2.0 with temperature)",
             "02_logprobs",
             ("logprob_temperature", True),
+            panel="pitfalls",
         ),
         _p(
             "dropout",
@@ -92,6 +100,8 @@ PITFALLS: dict[str, Pitfall] = {
             "a public RookWorld debug log (policy -440 vs reference -45 nats); TRL issue #3234",
             "02_logprobs; 06b_training: 5. Confirmatory",
             ("dropout", False),
+            trl_value=True,  # disable_dropout=False
+            panel="pitfalls",
         ),
         _p(
             "position_ids",
@@ -100,6 +110,8 @@ PITFALLS: dict[str, Pitfall] = {
             "TRL issue #6800 (GPT-2 without position_ids)",
             "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
             ("position_ids", True),
+            trl_value=False,  # TRL scores with input_ids and attention_mask only
+            panel="pitfalls",
         ),
         _p(
             "sampler_truncation",
@@ -116,6 +128,7 @@ PITFALLS: dict[str, Pitfall] = {
             "verl docs/algo/rollout_corr.md; TRL issues #4772, #5231",
             "05c_mismatch: 1. The gap, as verl measures it; 4. Length times drift",
             ("vllm_importance_sampling_correction", True),
+            panel="off_policy",
         ),
         _p(
             "precision",
@@ -124,6 +137,7 @@ PITFALLS: dict[str, Pitfall] = {
             "TRL issues #5231, #6789; verl's rollout correction",
             "05c_mismatch: 3. The sampler and the trainer at different precisions",
             ("vllm_importance_sampling_correction", True),
+            panel="off_policy",
         ),
         _p(
             "kl_off",
@@ -139,6 +153,7 @@ PITFALLS: dict[str, Pitfall] = {
             "Tang & Munos 2025, 'On a few pitfalls in KL divergence gradient estimation for RL'",
             "05_loss: KL estimators; Per-token KL on real tokens",
             ("kl_estimator", "k3_corrected"),
+            panel="pitfalls",
         ),
         _p(
             "clip_inactive",
@@ -168,6 +183,7 @@ PITFALLS: dict[str, Pitfall] = {
             "TRL's std + 1e-4; Dr. GRPO",
             "04_advantages: Phantom advantages, on purpose",
             ("scale_rewards", "none"),
+            panel="pitfalls",
         ),
         _p(
             "update_size",
@@ -183,6 +199,7 @@ PITFALLS: dict[str, Pitfall] = {
             "Dr. GRPO's constant normaliser; TRL's dr_grpo",
             "05b_off_policy: Micro-batches and their normalisers",
             ("loss_type", "dapo"),
+            panel="pitfalls",
         ),
     )
 }
@@ -199,3 +216,13 @@ def markdown_table() -> str:
         cells = [f"`{p.id}`", p.title, toggle, p.fix, p.origin, p.teach]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
+
+
+def trl_values() -> dict[str, object]:
+    """{StepConfig field: TRL 1.16's value} for every pitfall TRL has by default: the `trl` preset's pitfalls."""
+    return {p.toggle[0]: p.trl_value for p in PITFALLS.values() if p.toggle and p.trl_value is not None}
+
+
+def panel_fields(panel: str) -> list[str]:
+    """The StepConfig fields whose pitfalls the widget `panel` offers, in catalogue order, each once."""
+    return list(dict.fromkeys(p.toggle[0] for p in PITFALLS.values() if p.toggle and p.panel == panel))
