@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from . import choices
 from .paths import DEFAULT_MODEL
@@ -215,6 +216,13 @@ class StepConfig:
         "sequence_mask",
         "per token or per sequence; clamp the ratio (truncate) or zero it outside the bounds (mask)",
         choices=choices.SAMPLER_CORRECTION_MODES,
+    )
+    vllm_importance_sampling_aggregation: Literal["mean", "sum"] = _in(
+        "loss",
+        "mean",
+        "sequence_* modes: a sequence's log-ratio is the mean of its tokens' (GSPO's 1/|y|, TRL issue #5814's fix) "
+        "or their sum (TRL 1.16: the ratio's spread grows with length, and the cap masks long rows)",
+        choices=("mean", "sum"),
     )
     vllm_importance_sampling_clip_min: float | None = _in(
         "loss", None, "lower bound of the sampler ratio (none: no bound)", low=0

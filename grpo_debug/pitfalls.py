@@ -131,6 +131,18 @@ PITFALLS: dict[str, Pitfall] = {
             panel="off_policy",
         ),
         _p(
+            "sequence_ratio_sum",
+            "the sequence-level sampler ratio sums its tokens' log-ratios: it drifts from 1 with length, and the "
+            "cap masks or clamps long completions whose tokens agree",
+            "a mean over the sequence's tokens (TRL PR #5815); until then vllm_importance_sampling_mode='token_*'",
+            "TRL issue #5814 (IS ratio mean 0.57 with sum, 0.99 with mean on one run); #4772's length x drift; "
+            "GSPO's 1/|y|",
+            "05c_mismatch: 6. The sequence ratio: a sum or a mean",
+            ("vllm_importance_sampling_aggregation", "mean"),
+            trl_value="sum",
+            panel="off_policy",
+        ),
+        _p(
             "precision",
             "the sampler runs at another precision than the trainer",
             "sample and score at one precision, or correct with vllm_importance_sampling_correction=True",

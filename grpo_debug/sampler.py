@@ -18,6 +18,7 @@ class SamplerCorrection:
     or per sequence, zeroed (*_mask) or clamped (*_truncate) outside [clip_min, clip_max]. None: off."""
 
     mode: str
+    aggregation: str  # sequence_* modes: "mean" or "sum" of the tokens' log-ratios
     clip_min: float | None
     clip_max: float | None
 
@@ -31,7 +32,13 @@ def sampler_correction(
     if correction is None:
         return None, {}
     ratio = sampler_importance_ratio(
-        old_logps, sampler_logps, mask, correction.mode, correction.clip_min, correction.clip_max
+        old_logps,
+        sampler_logps,
+        mask,
+        correction.mode,
+        correction.clip_min,
+        correction.clip_max,
+        correction.aggregation,
     )
     return ratio, sampler_metrics(old_logps, sampler_logps, mask, ratio)
 
@@ -51,18 +58,24 @@ def sampler_importance_ratio(
     mode: str = "sequence_mask",
     clip_min: float | None = None,
     clip_max: float | None = 3.0,
+    aggregation: str = "sum",
 ) -> torch.Tensor:
-    """pi_old / pi_sampler, per token ((N, T), token_* modes) or per sequence ((N, 1), the product over
-    its tokens, sequence_* modes); *_truncate clamps it to [clip_min, clip_max], *_mask sets it to 0
+    """pi_old / pi_sampler, per token ((N, T), token_* modes) or per sequence ((N, 1), sequence_* modes: exp of
+    the sum of its tokens' log-ratios, the product of their ratios, as TRL 1.16; or of their mean, the geometric
+    mean, as GSPO and TRL issue #5814's fix); *_truncate clamps it to [clip_min, clip_max], *_mask sets it to 0
     outside. Tokens the sampler could not score (NaN) count as ratio 1."""
     if mode not in SAMPLER_CORRECTION_MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {SAMPLER_CORRECTION_MODES}, got {mode!r}")
+    if aggregation not in ("mean", "sum"):
+        raise ValueError(f"the sequence ratio's aggregation must be 'mean' or 'sum', got {aggregation!r}")
     diff = torch.nan_to_num((old_logps - sampler_logps) * mask, nan=0.0)
     if mode.startswith("sequence"):
         diff = diff.sum(-1, keepdim=True)
+        if aggregation == "mean":
+            diff = diff / mask.sum(-1, keepdim=True).clamp(min=1)
     ratio = torch.exp(diff)
     if mode.endswith("truncate"):
-        return torch.clamp(ratio, min=clip_min, max=clip_max)
+        return ratio if clip_min is None and clip_max is None else torch.clamp(ratio, min=clip_min, max=clip_max)
     return ratio.masked_fill(outside_clip(ratio, clip_min, clip_max), 0.0)
 
 

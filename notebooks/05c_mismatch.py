@@ -191,8 +191,8 @@ if CAPTURE is None:
 # %% [markdown]
 # ## 4. Length times drift
 #
-# The sequence modes of the correction weigh a completion by the product of its tokens' ratios, so its log
-# is the sum of the per-token log-ratios: a steady drift of d nats per token grows as d x length, and
+# TRL 1.16's sequence modes of the correction weigh a completion by the product of its tokens' ratios, so its
+# log is the sum of the per-token log-ratios (section 6 flips it to their mean): a steady drift of d nats per token grows as d x length, and
 # noise of spread s per token as a random walk, about s x sqrt(length). TRL issue #4772 reports 0.012
 # nats per token, which crosses TRL's cap of 3 (`vllm_importance_sampling_clip_max`) after ln 3 / 0.012
 # tokens; past it `sequence_mask` zeroes the completion's gradient and `sequence_truncate` clamps its weight.
@@ -318,6 +318,46 @@ worst_gap = gaps.mean()
 # mask sequences, and where this question should be asked again.
 
 # %% [markdown]
+# ## 6. The sequence ratio: a sum or a mean
+#
+# Section 4's sum is TRL 1.16's: its sequence modes exponentiate the sum of the tokens' log-ratios. GSPO's
+# sequence ratio, and TRL's own policy ratio at `importance_sampling_level="sequence"`, take their mean
+# (1/|y|), which stays near 1 at any length when the tokens agree on average. TRL issue #5814 measured the
+# correction's mean weight at 0.57 with the sum and 0.99 with the mean on one run (PR #5815 proposes the
+# mean). The toggle `vllm_importance_sampling_aggregation` (the `trl` preset's "sum", `fixed`'s "mean") is
+# flipped below on one step with the correction on (sequence_mask, bounds [1/3, 3]): on the bundled task
+# sampled with top_p 0.8 and scored over the full vocabulary (section 4's downward drift), or on your
+# capture re-scored in the other precision. The doctor names it `sequence_ratio_sum` where the sum alone
+# masks sequences, and flips it on your step.
+
+# %%
+flip_cfg = (cfg.replace(top_p=0.8) if CAPTURE is None else captured_cfg.replace(dtype=other)).replace(
+    vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask",
+    vllm_importance_sampling_clip_min=1 / cap, vllm_importance_sampling_clip_max=cap,
+)
+flipped = {}
+for aggregation in ("sum", "mean"):
+    run = (step if CAPTURE is None else captured).run(
+        flip_cfg.replace(vllm_importance_sampling_aggregation=aggregation), until="loss", remember=False)
+    flipped[aggregation] = {
+        "sampling/importance_sampling_ratio/mean": run.loss.metrics["sampling/importance_sampling_ratio/mean"],
+        "sequences masked": (run.loss.sampler_ratio == 0).float().mean().item(),
+        "loss": run.loss.loss.item(),
+    }
+flipped = pd.DataFrame(flipped).T
+print(f"sum: {flipped.loc['sum', 'sequences masked']:.0%} of sequences masked, mean weight "
+      f"{flipped.loc['sum', 'sampling/importance_sampling_ratio/mean']:.3f}; mean: "
+      f"{flipped.loc['mean', 'sequences masked']:.0%} masked, mean weight "
+      f"{flipped.loc['mean', 'sampling/importance_sampling_ratio/mean']:.3f}")
+flipped
+
+# %% [markdown]
+# **What to notice.** The same tokens, the same per-token log-ratios: only how a sequence's are combined
+# differs. Where the drift has a direction, the sum pushes the longer completions past the bound and masks
+# them (their gradient is gone), and pulls the weight of the rest away from 1; the mean keeps every sequence
+# and a weight near 1 (printed; asserted below on the bundled step).
+
+# %% [markdown]
 # ## Checks
 #
 # The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
@@ -347,6 +387,10 @@ if CAPTURE is None:  # measured on the bundled step
     as_scored, rescored = (panels[name] for name in list(panels)[2:])
     assert as_scored.log_ratio.abs().max() < 1e-4 and not outside_cap(rescored, 1 / cap, cap).any()
     assert abs(rescored.token_drift) < rescored.token_spread / 10
+    # section 6: the sum masks sequences the mean keeps, and moves the weight further from 1
+    assert flipped.loc["sum", "sequences masked"] > flipped.loc["mean", "sequences masked"] == 0.0
+    weight = flipped["sampling/importance_sampling_ratio/mean"]
+    assert abs(weight["sum"] - 1) > abs(weight["mean"] - 1)
 # section 5: the arms' mismatch in order, and no detectable effect on the held-out reward
 assert worst_gap["fixed"] < worst_gap["sampler_fp16"] < worst_gap["sampler_bf16"]
 assert all(summary[arm]["minus_fixed"]["holm_p"] >= 0.05 for arm in ("sampler_bf16", "sampler_fp16"))

@@ -119,6 +119,7 @@ def test_presets_cover_every_loss_side_field_and_keep_the_rest():
         "loss_type": "dapo",
         "beta": 0.0,
         "kl_estimator": "k3_corrected",
+        "vllm_importance_sampling_aggregation": "sum",  # acts only with the sampler correction on
     }
     with pytest.raises(ValueError, match="preset must be one of"):
         StepConfig.preset("vllm")

@@ -48,7 +48,10 @@ def imported(name: str, path: Path, known: set[str], type_checking: bool = True)
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
-            candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known]
+            # `from . import module` reads that module, not the package's __init__ (which `from .module import`
+            # runs just as much)
+            candidates = submodules if submodules and not node.module else [target, *submodules]
         elif isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         else:

@@ -35,8 +35,10 @@ case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_
     python -c 'import json, shlex, subprocess, sys
 for command in json.load(open("data/experiments/plan.json"))["commands"]:
     subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;&
-  precision|all)  # notebook 05c's sampler-precision run of precision_plan.json (committed before it ran), as written there
+  precision|all)  # notebook 05c's sampler-precision run of precision_plan.json (committed before it ran), as written
+    # there, with the summed sequence ratio it ran with (the mean became the default after it)
     python -c 'import json, shlex, subprocess, sys
 for command in json.load(open("data/experiments/precision_plan.json"))["commands"]:
+    command = command.replace("--json", "vllm_importance_sampling_aggregation=sum --json")
     subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;
 esac

@@ -22,13 +22,13 @@ import torch
 
 from ..evaluation import EvalSampling, EvalSide, eval_side
 from ..model import absolute_positions, dropout_sources
+from ..pitfalls import PITFALLS
 from ..sampler import mismatch_metrics
 from ..scoring import completion_logits, next_token_logps, per_token_logps
 from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from ..specs import eval_sampling_of, scoring_of
 from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun
-from ..pitfalls import PITFALLS
 from .detectors import DETECTORS, bad_reward
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)

@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
-from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
 from ..pitfalls import PITFALLS
+from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from . import logprob_detectors
+from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
 
 # ---- rewards and advantages
 

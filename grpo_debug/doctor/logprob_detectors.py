@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sampler import HEALTH
+from ..sampler import HEALTH, outside_clip, sampler_importance_ratio
 from .findings import Finding, StepFacts, _finding, _masked_mean
 
 # ---- log-probs
@@ -98,6 +98,34 @@ def sampler_mismatch(f: StepFacts) -> Finding:
     return _finding(
         "sampler_mismatch", "warning",
         "sampler vs trainer outside verl's ranges: " + ", ".join(f"{k} {v:.3g}" for k, v in bad.items()), **evidence,
+    )  # fmt: skip
+
+
+SEQUENCE_RATIO_MOVE = 0.05  # a twentieth of the update's weight, or of its sequences, moved by the sum alone
+
+
+def sequence_ratio_sum(f: StepFacts) -> Finding:
+    """TRL 1.16's sequence ratio exp(sum of log-ratios) against exp(mean), on this step's own tokens: what the
+    sum alone masks or clamps, and how far it moves the weight the correction puts on the update."""
+    cfg, lp, sampler = f.run.config, f.run.logprobs, f.run.rollout.sampler_logps
+    mode, low, high = (cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_min,
+                       cfg.vllm_importance_sampling_clip_max)  # fmt: skip
+    evidence = dict(mode=mode, aggregation=cfg.vllm_importance_sampling_aggregation)
+    if not cfg.vllm_importance_sampling_correction or not mode.startswith("sequence") or sampler is None:
+        return _finding("sequence_ratio_sum", "absent", "no sequence-level sampler correction", **evidence)
+    if cfg.vllm_importance_sampling_aggregation == "mean":
+        return _finding("sequence_ratio_sum", "absent", "the sequence ratio is the mean of its tokens'", **evidence)
+    raw = {a: sampler_importance_ratio(lp.policy, sampler, lp.mask, mode, None, None, a) for a in ("sum", "mean")}
+    used = {a: sampler_importance_ratio(lp.policy, sampler, lp.mask, mode, low, high, a) for a in ("sum", "mean")}
+    cut = {a: outside_clip(raw[a], low, high).float().mean().item() for a in raw}
+    weight = {a: used[a].mean().item() for a in used}
+    evidence.update(cut_share_sum=cut["sum"], cut_share_mean=cut["mean"], weight_sum=weight["sum"],
+                    weight_mean=weight["mean"], mean_length=lp.mask.sum(1).float().mean().item())  # fmt: skip
+    moved = max(cut["sum"] - cut["mean"], abs(weight["sum"] - weight["mean"]))
+    return _finding(
+        "sequence_ratio_sum", "warning" if moved >= SEQUENCE_RATIO_MOVE else "info",
+        f"{mode} on summed log-ratios: {cut['sum']:.0%} of sequences outside the bounds (the mean: {cut['mean']:.0%}), "
+        f"mean weight {weight['sum']:.3f} (the mean: {weight['mean']:.3f})", **evidence,
     )  # fmt: skip
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
-from . import Report
 from ..pitfalls import PITFALLS
+from . import Report
 from .findings import Finding
 
 
