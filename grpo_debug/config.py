@@ -297,14 +297,25 @@ class StepConfig:
             name, **{k: getattr(self, k) for k in self.__dataclass_fields__ if k not in PRESET_FIELDS}
         )
 
+    def acts(self, name: str) -> bool:
+        """Whether field `name` changes what this config computes: the sampler correction's settings act only
+        with it on."""
+        return self.vllm_importance_sampling_correction or not name.startswith("vllm_importance_sampling_")
+
     def preset_name(self) -> str | None:
-        """The preset whose log-prob, advantage and loss fields this config has, or None."""
-        return next((name for name in PRESETS if self.with_preset(name) == self), None)
+        """The preset whose log-prob, advantage and loss fields this config has (those that act), or None."""
+        return next((name for name in PRESETS if not self._differences(self.with_preset(name))), None)
 
     def pitfalls_on(self) -> dict[str, object]:
-        """The log-prob, advantage and loss fields that differ from the `fixed` preset."""
-        fixed = self.with_preset("fixed")
-        return {k: getattr(self, k) for k in PRESET_FIELDS if getattr(self, k) != getattr(fixed, k)}
+        """The log-prob, advantage and loss fields that act and differ from the `fixed` preset."""
+        return self._differences(self.with_preset("fixed"))
+
+    def _differences(self, other: StepConfig) -> dict[str, object]:
+        return {
+            k: getattr(self, k)
+            for k in self.__dataclass_fields__
+            if getattr(self, k) != getattr(other, k) and (k not in PRESET_FIELDS or self.acts(k) or other.acts(k))
+        }
 
     @staticmethod
     def phase_of(name: str) -> str:

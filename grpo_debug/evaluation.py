@@ -7,31 +7,16 @@ update; the confidence interval bootstraps prompts (the unit that was sampled), 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .rewards import compute_rewards
-from .rollout import sample_completions
+from .rollout import Sampling, generate_repeated, sample_completions
 from .stats import prompt_bootstrap
 from .task import Task, as_task
 
 EVAL_SEED_OFFSET = 10_000  # evaluation samples with seeds apart from the rollout's
-
-
-@dataclass(frozen=True)
-class EvalSampling:
-    """How an evaluation samples: the rollout's settings, `samples` completions per prompt, seeds apart."""
-
-    samples: int  # completions per prompt
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    max_new_tokens: int
-    seed: int  # the step's seed: the evaluation samples with seed + EVAL_SEED_OFFSET
-    generate: Callable  # the generate kernel (`speed.kernels(fast).generate`)
 
 
 @dataclass(frozen=True)
@@ -58,15 +43,22 @@ def eval_prompts(task: Task | str, n: int) -> list[str]:
     return as_task(task).prompts("test", n)
 
 
-def eval_side(model, tokenizer, prompts: list[str], sampling: EvalSampling, task: Task | str) -> EvalSide:
-    """`model`'s mean reward over `sampling.samples` completions of each prompt."""
+def eval_side(
+    model, tokenizer, prompts: list[str], sampling: Sampling, task: Task | str, generate=generate_repeated
+) -> EvalSide:
+    """`model`'s mean reward over `sampling.num_generations` completions of each prompt (`specs.eval_sampling_of`:
+    the rollout's sampling, in eval mode at float32), seeds apart from the rollout's. `generate`: the readable
+    `generate_repeated` or its fast twin."""
+    if sampling.dropout or sampling.dtype != "float32":
+        raise ValueError("an evaluation samples in eval mode at float32: use specs.eval_sampling_of(cfg)")
+    n = sampling.num_generations
     completions = [
         c
         for group in sample_completions(
             model,
             tokenizer,
             prompts,
-            sampling.samples,
+            n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
@@ -74,23 +66,30 @@ def eval_side(model, tokenizer, prompts: list[str], sampling: EvalSampling, task
             max_new_tokens=sampling.max_new_tokens,
             seed=sampling.seed + EVAL_SEED_OFFSET,
             progress=False,
-            generate=sampling.generate,
+            generate=generate,
         )
         for c in group
     ]
-    rewards = compute_rewards(prompts, completions, sampling.samples, task)
-    per_prompt = rewards.total.view(-1, sampling.samples).mean(1)
+    rewards = compute_rewards(prompts, completions, n, task)
+    per_prompt = rewards.total.view(-1, n).mean(1)
     components = {k: torch.nanmean(v).item() for k, v in rewards.components.items()}
     return EvalSide(per_prompt.mean().item(), components, per_prompt, completions)
 
 
 def evaluate_pair(
-    before_model, after_model, tokenizer, prompts: list[str], sampling: EvalSampling, task: Task | str, bootstrap: int
+    before_model,
+    after_model,
+    tokenizer,
+    prompts: list[str],
+    sampling: Sampling,
+    task: Task | str,
+    bootstrap: int,
+    generate=generate_repeated,
 ) -> Evaluation:
     """Both models on the same prompts and sampling seeds; `bootstrap` resamples of the prompts for the interval."""
     start = time.perf_counter()
-    before = eval_side(before_model, tokenizer, prompts, sampling, task)
-    after = eval_side(after_model, tokenizer, prompts, sampling, task)
+    before = eval_side(before_model, tokenizer, prompts, sampling, task, generate)
+    after = eval_side(after_model, tokenizer, prompts, sampling, task, generate)
     diffs = after.per_prompt - before.per_prompt
     low, high = prompt_bootstrap(diffs, bootstrap, sampling.seed)
     return Evaluation(

@@ -34,11 +34,12 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
     """`setup()`, then the step a notebook walks: (cfg, step).
 
     - `capture`: a step captured from your TRL run (`grpo_debug.capture`). The step is that batch under the
-      capture's own config (`GRPOStep.from_capture`), `fields` applied except rollout fields: the captured
+      capture's own config (`open_capture`), `fields` applied except rollout fields: the captured
       rollout is fixed. `task`: your task plug-in (a registered name) with the run's reward functions, needed
       only by the cells that sample new completions (evaluation, validation sets).
     - otherwise `StepConfig(model=..., **fields)` on the bundled model unless `model` names another (a folder,
       or a hub name where the hub is reachable), on the task `task` (default: the bundled chess task)."""
+    from .capture.opening import open_capture
     from .config import StepConfig
     from .paths import DEFAULT_MODEL
     from .step import GRPOStep
@@ -51,7 +52,7 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
                 f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
                 "capture's own here"
             )
-        step = GRPOStep.from_capture(capture, task, **kept)
+        step = open_capture(capture, task, **kept)
         return step.cfg, step
     cfg = StepConfig(model=model or DEFAULT_MODEL, **fields, **({"task": task} if task else {}))
     return cfg, GRPOStep(cfg)

@@ -9,7 +9,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from .config import StepConfig
-from .evaluation import EvalSampling
 from .loss import LossSpec
 from .rollout import Sampling
 from .sampler import SamplerCorrection
@@ -75,17 +74,11 @@ def optimization_of(cfg: StepConfig) -> Optimization:
     return Optimization(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
 
 
-def eval_sampling_of(cfg: StepConfig, samples: int | None = None) -> EvalSampling:
-    """The evaluation's sampling: the rollout's settings, `samples` (default `eval_samples`) per prompt."""
-    return EvalSampling(
-        samples=samples or cfg.eval_samples,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        min_p=cfg.min_p,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        generate=kernels(cfg.fast).generate,
+def eval_sampling_of(cfg: StepConfig, samples: int | None = None) -> Sampling:
+    """The evaluation's sampling: the rollout's, `samples` (default `eval_samples`) per prompt, in eval mode at
+    float32 whatever the rollout's mode and precision (a held-out reward measures the policy, not its sampler)."""
+    return dataclasses.replace(
+        sampling_of(cfg), num_generations=samples or cfg.eval_samples, dropout=False, dtype="float32"
     )
 
 
@@ -98,7 +91,7 @@ class StepSpecs:
     correction: SamplerCorrection | None  # the sampler correction (None: off)
     optimization: Optimization
     kernels: Kernels  # readable or fast (`speed.kernels`)
-    sampling: EvalSampling  # a held-out evaluation's
+    sampling: Sampling  # a held-out evaluation's (`eval_sampling_of`)
     seed: int
     bootstrap: int  # resamples of a bootstrap interval
 

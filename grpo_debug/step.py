@@ -16,26 +16,17 @@ from dataclasses import dataclass, field
 import torch
 
 from .advantages import Advantages, summarize_advantages
-from .capture.reading import (
-    Capture,
-    StoredReward,
-    captured_models,
-    captured_rollout,
-    captured_task,
-    config_from_capture,
-    load_capture,
-)
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, batch_loss
 from .model import LoadedModel, load_model
-from .rewards import Rewards, compute_rewards
+from .rewards import Rewards, StoredReward, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
 from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .speed import kernels, sampling_kernels
-from .task import Task, load_task, register_task
+from .task import Task, load_task
 from .update import StepResult, batch_of, new_optimizer, update
 
 
@@ -81,11 +72,12 @@ class GRPOStep:
         task: Task | None = None,
         loaded: LoadedModel | None = None,
         *,
-        capture: Capture | None = None,
+        capture: object | None = None,
         rollout: Rollout | None = None,
         at_reference: bool = True,
     ):
-        """`capture` and its `rollout`: a step opened from a TRL run (`from_capture`). `at_reference`: the
+        """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
+        (`grpo_debug.capture.open_capture`). `at_reference`: the
         policy's starting weights are the reference's (False once trained)."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
@@ -98,34 +90,6 @@ class GRPOStep:
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
         self.capture = capture
-
-    @classmethod
-    def from_capture(cls, path, task=None, **changes) -> GRPOStep:
-        """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`), under
-        `config_from_capture` plus `changes` (not rollout fields: the capture's rollout is the trainer's).
-        `task`: the run's reward functions (a list, "file.py:name") or a task plug-in (a registered name or a
-        Task), for the phases that sample new completions; without it the stored rewards are replayed."""
-        capture = load_capture(path)
-        cfg = config_from_capture(capture, **changes)
-        as_captured = config_from_capture(capture)
-        changed = [
-            f.name
-            for f in dataclasses.fields(StepConfig)
-            if StepConfig.phase_of(f.name) == "rollout" and getattr(cfg, f.name) != getattr(as_captured, f.name)
-        ]
-        if changed:
-            raise ValueError(f"{changed} are rollout fields: a capture's rollout is the trainer's, fixed")
-        loaded, beta_zero = captured_models(capture)
-        task = captured_task(capture, loaded.tokenizer, task)
-        register_task(task.name, lambda: task)
-        return cls(
-            cfg,
-            task,
-            loaded,
-            capture=capture,
-            rollout=captured_rollout(capture, loaded.tokenizer),
-            at_reference=beta_zero,
-        )
 
     @property
     def stored_rewards(self) -> bool:
@@ -320,6 +284,7 @@ class GRPOStep:
             eval_sampling_of(cfg),
             self.task,
             cfg.bootstrap,
+            kernels(cfg.fast).generate,
         )
 
 

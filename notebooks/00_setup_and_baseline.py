@@ -82,12 +82,13 @@ import pandas as pd
 
 from grpo_debug.evaluation import eval_side
 from grpo_debug.specs import eval_sampling_of
+from grpo_debug.speed import kernels
 
 task = step.task  # prompt sets and reward functions: the bundled RookWorld task unless CAPTURE/TASK say otherwise
 prompts = task.prompts("test", cfg.eval_prompts)
 print(f"{len(prompts)} test prompts ({sum(p.startswith('P:') for p in prompts)} P:, "
       f"{sum(p.startswith('A:') for p in prompts)} A:), {cfg.eval_samples} samples each at temperature {cfg.temperature}")
-baseline = eval_side(policy, tokenizer, prompts, eval_sampling_of(cfg), task)
+baseline = eval_side(policy, tokenizer, prompts, eval_sampling_of(cfg), task, kernels(cfg.fast).generate)
 print(f"mean reward {baseline.reward:.4f} (the weighted sum of the reward functions); below, each component's mean")
 pd.Series(baseline.components, name="mean").rename(lambda name: f"component: {name}").to_frame()
 

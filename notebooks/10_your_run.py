@@ -25,7 +25,7 @@
 # trainer.add_callback(CaptureCallback("captures", steps=[2]))   # writes captures/step-2/ during train()
 # ```
 #
-# `GRPOStep.from_capture("captures/step-2", task=[your, reward, functions])` then opens that step. The captured
+# `open_capture("captures/step-2", task=[your, reward, functions])` then opens that step. The captured
 # batch is the cached rollout. Scoring, rewards (your functions, or the captured values without them),
 # advantages, the loss and the update are recomputed under the `trl` preset with your run's own `GRPOConfig`.
 #
@@ -72,10 +72,10 @@ print(sorted(p.name for p in Path(CAPTURE).iterdir()))
 # %% tags=["nbval-ignore-output"]
 import pandas as pd
 
+from grpo_debug.capture import open_capture
 from grpo_debug.capture.replay import reproduction
-from grpo_debug.step import GRPOStep
 
-step = GRPOStep.from_capture(CAPTURE, TASK)
+step = open_capture(CAPTURE, TASK)
 run = step.run(until="update")
 report = reproduction(run, step.capture, step.policy, step)
 table = pd.DataFrame({report["logged_source"]: report["logged"], "replayed": report["replayed"],

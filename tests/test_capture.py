@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_debug.capture import CaptureCallback
+from grpo_debug.capture import CaptureCallback, open_capture
 from grpo_debug.capture.reading import load_capture
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
-from grpo_debug.step import GRPOStep
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -67,7 +66,7 @@ def test_a_capture_is_a_self_contained_folder(bundled):
 def test_the_replay_reproduces_what_trl_logged(bundled):
     from grpo_debug.capture.replay import reproduction
 
-    step = GRPOStep.from_capture(bundled)
+    step = open_capture(bundled)
     run = step.run(until="update")
     out = reproduction(run, step.capture, step.policy, step)
     for name in EXACT:
@@ -119,7 +118,7 @@ def test_trls_own_defaults_are_replayed_with_their_pitfalls_named(tmp_path):
 
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)
     capture = captured_run(cfg, tmp_path)
-    step = GRPOStep.from_capture(capture)
+    step = open_capture(capture)
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     assert set(out["pitfalls"]) == {"positions", "dropout"}
     assert out["causes"]["dropout"].startswith("absent: the trainer's dropout masks are replayed")
@@ -149,7 +148,7 @@ def test_a_tiny_llama_with_two_reward_functions_round_trips(tmp_path):
     capture = captured_run(cfg, tmp_path / "run", task, disable_dropout=True)
     meta = load_capture(capture).meta
     assert set(meta["rewards"]) == set(task.reward_names) and list(meta["reward_weights"].values()) == [1.0, 0.5]
-    step = GRPOStep.from_capture(capture)
+    step = open_capture(capture)
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
@@ -162,7 +161,7 @@ def test_the_dashboard_acts_on_a_captured_step(bundled):
 
     from grpo_debug.ui.widgets import StepPanel
 
-    step = GRPOStep.from_capture(bundled, per_sample_grad_norms=False)
+    step = open_capture(bundled, per_sample_grad_norms=False)
     captured = step.result.rollout
     with contextlib.redirect_stdout(io.StringIO()):
         panel = StepPanel(step)
@@ -203,7 +202,7 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     templated = tokenizer.apply_chat_template(capture.meta["prompts"][0], add_generation_prompt=True, tokenize=False)
     prompt_ids = capture.batch["prompt_ids"][0][capture.batch["prompt_mask"][0].bool()]
     assert tokenizer.decode(prompt_ids) == templated  # the trainer scored the template's tokens, role markers included
-    step = GRPOStep.from_capture(capture.path)
+    step = open_capture(capture.path)
     assert step.result.rollout.prompts[0] == capture.meta["prompts"][0][0]["content"]  # role markers are special tokens
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
@@ -240,7 +239,7 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     assert widths.unique().numel() == 2  # the two processes' prompts differ in length ...
     assert (capture.batch["prompt_mask"][:, -1] == 1).all()  # ... and every row is left-padded to the widest
     assert capture.batch["trainer_per_token_logps"].isfinite().all()  # every row matched on its own process
-    step = GRPOStep.from_capture(capture.path)
+    step = open_capture(capture.path)
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
@@ -252,11 +251,11 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     is refused with what to do, and works once the capture is opened with the run's own task."""
     from grpo_debug.capture.replay import reproduction
 
-    stored = GRPOStep.from_capture(bundled, eval_prompts=4, eval_samples=2)
+    stored = open_capture(bundled, eval_prompts=4, eval_samples=2)
     assert stored.stored_rewards
-    with pytest.raises(ValueError, match=r"from_capture\(path, task=NAME\)"):
+    with pytest.raises(ValueError, match=r"open_capture\(path, task=NAME\)"):
         stored.run()
-    yours = GRPOStep.from_capture(bundled, StepConfig().task, eval_prompts=4, eval_samples=2)
+    yours = open_capture(bundled, StepConfig().task, eval_prompts=4, eval_samples=2)
     run = yours.run()
     assert not yours.stored_rewards and run.evaluation is not None and len(run.evaluation.after.completions) == 8
     out = reproduction(run, yours.capture, yours.policy, yours)
@@ -264,4 +263,4 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
     with pytest.raises(ValueError, match="not the run's reward functions"):
         from arithmetic_task import arithmetic_task
 
-        GRPOStep.from_capture(bundled, arithmetic_task())
+        open_capture(bundled, arithmetic_task())

@@ -119,8 +119,10 @@ def test_presets_cover_every_loss_side_field_and_keep_the_rest():
         "loss_type": "dapo",
         "beta": 0.0,
         "kl_estimator": "k3_corrected",
-        "vllm_importance_sampling_aggregation": "sum",  # acts only with the sampler correction on
     }
+    corrected = trl.replace(vllm_importance_sampling_correction=True)  # the summed sequence ratio acts only so
+    assert corrected.pitfalls_on()["vllm_importance_sampling_aggregation"] == "sum"
+    assert corrected.preset_name() is None
     with pytest.raises(ValueError, match="preset must be one of"):
         StepConfig.preset("vllm")
 

@@ -16,10 +16,11 @@ sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_llama, build_tiny_model, build_tiny_qwen2  # noqa: E402
 from planted_train import USER_RUNS  # noqa: E402
 
+from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.config import StepConfig  # noqa: E402
 from grpo_debug.doctor import diagnose  # noqa: E402
-from grpo_debug.pitfalls import PITFALLS  # noqa: E402
 from grpo_debug.doctor.detectors import DETECTORS  # noqa: E402
+from grpo_debug.pitfalls import PITFALLS  # noqa: E402
 from grpo_debug.step import GRPOStep  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
@@ -65,7 +66,7 @@ def ranks(report) -> list[str]:
 def test_every_planted_defect_is_named_within_the_top_two(runs):
     table = {}
     for defect, expected in PLANTED.items():
-        found = ranks(diagnose(GRPOStep.from_capture(runs[defect])))
+        found = ranks(diagnose(open_capture(runs[defect])))
         table[defect] = (expected, found.index(expected) + 1 if expected in found else None, found)
     print("\ndefect x rank:\n" + "\n".join(f"{d:18s} {e:20s} {r} {f}" for d, (e, r, f) in table.items()))
     missed = {d: f for d, (e, r, f) in table.items() if r is None or r > 2}
@@ -73,7 +74,7 @@ def test_every_planted_defect_is_named_within_the_top_two(runs):
 
 
 def test_the_clean_run_raises_nothing_above_info(runs):
-    report = diagnose(GRPOStep.from_capture(runs["clean"]))
+    report = diagnose(open_capture(runs["clean"]))
     loud = [(f.id, f.severity, f.summary) for f in report.present("warning")]
     assert not loud, f"the clean run got findings above info: {loud}"
     assert {f.id for f in report.findings} == {d.__name__ for d in DETECTORS}, "a detector did not report"
@@ -88,7 +89,7 @@ def test_a_bfloat16_sampler_is_named_within_the_top_two():
 
 def test_a_flip_that_moves_the_update_outranks_one_that_does_not(runs):
     """position_ids on a left-padded GPT-2: the flip moves the update; kl_estimator at beta 0 is never flipped."""
-    report = diagnose(GRPOStep.from_capture(runs["position_ids"]))
+    report = diagnose(open_capture(runs["position_ids"]))
     finding = next(f for f in report.findings if f.id == "position_ids")
     effect = finding.effect
     assert effect is not None and effect["toggle"] == {"position_ids": True}, "the cause was not flipped"
@@ -146,7 +147,7 @@ def test_the_replay_names_dropout_that_is_a_config_field(runs):
     """Qwen2's attention_dropout has no nn.Dropout module: the replay still names it as the run's pitfall."""
     from grpo_debug.capture.replay import reproduction
 
-    step = GRPOStep.from_capture(runs["attention_dropout"])
+    step = open_capture(runs["attention_dropout"])
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     assert "dropout" in out["pitfalls"], out["pitfalls"]
     assert not out["causes"]["dropout"].startswith("absent: dropout off"), out["causes"]["dropout"]

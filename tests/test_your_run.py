@@ -154,9 +154,8 @@ def test_every_layout_replays_each_captured_step_in_process(layout, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
     from user_train import REWARD_FUNCS
 
-    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.capture import CaptureCallback, open_capture
     from grpo_debug.capture.replay import reproduction
-    from grpo_debug.step import GRPOStep
 
     build_tiny_model(tmp_path / "model")
     prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
@@ -181,7 +180,7 @@ def test_every_layout_replays_each_captured_step_in_process(layout, tmp_path):
     trainer.train()
     logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
     for k in (1, 2):
-        step = GRPOStep.from_capture(tmp_path / "captures" / f"step-{k}", task=REWARD_FUNCS)
+        step = open_capture(tmp_path / "captures" / f"step-{k}", task=REWARD_FUNCS)
         out = reproduction(step.run(until="advantages"), step.capture, step.policy, step)
         assert_reproduces(out, logs[k], ("loss", "grad_norm", "entropy"))
         assert out["rewards"] == {"digits": 0.0, "short": 0.0}  # your functions give the captured rewards back
@@ -193,9 +192,8 @@ def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
     from trl import GRPOConfig, GRPOTrainer
     from user_train import REWARD_FUNCS
 
-    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.capture import CaptureCallback, open_capture
     from grpo_debug.capture.replay import reproduction
-    from grpo_debug.step import GRPOStep
 
     build_tiny_llama(tmp_path / "llama")
     args = GRPOConfig(
@@ -221,7 +219,7 @@ def test_a_llama_with_rmsnorm_replays_its_steps(tmp_path):
     trainer.train()
     logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
     for k in (1, 2):
-        step = GRPOStep.from_capture(tmp_path / "captures" / f"step-{k}")
+        step = open_capture(tmp_path / "captures" / f"step-{k}")
         out = reproduction(step.run(until="advantages"), step.capture, step.policy, step)
         assert_reproduces(out, logs[k], ("loss", "grad_norm", "kl", "entropy"))
 
@@ -396,9 +394,9 @@ def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, ho
 def test_a_reference_from_outside_the_capture_is_checked_before_it_is_built(good_capture, tmp_path, reference):
     """The reference folder a capture names is not the capture's own: its config is bounded by its weights'
     headers before transformers builds anything (a config describing ~9.7B parameters allocated them)."""
+    from grpo_debug.capture import open_capture
     from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError
-    from grpo_debug.step import GRPOStep
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -415,7 +413,7 @@ def test_a_reference_from_outside_the_capture_is_checked_before_it_is_built(good
     (copy / "capture.json").write_text(json.dumps(meta))
     write_checksums(copy)
     with pytest.raises(CaptureError) as refused:
-        GRPOStep.from_capture(copy)
+        open_capture(copy)
     assert str(named) in str(refused.value) and "\n" not in str(refused.value), refused.value
 
 
@@ -533,7 +531,7 @@ def test_a_config_too_large_for_its_weights_is_refused_within_a_memory_and_time_
 
 def test_a_bad_change_to_a_capture_blames_the_change_not_the_capture(good_capture):
     """`open_step(..., beta="0.0")` once read "its GRPOConfig has no StepConfig here", blaming the capture."""
-    from grpo_debug.step import GRPOStep
+    from grpo_debug.capture import open_capture
 
     with pytest.raises(ValueError, match=r"your change to the captured step \(beta\): StepConfig.beta = '0.0'"):
-        GRPOStep.from_capture(good_capture, beta="0.0")
+        open_capture(good_capture, beta="0.0")

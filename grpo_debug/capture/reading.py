@@ -27,6 +27,7 @@ import torch
 from ..choices import SAME_NAME as TRL_SAME_NAME
 from ..config import StepConfig
 from ..model import LoadedModel, ModelUnavailable, load_model
+from ..rewards import StoredReward
 from ..rollout import Rollout
 from ..task import Task, callable_name, load_task, register_task, task_names
 from .checksums import checksum_problem
@@ -295,12 +296,10 @@ def config_from_capture(capture: Capture, **changes) -> StepConfig:
     dropout (`disable_dropout`), precision (`bf16`), the KL estimator (`use_bias_correction_kl`), and
     position_ids where the trainer passed them (`PositionIdsGRPOTrainer`). `changes` apply after."""
     g, meta = resolved_grpo_config(capture), capture.meta
-    if (
-        task_name(capture) not in task_names()
-    ):  # a StepConfig.task choice from here on; `GRPOStep.from_capture` fills it
+    if task_name(capture) not in task_names():  # a StepConfig.task choice from here on; `open_capture` fills it
 
         def not_opened():
-            raise RuntimeError(f"{task_name(capture)}: open the capture (GRPOStep.from_capture) for its task")
+            raise RuntimeError(f"{task_name(capture)}: open the capture (open_capture) for its task")
 
         register_task(task_name(capture), not_opened)
     fields = {k: g[k] for k in SAME_NAME if k in g and g[k] is not None}
@@ -344,22 +343,6 @@ def task_name(capture: Capture) -> str:
 
 
 # ---- a capture as the step's inputs
-
-
-class StoredReward:
-    """A reward function that returns the captured values of the captured completions, by text."""
-
-    def __init__(self, name: str, table: dict[tuple[str, str], float | None]):
-        self.__name__, self.table = name, table
-
-    def __call__(self, prompts, completions, **kwargs):
-        missing = [(p, c) for p, c in zip(prompts, completions) if (p, c) not in self.table]
-        if missing:
-            raise ValueError(
-                f"reward {self.__name__!r} is known only for the captured completions; {len(missing)} "
-                "are new: open the capture with your reward functions (task=[...]) to score them"
-            )
-        return [self.table[(p, c)] for p, c in zip(prompts, completions)]
 
 
 def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
@@ -488,7 +471,7 @@ def _prompt_sets(prompts: list[str], yours: Task | None, has_sets: bool):
         raise ValueError(
             f"a capture holds its own {len(prompts)} train prompts only, not {n} {name!r} prompts: to "
             "sample new completions on other prompts, open it with a task that has them, "
-            "GRPOStep.from_capture(path, task=NAME)"
+            "open_capture(path, task=NAME)"
         )
 
     return prompt_set

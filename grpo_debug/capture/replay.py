@@ -1,6 +1,6 @@
 """Whether we reproduce a captured TRL step: `reproduction(run, capture, model, step)` replays the captured
 optimizer step as TRL took it (`trl_step`: its micro-batches, its pass, its dropout masks) and compares every
-number with the step's own metrics from the trainer. Open a capture with `GRPOStep.from_capture`.
+number with the step's own metrics from the trainer. Open a capture with `open_capture`.
 """
 
 from __future__ import annotations

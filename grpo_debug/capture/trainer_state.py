@@ -110,7 +110,7 @@ Open it, from any directory:
     python -m grpo_debug replay {path} --json out.json
     python -m grpo_debug replay {path} --set position_ids=true --json out.json
 
-or, in Python and in every notebook, `GRPOStep.from_capture("{path}", task=your_reward_funcs)`.
+or, in Python and in every notebook, `open_capture("{path}", task=your_reward_funcs)`.
 """
 
 

@@ -32,11 +32,6 @@ TRL_KL_ESTIMATORS = ("k3", "k3_corrected")
 TRL_SWITCHES = SAME_NAME + ("dropout", "dtype", "kl_estimator", "epsilon_low", "position_ids")
 
 
-def acts(cfg: StepConfig, name: str) -> bool:
-    """Whether field `name` changes what `cfg` computes: the sampler correction's settings act only with it on."""
-    return cfg.vllm_importance_sampling_correction or not name.startswith("vllm_importance_sampling_")
-
-
 def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
     """The settings of `cfg` that TRL cannot express: pitfalls that exist only in grpo-debug (a setting that
     does not act in `cfg` is not one)."""
@@ -44,7 +39,7 @@ def no_trl_switch(cfg: StepConfig) -> dict[str, object]:
     out = {
         k: getattr(cfg, k)
         for k in PRESET_FIELDS
-        if k not in TRL_SWITCHES and acts(cfg, k) and getattr(cfg, k) != getattr(trl, k)
+        if k not in TRL_SWITCHES and cfg.acts(k) and getattr(cfg, k) != getattr(trl, k)
     }
     if cfg.loss_type not in TRL_LOSS_TYPES:
         out["loss_type"] = cfg.loss_type

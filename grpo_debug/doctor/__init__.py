@@ -1,6 +1,6 @@
 """The doctor: why a step does not learn, found, ranked and shown on the step itself.
 
-    report = diagnose(step)   # a GRPOStep: the bundled one, or GRPOStep.from_capture(path, task)
+    report = diagnose(step)   # a GRPOStep: the bundled one, or open_capture(path, task)
 
 1. `examine` runs the step up to its update under its own config and measures what the detectors need beside
    it (two train-mode scorings where dropout is on, the mass top_p/top_k kept, the weights' norm).
@@ -20,13 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..evaluation import EvalSampling, EvalSide, eval_side
+from ..evaluation import EvalSide, eval_side
 from ..model import absolute_positions, dropout_sources
 from ..pitfalls import PITFALLS
+from ..rollout import Sampling
 from ..sampler import mismatch_metrics
 from ..scoring import completion_logits, next_token_logps, per_token_logps
 from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from ..specs import eval_sampling_of, scoring_of
+from ..speed import kernels
 from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun
 from .detectors import DETECTORS, bad_reward
@@ -135,9 +137,11 @@ def held_out_prompts(step: GRPOStep, n: int | None = None) -> list[str]:
     return step.task.prompts("test", n) if step.task.held_out and n > 0 else []
 
 
-def _held_out(step: GRPOStep, sampling: EvalSampling, prompts: list[str]) -> EvalSide | None:
+def _held_out(step: GRPOStep, sampling: Sampling, prompts: list[str]) -> EvalSide | None:
     """The policy as it stands (after an update) on the held-out prompts, the same sampling seeds every time."""
-    return eval_side(step.policy, step.loaded.tokenizer, prompts, sampling, step.task) if prompts else None
+    if not prompts:
+        return None
+    return eval_side(step.policy, step.loaded.tokenizer, prompts, sampling, step.task, kernels(step.cfg.fast).generate)
 
 
 def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.Tensor | None, EvalSide | None]:
@@ -185,7 +189,7 @@ class HeldOut:
 
     prompts: list[str]
     as_run: EvalSide
-    sampling: EvalSampling
+    sampling: Sampling
     level: float
 
 
@@ -229,7 +233,7 @@ def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
         "verdict": verdict(paired, "held-out reward with the flip"),
         "completions_changed": sum(a != b for a, b in zip(flipped.completions, held_out.as_run.completions)),
         "prompts": len(held_out.prompts),
-        "samples_per_prompt": held_out.sampling.samples,
+        "samples_per_prompt": held_out.sampling.num_generations,
     }
 
 

@@ -32,6 +32,7 @@ from ..evaluation import eval_prompts, eval_side
 from ..show.diagnostics import triage_zero_loss
 from ..show.metrics import metrics
 from ..specs import eval_sampling_of, specs_of
+from ..speed import kernels
 from ..step import GRPOStep, StepRun
 from ..tracin.first_order import scores_for
 from ..tracin.influence import (
@@ -103,8 +104,9 @@ def train_step(step: GRPOStep, cfg: StepConfig, sel: Selection | None) -> dict:
 
 def held_out(step: GRPOStep, base: StepConfig, prompts: int) -> dict:
     """The policy's mean reward on the first `prompts` test prompts, sampled with the base config's seed."""
+    tokenizer, generate = step.loaded.tokenizer, kernels(base.fast).generate
     side = eval_side(
-        step.policy, step.loaded.tokenizer, eval_prompts(step.task, prompts), eval_sampling_of(base), step.task
+        step.policy, tokenizer, eval_prompts(step.task, prompts), eval_sampling_of(base), step.task, generate
     )
     return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
 

@@ -102,7 +102,7 @@ def matched_sgd_lr(
 def held_out_baseline(model, tokenizer, task, spec: StepSpecs, eval_prompts: int = 16):
     """EvalSide of `model` on the task's first `eval_prompts` test prompts (sampling: `spec.sampling`)."""
 
-    return eval_side(model, tokenizer, test_prompts(task, eval_prompts), spec.sampling, task)
+    return eval_side(model, tokenizer, test_prompts(task, eval_prompts), spec.sampling, task, spec.kernels.generate)
 
 
 def selection_experiment(
