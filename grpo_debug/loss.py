@@ -34,6 +34,10 @@ KL estimators, with d = ref_logp - logp (samples come from the policy):
 At ratio 1 (logp == old_logp) the grpo loss value is ~0 (group-centred advantages, each sequence weighted
 1/N), the token-weighted ones (bnpo, dapo, dr_grpo) are -sum_i A_i w_i, not 0 when advantages correlate
 with lengths; every gradient is non-zero. Judge a step by its gradient.
+
+The update takes this loss over a generation batch (`Batch`: its inputs; `batch_of` decides where pi_old's
+log-probs are kept, `needs_old_logps`) micro-batch by micro-batch: `normalisation` is a micro-batch's loss
+weights (TRL's num_items_in_batch), `rows_loss` some of its rows' share.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from .choices import (  # noqa: F401
     TRL_LOSS_TYPES,
 )
 from .logprobs import TokenLogProbs
+from .rollout import Rollout
 from .sampler import SamplerCorrection, sampler_correction
 
 
@@ -124,6 +129,93 @@ def batch_loss(
         **dataclasses.replace(spec, gradient_accumulation_steps=1, steps_per_generation=1).kwargs(),
     )
     return dataclasses.replace(breakdown, metrics={**breakdown.metrics, **sampling}, sampler_ratio=ratio)
+
+
+# ---- the loss over a generation batch, as the update takes it micro-batch by micro-batch
+
+
+def needs_old_logps(loss: LossSpec, num_iterations: int, correction: SamplerCorrection | None) -> bool:
+    """TRL computes pi_old's log-probs at generation time when some optimizer step on this batch is not the
+    first (gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0), or to correct for
+    the sampler; otherwise every micro-batch's own detached log-probs stand in and the ratio is exactly 1."""
+    first_only = loss.gradient_accumulation_steps % (loss.steps_per_generation * num_iterations) == 0
+    return not first_only or correction is not None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The generation batch an update trains on: all a micro-batch's loss reads besides the model."""
+
+    rollout: Rollout
+    logprobs: TokenLogProbs  # (N, C) the scoring's log-probs, the reference's, the mask
+    advantages: torch.Tensor  # (N,)
+    old_logps: torch.Tensor | None = None  # (N, C) pi_old's, or None: each pass's own, detached (ratio 1)
+    sampler_ratio: torch.Tensor | None = None  # (N, C) or (N, 1): the sampler correction, when on
+    sampler_logps: torch.Tensor | None = None  # (N, C), when the correction is on
+
+
+def batch_of(
+    rollout: Rollout,
+    lp: TokenLogProbs,
+    advantages: torch.Tensor,
+    loss: LossSpec,
+    correction: SamplerCorrection | None,
+    num_iterations: int,
+) -> Batch:
+    """The update's batch: pi_old's log-probs where TRL keeps them (`needs_old_logps`), the sampler's with
+    their correction where it is on."""
+    return Batch(
+        rollout,
+        lp,
+        advantages,
+        old_logps=lp.policy if needs_old_logps(loss, num_iterations, correction) else None,
+        sampler_ratio=sampler_correction(correction, lp.policy, rollout.sampler_logps, lp.mask)[0],
+        sampler_logps=rollout.sampler_logps if correction else None,
+    )
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """How one micro-batch's loss is normalised, computed once for it."""
+
+    weights: torch.Tensor  # (N, C) each token's weight in the micro-batch's loss; 0 outside its rows
+    entropy_tokens: torch.Tensor | None = None  # its token count, where the entropy bonus needs it
+
+
+def normalisation(batch: Batch, loss: LossSpec, rows: list[int]) -> Normalisation:
+    """The micro-batch `rows`' normalisation: `loss.loss_weights` over the batch (TRL's num_items_in_batch is
+    the whole batch's token count), and the micro-batch's token count unless top_entropy_quantile < 1."""
+    mask = batch.logprobs.mask
+    weights = torch.zeros_like(mask)
+    weights[rows] = spec_weights(mask[rows], loss, num_items_in_batch=mask.sum())
+    entropy_tokens = None if loss.top_entropy_quantile < 1 else mask[rows].sum().clamp(min=1.0)
+    return Normalisation(weights, entropy_tokens)
+
+
+def rows_loss(
+    batch: Batch,
+    loss: LossSpec,
+    norm: Normalisation,
+    rows: list[int],
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+) -> LossBreakdown:
+    """These rows' share of their micro-batch's loss from their (rows, C) log-probs and entropies, which may
+    carry gradients: the one place the update calls `compute_loss`."""
+    pick = lambda t: None if t is None else t[rows]
+    return compute_loss(
+        logps,
+        pick(batch.old_logps),
+        batch.logprobs.reference[rows],
+        batch.advantages[rows],
+        batch.logprobs.mask[rows],
+        entropies=entropies,
+        sampler_ratio=pick(batch.sampler_ratio),
+        sampler_logps=pick(batch.sampler_logps),
+        weights=norm.weights[rows],
+        entropy_tokens=norm.entropy_tokens,
+        **loss.kwargs(),
+    )
 
 
 # ---- the pieces, in the order `compute_loss` uses them

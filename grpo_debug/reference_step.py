@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from .advantages import Advantages, summarize_advantages
 from .config import StepConfig
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown, batch_loss
+from .loss import Batch, LossBreakdown, batch_loss, needs_old_logps
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .specs import loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .task import Task
-from .update import Batch, StepResult, needs_old_logps, update
+from .update import StepResult, update
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .advantages import Advantages, summarize_advantages
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import LossBreakdown, batch_loss
+from .loss import LossBreakdown, batch_loss, batch_of
 from .model import LoadedModel, load_model
 from .rewards import Rewards, StoredReward, compute_rewards
 from .rollout import Rollout, check_positions, rollout
@@ -27,7 +27,7 @@ from .scoring import Scoring
 from .specs import eval_sampling_of, loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
 from .speed import kernels, sampling_kernels
 from .task import Task, load_task
-from .update import StepResult, batch_of, new_optimizer, update
+from .update import StepResult, new_optimizer, update
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
-from grpo_debug.loss import loss_weights
+from grpo_debug.loss import Batch, Normalisation, loss_weights
 from grpo_debug.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
 from grpo_debug.speed import kernels
 from grpo_debug.step import GRPOStep
-from grpo_debug.update import Batch, Normalisation, scored_rows_loss
+from grpo_debug.update import scored_rows_loss
 
 
 def _share(model, run, cfg, rows):

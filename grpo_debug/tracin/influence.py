@@ -34,12 +34,12 @@ from ..advantages import normalize_over_set
 from ..choices import VAL_LOSSES, VAL_SOURCES
 from ..fast.backward import conv1d_weights, no_autograd_for
 from ..logprobs import TokenLogProbs
-from ..loss import loss_weights
+from ..loss import Batch, Normalisation, loss_weights
 from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..specs import StepSpecs
 from ..step import StepRun
-from ..update import DROPOUT_SEED, Batch, Normalisation, scored_rows_loss
+from ..update import DROPOUT_SEED, scored_rows_loss
 
 PARAMETER_SETS = ("all", "blocks", "lora")
 VAL_ADVANTAGES = ("per_group", "whole_set")

@@ -15,11 +15,11 @@ from ..choices import SELECTIONS
 from ..evaluation import eval_prompts as test_prompts
 from ..evaluation import eval_side
 from ..logprobs import TokenLogProbs
-from ..loss import loss_weights
+from ..loss import Batch, Normalisation, loss_weights
 from ..rollout import Rollout, row_chunks
 from ..specs import StepSpecs
 from ..stats import prompt_bootstrap
-from ..update import DROPOUT_SEED, Batch, Normalisation, scored_rows_loss, update
+from ..update import DROPOUT_SEED, scored_rows_loss, update
 from .influence import (
     ValidationSet,
     influence_scores,

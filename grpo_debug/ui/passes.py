@@ -9,10 +9,10 @@ import dataclasses
 import torch
 
 from ..config import StepConfig
-from ..loss import LossSpec
+from ..loss import Batch, LossSpec, batch_of
 from ..specs import loss_spec_of, sampler_correction_of
 from ..step import StepRun
-from ..update import Batch, Iteration, StepResult, batch_of, iteration_record, micro_batch_losses
+from ..update import Iteration, StepResult, iteration_record, micro_batch_losses
 
 
 def token_gradients(it: Iteration, batch: Batch, loss: LossSpec) -> tuple[torch.Tensor, ...]:
