@@ -82,7 +82,7 @@ class LossSpec:
     """`compute_loss`'s settings, TRL's `GRPOConfig` names: `compute_loss(..., **spec.kwargs())`."""
 
     loss_type: str = "grpo"
-    beta: float = 0.0
+    beta: float = 0.04
     kl_estimator: str = "k3"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2

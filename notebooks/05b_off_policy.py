@@ -158,7 +158,7 @@ def normalisers(loss_type, S):
 
 def accumulated_loss(loss_type, S):
     """One optimizer step's loss over S micro-batches (GA = S), on pass 2's log-probs (ratio != 1)."""
-    return sum(compute_loss(it2.logps[rows], lp.policy[rows], None, adv[rows], lp.mask[rows], loss_type=loss_type,
+    return sum(compute_loss(it2.logps[rows], lp.policy[rows], None, adv[rows], lp.mask[rows], loss_type=loss_type, beta=0.0,
                             num_items_in_batch=M, gradient_accumulation_steps=S, steps_per_generation=S,
                             max_completion_length=cfg.max_new_tokens).loss.item() for rows in chunks(S))
 

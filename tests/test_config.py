@@ -141,3 +141,18 @@ def test_cli_help_lists_every_key_and_a_bad_value_fails_before_loading():
         timeout=120,
     )
     assert proc.returncode == 2 and "StepConfig.dropout = 'maybe' is not allowed" in proc.stderr
+
+
+def test_every_spec_default_is_the_config_default():
+    """A spec's defaults (what `compute_loss(**fields)`, `Scoring(...)`, `Optimization()` take when a field is not
+    given) are StepConfig()'s, so that no default of a phase disagrees with the config's."""
+    from grpo_debug.loss import LossSpec
+    from grpo_debug.scoring import Scoring
+    from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
+    from grpo_debug.update import Optimization
+
+    cfg = StepConfig()
+    spec = loss_spec_of(cfg)
+    assert LossSpec(max_completion_length=spec.max_completion_length) == spec, "LossSpec's defaults are not the config's"
+    assert Scoring(temperature=cfg.temperature) == scoring_of(cfg), "Scoring's defaults are not the config's"
+    assert Optimization() == optimization_of(cfg), "Optimization's defaults are not the config's"

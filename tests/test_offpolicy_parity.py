@@ -208,7 +208,7 @@ def test_delta_caps_positive_advantages_too_below_one_plus_epsilon_high():
     from grpo_debug.loss import compute_loss
 
     logps, old = torch.log(torch.tensor([[1.15]])), torch.zeros(1, 1)
-    out = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), delta=1.1, epsilon_high=0.2)
+    out = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), delta=1.1, epsilon_high=0.2, beta=0.0)
     assert torch.allclose(out.per_token_loss, torch.tensor([[-1.1]]))
-    free = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), epsilon_high=0.2)
+    free = compute_loss(logps, old, None, torch.tensor([1.0]), torch.ones(1, 1), epsilon_high=0.2, beta=0.0)
     assert torch.allclose(free.per_token_loss, torch.tensor([[-1.15]]))
