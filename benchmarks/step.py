@@ -1,10 +1,10 @@
 """Time and peak memory per phase of one GRPO step:
-`python benchmarks/step.py [--threads N] [--skip-124m | --only-124m | --only-num-iterations]`.
+`python benchmarks/step.py [--threads N] [--skip-124m | --only-124m | --only-num-iterations | --only-vs-trl]`.
 
 Prints JSON: the bundled model at 8 prompts x 8 samples (mixed and policy-only prompts), the one-call
 vs per-prompt-loop generation ratio, the readable paths alone (`fast=False`), the cost of
 num_iterations = 2 against 1 (the update phase and the whole step; the two alternate, fresh steps each),
-our step vs one TRL GRPOTrainer step on the same configuration,
+our step (fast, and readable: every fast path off) vs one TRL GRPOTrainer step on the same configuration,
 and the 124M GPT-2 shape (random weights, RookWorld-LM-124M's architecture) at 4 x 4 with 80 new
 tokens. Bundled numbers are medians of `--repeats` fresh steps after a warm-up one. Targets (issue 3): bundled 8x8 step <= 5 s; no slower than TRL; 124M shape <= 60 s.
 `--quick`: every configuration at 2 x 2 with 8 new tokens, one repeat (run by `make test`; no number means anything).
@@ -113,12 +113,27 @@ def bundled_model(repeats: int, sizes: dict) -> dict:
     report["generation_one_call_vs_loop"] = generation_ratio(step, bundled)
     report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, repeats)
 
-    # like for like: TRL computes no per-sample gradient norms
-    trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
-    ours = profile_repeated(step, trl_cfg, repeats)["total_seconds"]
-    theirs = trl_step_seconds(trl_cfg)
-    report["vs_trl_8x8_mixed"] = {"ours_seconds": ours, "trl_seconds": theirs, "ours_over_trl": round(ours / theirs, 2)}
+    report["vs_trl_8x8_mixed"] = vs_trl(step, bundled, repeats)
     return report
+
+
+def vs_trl(step: GRPOStep, bundled: StepConfig, repeats: int) -> dict:
+    """Our step (fast paths on, and every one off: the readable functions alone) against one TRL GRPOTrainer
+    step on the same configuration, like for like (TRL computes no per-sample gradient norms): `repeats`
+    rounds, the three alternating so that a slow stretch of the machine hits each, medians and every time."""
+    trl_cfg = bundled.replace(beta=0.04, kl_estimator="k3_corrected", loss_type="dapo", per_sample_grad_norms=False)
+    times = {"ours": [], "readable": [], "trl": []}
+    for _ in range(repeats):
+        times["ours"].append(profile_step(step, trl_cfg)["total_seconds"])
+        times["readable"].append(profile_step(step, trl_cfg.replace(fast=False))["total_seconds"])
+        times["trl"].append(trl_step_seconds(trl_cfg))
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        **{f"{k}_seconds": m for k, m in median.items()},
+        "ours_over_trl": round(median["ours"] / median["trl"], 2),
+        "readable_over_trl": round(median["readable"] / median["trl"], 2),
+        "times": times,
+    }
 
 
 def main() -> None:
@@ -126,6 +141,7 @@ def main() -> None:
     add_repeats(parser, help="fresh steps per bundled configuration (median)")
     parser.add_argument("--skip-124m", action="store_true")
     parser.add_argument("--only-124m", action="store_true")
+    parser.add_argument("--only-vs-trl", action="store_true", help="only our step (fast and readable) vs TRL's")
     parser.add_argument(
         "--only-num-iterations",
         action="store_true",
@@ -135,6 +151,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sizes, repeats = sizes_and_repeats(args)
     report = {"threads": args.threads, "torch": torch.__version__, "quick": args.quick}
+
+    if args.only_vs_trl:
+        bundled = StepConfig(**sizes)
+        step = GRPOStep(bundled)
+        profile_step(step, bundled)  # warm-up
+        report["vs_trl_8x8_mixed"] = vs_trl(step, bundled, repeats)
+        print(json.dumps(report, indent=1))
+        return
 
     if args.only_num_iterations:
         bundled = StepConfig(**sizes)

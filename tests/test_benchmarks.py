@@ -66,3 +66,5 @@ def test_step_benchmark_compares_with_trl_on_one_run(tmp_path):
     vs = run_quick("step.py", ("--skip-124m",), tmp_path)["vs_trl_8x8_mixed"]
     assert vs["ours_seconds"] > 0 and vs["trl_seconds"] > 0, f"a side of ours vs TRL was not timed: {vs}"
     assert vs["ours_over_trl"] == round(vs["ours_seconds"] / vs["trl_seconds"], 2), f"the ratio is not theirs: {vs}"
+    assert vs["readable_seconds"] > 0, f"the readable step (every fast path off) was not timed: {vs}"
+    assert vs["readable_over_trl"] == round(vs["readable_seconds"] / vs["trl_seconds"], 2), vs
