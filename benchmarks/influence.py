@@ -24,9 +24,10 @@ from grpo_debug.config import StepConfig
 from grpo_debug.loss import Batch, Normalisation, loss_weights
 from grpo_debug.model import load_model
 from grpo_debug.rollout import row_chunks
-from grpo_debug.specs import loss_spec_of, scoring_of, specs_of
+from grpo_debug.specs import loss_spec_of, scoring_of
 from grpo_debug.step import GRPOStep, StepRun
 from grpo_debug.tracin.influence import ValidationSet, batch_influence, validation_gradient, validation_set
+from grpo_debug.tracin.specs import specs_of
 from grpo_debug.update import scored_rows_loss
 
 

@@ -1,19 +1,18 @@
 """A `StepConfig` turned into the phases' arguments: the one place that reads the config for them. The phase
 functions (rollout, logprobs, rewards, advantages, loss, update, evaluation) take tensors, a model and these
 plain specs; code that re-runs parts of a step on its own (TracIn, the selection experiments) takes them
-bundled in a `StepSpecs`. (`trl_bridge.py` is the other reader of a whole config: it translates it for TRL.)"""
+bundled in a `tracin.specs.StepSpecs`. (`capture/trl_bridge.py` is the other reader of a whole config: it
+translates it for TRL.)"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from .config import StepConfig
 from .loss import LossSpec
 from .rollout import Sampling
 from .sampler import SamplerCorrection
 from .scoring import Scoring
-from .speed import Kernels, kernels
 from .update import Optimization
 
 
@@ -79,31 +78,4 @@ def eval_sampling_of(cfg: StepConfig, samples: int | None = None) -> Sampling:
     float32 whatever the rollout's mode and precision (a held-out reward measures the policy, not its sampler)."""
     return dataclasses.replace(
         sampling_of(cfg), num_generations=samples or cfg.eval_samples, dropout=False, dtype="float32"
-    )
-
-
-@dataclass(frozen=True)
-class StepSpecs:
-    """Every phase argument a re-run of part of the step needs, in one value."""
-
-    scoring: Scoring
-    loss: LossSpec
-    correction: SamplerCorrection | None  # the sampler correction (None: off)
-    optimization: Optimization
-    kernels: Kernels  # readable or fast (`speed.kernels`)
-    sampling: Sampling  # a held-out evaluation's (`eval_sampling_of`)
-    seed: int
-    bootstrap: int  # resamples of a bootstrap interval
-
-
-def specs_of(cfg: StepConfig) -> StepSpecs:
-    return StepSpecs(
-        scoring=scoring_of(cfg),
-        loss=loss_spec_of(cfg),
-        correction=sampler_correction_of(cfg),
-        optimization=optimization_of(cfg),
-        kernels=kernels(cfg.fast),
-        sampling=eval_sampling_of(cfg),
-        seed=cfg.seed,
-        bootstrap=cfg.bootstrap,
     )

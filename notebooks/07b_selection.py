@@ -24,7 +24,7 @@
 
 # %%
 from grpo_debug.notebook import open_step
-from grpo_debug.specs import specs_of
+from grpo_debug.tracin.specs import specs_of
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -9,7 +9,6 @@ import torch
 from test_per_sample import naive_per_sample_gradients
 
 from grpo_debug.config import StepConfig
-from grpo_debug.specs import specs_of
 from grpo_debug.step import GRPOStep
 from grpo_debug.tracin.influence import (
     ValidationSet,
@@ -19,6 +18,7 @@ from grpo_debug.tracin.influence import (
     per_sample_train_gradients,
     validation_gradient,
 )
+from grpo_debug.tracin.specs import specs_of
 
 CFG = StepConfig(num_prompts=3, num_generations=4, beta=0.0, max_new_tokens=104)
 SPEC = specs_of(CFG)

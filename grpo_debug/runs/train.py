@@ -31,7 +31,7 @@ from ..config import StepConfig
 from ..evaluation import eval_prompts, eval_side
 from ..show.diagnostics import triage_zero_loss
 from ..show.metrics import metrics
-from ..specs import eval_sampling_of, specs_of
+from ..specs import eval_sampling_of
 from ..speed import kernels
 from ..step import GRPOStep, StepRun
 from ..tracin.first_order import scores_for
@@ -43,6 +43,7 @@ from ..tracin.influence import (
     validation_set,
 )
 from ..tracin.selection import select
+from ..tracin.specs import specs_of
 from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_plan, step_config
 from .progress import Progress, _lock
 from .results import summarize

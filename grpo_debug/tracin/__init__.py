@@ -6,4 +6,5 @@ influence    validation losses and sets, parameter sets, the influence scores (c
 optimizer    the training gradient through AdamW's update map (an optimizer-aware score)
 first_order  first-order checks against real single-sample steps
 selection    a step on the samples a strategy selects, the held-out reward, the sign test
+specs        the phase arguments and kernels these re-runs take, in one value (`specs_of(cfg)`)
 """

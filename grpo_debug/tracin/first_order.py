@@ -17,7 +17,6 @@ import torch
 from ..logprobs import TokenLogProbs
 from ..loss import loss_weights
 from ..rollout import Rollout
-from ..specs import StepSpecs
 from ..stats import spearman
 from .influence import (
     ValidationSet,
@@ -26,6 +25,7 @@ from .influence import (
     validation_loss_value,
 )
 from .optimizer import BETAS, EPS, optimizer_influence, sample, warmed_state
+from .specs import StepSpecs
 
 STEP_KINDS = ("sgd", "adamw", "adamw_batch")
 SCORES = ("tracin", "adam", "adam_batch")

@@ -37,9 +37,9 @@ from ..logprobs import TokenLogProbs
 from ..loss import Batch, Normalisation, loss_weights
 from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
-from ..specs import StepSpecs
 from ..step import StepRun
 from ..update import DROPOUT_SEED, scored_rows_loss
+from .specs import StepSpecs
 
 PARAMETER_SETS = ("all", "blocks", "lora")
 VAL_ADVANTAGES = ("per_group", "whole_set")

@@ -17,7 +17,6 @@ from ..evaluation import eval_side
 from ..logprobs import TokenLogProbs
 from ..loss import Batch, Normalisation, loss_weights
 from ..rollout import Rollout, row_chunks
-from ..specs import StepSpecs
 from ..stats import prompt_bootstrap
 from ..update import DROPOUT_SEED, scored_rows_loss, update
 from .influence import (
@@ -29,6 +28,7 @@ from .influence import (
     validation_loss_value,
 )
 from .optimizer import adam_direction, clip_by_total_norm, warmed_state
+from .specs import StepSpecs
 
 OPTIMIZERS = ("sgd", "adamw")
 

@@ -17,7 +17,6 @@ from IPython.display import display
 
 from ..config import PHASES, StepConfig
 from ..per_sample import SampleGradients
-from ..specs import specs_of
 from ..stats import spearman
 from ..tracin.influence import (
     PARAMETER_SETS,
@@ -36,6 +35,7 @@ from ..tracin.influence import (
     validation_pool,
     validation_set,
 )
+from ..tracin.specs import specs_of
 from . import plots
 from .widgets import apply_change, make_control
 
