@@ -4,7 +4,9 @@ phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.
 training runs, arms paired by seed (`grpo_debug.runs.train`).
 `python -m grpo_debug replay CAPTURE [--task file.py:NAME] [--set ...]`: a step captured from a TRL run, replayed.
 `python -m grpo_debug doctor [CAPTURE] [--task ...] [--json out.json] [--html report.html]`: why the step does not
-learn, ranked (`grpo_debug.doctor`)."""
+learn, ranked (`grpo_debug.doctor`).
+`python -m grpo_debug timeline RUN_DIR --html run.html [--doctor]`: the health of every step of a run that
+`FlightRecorder` watched, its captured steps marked and linked (`grpo_debug.show.timeline`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from .choices import ARM_NAMES
 from .cli_checks import capture_overrides, check_outputs, check_prompts, check_writable
@@ -24,7 +27,7 @@ from .overrides import describe_fields, parse_overrides
 
 
 TASK_HELP = (
-    "your reward functions, as GRPOStep.from_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
+    "your reward functions, as open_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
     "task; without it the captured rewards are replayed"
 )
 
@@ -134,12 +137,12 @@ def replay_command(parser, args) -> int:
     overrides = capture_overrides(parser, args)
     check_outputs(parser, args)
     _threads(args.threads)
+    from .capture.opening import open_capture
     from .capture.replay import reproduction
     from .model import ModelUnavailable
-    from .step import GRPOStep
 
     try:
-        step = GRPOStep.from_capture(args.path, args.task, **overrides)
+        step = open_capture(args.path, args.task, **overrides)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     run = step.run(until="update")
@@ -181,13 +184,14 @@ def doctor_command(parser, args) -> int:
         parser.error(str(e))
     check_outputs(parser, args)
     _threads(args.threads)
+    from .capture.opening import open_capture
     from .doctor import diagnose
     from .doctor.present import page, text
     from .model import ModelUnavailable
     from .step import GRPOStep
 
     try:
-        step = GRPOStep.from_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
+        step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
         report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
@@ -202,6 +206,51 @@ def doctor_command(parser, args) -> int:
     except OSError as e:
         parser.error(str(e))
     return 0
+
+
+def timeline_command(parser, args) -> int:
+    """The run page of a FlightRecorder folder; `--doctor`: first the doctor's report on each captured step
+    that has none (RUN_DIR/reports/step-<k>.html), which the page links to."""
+    if (args.task or args.no_flip) and not args.doctor:
+        parser.error("--task and --no-flip are the doctor's: add --doctor")
+    check_writable(parser, args.html, "--html")
+    from .files import write_text_atomically
+    from .show.timeline import page, read_run, report_path
+
+    try:
+        run = read_run(args.path)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.doctor:
+        _threads(args.threads)
+        for step in sorted(run.captures):
+            if not report_path(run, step).is_file():
+                write_doctor_page(run.captures[step]["folder"], report_path(run, step), args)
+    try:
+        write_text_atomically(args.html, page(run, Path(args.html)))
+    except OSError as e:
+        parser.error(str(e))
+    print(f"{len(run.lines)} steps, {len(run.captures)} captured: {args.html}")
+    return 0
+
+
+def write_doctor_page(capture, path, args) -> None:
+    """The doctor's page on one capture, as `python -m grpo_debug doctor CAPTURE --html PATH` writes it; where it
+    cannot be made (a capture without weights, a --task that does not load), said on stderr."""
+    from .capture.opening import open_capture
+    from .doctor import diagnose
+    from .doctor.present import page
+    from .files import write_text_atomically
+    from .model import ModelUnavailable
+
+    try:
+        report = diagnose(open_capture(str(capture), args.task), flip=not args.no_flip)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, page(report, f"grpo-debug doctor: {capture}"))
+    except (ValueError, ModelUnavailable, OSError) as e:  # one capture the doctor cannot open: the page still comes
+        print(f"no doctor's report on {capture}: {e}", file=sys.stderr)
+        return
+    print(f"the doctor on {capture}: {path}")
 
 
 def summary_table(results: dict) -> str:
@@ -353,6 +402,23 @@ def add_doctor_parser(sub) -> None:
     dr.add_argument("--threads", type=int, default=1)
 
 
+def add_timeline_parser(sub) -> None:
+    tl = sub.add_parser(
+        "timeline",
+        help="the health of every step of a run that FlightRecorder watched, as one standalone HTML page",
+    )
+    tl.add_argument("path", help="FlightRecorder's out_dir (it holds health.jsonl and the step-<k>/ captures)")
+    tl.add_argument("--html", required=True, help="write the page here")
+    tl.add_argument(
+        "--doctor",
+        action="store_true",
+        help="first run the doctor on each captured step without a report (RUN_DIR/reports/step-<k>.html)",
+    )
+    tl.add_argument("--task", help=TASK_HELP + " (with --doctor)")
+    tl.add_argument("--no-flip", action="store_true", help="with --doctor: detect only, no counterfactual flips")
+    tl.add_argument("--threads", type=int, default=1)
+
+
 def step_command(parser, args) -> int:
     try:
         cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
@@ -384,7 +450,13 @@ def step_command(parser, args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_step_parser, add_train_parser, add_analyze_and_replay_parsers, add_doctor_parser):
+    for add in (
+        add_step_parser,
+        add_train_parser,
+        add_analyze_and_replay_parsers,
+        add_doctor_parser,
+        add_timeline_parser,
+    ):
         add(sub)
     args = parser.parse_args(argv)
     if getattr(args, "threads", 1) < 1:
@@ -399,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         "analyze": analyze_command,
         "replay": replay_command,
         "doctor": doctor_command,
+        "timeline": timeline_command,
     }
     return commands[args.command](parser, args)
 

@@ -3,6 +3,8 @@
     trainer.add_callback(CaptureCallback("captures", steps=[2]))
     trainer.train()                     # writes captures/step-2/
 
+(`FlightRecorder`, in `flight.py`, is this class recording every step and writing the ones that go wrong.)
+
 Step k is the k-th optimizer step (TRL's `global_step`). Every requested step is written, whatever
 `logging_steps`, `num_iterations`, `steps_per_generation` and `gradient_accumulation_steps` are, with the
 policy's weights before step k (a generation batch may feed several optimizer steps); the generation batch
@@ -58,12 +60,20 @@ MAX_WEIGHT_BYTES = 2 * 1024**3
 
 
 class CaptureCallback(TrainerCallback):
-    """Write one capture folder per optimizer step in `steps` under `out_dir` (`step-<k>/`)."""
+    """Write one capture folder per optimizer step in `steps` under `out_dir` (`step-<k>/`).
+
+    Which steps it records and which it writes are three methods, `_records`, `_keeps` and `_trigger`, so that
+    `FlightRecorder` (which records every step and writes the ones that trigger) is this class with those three
+    changed, not a copy of it."""
 
     def __init__(self, out_dir: str | Path, steps: list[int], max_weight_bytes: int = MAX_WEIGHT_BYTES):
         if not steps or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in steps):
             raise ValueError(f"steps must be a list of optimizer steps >= 1, got {steps!r}")
-        self.out_dir, self.steps, self.max_weight_bytes = Path(out_dir), sorted(set(steps)), max_weight_bytes
+        self._setup(out_dir, max_weight_bytes)
+        self.steps = sorted(set(steps))
+
+    def _setup(self, out_dir: str | Path, max_weight_bytes: int) -> None:
+        self.out_dir, self.max_weight_bytes, self.steps = Path(out_dir), max_weight_bytes, []
         self.trainer = None
         self.generation: dict | None = None  # the latest generation batch that feeds a wanted step
         self.current: dict | None = None  # the step being captured
@@ -107,13 +117,13 @@ class CaptureCallback(TrainerCallback):
                 and torch.is_grad_enabled()
                 and trainer.accelerator.unwrap_model(model) is self._model()
             ):  # the loss's forward
-                self.current["scored"].append((input_ids.detach().cpu(), out[0].detach().float().cpu()))
+                self._timed(self._keep_scored, input_ids, out[0])
             return out
 
         def step_and_keep(model, inputs, *args, **kwargs):
             loss = training_step(model, inputs, *args, **kwargs)
             if self.current is not None:
-                self.current["losses"].append(float(loss.detach().float().item()))
+                self._timed(self._keep_loss, loss)
             return loss
 
         def grad_norm_and_keep(*args, **kwargs):
@@ -134,6 +144,12 @@ class CaptureCallback(TrainerCallback):
         fn(*args)
         self.seconds += time.perf_counter() - start
 
+    def _keep_scored(self, input_ids: torch.Tensor, logps: torch.Tensor) -> None:
+        self.current["scored"].append((input_ids.detach().cpu(), logps.detach().float().cpu()))
+
+    def _keep_loss(self, loss: torch.Tensor) -> None:
+        self.current["losses"].append(float(loss.detach().float().item()))
+
     def _random_state(self, module, args):
         """Forward pre-hook: the random state a training forward of the captured step starts from (its dropout)."""
         if self.current is not None and module.training and torch.is_grad_enabled():
@@ -145,6 +161,28 @@ class CaptureCallback(TrainerCallback):
     def _layout(self) -> tuple[int, int, int]:
         t = self.trainer
         return t.args.steps_per_generation, t.num_iterations, t.current_gradient_accumulation_steps
+
+    # ---- which steps are recorded and written (what FlightRecorder changes)
+
+    def _records(self, step: int) -> bool:
+        """Record step `step` as it trains (its micro-batches, random states, scored log-probs, losses)?"""
+        return step in self.steps and step not in self.written and step not in self.skipped
+
+    def _keeps(self, fed_steps: list[int]) -> bool:
+        """Keep a generation batch whose micro-batches train these optimizer steps?"""
+        return any(k in self.steps and k not in self.written for k in fed_steps)
+
+    def _trigger(self, capture: dict) -> list[dict] | None:
+        """Called before the optimizer steps, with every number of the step known: None, do not write this
+        recorded step; else why it is written ([] here: it was asked for), which goes to capture.json's
+        `trigger`. The weights are copied only when it is written: they are still those of before the step."""
+        return []
+
+    def _after_step(self, capture: dict, state) -> None:
+        """After the optimizer stepped and the step was written or skipped (nothing here)."""
+
+    def _captured(self, step: int, path: Path, capture: dict) -> None:
+        """Step `step` was just written to `path` (nothing more here)."""
 
     # ---- callback events
 
@@ -161,41 +199,66 @@ class CaptureCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.marks = {k: (id(v), len(v)) for k, v in self.trainer._metrics["train"].items()}
         step = state.global_step + 1
-        if step in self.steps and step not in self.written and step not in self.skipped:
-            start = time.perf_counter()
+        if self._records(step):
             self.current = {
                 "step": step,
-                "weights": self._weights(),
+                "weights": None,
+                "trigger": None,
                 "micro_batches": [],
                 "rng": [],
                 "scored": [],
                 "losses": [],
                 "grad_norm": None,
             }
-            self.seconds += time.perf_counter() - start
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """Every number of the step is known (TRL computed grad_norm) and the weights are still those of before
+        it: decide whether to write it, and copy the weights only then."""
+        capture = self.current
+        if capture is None:
+            return
+        start = time.perf_counter()
+        capture["step_metrics"] = self._step_metrics(capture)  # collective: every process gathers
+        trigger = self._trigger(capture)
+        if trigger is not None:
+            reason = self._cannot_write(capture["step"])
+            if reason:
+                self.skipped[capture["step"]], trigger = reason, None
+            else:
+                capture["weights"] = self._weights()
+        capture["trigger"] = trigger
+        self.seconds += time.perf_counter() - start
 
     def on_step_end(self, args, state, control, **kwargs):
         capture, self.current = self.current, None
         if capture is None:
             return
         start = time.perf_counter()
-        step = capture["step"]
+        if capture["trigger"] is not None:
+            self._capture(capture, state)
+        self._after_step(capture, state)
+        self.seconds += time.perf_counter() - start
+
+    def _cannot_write(self, step: int) -> str | None:
+        """Why the step cannot be written (known before the optimizer steps), or None."""
         generation = self.generation
         if generation is None or step not in generation["fed_steps"]:
-            self.skipped[step] = "no generation batch was kept for it"
-        elif step in generation["spanning"]:
-            self.skipped[step] = (
+            return "no generation batch was kept for it"
+        if step in generation["spanning"]:
+            return (
                 "it spans two generation batches (gradient_accumulation_steps is not a multiple "
                 "of steps_per_generation x num_iterations)"
             )
+        return None
+
+    def _capture(self, capture: dict, state) -> None:
+        step = capture["step"]
+        capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
+        if state.is_world_process_zero:
+            self.written[step] = self._write(step, capture, self.generation)
         else:
-            capture["step_metrics"] = self._step_metrics(capture)  # collective: every process gathers
-            capture["trainer_logps"] = self._trainer_logps(capture)
-            if state.is_world_process_zero:
-                self.written[step] = self._write(step, capture, generation)
-            else:
-                self.written[step] = self.out_dir / f"step-{step}"
-        self.seconds += time.perf_counter() - start
+            self.written[step] = self.out_dir / f"step-{step}"
+        self._captured(step, self.written[step], capture)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
@@ -229,7 +292,7 @@ class CaptureCallback(TrainerCallback):
             spanning.add(first)
         if (done_in_step + S * mu) % GA:
             spanning.add(fed[-1])
-        if not any(k in self.steps and k not in self.written for k in fed):
+        if not self._keeps(fed):
             return
         tensors = {
             k: gathered_batch_tensor(t, k, output[k]) for k in TENSORS if isinstance(output.get(k), torch.Tensor)
@@ -261,16 +324,16 @@ class CaptureCallback(TrainerCallback):
             return
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1).detach().cpu()
         advantages = inputs["advantages"].detach().cpu()
-        rows = torch.cat([local["prompt_ids"], local["completion_ids"]], 1)
-        free, picked = list(range(len(rows))), []
-        for row, adv in zip(ids, advantages):
-            match = next(
-                (j for j in free if torch.equal(rows[j], row) and torch.equal(local["advantages"][j], adv)), None
-            )
-            if match is None:
+        if "row_index" not in self.generation:  # built once per generation batch: a dict look-up per row
+            rows = torch.cat([local["prompt_ids"], local["completion_ids"]], 1)
+            self.generation["row_index"] = _row_index(rows, local["advantages"])
+        where, taken, picked = self.generation["row_index"], {}, []
+        for key in _row_keys(ids, advantages):  # identical rows take the generation's copies in order
+            n = taken.get(key, 0)
+            if n >= len(where.get(key, ())):
                 raise RuntimeError("CaptureCallback: a micro-batch row is not in the kept generation batch")
-            free.remove(match)
-            picked.append(match)
+            taken[key] = n + 1
+            picked.append(where[key][n])
         index = micro - self.generation["first_micro_batch"]
         self.current["micro_batches"].append({"rows": picked, "index": index % S, "pass": index // S})
 
@@ -285,16 +348,21 @@ class CaptureCallback(TrainerCallback):
         """Step k's own numbers, as TRL logs them with logging_steps=1: the loss (the micro-batches' sum, the
         mean over processes), grad_norm, and each metric TRL appended during the step, averaged."""
         t = self.trainer
-        out = {}
-        for key, values in t._metrics["train"].items():
-            same, length = self.marks.get(key, (id(values), 0))
-            new = values[length:] if same == id(values) else values  # TRL replaces num_tokens' list
-            if new:
-                out[key] = mean_like_trl_log([float(v) for v in new])
+        out = {key: mean_like_trl_log([float(v) for v in new]) for key, new in self._new_metrics().items()}
         loss = torch.tensor([sum(capture["losses"])], device=t.accelerator.device)
         out["loss"] = t.accelerator.gather(loss).mean().item()
         if capture["grad_norm"] is not None:
             out["grad_norm"] = capture["grad_norm"]
+        return out
+
+    def _new_metrics(self) -> dict[str, list]:
+        """Each metric's values TRL appended since the step began."""
+        out = {}
+        for key, values in self.trainer._metrics["train"].items():
+            same, length = self.marks.get(key, (id(values), 0))
+            new = values[length:] if same == id(values) else values  # TRL replaces num_tokens' list
+            if new:
+                out[key] = new
         return out
 
     def _trainer_logps(self, capture: dict) -> torch.Tensor:
@@ -339,7 +407,8 @@ class CaptureCallback(TrainerCallback):
                 policy_note=note,
                 path=path.resolve(),
                 reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
-            ),
+            )
+            + trigger_note(capture["trigger"]),
         )
         write_checksums(path)  # last: every file the capture wrote, which reading it verifies first
         return path
@@ -399,4 +468,30 @@ class CaptureCallback(TrainerCallback):
             "schedule": schedule,
             "step_metrics": jsonable(capture["step_metrics"]),
             "logged": None,
+            "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
         }
+
+
+def trigger_note(trigger: list[dict] | None) -> str:
+    """The README's paragraph on why the step was written, where a trigger wrote it (`FlightRecorder`)."""
+    if not trigger:
+        return ""
+    reasons = "\n".join(f"- `{r['id']}` ({r['severity']}): {r['summary']}" for r in trigger)
+    return (
+        "\n## Why this step was captured\n\n`grpo_debug.capture.FlightRecorder` wrote it when, before the "
+        f"optimizer stepped, it saw (capture.json's `trigger`):\n\n{reasons}\n"
+    )
+
+
+def _row_keys(ids: torch.Tensor, advantages: torch.Tensor) -> list[bytes]:
+    """Each row's token ids and advantage as bytes: equal keys, equal rows (both tensors on the CPU)."""
+    ids, advantages = ids.contiguous().numpy(), advantages.float().contiguous().numpy()
+    return [row.tobytes() + adv.tobytes() for row, adv in zip(ids, advantages)]
+
+
+def _row_index(rows: torch.Tensor, advantages: torch.Tensor) -> dict[bytes, list[int]]:
+    """Where each distinct row of the generation batch is, in generation order."""
+    where: dict[bytes, list[int]] = {}
+    for j, key in enumerate(_row_keys(rows, advantages)):
+        where.setdefault(key, []).append(j)
+    return where
