@@ -153,6 +153,8 @@ def test_every_spec_default_is_the_config_default():
 
     cfg = StepConfig()
     spec = loss_spec_of(cfg)
-    assert LossSpec(max_completion_length=spec.max_completion_length) == spec, "LossSpec's defaults are not the config's"
+    assert LossSpec(max_completion_length=spec.max_completion_length) == spec, (
+        "LossSpec's defaults are not the config's"
+    )
     assert Scoring(temperature=cfg.temperature) == scoring_of(cfg), "Scoring's defaults are not the config's"
     assert Optimization() == optimization_of(cfg), "Optimization's defaults are not the config's"
