@@ -132,3 +132,82 @@ if not absolute_positions(step.policy):
 # `grpo_debug.task.register_task`, which also brings validation and test prompts. Without it those
 # cells stop with an error that says so. The prose describes the bundled step; the checks that hold only
 # there are skipped under a capture.
+
+# %% [markdown]
+# ## A run you cannot stop to ask: the flight recorder
+#
+# A capture by step number needs the step in advance. `FlightRecorder` watches every optimizer step instead:
+# TRL's own metrics for the step and the doctor's cheap findings (none needs another forward pass), one JSON
+# line each in `health.jsonl`, and it captures a step whole, as above, when a finding's severity rises,
+# grad_norm spikes or the reward collapses:
+#
+# ```python
+# from grpo_debug.capture import FlightRecorder
+# trainer.add_callback(FlightRecorder("flight"))     # flight/health.jsonl, flight/step-<k>/
+# ```
+#
+# and `python -m grpo_debug timeline flight --html run.html --doctor` draws the run. Below, a 4-step TRL run of
+# the bundled model on its P: prompts whose reward function breaks at step 3: from then on it returns 0.5
+# for every completion, as a reward whose check every completion passes would.
+
+# %% tags=["nbval-ignore-output"]
+import dataclasses
+
+from grpo_debug.capture import FlightRecorder
+from grpo_debug.task import load_task
+
+BREAKS_AT = 3
+
+
+def breaks_at(reward, step: int):
+    """`reward` until optimizer step `step`, then 0.5 for every completion (TRL passes `trainer_state`)."""
+
+    def broken(prompts, completions, trainer_state=None, **kwargs):
+        if trainer_state.global_step + 1 >= step:
+            return [0.5] * len(completions)
+        return reward(prompts, completions, **kwargs)
+
+    broken.__name__ = reward.__name__
+    return broken
+
+
+run_dir = Path(tempfile.mkdtemp(prefix="grpo_debug_flight_"))
+flight_cfg = StepConfig.preset("trl", task="policy", num_prompts=4, num_generations=4, max_new_tokens=48)
+task = load_task("policy")
+task = dataclasses.replace(task, reward_funcs=[breaks_at(f, BREAKS_AT) for f in task.reward_funcs])
+trainer = trl_trainer(flight_cfg, str(run_dir / "run"), task, max_steps=4)
+trainer.add_callback(FlightRecorder(run_dir / "flight"))
+trainer.train()
+
+# %%
+from grpo_debug.show.timeline import read_run
+
+flight = read_run(run_dir / "flight")
+health = pd.DataFrame([{"step": line["step"], "reward": line["metrics"]["reward"],
+                        "frac_reward_zero_std": line["metrics"]["frac_reward_zero_std"],
+                        "grad_norm": line["metrics"]["grad_norm"],
+                        **{f"{id}": f["severity"] for id, f in line["findings"].items()
+                           if id in ("zero_std_groups", "constant_reward", "truncation")},
+                        "captured": line["capture"] or ""} for line in flight.lines]).set_index("step")
+for k, entry in flight.captures.items():
+    print(f"step {k} captured: " + "; ".join(f"{r['id']} ({r['severity']})" for r in entry["trigger"]))
+health
+
+# %% tags=["nbval-ignore-output"]
+from IPython.display import HTML
+
+from grpo_debug.show.timeline import page
+
+HTML(page(flight, run_dir / "run.html"))  # the run page, as `timeline` writes it
+
+# %% [markdown]
+# **What to notice.** Every step has its line; the step where the reward breaks is the one captured, for the
+# reason the doctor gives (every group's rewards equal: no advantage, no gradient), and it is a capture like the
+# one above: `open_capture(run_dir / "flight" / "step-3", TASK)` opens it. The condition persists at step 4 and is
+# not captured again: a rise in severity triggers, not its staying there.
+
+# %%
+assert BREAKS_AT in flight.captures, f"the step where the reward breaks was not captured: {sorted(flight.captures)}"
+assert "constant_reward" in {r["id"] for r in flight.captures[BREAKS_AT]["trigger"]}
+assert BREAKS_AT + 1 not in flight.captures, "a persisting condition triggered twice"
+assert health.loc[BREAKS_AT, "frac_reward_zero_std"] == 1.0
