@@ -323,8 +323,8 @@ worst_gap = gaps.mean()
 # Section 4's sum is TRL 1.16's: its sequence modes exponentiate the sum of the tokens' log-ratios. GSPO's
 # sequence ratio, and TRL's own policy ratio at `importance_sampling_level="sequence"`, take their mean
 # (1/|y|), which stays near 1 at any length when the tokens agree on average. TRL issue #5814 measured the
-# correction's mean weight at 0.57 with the sum and 0.99 with the mean on one run (PR #5815 proposes the
-# mean). The toggle `vllm_importance_sampling_aggregation` (the `trl` preset's "sum", `fixed`'s "mean") is
+# correction's mean weight well below 1 with the sum and near 1 with the mean on one real run (PR #5815
+# proposes the mean). The toggle `vllm_importance_sampling_aggregation` (the `trl` preset's "sum", `fixed`'s "mean") is
 # flipped below on one step with the correction on (sequence_mask, bounds [1/3, 3]): on the bundled task
 # sampled with top_p 0.8 and scored over the full vocabulary (section 4's downward drift), or on your
 # capture re-scored in the other precision. The doctor names it `sequence_ratio_sum` where the sum alone

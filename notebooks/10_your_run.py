@@ -206,6 +206,11 @@ HTML(page(flight, run_dir / "run.html"))  # the run page, as `timeline` writes i
 # one above: `open_capture(run_dir / "flight" / "step-3", TASK)` opens it. The condition persists at step 4 and is
 # not captured again: a rise in severity triggers, not its staying there.
 
+# %% [markdown]
+# ## Checks
+#
+# The claims the sentences above make, checked against the numbers the cells computed.
+
 # %%
 assert BREAKS_AT in flight.captures, f"the step where the reward breaks was not captured: {sorted(flight.captures)}"
 assert "constant_reward" in {r["id"] for r in flight.captures[BREAKS_AT]["trigger"]}

@@ -35,7 +35,7 @@ def loss_value_at_ratio_one(run: StepRun) -> float:
 def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -> dict[str, dict[str, np.ndarray]]:
     """d loss / d logp that one token receives from each loss type at each ratio pi / pi_old, for A = +1 and
     A = -1: a batch of one-token sequences with old_logp = 0 and logp = log(ratio), one per ratio, the
-    normalisation (1 / number of sequences) undone."""
+    normalisation (1 / number of sequences) undone. The policy term alone: no reference, so beta is 0."""
     out = {}
     old = torch.zeros(len(ratios), 1)
     for loss_type in loss_types:
@@ -48,7 +48,7 @@ def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -
                 None,
                 torch.full((len(ratios),), value),
                 torch.ones_like(old),
-                **{**spec, "loss_type": loss_type},
+                **{**spec, "loss_type": loss_type, "beta": 0.0},
             ).loss
             (grad,) = torch.autograd.grad(loss, logps)
             out[loss_type][sign] = (grad[:, 0] * len(ratios)).numpy()
