@@ -152,19 +152,14 @@ def main() -> None:
     sizes, repeats = sizes_and_repeats(args)
     report = {"threads": args.threads, "torch": torch.__version__, "quick": args.quick}
 
-    if args.only_vs_trl:
-        bundled = StepConfig(**sizes)
-        step = GRPOStep(bundled)
-        profile_step(step, bundled)  # warm-up
-        report["vs_trl_8x8_mixed"] = vs_trl(step, bundled, repeats)
-        print(json.dumps(report, indent=1))
-        return
-
+    only = {"vs_trl_8x8_mixed": vs_trl} if args.only_vs_trl else {}
     if args.only_num_iterations:
+        only["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost
+    if only:  # one measurement on the bundled default config alone
         bundled = StepConfig(**sizes)
         step = GRPOStep(bundled)
         profile_step(step, bundled)  # warm-up
-        report["num_iterations_2_vs_1_8x8_mixed"] = num_iterations_cost(step, bundled, repeats)
+        report.update({key: measure(step, bundled, repeats) for key, measure in only.items()})
         print(json.dumps(report, indent=1))
         return
 
