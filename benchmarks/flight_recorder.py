@@ -37,8 +37,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 from grpo_debug.capture import FlightRecorder
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.files import DEFAULT_MODEL
 from grpo_debug.model import load_model
-from grpo_debug.paths import DEFAULT_MODEL
 
 
 class StepClock(TrainerCallback):

@@ -22,8 +22,8 @@ import torch
 from common import QUICK_SET, add_quick
 
 from grpo_debug.config import StepConfig
+from grpo_debug.files import DATA_DIR
 from grpo_debug.overrides import parse_overrides
-from grpo_debug.paths import DATA_DIR
 from grpo_debug.runs.arms import parse_arm
 from grpo_debug.runs.train import train
 

@@ -33,9 +33,9 @@ from common import QUICK_SET, add_quick
 from IPython.core.pylabtools import print_figure
 
 from grpo_debug.config import PHASES, StepConfig
-from grpo_debug.notebook import setup
 from grpo_debug.overrides import parse_overrides
 from grpo_debug.step import GRPOStep, StepRun
+from grpo_debug.ui.notebook import setup
 from grpo_debug.ui.tables import per_sample
 from grpo_debug.ui.widgets import CHOICES, DEFAULT_FIELDS, FIGURES, OPTIONAL, SLIDERS, StepPanel, apply_change, options
 

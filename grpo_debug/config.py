@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from . import choices
-from .paths import DEFAULT_MODEL
+from .files import DEFAULT_MODEL
 from .presets import PRESET_SAMPLING, PRESETS
 from .task import REGISTERED_TASKS
 

@@ -1,9 +1,16 @@
-"""Writing a file so that a reader only ever sees the old version or the whole new one."""
+"""Files: where the bundled data and model live, and writing a file so that a reader only ever sees the old
+version or the whole new one. GRPO_DEBUG_MODEL overrides the default model (a folder or hub id)."""
 
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = ROOT / "data"
+DEFAULT_MODEL_DIR = DATA_DIR / "models" / "rookworld-tiny"
+DEFAULT_MODEL = os.environ.get("GRPO_DEBUG_MODEL", str(DEFAULT_MODEL_DIR))
+HUB_MODEL = "jrahn/RookWorld-LM-124M"
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .paths import DEFAULT_MODEL, DEFAULT_MODEL_DIR, HUB_MODEL
+from .files import DEFAULT_MODEL, DEFAULT_MODEL_DIR, HUB_MODEL
 
 
 class ModelUnavailable(RuntimeError):

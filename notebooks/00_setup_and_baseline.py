@@ -22,7 +22,7 @@
 # (`MODEL`), or on a step captured from your own TRL run (`CAPTURE`); none relies on state from another.
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -66,8 +66,8 @@ for prompt, truth in examples:
 # just the phases a change touches.
 
 # %%
-from grpo_debug.notebook import show_source
 from grpo_debug.reference_step import grpo_step
+from grpo_debug.ui.notebook import show_source
 
 show_source(grpo_step)
 

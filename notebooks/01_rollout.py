@@ -25,13 +25,13 @@
 # values once per group instead: the same samples, tested):
 
 # %%
-from grpo_debug.notebook import show_source
 from grpo_debug.rollout import sample
+from grpo_debug.ui.notebook import show_source
 
 show_source(sample)
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

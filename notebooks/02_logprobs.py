@@ -39,13 +39,13 @@
 # `Scoring`.
 
 # %%
-from grpo_debug.notebook import show_source
 from grpo_debug.scoring import completion_logits, per_token_logps, token_logps
+from grpo_debug.ui.notebook import show_source
 
 show_source(per_token_logps, completion_logits, token_logps)
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -26,13 +26,13 @@
 # (`f(prompts, completions) -> list[float]`, with weights); the rewards phase sums them as TRL does:
 
 # %%
-from grpo_debug.notebook import show_source
 from grpo_debug.rewards import compute_rewards
+from grpo_debug.ui.notebook import show_source
 
 show_source(compute_rewards)
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -22,7 +22,7 @@
 # full-size advantages (phantom advantages): `std_floor` clamps the std from below.
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -40,7 +40,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)
 import torch
 
 from grpo_debug.advantages import compute_advantages
-from grpo_debug.notebook import show_source
+from grpo_debug.ui.notebook import show_source
 
 show_source(compute_advantages)
 run = step.run(cfg, until="advantages")

@@ -23,7 +23,7 @@
 # and the lengths only, while its gradient does not vanish.
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -47,8 +47,8 @@ import dataclasses
 import torch
 
 from grpo_debug.loss import compute_loss
-from grpo_debug.notebook import show_source
 from grpo_debug.specs import loss_spec_of
+from grpo_debug.ui.notebook import show_source
 
 show_source(compute_loss)
 lp, advantages = run.logprobs, run.advantages.values

@@ -36,7 +36,7 @@
 # `tests/test_offpolicy_parity.py` (values and gradients within 1e-6, every loss type and option).
 
 # %%
-from grpo_debug.notebook import open_step, show_source
+from grpo_debug.ui.notebook import open_step, show_source
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -25,7 +25,7 @@
 # sampler kept (`logprob_support="sampler_support"`).
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -287,7 +287,7 @@ sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_n
 # %%
 import json
 
-from grpo_debug.paths import DATA_DIR
+from grpo_debug.files import DATA_DIR
 
 plan = json.loads((DATA_DIR / "experiments" / "precision_plan.json").read_text())
 result = json.loads((DATA_DIR / "experiments" / "precision.json").read_text())

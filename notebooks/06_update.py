@@ -25,13 +25,13 @@
 # for the per-sample gradient norms (`StepConfig.fast` gets them from layer hooks in the same backward).
 
 # %%
-from grpo_debug.notebook import show_source
+from grpo_debug.ui.notebook import show_source
 from grpo_debug.update import backward, per_sample_norms, update
 
 show_source(update, backward, per_sample_norms)
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

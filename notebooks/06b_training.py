@@ -53,7 +53,7 @@
 # reproduce the stored numbers exactly.
 
 # %%
-from grpo_debug.notebook import setup
+from grpo_debug.ui.notebook import setup
 
 setup()  # one torch thread, as the experiments ran: the same numbers on every run
 
@@ -62,7 +62,7 @@ import json
 
 import pandas as pd
 
-from grpo_debug.paths import DATA_DIR
+from grpo_debug.files import DATA_DIR
 from grpo_debug.runs.comparisons import open_comparison, read_comparisons
 from grpo_debug.runs.results import base_config, difference_curve, last_steps_mean, metric_curve
 from grpo_debug.ui import plots

@@ -31,8 +31,8 @@
 # sampled on `validation` prompts, and every reward measured after an update is measured on `test` prompts.
 
 # %%
-from grpo_debug.notebook import open_step
 from grpo_debug.tracin.specs import specs_of
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

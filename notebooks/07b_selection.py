@@ -23,8 +23,8 @@
 # evaluation (their count is printed).
 
 # %%
-from grpo_debug.notebook import open_step
 from grpo_debug.tracin.specs import specs_of
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -20,7 +20,7 @@
 # failure, and where does the time go?
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

@@ -30,7 +30,7 @@
 # `grpo_debug.ui.passes.passes_under` re-reads only where every earlier pass's token gradients are unchanged).
 
 # %%
-from grpo_debug.notebook import open_step
+from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None

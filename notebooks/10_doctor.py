@@ -28,8 +28,8 @@
 # The same report from the command line: `python -m grpo_debug doctor [CAPTURE] --json out.json --html report.html`.
 
 # %%
-from grpo_debug.notebook import open_step
 from grpo_debug.presets import PRESET_SAMPLING, PRESETS
+from grpo_debug.ui.notebook import open_step
 
 # MODEL: a model folder or hub name (None: the bundled RookWorld-format model). CAPTURE: your captured step
 # ("captures/step-2"), which the doctor then examines. TASK: your reward functions ("my_rewards.py:NAME") or a

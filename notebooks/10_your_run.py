@@ -37,7 +37,7 @@
 # scoring, on the bundled model on CPU. Set `CAPTURE` to your own capture folder to skip it.
 
 # %%
-from grpo_debug.notebook import setup
+from grpo_debug.ui.notebook import setup
 
 setup()  # one torch thread: the same numbers on every run
 

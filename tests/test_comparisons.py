@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from grpo_debug.paths import DATA_DIR, ROOT
+from grpo_debug.files import DATA_DIR, ROOT
 from grpo_debug.runs.comparisons import analyze, comparison_of, open_comparison, read_comparisons, share_of
 
 EXPERIMENTS = DATA_DIR / "experiments"

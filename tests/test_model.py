@@ -7,8 +7,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_debug import load_model
 from grpo_debug.chess.data import load_split, policy_example
+from grpo_debug.files import DEFAULT_MODEL_DIR
 from grpo_debug.model import ModelUnavailable
-from grpo_debug.paths import DEFAULT_MODEL_DIR
 
 CARD = DEFAULT_MODEL_DIR / "README.md"
 

@@ -5,8 +5,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_debug.config import StepConfig
+from grpo_debug.fast.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.loss import Batch, Normalisation, loss_weights
-from grpo_debug.per_sample import PerSampleGradients, SampleGradients
 from grpo_debug.specs import loss_spec_of, optimization_of, scoring_of
 from grpo_debug.speed import kernels
 from grpo_debug.step import GRPOStep
@@ -70,7 +70,7 @@ def test_hooks_equal_the_naive_reference(model_kind, beta, loss_type):
 def test_ghost_products_equal_building_the_gradients():
     """Gram ("ghost") inner products against materialised ones, for every pairing of dense and lookup
     factors that a tied embedding / LM head produces, and the dot with a vector."""
-    from grpo_debug.per_sample import Outer, inner
+    from grpo_debug.fast.per_sample import Outer, inner
 
     g = torch.Generator().manual_seed(0)
     N, T, S, V, d = 3, 7, 5, 11, 4
@@ -90,7 +90,7 @@ def test_ghost_products_equal_building_the_gradients():
 def test_tied_embedding_norms_without_materialising_match_naive_on_a_wide_vocab(call_with):
     """A GPT-2 whose vocabulary is much wider than a sequence: the tied wte / lm_head take the ghost path.
     GPT-2 builds (1, T) position ids itself here, with token ids or with embeddings passed in."""
-    from grpo_debug.per_sample import Outer, _ghost_is_cheaper
+    from grpo_debug.fast.per_sample import Outer, _ghost_is_cheaper
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=48, n_layer=1, n_head=2)).eval()

@@ -16,7 +16,7 @@ CORE_EXCLUDED = (
     "grpo_debug.runs.train",
     "grpo_debug.runs.arms",
     "grpo_debug.__main__",
-    "grpo_debug.notebook",
+    "grpo_debug.ui.notebook",
 )
 
 

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..files import DATA_DIR, DEFAULT_MODEL_DIR
 from ..model import load_model
-from ..paths import DATA_DIR, DEFAULT_MODEL_DIR
 from .quality import FLOORS, floor_metrics
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import chess
 from tqdm import tqdm
 
-from ..paths import DATA_DIR
+from ..files import DATA_DIR
 from .engine import PositionAnalysis, Stockfish
 from .format import (
     HISTORY_LENGTH,

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from ..paths import DEFAULT_MODEL_DIR
+from ..files import DEFAULT_MODEL_DIR
 from .data import env_example, load_split, policy_example
 from .tokenizer import train_tokenizer
 

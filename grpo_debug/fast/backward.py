@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from ..per_sample import PerSampleGradients, SampleGradients, materialize
+from .per_sample import PerSampleGradients, SampleGradients, materialize
 
 
 def conv1d_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -1,5 +1,5 @@
 """TracIn influence of each training sample on a validation loss (its per-sample gradients:
-`grpo_debug.per_sample`, which the update's fast path uses too).
+`grpo_debug.fast.per_sample`, which the update's fast path uses too).
 
 influence    validation losses and sets, parameter sets, the influence scores (cached behind the panel:
              `ui.influence`)

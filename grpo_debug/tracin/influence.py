@@ -33,9 +33,9 @@ import torch
 from ..advantages import normalize_over_set
 from ..choices import VAL_LOSSES, VAL_SOURCES
 from ..fast.backward import conv1d_weights, no_autograd_for
+from ..fast.per_sample import PerSampleGradients, SampleGradients
 from ..logprobs import TokenLogProbs
 from ..loss import Batch, Normalisation, loss_weights
-from ..per_sample import PerSampleGradients, SampleGradients
 from ..rollout import ROWS_PER_PASS, Rollout, row_chunks
 from ..step import StepRun
 from ..update import DROPOUT_SEED, scored_rows_loss

@@ -16,7 +16,7 @@ import torch
 from IPython.display import display
 
 from ..config import PHASES, StepConfig
-from ..per_sample import SampleGradients
+from ..fast.per_sample import SampleGradients
 from ..stats import spearman
 from ..tracin.influence import (
     PARAMETER_SETS,

@@ -160,7 +160,7 @@ class PerSampleGradients:
         if unruled:
             raise ValueError(
                 f"no per-sample gradient rule for the trainable parameters of {', '.join(unruled)}: "
-                "freeze them (requires_grad_(False)) or add a rule to grpo_debug/per_sample.py"
+                "freeze them (requires_grad_(False)) or add a rule to grpo_debug/fast/per_sample.py"
             )
         self.handles.append(self.model.register_forward_pre_hook(self._batch_size, with_kwargs=True))
         for module in self.model.modules():

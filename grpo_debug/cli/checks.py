@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from .config import StepConfig
-from .overrides import parse_overrides
+from ..config import StepConfig
+from ..overrides import parse_overrides
 
 
 def check_outputs(parser, args) -> None:
@@ -19,7 +19,7 @@ def check_outputs(parser, args) -> None:
 def check_prompts(cfg: StepConfig) -> None:
     """The task holds the prompts the step asks for (num_prompts after prompt_offset, eval_prompts), checked
     before the model loads."""
-    from .task import check_prompt_counts
+    from ..task import check_prompt_counts
 
     check_prompt_counts(
         cfg.task,

@@ -39,10 +39,10 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
       only by the cells that sample new completions (evaluation, validation sets).
     - otherwise `StepConfig(model=..., **fields)` on the bundled model unless `model` names another (a folder,
       or a hub name where the hub is reachable), on the task `task` (default: the bundled chess task)."""
-    from .capture.opening import open_capture
-    from .config import StepConfig
-    from .paths import DEFAULT_MODEL
-    from .step import GRPOStep
+    from ..capture.opening import open_capture
+    from ..config import StepConfig
+    from ..files import DEFAULT_MODEL
+    from ..step import GRPOStep
 
     setup()
     if capture is not None:

@@ -1,0 +1,485 @@
+"""`python -m grpo_debug step [--set key=value ...] [--json out.json] [--html tokens.html]`: one GRPO step,
+phase by phase (`--html`: every token of it on one standalone page, `grpo_debug.show.token_page`).
+`python -m grpo_debug train --steps K --arm NAME[:key=value,...] ... --seeds S --json out.json`: short
+training runs, arms paired by seed (`grpo_debug.runs.train`).
+`python -m grpo_debug replay CAPTURE [--task file.py:NAME] [--set ...]`: a step captured from a TRL run, replayed.
+`python -m grpo_debug doctor [CAPTURE] [--task ...] [--json out.json] [--html report.html]`: why the step does not
+learn, ranked (`grpo_debug.doctor`).
+`python -m grpo_debug timeline RUN_DIR --html run.html [--doctor]`: the health of every step of a run that
+`FlightRecorder` watched, its captured steps marked and linked (`grpo_debug.show.timeline`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from ..choices import ARM_NAMES
+from ..config import PRESETS, StepConfig
+from ..overrides import describe_fields, parse_overrides
+from .checks import capture_overrides, check_outputs, check_prompts, check_writable
+
+# torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
+# answered before they load
+
+
+TASK_HELP = (
+    "your reward functions, as open_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
+    "task; without it the captured rewards are replayed"
+)
+
+
+def add_set(parser, help: str) -> None:
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help=help)
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def train_command(parser, args) -> int:
+    try:
+        base = StepConfig(**parse_overrides(args.set))
+    except ValueError as e:
+        parser.error(str(e))
+    from ..runs.arms import check_plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
+
+    try:
+        arms = [parse_arm(a) for a in args.arm]
+        check_plan(
+            arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts, args.first_seed
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    check_writable(parser, args.json)
+    _threads(args.threads)
+    from ..runs.progress import remove_progress
+    from ..runs.train import train
+
+    progress = f"{args.json}.progress.jsonl"
+    try:
+        results = train(
+            arms,
+            args.steps,
+            args.seeds,
+            base,
+            args.eval_every,
+            args.eval_prompts,
+            args.train_prompts,
+            progress,
+            show_progress=not args.no_progress,
+            keep_progress=True,
+            first_seed=args.first_seed,
+        )
+    except (ValueError, RuntimeError, OSError) as e:  # OSError: a full disk, named by write_atomically
+        parser.error(str(e))
+    results["command"] = (
+        "python -m grpo_debug train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["train"]
+        else None
+    )
+    try:
+        write_json(args.json, results)  # the result is on disk before its progress is removed
+    except OSError as e:
+        parser.error(f"{e}; the progress file {progress} is kept: run the same command again to write it")
+    if not args.keep_progress:
+        remove_progress(progress)
+    print(summary_table(results))
+    return 0
+
+
+def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None:
+    """`--html`: every token of the run on one standalone page (`grpo_debug.show.token_page`)."""
+    from ..files import write_text_atomically
+    from ..show.token_page import render_page, token_values
+
+    try:
+        write_text_atomically(path, render_page(token_values(run, tokenizer, title)))
+    except OSError as e:
+        parser.error(str(e))
+    print(f"every token of the step: {path}")
+
+
+def write_json(path: str, value) -> None:
+    """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
+    from ..files import write_atomically
+    from ..runs.results import strict_json
+
+    write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
+
+
+def analyze_command(parser, args) -> int:
+    """Every verdict of committed training results, recomputed from their records (grpo_debug.stats), in the
+    families of the comparison a file belongs to (grpo_debug.runs.comparisons); --write stores them."""
+    from ..runs.comparisons import analyze
+
+    for path in args.paths:
+        try:
+            results, writes = analyze(path)
+        except (OSError, ValueError, KeyError) as e:
+            parser.error(f"{path}: {e}")
+        if "comparison" in results:
+            files = ", ".join(results["files"])
+            print(f"{path} is read in comparison {results['comparison']!r} ({files}): {results['question']}")
+        print(summary_table(results))
+        if args.write:
+            for file, value in writes.items():
+                write_json(file, value)
+    return 0
+
+
+def replay_command(parser, args) -> int:
+    overrides = capture_overrides(parser, args)
+    check_outputs(parser, args)
+    _threads(args.threads)
+    from ..capture.opening import open_capture
+    from ..capture.replay import reproduction
+    from ..model import ModelUnavailable
+
+    try:
+        step = open_capture(args.path, args.task, **overrides)
+    except (ValueError, ModelUnavailable, OSError) as e:
+        parser.error(str(e))
+    run = step.run(until="update")
+    out = reproduction(run, step.capture, step.policy, step)
+    print(f"step {out['step']} of the captured run, replayed ({', '.join(args.set) or 'as captured'})")
+    print(f"{'metric':26s} {out['logged_source']:>22s} {'replayed':>14s} {'difference':>12s}")
+    for k in out["logged"]:
+        print(f"{k:26s} {out['logged'][k]:22.6g} {out['replayed'][k]:14.6g} {out['difference'][k]:12.3g}")
+    if out["logps"]["rows_compared"]:
+        print(
+            f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
+            f"mean {out['logps']['mean_abs_difference']:.3g}"
+        )
+    for name, verdict in out["causes"].items():
+        print(f"{name:14s} {verdict}")
+    for name, what in out["pitfalls"].items():
+        print(f"pitfall: {name:12s} {what}")
+    if args.json:
+        from ..files import write_atomically
+
+        try:
+            write_atomically(args.json, lambda f: json.dump(out, f, indent=1))
+        except OSError as e:
+            parser.error(str(e))
+    if args.html:
+        title = f"every token of step {out['step']} of {args.path} ({', '.join(args.set) or 'as captured'})"
+        write_token_page(parser, args.html, run, step.loaded.tokenizer, title)
+    return 0
+
+
+def doctor_command(parser, args) -> int:
+    """Every detector on the step (a capture, or the bundled step), each cause flipped on it, ranked."""
+    try:
+        overrides = capture_overrides(parser, args) if args.path else parse_overrides(args.set)
+        cfg = None if args.path else StepConfig(**overrides)
+        if cfg:
+            check_prompts(cfg)
+    except ValueError as e:
+        parser.error(str(e))
+    check_outputs(parser, args)
+    _threads(args.threads)
+    from ..capture.opening import open_capture
+    from ..doctor import diagnose
+    from ..doctor.present import page, text
+    from ..model import ModelUnavailable
+    from ..step import GRPOStep
+
+    try:
+        step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
+        report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
+    except (ValueError, ModelUnavailable, OSError) as e:
+        parser.error(str(e))
+    print(text(report))
+    try:
+        if args.json:
+            write_json(args.json, report.to_json())
+        if args.html:
+            from ..files import write_text_atomically
+
+            write_text_atomically(args.html, page(report, f"grpo-debug doctor: {args.path or 'the bundled step'}"))
+    except OSError as e:
+        parser.error(str(e))
+    return 0
+
+
+def timeline_command(parser, args) -> int:
+    """The run page of a FlightRecorder folder; `--doctor`: first the doctor's report on each captured step
+    that has none (RUN_DIR/reports/step-<k>.html), which the page links to."""
+    if (args.task or args.no_flip) and not args.doctor:
+        parser.error("--task and --no-flip are the doctor's: add --doctor")
+    check_writable(parser, args.html, "--html")
+    from ..files import write_text_atomically
+    from ..show.timeline import page, read_run, report_path
+
+    try:
+        run = read_run(args.path)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.doctor:
+        _threads(args.threads)
+        for step in sorted(run.captures):
+            if not report_path(run, step).is_file():
+                write_doctor_page(run.captures[step]["folder"], report_path(run, step), args)
+    try:
+        write_text_atomically(args.html, page(run, Path(args.html)))
+    except OSError as e:
+        parser.error(str(e))
+    print(f"{len(run.lines)} steps, {len(run.captures)} captured: {args.html}")
+    return 0
+
+
+def write_doctor_page(capture, path, args) -> None:
+    """The doctor's page on one capture, as `python -m grpo_debug doctor CAPTURE --html PATH` writes it; where it
+    cannot be made (a capture without weights, a --task that does not load), said on stderr."""
+    from ..capture.opening import open_capture
+    from ..doctor import diagnose
+    from ..doctor.present import page
+    from ..files import write_text_atomically
+    from ..model import ModelUnavailable
+
+    try:
+        report = diagnose(open_capture(str(capture), args.task), flip=not args.no_flip)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, page(report, f"grpo-debug doctor: {capture}"))
+    except (ValueError, ModelUnavailable, OSError) as e:  # one capture the doctor cannot open: the page still comes
+        print(f"no doctor's report on {capture}: {e}", file=sys.stderr)
+        return
+    print(f"the doctor on {capture}: {path}")
+
+
+def summary_table(results: dict) -> str:
+    """The held-out reward per arm after K steps, then each family of verdicts with its correction."""
+    fmt = lambda d: (
+        f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+        if d["ci_low"] is not None
+        else f"{d['mean']:+.4f} (no interval)"
+    )
+    summary = results["summary"]
+    lines = [
+        f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
+        "test prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"
+    ]
+    for arm, row in summary.items():
+        start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"
+        lines.append(
+            f"  {arm:18s} start {start}  final {fmt(row['reward_final'])} "
+            f"({row['reward_final']['n_seeds']} distinct seed(s))"
+        )
+    families: dict[str, list[tuple[str, dict]]] = {}
+    for arm, row in summary.items():
+        for value in row.values():
+            if isinstance(value, dict) and "family" in value:
+                families.setdefault(value["family"], []).append((arm, value))
+    for name, members in families.items():
+        size = members[0][1]["family_size"]
+        lines.append(
+            f"family: {name} ({size} verdict(s); intervals at {100 * members[0][1]['level']:.2f}% "
+            "(Bonferroni), Holm's adjusted p)"
+        )
+        for arm, value in members:
+            holm = "-" if value["holm_p"] is None else f"{value['holm_p']:.3g}"
+            label = f"{arm} - {value['other']}" if "other" in value else arm
+            lines.append(f"  {label:18s} {value['verdict']}  (Holm p {holm})")
+    return "\n".join(lines)
+
+
+HTML_HELP = (
+    "write every completion token to this standalone HTML page, coloured by advantage, ratio, KL, entropy, "
+    "d loss / d logp or the mask (a selector switches), every value on hover"
+)
+
+
+def add_step_parser(sub) -> None:
+    step = sub.add_parser(
+        "step",
+        help="run one GRPO step and print a phase-by-phase report",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="StepConfig keys for --set (KEY=VALUE):\n" + describe_fields(),
+    )
+    step.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="fixed",
+        help="fixed: every fix on; trl: what TRL 1.16's GRPOTrainer computes with a default GRPOConfig",
+    )
+    add_set(step, "StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1")
+    step.add_argument("--json", help="write every number to this file")
+    step.add_argument("--html", help=HTML_HELP)
+    step.add_argument("--threads", type=int, default=1)
+
+
+def add_train_parser(sub) -> None:
+    tr = sub.add_parser(
+        "train",
+        help="K GRPO steps per arm, arms paired by seed, held-out reward every E steps",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="named arms: " + ", ".join(ARM_NAMES) + "\nStepConfig keys for --set and arm changes "
+        "(KEY=VALUE):\n" + describe_fields(),
+    )
+    tr.add_argument("--steps", type=int, required=True, help="K, GRPO steps per arm and seed")
+    tr.add_argument(
+        "--arm",
+        action="append",
+        required=True,
+        metavar="NAME[:key=value,...]",
+        help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
+        "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=",
+    )
+    tr.add_argument("--seeds", type=int, default=1, help="S, seeds per arm (paired across arms)")
+    tr.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used",
+    )
+    add_set(tr, "StepConfig changes for every arm")
+    tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
+    tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")
+    tr.add_argument(
+        "--train-prompts",
+        type=int,
+        default=128,
+        help="training prompts cycled through, B per step (the bundled chess tasks have 128)",
+    )
+    tr.add_argument(
+        "--json", required=True, help="the results; the progress file is PATH.progress.jsonl, resumed when it exists"
+    )
+    tr.add_argument("--threads", type=int, default=1)
+    tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    tr.add_argument(
+        "--keep-progress",
+        action="store_true",
+        help="keep the progress file and its checkpoints once done: a later run with a larger --steps "
+        "then resumes from them instead of starting over",
+    )
+
+
+def add_analyze_and_replay_parsers(sub) -> None:
+    an = sub.add_parser(
+        "analyze",
+        help="recompute the verdicts of training results (train's --json) from their "
+        "records: intervals for seeds crossed with test prompts, each family corrected",
+    )
+    an.add_argument("paths", nargs="+", help="JSON files written by train")
+    an.add_argument("--write", action="store_true", help="write the recomputed summary back (strict JSON)")
+    rp = sub.add_parser(
+        "replay",
+        help="open a step captured from a TRL run (grpo_debug.capture) and compare "
+        "our recomputation with what TRL logged",
+    )
+    rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
+    add_set(rp, "StepConfig changes on top of the capture's config (not rollout fields)")
+    rp.add_argument("--task", help=TASK_HELP)
+    rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
+    rp.add_argument("--html", help=HTML_HELP)
+    rp.add_argument("--threads", type=int, default=1)
+
+
+def add_doctor_parser(sub) -> None:
+    dr = sub.add_parser(
+        "doctor",
+        help="why a step does not learn: every detector on the step, each cause flipped on it, ranked",
+    )
+    dr.add_argument("path", nargs="?", help="a capture folder, e.g. captures/step-2 (none: the bundled step)")
+    dr.add_argument("--task", help=TASK_HELP)
+    add_set(dr, "StepConfig changes (on a capture: not rollout fields)")
+    dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
+    dr.add_argument("--html", help="write the report as one standalone page")
+    dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
+    dr.add_argument(
+        "--held-out",
+        type=int,
+        metavar="N",
+        help="score each flip's update on N held-out test prompts, paired with the update as run (default: 16, "
+        "at most the config's eval_prompts, where the task has a held-out set; 0: skip)",
+    )
+    dr.add_argument("--threads", type=int, default=1)
+
+
+def add_timeline_parser(sub) -> None:
+    tl = sub.add_parser(
+        "timeline",
+        help="the health of every step of a run that FlightRecorder watched, as one standalone HTML page",
+    )
+    tl.add_argument("path", help="FlightRecorder's out_dir (it holds health.jsonl and the step-<k>/ captures)")
+    tl.add_argument("--html", required=True, help="write the page here")
+    tl.add_argument(
+        "--doctor",
+        action="store_true",
+        help="first run the doctor on each captured step without a report (RUN_DIR/reports/step-<k>.html)",
+    )
+    tl.add_argument("--task", help=TASK_HELP + " (with --doctor)")
+    tl.add_argument("--no-flip", action="store_true", help="with --doctor: detect only, no counterfactual flips")
+    tl.add_argument("--threads", type=int, default=1)
+
+
+def step_command(parser, args) -> int:
+    try:
+        cfg = StepConfig.preset(args.preset, **parse_overrides(args.set))
+        check_prompts(cfg)
+    except ValueError as e:
+        parser.error(str(e))
+    check_outputs(parser, args)
+    _threads(args.threads)
+    from ..model import ModelUnavailable
+    from ..show.report import report, step_json
+    from ..step import GRPOStep
+
+    try:
+        step_ = GRPOStep(cfg)
+        run = step_.run()
+    except (ValueError, ModelUnavailable, OSError) as e:  # what only the model or the task can check
+        parser.error(str(e))
+    print(report(run))
+    if args.json:
+        try:
+            write_json(args.json, step_json(run))
+        except OSError as e:
+            parser.error(str(e))
+    if args.html:
+        write_token_page(parser, args.html, run, step_.loaded.tokenizer)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        add_step_parser,
+        add_train_parser,
+        add_analyze_and_replay_parsers,
+        add_doctor_parser,
+        add_timeline_parser,
+    ):
+        add(sub)
+    args = parser.parse_args(argv)
+    if getattr(args, "threads", 1) < 1:
+        parser.error(f"--threads {args.threads}: at least 1")
+    if (getattr(args, "held_out", None) or 0) < 0:
+        parser.error(f"--held-out {args.held_out}: at least 0")
+    if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
+        parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
+    commands = {
+        "step": step_command,
+        "train": train_command,
+        "analyze": analyze_command,
+        "replay": replay_command,
+        "doctor": doctor_command,
+        "timeline": timeline_command,
+    }
+    return commands[args.command](parser, args)
+
+
+def run_main() -> int:
+    """`main`, quiet when the reader of its output goes away (`analyze FILE | head`): no traceback."""
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own advice: no second error
+        return 1
