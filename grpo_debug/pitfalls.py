@@ -55,7 +55,7 @@ PITFALLS: dict[str, Pitfall] = {
         ),
         _p(
             "length_reward",
-            "the reward rises with completion length: the policy is paid to write longer",
+            "the reward rises with completion length, beyond what chance gives at the step's size: longer is paid",
             "remove the length dependence, or cap it (a soft overlong penalty, DAPO)",
             "length hacking under GRPO (Dr. GRPO, DAPO's overlong reward shaping)",
             "03_rewards; 05_loss (loss types normalise by length differently)",

@@ -229,6 +229,23 @@ def prompt_bootstrap(diffs: torch.Tensor, resamples: int, seed: int = 0) -> tupl
     return torch.quantile(means, 0.025).item(), torch.quantile(means, 0.975).item()
 
 
+def within_group_correlation(x: torch.Tensor, y: torch.Tensor, G: int) -> tuple[float, float]:
+    """Pearson r of (N,) x and y within groups of G consecutive rows (each group's mean taken out of both: a
+    prompt's difficulty is not a correlation; NaN counts as 0), and the one-sided p-value of r > 0 under no
+    association: t = r sqrt(df / (1 - r^2)) on df = N - N/G - 1 (a partial correlation's degrees of freedom).
+    r = 0 and p = 1 where either has no spread within its groups or df < 1."""
+    x, y = (v.double().nan_to_num(0.0).view(-1, G) for v in (x, y))
+    x, y = (v - v.mean(1, keepdim=True) for v in (x, y))
+    denominator = (x.norm() * y.norm()).item()
+    df = x.numel() - x.shape[0] - 1
+    if denominator == 0 or df < 1:
+        return 0.0, 1.0
+    r = max(-1.0, min(1.0, (x * y).sum().item() / denominator))
+    if abs(r) == 1.0:
+        return r, 0.0 if r > 0 else 1.0
+    return r, float(scipy_stats.t.sf(r * math.sqrt(df / (1 - r * r)), df))
+
+
 def spearman(a, b) -> float:
     """Spearman's rank correlation (scipy; ties get average ranks)."""
     return float(

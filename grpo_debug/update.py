@@ -140,6 +140,7 @@ class MicroBatch:
     logps: torch.Tensor  # (rows, C)
     entropies: torch.Tensor  # (rows, C)
     per_sample_grad_norms: torch.Tensor  # (rows,), empty when not asked for
+    norm: Normalisation  # its loss weights, computed once: its backward and its record both take them
 
 
 def backward(
@@ -165,18 +166,22 @@ def backward(
         if measure is not None:
             measured.append(measure())
     per_sample = norms.after(model, batch, scoring, loss, norm, rows, measured, score) if norms else torch.tensor([])
-    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), per_sample)
+    return MicroBatch(rows, value, torch.cat(logps), torch.cat(entropies), per_sample, norm)
 
 
 def micro_batch_losses(
-    logps: torch.Tensor, entropies: torch.Tensor, batch: Batch, loss: LossSpec
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+    batch: Batch,
+    loss: LossSpec,
+    norms: list[Normalisation] | None = None,
 ) -> list[LossBreakdown]:
     """Each micro-batch's loss as `backward` takes it (its normalisation, its entropy quantile), from a
-    pass's (N, C) log-probs and entropies, which may require grad; the model is not run."""
-    return [
-        rows_loss(batch, loss, normalisation(batch, loss, rows), rows, logps[rows], entropies[rows])
-        for rows in micro_batches(len(batch.advantages), loss.steps_per_generation)
-    ]
+    pass's (N, C) log-probs and entropies, which may require grad; the model is not run. `norms`: each
+    micro-batch's normalisation as its backward took it (None: computed here)."""
+    rows_of = micro_batches(len(batch.advantages), loss.steps_per_generation)
+    norms = norms or [normalisation(batch, loss, rows) for rows in rows_of]
+    return [rows_loss(batch, loss, norm, rows, logps[rows], entropies[rows]) for rows, norm in zip(rows_of, norms)]
 
 
 def iteration_record(
@@ -186,9 +191,11 @@ def iteration_record(
     grad_norms: list[float],
     batch: Batch,
     loss: LossSpec,
+    norms: list[Normalisation] | None = None,
 ) -> Iteration:
-    """What one pass did, recomputed from its detached (N, C) log-probs, micro-batch by micro-batch as TRL logs it."""
-    parts = micro_batch_losses(logps, entropies, batch, loss)
+    """What one pass did, recomputed from its detached (N, C) log-probs, micro-batch by micro-batch as TRL logs it
+    (`norms`: each micro-batch's normalisation as its backward took it)."""
+    parts = micro_batch_losses(logps, entropies, batch, loss, norms)
     cat = lambda name: torch.cat([getattr(p, name).detach() for p in parts])
     keys = parts[0].metrics.keys()
     return Iteration(
@@ -244,7 +251,7 @@ def update(
             done += steps
             losses.append(sum(mb.value for mb in steps))
         logps, entropies = torch.cat([mb.logps for mb in done]), torch.cat([mb.entropies for mb in done])
-        iterations.append(iteration_record(logps, entropies, losses, grad_norms, batch, loss))
+        iterations.append(iteration_record(logps, entropies, losses, grad_norms, batch, loss, [mb.norm for mb in done]))
         if it == 0:
             first_norms = torch.cat([mb.per_sample_grad_norms for mb in done])
     optimizer.zero_grad(set_to_none=True)

@@ -161,8 +161,10 @@ def test_the_signals_use_the_doctors_thresholds():
     assert health.entropy_collapse(d.ENTROPY_COLLAPSE / 2).severity == "warning"
     assert health.clip_saturated(d.CLIP_SATURATED).severity == "warning"
     assert health.update_size(d.UPDATE_WARNING * 2).severity == "warning"
-    assert health.length_reward({"a": d.LENGTH_CORRELATION, "b": -0.9}).severity == "warning"
-    assert health.length_reward({"a": -0.9}).severity == "ok", "a length penalty is not a length reward"
+    assert health.length_reward({"a": d.LENGTH_CORRELATION, "b": -0.9}, {"a": 1e-4, "b": 1.0}).severity == "warning"
+    assert health.length_reward({"a": -0.9}, {"a": 1.0}).severity == "ok", "a length penalty is not a length reward"
+    chance = health.length_reward({"a": 0.75, "b": 0.1}, {"a": 0.006, "b": 0.4})  # Holm: 2 x 0.006 > 0.01
+    assert chance.severity == "ok" and "not significant" in chance.summary, "a large r by chance must not trigger"
     assert [health.constant_reward(c, ["a", "b"]).severity for c in ([], ["a"], ["a", "b"])] == [
         "ok",
         "warning",

@@ -9,7 +9,8 @@ Every optimizer step appends one JSON line to `out_dir/health.jsonl` (opened, wr
 closed per line: a killed run keeps every line it finished): `step`; `metrics`, TRL's numbers for the step under
 TRL's names (its generation batch's reward, reward_std, frac_reward_zero_std, rewards/<f>/mean and /std,
 completions/clipped_ratio, ...; the step's loss, entropy, clip_ratio/*, sampling/*, grad_norm), and beside them
-`rewards/<f>/length_correlation`, `update/relative_norm` and `grad_norm/running_median`; `findings`, each
+`rewards/<f>/length_correlation` and its one-sided `rewards/<f>/length_p`, `update/relative_norm` and
+`grad_norm/running_median`; `findings`, each
 signal of `health` under the doctor's finding id with its severity (ok, warning, problem), value and thresholds;
 `trigger`, the signals that fired; `capture`, the folder the step was written to, or `not_captured` and why.
 
@@ -164,9 +165,10 @@ class FlightRecorder(CaptureCallback):
             out += [
                 health.zero_std_groups(s["groups_without_signal"]),
                 health.constant_reward(s["constant_functions"], s["functions"]),
-                health.length_reward(s["length_correlation"]),
+                health.length_reward(s["length_correlation"], s["length_p"]),
             ]
             metrics.update({f"rewards/{k}/length_correlation": v for k, v in s["length_correlation"].items()})
+            metrics.update({f"rewards/{k}/length_p": v for k, v in s["length_p"].items()})
             sampler = health.sampler_mismatch(s["sampler"])
             out += [sampler] if sampler is not None else []
             metrics.update({f"rollout_corr/{k}": v for k, v in (s["sampler"] or {}).items()})

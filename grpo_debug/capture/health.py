@@ -21,12 +21,15 @@ import torch
 from ..doctor.detectors import (
     CLIP_SATURATED,
     ENTROPY_COLLAPSE,
+    LENGTH_ALPHA,
     LENGTH_CORRELATION,
     NO_SIGNAL_WARNING,
     TRUNCATED_WARNING,
     UPDATE_WARNING,
+    paid_for_length,
 )
 from ..sampler import HEALTH, mismatch_metrics
+from ..stats import within_group_correlation
 
 SEVERITIES = ("ok", "warning", "problem")
 # TRL appends these once per generation batch (`_generate_and_score_completions`): a step that a generation
@@ -88,17 +91,14 @@ def generation_signals(rewards: dict[str, list], weights: dict[str, float], tens
     }
     total = sum(weights[name] * v.nan_to_num(0.0) for name, v in per.items())
     group_std = total.view(-1, G).std(1, unbiased=True) if G > 1 else torch.zeros(len(total) // G)
-    lengths = within_group(completion_lengths(tensors["completion_ids"], tensors["completion_mask"]), G)
-    correlations = {}
-    for name, v in per.items():
-        x = within_group(v, G)
-        denominator = (x.norm() * lengths.norm()).item()
-        correlations[name] = (x * lengths).sum().item() / denominator if denominator > 0 else 0.0
+    lengths = completion_lengths(tensors["completion_ids"], tensors["completion_mask"])
+    tests = {name: within_group_correlation(v, lengths, G) for name, v in per.items()}
     out = {
         "groups_without_signal": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item(),
         "constant_functions": [name for name, v in per.items() if within_group(v, G).abs().max().item() == 0],
         "functions": list(per),
-        "length_correlation": correlations,
+        "length_correlation": {name: r for name, (r, _) in tests.items()},
+        "length_p": {name: p for name, (_, p) in tests.items()},
         "sampler": None,
     }
     if "sampling_per_token_logps" in tensors and "old_per_token_logps" in tensors:
@@ -131,15 +131,19 @@ def constant_reward(constant: list[str], functions: list[str]) -> Signal:
     return Signal("constant_reward", severity, share, summary, 1 / max(len(functions), 1), 1.0)
 
 
-def length_reward(correlations: dict[str, float]) -> Signal:
-    """The doctor's length_reward: a reward function whose within-group correlation with the completion length
-    reaches LENGTH_CORRELATION pays for length (a negative one is a length penalty: ok)."""
+def length_reward(correlations: dict[str, float], p_values: dict[str, float]) -> Signal:
+    """The doctor's length_reward (`paid_for_length`): a reward function whose within-group correlation with the
+    completion length reaches LENGTH_CORRELATION, its one-sided p-value Holm-adjusted over the functions at most
+    LENGTH_ALPHA (a negative one is a length penalty: ok)."""
     if not correlations:
         return Signal("length_reward", "ok", None, "no reward function", LENGTH_CORRELATION)
-    name = max(correlations, key=correlations.get)
+    paid = paid_for_length({k: (r, p_values[k]) for k, r in correlations.items()})
+    name = paid or max(correlations, key=correlations.get)
     r = correlations[name]
-    severity = "warning" if r >= LENGTH_CORRELATION else "ok"
-    return Signal("length_reward", severity, r, f"{name} against length: within-group r = {r:+.2f}", LENGTH_CORRELATION)
+    summary = f"{name} against length: within-group r = {r:+.2f}, one-sided p = {p_values[name]:.2g}"
+    if paid is None and r >= LENGTH_CORRELATION:
+        summary += f": not significant after Holm at {LENGTH_ALPHA}"
+    return Signal("length_reward", "warning" if paid else "ok", r, summary, LENGTH_CORRELATION)
 
 
 def truncation(clipped_ratio: float | None) -> Signal:

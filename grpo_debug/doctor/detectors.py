@@ -12,6 +12,7 @@ import torch
 
 from ..pitfalls import PITFALLS
 from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
+from ..stats import holm, within_group_correlation
 from . import logprob_detectors
 from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
 
@@ -94,30 +95,46 @@ def dominant_reward(f: StepFacts) -> Finding:
 
 
 LENGTH_CORRELATION = 0.7  # within-group Pearson r between a reward and the completion length
+# ... and the family-wise error of one step's length verdicts (Holm over its reward functions): a sample's r
+# reaches 0.7 by chance more often the fewer completions it has (a 16-completion step has 11 df), and a
+# recorder judges every step of a run
+LENGTH_ALPHA = 0.01
+
+
+def paid_for_length(tests: dict[str, tuple[float, float]]) -> str | None:
+    """The reward function that pays for length, if one does: its within-group r with the completion length
+    reaches LENGTH_CORRELATION and its one-sided p-value, Holm-adjusted over `tests` ({name: (r, p)}, the
+    step's reward functions), is at most LENGTH_ALPHA; the largest r among them. None: no function does."""
+    adjusted = dict(zip(tests, holm([p for _, p in tests.values()])))
+    paid = [k for k, (r, _) in tests.items() if r >= LENGTH_CORRELATION and adjusted[k] <= LENGTH_ALPHA]
+    return max(paid, key=lambda k: tests[k][0]) if paid else None
 
 
 def length_reward(f: StepFacts) -> Finding:
     r, per, G = f.run.rollout, f.run.rewards.per_function, f.run.config.num_generations
-    lengths = _within_group(r.completion_lengths.float(), G)
-    if lengths.abs().max().item() == 0:
+    lengths = r.completion_lengths.float()
+    if _within_group(lengths, G).abs().max().item() == 0:
         return _finding("length_reward", "absent", "every completion of a group has the same length")
-    correlations = {}
-    for name, v in {**per, "total": f.run.rewards.total}.items():
-        x = _within_group(v, G)
-        denominator = (x.norm() * lengths.norm()).item()
-        correlations[name] = (x * lengths).sum().item() / denominator if denominator > 0 else 0.0
-    name = max(per, key=lambda k: correlations[k])
-    evidence = dict(within_group_correlation=correlations)
-    if correlations[name] >= LENGTH_CORRELATION:
+    tests = {name: within_group_correlation(v, lengths, G) for name, v in {**per, "total": f.run.rewards.total}.items()}
+    correlations = {name: t[0] for name, t in tests.items()}
+    evidence = dict(within_group_correlation=correlations, one_sided_p={k: t[1] for k, t in tests.items()})
+    name = paid_for_length({k: tests[k] for k in per})
+    if name is not None:
         return _finding(
             "length_reward", "warning",
-            f"{name} rises with completion length (within-group r = {correlations[name]:+.2f}): longer is paid",
+            f"{name} rises with completion length (within-group r = {correlations[name]:+.2f}, Holm-adjusted "
+            f"p <= {LENGTH_ALPHA}): longer is paid",
             **evidence,
         )  # fmt: skip
     if min(correlations[k] for k in per) <= -LENGTH_CORRELATION:
         low = min(per, key=lambda k: correlations[k])
         return _finding("length_reward", "info", f"{low} falls with length (r = {correlations[low]:+.2f}): a "
                         "length penalty, if meant", **evidence)  # fmt: skip
+    top = max(per, key=lambda k: correlations[k])
+    if correlations[top] >= LENGTH_CORRELATION:
+        return _finding("length_reward", "info", f"{top} rises with length (r = {correlations[top]:+.2f}) but "
+                        f"{len(lengths)} completions cannot tell it from chance (Holm-adjusted p > {LENGTH_ALPHA})",
+                        **evidence)  # fmt: skip
     return _finding("length_reward", "absent", f"largest |r| with length {max(map(abs, correlations.values())):.2f}",
                     **evidence)  # fmt: skip
 
