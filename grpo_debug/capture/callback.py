@@ -20,8 +20,11 @@ generation batches) gets a warning at the end of training naming it and the reas
 A callback is handed the model, not the trainer. So at `on_train_begin` the callback finds the
 `GRPOTrainer` whose `train()` is running: it is the nearest caller frame whose `self` is one. It then wraps
 that trainer's methods (`CaptureCallback.attach(trainer)` does the same explicitly). In a multi-process run
-each process's share is gathered and only the main process writes; such a capture is replayed as one batch
-(its micro-batches and dropout are per process, not recorded).
+(torchrun, accelerate launch) each process's share of the batch is gathered in process order and only the main
+process writes; each process's own schedule is gathered too (capture.json's `schedule.ranks`: its
+micro-batches as rows of the gathered batch, their pass, its loss per micro-batch, the widths of its own
+generation batch; batch.pt's `rng_states` (P, M, S): its random state at each of its M training forwards), so
+that the replay takes each process's micro-batches as that process took them.
 
 A capture is a folder holding `README.md`, `capture.json` (the config, texts, rewards, metrics), `batch.pt`
 (the tensors), `policy/` (weights and tokenizer, `save_pretrained`) and `checksums.json` (the SHA-256 of every

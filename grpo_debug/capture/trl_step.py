@@ -12,6 +12,16 @@ then grad_norm = ||sum_j grad loss_j|| (before clipping), `loss` = sum_j loss_j,
 over the micro-batches (TRL's log with logging_steps=1). With dropout on, each forward starts from the random
 state the trainer's forward started from (captured by a pre-hook), so the dropout masks are the trainer's.
 The optimizer step itself is not taken: every number TRL logs for the step is known before it.
+
+With P processes (a multi-process capture), each process r has its own micro-batches, random states and
+widths (it pads its rows to its own longest prompt and completion, and a dropout mask is drawn for that shape):
+
+    loss_rj = sum_t per_token_loss * w_t      # dapo/cispo/vespo: the batch's tokens over all processes / P
+    (loss_rj / P).backward()                  # DDP all-reduces the mean of the processes' gradients
+then grad_norm = ||(1/P) sum_r sum_j grad loss_rj||, `loss` = (1/P) sum_r sum_j loss_rj (each process's sum,
+as the trainer returns it, averaged as TRL's log gathers it), and each metric at micro-batch position j is
+taken over the rows of every process's j-th micro-batch (TRL reduces kl, entropy and the clip ratios over the
+processes), then averaged over the positions.
 """
 
 from __future__ import annotations
