@@ -372,3 +372,23 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
         from arithmetic_task import arithmetic_task
 
         open_capture(bundled, arithmetic_task())
+
+
+def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows():
+    """Two identical rows (same prompt, completion and advantage) trained in two micro-batches of one pass are
+    the generation batch's two copies, not its first copy twice (a capture with a row twice is refused)."""
+    from types import SimpleNamespace
+
+    callback = CaptureCallback("unused", steps=[1])
+    args = SimpleNamespace(steps_per_generation=2)
+    callback.trainer = SimpleNamespace(args=args, num_iterations=1, current_gradient_accumulation_steps=2)
+    prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 6]])
+    completion_ids = torch.tensor([[1, 2], [3, 4], [1, 4], [1, 2]])  # rows 0 and 3 are identical
+    advantages = torch.tensor([0.5, -0.5, 0.0, 0.5])
+    local = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "advantages": advantages}
+    callback.generation, callback.current = {"local": local, "first_micro_batch": 0}, {"micro_batches": []}
+    for micro, rows in enumerate(([0, 2], [3, 1])):  # TRL's shuffled order: row 0's twin comes second
+        inputs = {k: v[rows] for k, v in local.items()}
+        callback._on_micro_batch(inputs, micro)
+    picked = [mb["rows"] for mb in callback.current["micro_batches"]]
+    assert sorted(r for rows in picked for r in rows) == [0, 1, 2, 3], f"a row was taken twice: {picked}"

@@ -331,14 +331,17 @@ class CaptureCallback(TrainerCallback):
         if "row_index" not in self.generation:  # built once per generation batch: a dict look-up per row
             rows = torch.cat([local["prompt_ids"], local["completion_ids"]], 1)
             self.generation["row_index"] = _row_index(rows, local["advantages"])
-        where, taken, picked = self.generation["row_index"], {}, []
-        for key in _row_keys(ids, advantages):  # identical rows take the generation's copies in order
+        index = micro - self.generation["first_micro_batch"]
+        # identical rows take the generation's copies in order, across the micro-batches of a pass: a copy
+        # taken by an earlier micro-batch is not taken again
+        where, picked = self.generation["row_index"], []
+        taken = self.generation.setdefault("taken", {}).setdefault(index // S, {})
+        for key in _row_keys(ids, advantages):
             n = taken.get(key, 0)
             if n >= len(where.get(key, ())):
                 raise RuntimeError("CaptureCallback: a micro-batch row is not in the kept generation batch")
             taken[key] = n + 1
             picked.append(where[key][n])
-        index = micro - self.generation["first_micro_batch"]
         self.current["micro_batches"].append({"rows": picked, "index": index % S, "pass": index // S})
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
