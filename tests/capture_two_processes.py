@@ -1,8 +1,12 @@
-"""Run by tests/test_capture.py under `torchrun --nproc_per_node 2`: a 2-step GRPOTrainer run of the tiny Llama
-on two CPU processes (gloo), each generating half of the batch (one prompt each, of different lengths), with
-CaptureCallback(steps=[2]).
+"""Run by tests/test_capture.py under `torchrun --nproc_per_node 2` (or `accelerate launch --num_processes 2
+--cpu`): a 2-step GRPOTrainer run of a tiny model on two CPU processes (gloo), each generating half of the batch
+(one prompt each, of different lengths), with CaptureCallback(steps=[2]).
 
-    torchrun --nproc_per_node 2 tests/capture_two_processes.py MODEL_FOLDER OUT_DIR
+    torchrun --nproc_per_node 2 tests/capture_two_processes.py MODEL_FOLDER OUT_DIR [KEY=VALUE ...]
+
+The layout is given as KEY=VALUE: `ga` (gradient_accumulation_steps = steps_per_generation, default 1: one
+micro-batch per process), `iterations` (num_iterations, default 1), `dropout` (1: disable_dropout=False,
+default 0), `loss_type` (default: the StepConfig's).
 """
 
 import sys
@@ -18,8 +22,21 @@ from grpo_debug.task import Task, register_task  # noqa: E402
 
 PROCESSES = 2
 
+
+def layout(pairs: list[str]) -> dict[str, str]:
+    """KEY=VALUE arguments as a dict; one line naming an argument that is not KEY=VALUE."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in ("ga", "iterations", "dropout", "loss_type"):
+            raise SystemExit(f"not a layout argument (ga=, iterations=, dropout=, loss_type=): {pair!r}")
+        out[key] = value
+    return out
+
+
 if __name__ == "__main__":
-    model, out = sys.argv[1], Path(sys.argv[2])
+    model, out, given = sys.argv[1], Path(sys.argv[2]), layout(sys.argv[3:])
+    ga, iterations = int(given.get("ga", 1)), int(given.get("iterations", 1))
     # prompts of two lengths, one group per process: each process left-pads to its own width, so the gather
     # must pad the narrower share on the left again
     uneven = ["What is 3+4? ", "What is 12+34? "]
@@ -35,10 +52,19 @@ if __name__ == "__main__":
         beta=0.04,
         fast=False,
         position_ids=False,
+        **({"loss_type": given["loss_type"]} if "loss_type" in given else {}),
     )
-    per_process = cfg.num_prompts * cfg.num_generations // PROCESSES  # the B*G rows split over the processes
+    per_micro_batch = cfg.num_prompts * cfg.num_generations // PROCESSES // ga  # B*G rows over processes and GA
     trainer = trl_trainer(
-        cfg, str(out), task, max_steps=2, disable_dropout=True, per_device_train_batch_size=per_process
+        cfg,
+        str(out),
+        task,
+        max_steps=2,
+        disable_dropout=given.get("dropout", "0") != "1",
+        per_device_train_batch_size=per_micro_batch,
+        gradient_accumulation_steps=ga,
+        steps_per_generation=ga,
+        num_iterations=iterations,
     )
     trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
     trainer.train()

@@ -15,7 +15,7 @@ from grpo_debug.config import StepConfig
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from arithmetic_task import arithmetic_task, build_tiny_llama  # noqa: E402
+from arithmetic_task import arithmetic_task, build_tiny_llama, build_tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
@@ -210,30 +210,41 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     assert out["logps"]["max_abs_difference"] < 1e-4
 
 
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    # `--cpu --num_processes 2` starts one process here (accelerate's simple launcher: several CPU processes
+    # need an mpirun hostfile); `--multi_gpu` starts two through torch.distributed.run, and the trainer's
+    # use_cpu=True makes them CPU processes on gloo
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    + ["--mixed_precision", "no", "--dynamo_backend", "no"],
+}
+TOLERANCE = 1e-4  # relative
+
+
+def two_process_capture(model: Path, out: Path, launcher: str = "torchrun", *layout: str) -> Path:
+    """Step 2 of `tests/capture_two_processes.py` (2 steps, 2 CPU processes) run under `launcher`, with the
+    layout given as KEY=VALUE (ga, iterations, dropout, loss_type); the capture folder."""
+    done = subprocess.run(
+        [sys.executable, *LAUNCHERS[launcher], str(TESTS / "capture_two_processes.py"), str(model), str(out), *layout],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the two-process run under {launcher} failed:\n{done.stderr[-3000:]}"
+    return out / "captures" / "step-2"
+
+
+def relative_gap(ours: float, theirs: float) -> float:
+    return abs(ours - theirs) / max(abs(ours), abs(theirs), 1e-30)
+
+
 def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     """torchrun, 2 CPU processes (gloo), each generating half the batch: the capture holds all B*G rows, and the
     trainer's log-probs of each process's share are put back in place; the replay reproduces the logged step."""
     from grpo_debug.capture.replay import reproduction
 
     folder = build_tiny_llama(tmp_path / "llama")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(TESTS / "capture_two_processes.py"),
-            str(folder),
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    capture = load_capture(tmp_path / "run" / "captures" / "step-2")
+    capture = load_capture(two_process_capture(folder, tmp_path / "run"))
     assert capture.meta["processes"] == 2 and capture.num_samples == 8
     widths = capture.batch["prompt_mask"].sum(1)
     assert widths.unique().numel() == 2  # the two processes' prompts differ in length ...
@@ -244,6 +255,103 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])
     assert out["logps"]["rows_compared"] == 8 and out["logps"]["max_abs_difference"] < 1e-4
+
+
+@pytest.fixture(scope="module")
+def dropout_qwen2(tmp_path_factory):
+    """A tiny Qwen2 whose attention drops out (0.1): its masks depend on the random state and the shapes."""
+    return build_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "model", attention_dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def two_micro_batches_each(dropout_qwen2, tmp_path_factory):
+    """torchrun, 2 processes, gradient_accumulation_steps = steps_per_generation = 2, dropout on: step 2."""
+    return two_process_capture(dropout_qwen2, tmp_path_factory.mktemp("ga2"), "torchrun", "ga=2", "dropout=1")
+
+
+def assert_replayed_per_process(capture_path: Path, passes: int) -> None:
+    """Each process's loss, the logged loss (the mean over processes), the all-reduced grad_norm and every
+    metric TRL logged at the step, replayed within 1e-4 relative; the old one-batch replay is not."""
+    from grpo_debug.capture.replay import reproduction
+
+    step = open_capture(capture_path)
+    ranks = step.capture.schedule["ranks"]
+    assert [len(rank["micro_batches"]) for rank in ranks] == [2, 2], "each process did not record 2 micro-batches"
+    assert {mb["pass"] for rank in ranks for mb in rank["micro_batches"]} == {passes - 1}, "the pass is not recorded"
+    assert tuple(step.capture.batch["rng_states"].shape[:2]) == (2, 2), "not one random state per forward per process"
+    run = step.run(until="update")
+    out = reproduction(run, step.capture, step.policy, step)
+    assert out["causes"]["dropout"].startswith("absent: the trainer's dropout masks are replayed")
+    for r, loss in enumerate(out["ranks"]):
+        gap = relative_gap(loss["replayed"], loss["logged"])
+        assert gap <= TOLERANCE, (
+            f"process {r}'s loss: replayed {loss['replayed']}, trainer {loss['logged']} ({gap:.2g})"
+        )
+    logged = step.capture.meta["logged"]  # what TRL itself logged at step 2 (logging_steps=1)
+    for name in [n for n in EXACT if n in logged]:
+        gap = relative_gap(out["replayed"][name], logged[name])
+        assert gap <= TOLERANCE, f"{name}: replayed {out['replayed'][name]}, TRL logged {logged[name]} ({gap:.2g})"
+    assert out["logps"]["max_abs_difference"] < 1e-4, "the replay's log-probs are not the trainer's"
+    one_batch = reproduction(run, step.capture, step.policy)  # the whole batch as one micro-batch, as before
+    gaps = {name: relative_gap(one_batch["replayed"][name], logged[name]) for name in ("loss", "kl")}
+    assert min(gaps.values()) > 10 * TOLERANCE, f"the one-batch replay matches too ({gaps}): the layout tests nothing"
+
+
+def test_two_processes_with_two_micro_batches_each_and_dropout_are_replayed_process_by_process(
+    two_micro_batches_each,
+):
+    assert_replayed_per_process(two_micro_batches_each, passes=1)
+
+
+@pytest.mark.parametrize(
+    "launcher, iterations", [("torchrun", 2), ("accelerate", 1)], ids=["torchrun-num_iterations-2", "accelerate"]
+)
+def test_other_multi_process_layouts_are_replayed_process_by_process(dropout_qwen2, tmp_path, launcher, iterations):
+    """num_iterations=2 (step 2 is the second pass over its generation batch, at the weights step 1 left), and
+    the same layout as above through `accelerate launch`."""
+    layout = ("ga=2", "dropout=1", f"iterations={iterations}")
+    assert_replayed_per_process(two_process_capture(dropout_qwen2, tmp_path / "run", launcher, *layout), iterations)
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        ("a row of process 1 in process 0", "process 0's schedule rows are not distinct rows of its share"),
+        ("a loss missing", "process 1's losses are not one number per micro-batch"),
+        ("a process missing", "schedule.ranks is not one entry per process"),
+        ("one process with fewer micro-batches", "the processes have different numbers of micro-batches"),
+        ("a width past the batch", "process 0's completion_width = 99 is not a width"),
+        ("random states of one process", "rng_states are not CPU random states"),
+    ],
+)
+def test_a_multi_process_schedule_that_does_not_add_up_is_refused(two_micro_batches_each, tmp_path, damage, problem):
+    import shutil
+
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError
+
+    path = Path(shutil.copytree(two_micro_batches_each, tmp_path / "damaged"))
+    meta = json.loads((path / "capture.json").read_text())
+    ranks = meta["schedule"]["ranks"]
+    if damage == "a row of process 1 in process 0":
+        ranks[0]["micro_batches"][0]["rows"][0] = ranks[1]["micro_batches"][0]["rows"][0]
+    elif damage == "a loss missing":
+        ranks[1]["losses"].pop()
+    elif damage == "a process missing":
+        ranks.pop()
+    elif damage == "one process with fewer micro-batches":
+        ranks[1]["micro_batches"].pop()
+        ranks[1]["losses"].pop()
+    elif damage == "a width past the batch":
+        ranks[0]["completion_width"] = 99
+    else:
+        batch = torch.load(path / "batch.pt", weights_only=True)
+        batch["rng_states"] = batch["rng_states"][0]
+        torch.save(batch, path / "batch.pt")
+    (path / "capture.json").write_text(json.dumps(meta))
+    write_checksums(path)
+    with pytest.raises(CaptureError, match=problem):
+        load_capture(path)
 
 
 def test_new_completions_need_your_task_and_get_its_rewards(bundled):
@@ -264,3 +372,23 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
         from arithmetic_task import arithmetic_task
 
         open_capture(bundled, arithmetic_task())
+
+
+def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows():
+    """Two identical rows (same prompt, completion and advantage) trained in two micro-batches of one pass are
+    the generation batch's two copies, not its first copy twice (a capture with a row twice is refused)."""
+    from types import SimpleNamespace
+
+    callback = CaptureCallback("unused", steps=[1])
+    args = SimpleNamespace(steps_per_generation=2)
+    callback.trainer = SimpleNamespace(args=args, num_iterations=1, current_gradient_accumulation_steps=2)
+    prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 6]])
+    completion_ids = torch.tensor([[1, 2], [3, 4], [1, 4], [1, 2]])  # rows 0 and 3 are identical
+    advantages = torch.tensor([0.5, -0.5, 0.0, 0.5])
+    local = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "advantages": advantages}
+    callback.generation, callback.current = {"local": local, "first_micro_batch": 0}, {"micro_batches": []}
+    for micro, rows in enumerate(([0, 2], [3, 1])):  # TRL's shuffled order: row 0's twin comes second
+        inputs = {k: v[rows] for k, v in local.items()}
+        callback._on_micro_batch(inputs, micro)
+    picked = [mb["rows"] for mb in callback.current["micro_batches"]]
+    assert sorted(r for rows in picked for r in rows) == [0, 1, 2, 3], f"a row was taken twice: {picked}"

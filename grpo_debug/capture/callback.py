@@ -20,8 +20,11 @@ generation batches) gets a warning at the end of training naming it and the reas
 A callback is handed the model, not the trainer. So at `on_train_begin` the callback finds the
 `GRPOTrainer` whose `train()` is running: it is the nearest caller frame whose `self` is one. It then wraps
 that trainer's methods (`CaptureCallback.attach(trainer)` does the same explicitly). In a multi-process run
-each process's share is gathered and only the main process writes; such a capture is replayed as one batch
-(its micro-batches and dropout are per process, not recorded).
+(torchrun, accelerate launch) each process's share of the batch is gathered in process order and only the main
+process writes; each process's own schedule is gathered too (capture.json's `schedule.ranks`: its
+micro-batches as rows of the gathered batch, their pass, its loss per micro-batch, the widths of its own
+generation batch; batch.pt's `rng_states` (P, M, S): its random state at each of its M training forwards), so
+that the replay takes each process's micro-batches as that process took them.
 
 A capture is a folder holding `README.md`, `capture.json` (the config, texts, rewards, metrics), `batch.pt`
 (the tensors), `policy/` (weights and tokenizer, `save_pretrained`) and `checksums.json` (the SHA-256 of every
@@ -254,6 +257,7 @@ class CaptureCallback(TrainerCallback):
     def _capture(self, capture: dict, state) -> None:
         step = capture["step"]
         capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
+        capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
         if state.is_world_process_zero:
             self.written[step] = self._write(step, capture, self.generation)
         else:
@@ -327,14 +331,17 @@ class CaptureCallback(TrainerCallback):
         if "row_index" not in self.generation:  # built once per generation batch: a dict look-up per row
             rows = torch.cat([local["prompt_ids"], local["completion_ids"]], 1)
             self.generation["row_index"] = _row_index(rows, local["advantages"])
-        where, taken, picked = self.generation["row_index"], {}, []
-        for key in _row_keys(ids, advantages):  # identical rows take the generation's copies in order
+        index = micro - self.generation["first_micro_batch"]
+        # identical rows take the generation's copies in order, across the micro-batches of a pass: a copy
+        # taken by an earlier micro-batch is not taken again
+        where, picked = self.generation["row_index"], []
+        taken = self.generation.setdefault("taken", {}).setdefault(index // S, {})
+        for key in _row_keys(ids, advantages):
             n = taken.get(key, 0)
             if n >= len(where.get(key, ())):
                 raise RuntimeError("CaptureCallback: a micro-batch row is not in the kept generation batch")
             taken[key] = n + 1
             picked.append(where[key][n])
-        index = micro - self.generation["first_micro_batch"]
         self.current["micro_batches"].append({"rows": picked, "index": index % S, "pass": index // S})
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
@@ -380,6 +387,26 @@ class CaptureCallback(TrainerCallback):
                     out[match] = row_logps
         return gathered(self.trainer, out, pad_index=float("nan"))
 
+    def _ranks(self, capture: dict) -> list[dict] | None:
+        """Each process's own share of the step, in process order (None in a one-process run): its micro-batches
+        (rows of the gathered generation batch), its losses, the random state of each of its training forwards
+        and the widths of its own generation batch. Every process calls it: the shares are gathered."""
+        t = self.trainer
+        if t.accelerator.num_processes == 1:
+            return None
+        from accelerate.utils import gather_object
+
+        local = self.generation["local"]
+        mine = {
+            "micro_batches": capture["micro_batches"],
+            "losses": capture["losses"],
+            "rng": capture["rng"],
+            "generation_rows": len(local["completion_ids"]),
+            "prompt_width": int(local["prompt_ids"].shape[1]),
+            "completion_width": int(local["completion_ids"].shape[1]),
+        }
+        return rows_in_generation_order(gather_object([mine]))
+
     def _write(self, step: int, capture: dict, generation: dict) -> Path:
         import trl
 
@@ -388,9 +415,9 @@ class CaptureCallback(TrainerCallback):
         path.mkdir(parents=True, exist_ok=True)
         tensors = dict(generation["tensors"])
         tensors["trainer_per_token_logps"] = capture["trainer_logps"]
-        single = generation["processes"] == 1
-        if single and capture["rng"]:
-            tensors["rng_states"] = torch.stack(capture["rng"])
+        states = random_states(capture["rng"], capture["ranks"])
+        if states is not None:
+            tensors["rng_states"] = states
         torch.save(tensors, path / "batch.pt")
         policy, note = self._write_policy(path, step, capture["weights"])
         meta = self._meta(step, capture, generation, policy, trl.__version__)
@@ -435,16 +462,17 @@ class CaptureCallback(TrainerCallback):
         t, model = self.trainer, self._model()
         reference = getattr(t, "ref_model", None)
         S, mu, GA = self._layout()
-        schedule = None
-        if generation["processes"] == 1:
-            schedule = {
-                "micro_batches": capture["micro_batches"],
-                "steps_per_generation": S,
-                "num_iterations": mu,
-                "gradient_accumulation_steps": GA,
-                "generation_first_step": generation["first_step"],
-                "forwards": len(capture["rng"]),
-            }
+        schedule = {
+            "micro_batches": capture["micro_batches"],
+            "steps_per_generation": S,
+            "num_iterations": mu,
+            "gradient_accumulation_steps": GA,
+            "generation_first_step": generation["first_step"],
+            "forwards": len(capture["rng"]),
+        }
+        if capture["ranks"] is not None:  # several processes: each one's own schedule, in process order
+            del schedule["micro_batches"], schedule["forwards"]
+            schedule["ranks"] = [{k: v for k, v in rank.items() if k != "rng"} for rank in capture["ranks"]]
         return {
             "format": FORMAT,
             "step": step,
@@ -481,6 +509,31 @@ def trigger_note(trigger: list[dict] | None) -> str:
         "\n## Why this step was captured\n\n`grpo_debug.capture.FlightRecorder` wrote it when, before the "
         f"optimizer stepped, it saw (capture.json's `trigger`):\n\n{reasons}\n"
     )
+
+
+def rows_in_generation_order(shares: list[dict]) -> list[dict]:
+    """Each process's share (process order) with its micro-batches' rows made rows of the gathered generation
+    batch: process r's local row i is row i + the rows of processes 0..r-1 (the gather concatenates them in
+    process order). Each share: micro_batches [{rows, index, pass}], losses [float], rng [M tensors], generation_rows
+    (its generation batch's size), prompt_width, completion_width; out: the same with `forwards` (M) added."""
+    out, offset = [], 0
+    for share in shares:
+        micro = [{**mb, "rows": [offset + r for r in mb["rows"]]} for mb in share["micro_batches"]]
+        out.append({**share, "micro_batches": micro, "forwards": len(share["rng"])})
+        offset += share["generation_rows"]
+    return out
+
+
+def random_states(rng: list[torch.Tensor], ranks: list[dict] | None) -> torch.Tensor | None:
+    """batch.pt's `rng_states`: (M, S) uint8, the M training forwards' CPU random states, in one process;
+    (P, M, S), process by process, in several (None where no forward was recorded, or where the processes
+    recorded different numbers of forwards, which TRL's lock-step training does not do)."""
+    if ranks is None:
+        return torch.stack(rng) if rng else None
+    counts = {len(rank["rng"]) for rank in ranks}
+    if len(counts) != 1 or counts == {0}:
+        return None
+    return torch.stack([torch.stack(rank["rng"]) for rank in ranks])
 
 
 def _row_keys(ids: torch.Tensor, advantages: torch.Tensor) -> list[bytes]:

@@ -66,8 +66,10 @@ class Capture:
 
     @property
     def schedule(self) -> dict | None:
-        """The captured optimizer step's micro-batches (rows of the generation batch) and pass; None for a
-        multi-process capture or one written before format 2."""
+        """The captured optimizer step's micro-batches (rows of the generation batch) and pass: `micro_batches`
+        in a one-process capture; `ranks`, each process's own (its micro-batches, losses and widths), in a
+        multi-process one. None for a capture written before format 2, or a multi-process capture written
+        before each process's schedule was recorded."""
         return self.meta.get("schedule")
 
     @property
@@ -223,25 +225,94 @@ def _check_rows_and_schedule(meta: dict, b: dict, js: Path, pt: Path, N: int) ->
         _need(isinstance(values, list) and len(values) == N, js, f"rewards of {name!r} are not one per row")
     _need(set(meta["reward_weights"]) == set(meta["rewards"]), js, "reward_weights do not name the reward functions")
     schedule = meta.get("schedule")
-    if schedule is not None:
-        micro = schedule.get("micro_batches") if isinstance(schedule, dict) else None
-        shaped = isinstance(micro, list) and all(
-            isinstance(mb, dict) and isinstance(mb.get("rows"), list) for mb in micro
-        )
-        _need(shaped, js, "'schedule' is not {micro_batches: [{rows: [...]}, ...]}")
+    if schedule is None:
+        return
+    _need(isinstance(schedule, dict), js, "'schedule' is not a JSON object")
+    first = schedule.get("generation_first_step")
+    _need(isinstance(first, int) and not isinstance(first, bool), js, "schedule.generation_first_step is not a step")
+    if "ranks" in schedule:
+        _check_ranks(schedule["ranks"], meta, js, N, (b["prompt_ids"].shape[1], b["completion_ids"].shape[1]))
+    else:
+        _need(_micro_batches_shaped(schedule.get("micro_batches")), js, _SHAPE)
         rows = [r for mb in schedule["micro_batches"] for r in mb["rows"]]
+        _need(bool(rows) and _distinct_rows(rows, 0, N), js, "schedule rows are not distinct rows of the batch")
+    if "rng_states" in b:
+        _check_random_states(b["rng_states"], schedule, pt)
+
+
+_SHAPE = "'schedule' is not {micro_batches: [{rows: [...]}, ...]}"
+
+
+def _micro_batches_shaped(micro) -> bool:
+    return isinstance(micro, list) and all(isinstance(mb, dict) and isinstance(mb.get("rows"), list) for mb in micro)
+
+
+def _distinct_rows(rows: list, low: int, high: int) -> bool:
+    """Every row an integer in [low, high), none twice."""
+    return all(isinstance(r, int) and not isinstance(r, bool) and low <= r < high for r in rows) and len(
+        set(rows)
+    ) == len(rows)
+
+
+def _check_ranks(ranks, meta: dict, js: Path, N: int, widths: tuple[int, int]) -> None:
+    """A multi-process schedule: one entry per process, each with micro-batches of rows inside its own share of
+    the generation batch (process r holds rows r*N/P .. (r+1)*N/P - 1, as the gather concatenates them), one
+    loss per micro-batch, as many micro-batches as every other process, and widths that fit the batch's
+    (`widths`: batch.pt's prompt and completion widths)."""
+    P = meta.get("processes")
+    _need(
+        isinstance(ranks, list) and len(ranks) >= 2 and isinstance(P, int) and P == len(ranks),
+        js,
+        f"schedule.ranks is not one entry per process (processes = {P!r})",
+    )
+    _need(N % P == 0, js, f"{N} rows cannot be {P} processes' equal shares")
+    share = N // P
+    for r, rank in enumerate(ranks):
+        _need(isinstance(rank, dict) and _micro_batches_shaped(rank.get("micro_batches")), js, f"process {r}: {_SHAPE}")
+        rows = [i for mb in rank["micro_batches"] for i in mb["rows"]]
         _need(
-            bool(rows) and all(isinstance(r, int) and 0 <= r < N for r in rows) and len(set(rows)) == len(rows),
+            bool(rows) and _distinct_rows(rows, r * share, (r + 1) * share),
             js,
-            "schedule rows are not distinct rows of the batch",
+            f"process {r}'s schedule rows are not distinct rows of its share (rows {r * share} to {(r + 1) * share - 1})",
         )
-        if "rng_states" in b:
-            states = b["rng_states"]
-            _need(
-                states.dtype == torch.uint8 and states.dim() == 2 and states.shape[1] == torch.get_rng_state().numel(),
-                pt,
-                "rng_states are not CPU random states",
-            )
+        losses = rank.get("losses")
+        _need(
+            isinstance(losses, list)
+            and len(losses) == len(rank["micro_batches"])
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in losses),
+            js,
+            f"process {r}'s losses are not one number per micro-batch",
+        )
+        for key, most in zip(("prompt_width", "completion_width"), widths):
+            value = rank.get(key)
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+            _need(ok, js, f"process {r}'s {key} = {value!r} is not a width from 1 to the batch's {most}")
+    counts = {len(rank["micro_batches"]) for rank in ranks}
+    _need(len(counts) == 1, js, f"the processes have different numbers of micro-batches ({sorted(counts)})")
+
+
+def _check_random_states(states, schedule: dict, pt: Path) -> None:
+    """(M, S) CPU random states, one per forward, in one process; (P, M, S) in several."""
+    S = torch.get_rng_state().numel()
+    ranks = schedule.get("ranks")
+    dims = 2 if ranks is None else 3
+    _need(
+        isinstance(states, torch.Tensor)
+        and states.dtype == torch.uint8
+        and states.dim() == dims
+        and states.shape[-1] == S,
+        pt,
+        "rng_states are not CPU random states" + ("" if ranks is None else " (P, M, S), process by process"),
+    )
+    per_process = [schedule["micro_batches"]] if ranks is None else [rank["micro_batches"] for rank in ranks]
+    wanted = (len(per_process), len(per_process[0]))  # processes, micro-batches each
+    have = (1, states.shape[0]) if ranks is None else tuple(states.shape[:2])
+    _need(
+        have[0] == wanted[0] and have[1] >= wanted[1],
+        pt,
+        f"rng_states hold {have[1]} forwards for each of {have[0]} processes, fewer than the {wanted[1]} "
+        f"micro-batches of each of {wanted[0]}",
+    )
 
 
 def check_policy_folder(capture: Capture) -> None:

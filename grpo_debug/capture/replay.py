@@ -13,7 +13,7 @@ from ..model import absolute_positions, has_dropout
 from ..show.metrics import metrics
 from ..specs import loss_spec_of, scoring_of
 from .reading import Capture, config_from_capture
-from .trl_step import trl_step
+from .trl_step import RankSchedule, trl_step
 
 COMPARED = (
     "loss",
@@ -47,7 +47,6 @@ def replay_trl_step(step, run):
     if old is not None and not as_captured and first_of_generation:
         old = run.logprobs.policy
     ref = b.get("ref_per_token_logps") if as_captured else run.logprobs.reference
-    states = b.get("rng_states")
     scoring = scoring_of(cfg)
     fused = scoring.temperature == cfg.temperature and scoring.gather == "per_position"
     if fused:
@@ -59,13 +58,31 @@ def replay_trl_step(step, run):
         run.advantages.values,
         scoring_of(cfg),
         loss_spec_of(cfg),
-        [mb["rows"] for mb in schedule["micro_batches"]],
+        rank_schedules(capture),
         old_logps=None if old is None else old.float(),
         ref_logps=None if ref is None else ref.float(),
-        rng_states=None if states is None else list(states),
         max_grad_norm=cfg.max_grad_norm,
         fused=fused,
     )
+
+
+def rank_schedules(capture: Capture) -> list[RankSchedule]:
+    """The captured step's micro-batches process by process (`trl_step.RankSchedule`): one process's from
+    `schedule.micro_batches` and `rng_states` (M, S); several processes' from `schedule.ranks` and
+    `rng_states` (P, M, S), each at its own widths. The capture was checked when read (`reading`)."""
+    schedule, states = capture.schedule, capture.batch.get("rng_states")
+    if "ranks" not in schedule:
+        micro = tuple(tuple(mb["rows"]) for mb in schedule["micro_batches"])
+        return [RankSchedule(micro, None if states is None else tuple(states))]
+    return [
+        RankSchedule(
+            tuple(tuple(mb["rows"]) for mb in rank["micro_batches"]),
+            None if states is None else tuple(states[r]),
+            rank["prompt_width"],
+            rank["completion_width"],
+        )
+        for r, rank in enumerate(schedule["ranks"])
+    ]
 
 
 def add_trl_head(model, temperature: float, cast_lm_head_to_fp32: bool) -> None:
@@ -108,8 +125,9 @@ def causes(capture: Capture, model, replayed_dropout: bool) -> dict[str, str]:
         out["dropout"] = "absent: the trainer's dropout masks are replayed from its captured random states"
     else:
         out["dropout"] = (
-            "present: dropout was on and its masks are not replayed (a multi-process or older "
-            "capture); loss, kl and grad_norm differ by dropout noise"
+            "present: dropout was on and its masks are not replayed (a capture without random states: "
+            "written before format 2, or by processes that recorded different numbers of forwards); loss, kl "
+            "and grad_norm differ by dropout noise"
         )
     if "sampling_per_token_logps" in b:
         mask = b["completion_mask"].bool()
@@ -119,8 +137,9 @@ def causes(capture: Capture, model, replayed_dropout: bool) -> dict[str, str]:
         out["sampler_gap"] = "absent: the trainer generated with its own model (no sampler log-probs)"
     if capture.schedule is None:
         out["micro_batches"] = (
-            "present: no schedule recorded (a multi-process or older capture): the whole "
-            "batch is replayed as one micro-batch"
+            "present: no schedule recorded (a capture written before format 2, or a multi-process capture "
+            "written before each process's schedule was recorded): the whole batch is replayed as one "
+            "micro-batch"
         )
     return out
 
@@ -129,13 +148,14 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
     """{"logged": the trainer's numbers for the step ("logged_source" says whether the trainer's own per-step
     metrics or what TRL logged), "replayed": ours, "difference": ours - the trainer's,
     "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
-    |ours - captured|, "pitfalls": `pitfalls`, "causes": `causes`}. With `step` (the GRPOStep) and a
-    captured schedule, the optimizer step is replayed micro-batch by micro-batch (`replay_trl_step`); without,
-    from the whole batch as one (`metrics.metrics`)."""
+    |ours - captured|, "ranks": each process's loss, the trainer's and ours (None: one process, or not
+    replayed), "pitfalls": `pitfalls`, "causes": `causes`}. With `step` (the GRPOStep) and a captured
+    schedule, the optimizer step is replayed micro-batch by micro-batch, process by process
+    (`replay_trl_step`); without, from the whole batch as one (`metrics.metrics`)."""
 
     trainer_logps = capture.batch["trainer_per_token_logps"].float()
     ours = metrics(run)
-    replayed_dropout = False
+    replayed_dropout, ranks = False, None
     if (
         step is not None
         and capture.schedule is not None
@@ -143,6 +163,7 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
     ):
         replay = replay_trl_step(step, run)
         ours = {**ours, **replay.metrics, "loss": replay.loss, "grad_norm": replay.grad_norm}
+        ranks = rank_losses(capture.schedule, replay.rank_losses)
         policy_logps = replay.logps
         replayed_dropout = "rng_states" in capture.batch and run.config.dropout
     else:
@@ -164,9 +185,18 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
             "rows_compared": int(mask.any(1).sum()),
         },
         "rewards": reward_drift(run.rewards, capture),
+        "ranks": ranks,
         "pitfalls": pitfalls(capture, model),
         "causes": causes(capture, model, replayed_dropout),
     }
+
+
+def rank_losses(schedule: dict, replayed: tuple[float, ...]) -> list[dict[str, float]] | None:
+    """Each process's loss (its micro-batches' sum): [{"logged": the trainer's, "replayed": ours}], in process
+    order; None for a one-process capture."""
+    if "ranks" not in schedule:
+        return None
+    return [{"logged": sum(rank["losses"]), "replayed": ours} for rank, ours in zip(schedule["ranks"], replayed)]
 
 
 def reward_drift(rewards, capture: Capture) -> dict[str, float]:

@@ -26,7 +26,8 @@ TENSORS = (
 )
 # plus `trainer_per_token_logps` (N, C): the policy's log-probs of each row as the trainer's loss of step k took
 # them, put back in generation order; NaN for a row step k did not train on. And `rng_states` (M, S) uint8: the
-# CPU random state at the start of each of step k's M training forwards.
+# CPU random state at the start of each of step k's M training forwards; (P, M, S) in a run of P processes,
+# process by process (capture.json's `schedule.ranks` then holds each process's micro-batches).
 
 
 def find_trainer(cls=None):

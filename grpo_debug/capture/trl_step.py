@@ -12,10 +12,21 @@ then grad_norm = ||sum_j grad loss_j|| (before clipping), `loss` = sum_j loss_j,
 over the micro-batches (TRL's log with logging_steps=1). With dropout on, each forward starts from the random
 state the trainer's forward started from (captured by a pre-hook), so the dropout masks are the trainer's.
 The optimizer step itself is not taken: every number TRL logs for the step is known before it.
+
+With P processes (a multi-process capture), each process r has its own micro-batches, random states and
+widths (it pads its rows to its own longest prompt and completion, and a dropout mask is drawn for that shape):
+
+    loss_rj = sum_t per_token_loss * w_t      # dapo/cispo/vespo: the batch's tokens over all processes / P
+    (loss_rj / P).backward()                  # DDP all-reduces the mean of the processes' gradients
+then grad_norm = ||(1/P) sum_r sum_j grad loss_rj||, `loss` = (1/P) sum_r sum_j loss_rj (each process's sum,
+as the trainer returns it, averaged as TRL's log gathers it), and each metric at micro-batch position j is
+taken over the rows of every process's j-th micro-batch (TRL reduces kl, entropy and the clip ratios over the
+processes), then averaged over the positions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,11 +40,12 @@ from ..scoring import Scoring, _mode, positions_from_mask, token_entropies, toke
 
 @dataclass(frozen=True)
 class TRLStep:
-    loss: float  # the sum of the micro-batches' losses (TRL: `loss`)
+    loss: float  # the sum of the micro-batches' losses, the mean over processes of each one's sum (TRL: `loss`)
     grad_norm: float  # before clipping (TRL: `grad_norm`)
     metrics: dict[str, float]  # TRL's names, each the mean over the micro-batches
     logps: torch.Tensor  # (N, C) the log-probs the step's loss took, NaN on rows it did not train on
-    micro_batches: tuple[tuple[int, ...], ...]
+    micro_batches: tuple[tuple[int, ...], ...]  # every process's, in process order
+    rank_losses: tuple[float, ...] = ()  # each process's sum of its micro-batches' losses
 
 
 def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +90,19 @@ def mean_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class RankSchedule:
+    """One process's share of the step: its micro-batches (rows of the generation batch, in its order), the
+    random state each of its forwards started from (None: not recorded), and the widths of its own generation
+    batch (None: the whole batch's; a process pads its rows to its own longest prompt and completion only, and
+    a dropout mask is drawn for the shape it is given)."""
+
+    micro_batches: tuple[tuple[int, ...], ...]
+    rng_states: tuple[torch.Tensor, ...] | None = None
+    prompt_width: int | None = None
+    completion_width: int | None = None
+
+
 def trl_step(
     model,
     rollout: Rollout,
@@ -85,49 +110,124 @@ def trl_step(
     advantages: torch.Tensor,
     scoring: Scoring,
     loss: LossSpec,
-    micro_batches: list[list[int]],
+    ranks: list[RankSchedule],
     *,
     old_logps: torch.Tensor | None = None,
     ref_logps: torch.Tensor | None = None,
-    rng_states: list[torch.Tensor] | None = None,
     max_grad_norm: float = 1.0,
     fused: bool = False,
 ) -> TRLStep:
-    """The optimizer step over `micro_batches` (rows of the generation batch, in TRL's order). `mask` (N, C) is
-    the loss mask, `advantages` (N,), `old_logps` (N, C) pi_old (None: each micro-batch's own, detached, as TRL
-    without pi_old), `ref_logps` (N, C) when beta != 0, `rng_states` the random state of each forward (dropout),
-    `fused`: score through TRL's fused LM head (`trl_forward`)."""
+    """The optimizer step over each process's micro-batches (`ranks`, one per process, in process order). `mask`
+    (N, C) is the loss mask, `advantages` (N,), `old_logps` (N, C) pi_old (None: each micro-batch's own,
+    detached, as TRL without pi_old), `ref_logps` (N, C) when beta != 0, `fused`: score through TRL's fused LM
+    head (`trl_forward`). As TRL with P processes: dapo's normaliser is the generation batch's tokens over all
+    processes divided by P; each process backpropagates its own micro-batches; DDP averages the P gradients (so
+    each loss is backpropagated / P) before grad_norm; the loss logged is the mean over processes of each one's
+    sum, and each metric the mean over micro-batch positions of its value over all processes' rows there."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.zero_grad(set_to_none=True)
-    num_items = mask.sum()  # tokens of the whole generation batch: dapo's normaliser
-    logps = torch.full(mask.shape, float("nan"))
-    value, parts = 0.0, []
-    for j, rows in enumerate(micro_batches):
-        if rng_states is not None and scoring.dropout:
-            torch.set_rng_state(rng_states[j].clone())  # a view with an offset is read from its start
-        lp, entropies = trl_forward(model, rollout.rows(rows), scoring, fused)
-        part = compute_loss(  # normalised by `loss_weights` over the whole batch's tokens
-            lp,
-            None if old_logps is None else old_logps[rows],
-            None if ref_logps is None or loss.beta == 0 else ref_logps[rows],
-            advantages[rows],
-            mask[rows],
-            entropies=entropies,
-            num_items_in_batch=num_items,
-            entropy_tokens=mask[rows].sum().clamp(min=1.0),
-            **loss.kwargs(),
-        )
-        part.loss.backward()
-        value += part.loss.item()
-        parts.append(part.metrics)
-        logps[rows] = lp.detach().float() * mask[rows]
+    batch = _Batch(rollout, mask, advantages, old_logps, ref_logps, mask.sum() / len(ranks))
+    logps, raw, entropies = (torch.full(mask.shape, float("nan")) for _ in range(3))
+    rank_losses, parts = [], []
+    for rank in ranks:
+        value, rank_parts = 0.0, []
+        for j, rows in enumerate(rank.micro_batches):
+            if rank.rng_states is not None and scoring.dropout:
+                torch.set_rng_state(rank.rng_states[j].clone())  # a view with an offset is read from its start
+            part, lp, ent = _micro_batch_loss(model, batch, rows, rank, scoring, loss, fused)
+            (part.loss / len(ranks)).backward()  # DDP: the mean of the processes' gradients
+            value += part.loss.item()
+            rank_parts.append(part.metrics)
+            logps[list(rows)], raw[list(rows)], entropies[list(rows)] = lp * mask[list(rows)], lp, ent
+        rank_losses.append(value)
+        parts.append(rank_parts)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     model.zero_grad(set_to_none=True)
+    metrics = parts[0] if len(ranks) == 1 else _pooled_metrics(batch, ranks, raw, entropies, loss)
     return TRLStep(
-        loss=value,
+        loss=sum(rank_losses) / len(rank_losses),
         grad_norm=grad_norm,
-        metrics=mean_metrics(parts),
+        metrics=mean_metrics(metrics),
         logps=logps,
-        micro_batches=tuple(tuple(r) for r in micro_batches),
+        micro_batches=tuple(mb for rank in ranks for mb in rank.micro_batches),
+        rank_losses=tuple(rank_losses),
     )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The generation batch a step trains on: (N, ...) tensors, and dapo's normaliser for one process."""
+
+    rollout: Rollout
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logps: torch.Tensor | None
+    ref_logps: torch.Tensor | None
+    num_items: torch.Tensor
+
+
+def _micro_batch_loss(model, batch: _Batch, rows, rank: RankSchedule, scoring: Scoring, loss: LossSpec, fused: bool):
+    """One micro-batch of one process, at that process's widths: its loss (`compute_loss`), and its (n, C)
+    log-probs (detached) and entropies, zero past its completion width."""
+    rows = list(rows)
+    P, C = batch.rollout.prompt_ids.shape[1], batch.rollout.completion_ids.shape[1]
+    p, c = rank.prompt_width or P, rank.completion_width or C
+    lp, entropies = trl_forward(model, narrowed(batch.rollout.rows(rows), p, c), scoring, fused)
+    part = compute_loss(  # normalised by `loss_weights` over the whole batch's tokens
+        lp,
+        None if batch.old_logps is None else batch.old_logps[rows, :c],
+        None if batch.ref_logps is None or loss.beta == 0 else batch.ref_logps[rows, :c],
+        batch.advantages[rows],
+        batch.mask[rows, :c],
+        entropies=entropies,
+        num_items_in_batch=batch.num_items,
+        entropy_tokens=batch.mask[rows].sum().clamp(min=1.0),
+        **loss.kwargs(),
+    )
+    wide = torch.zeros(len(rows), C)
+    wide_entropies = torch.zeros(len(rows), C)
+    wide[:, :c], wide_entropies[:, :c] = lp.detach().float(), entropies.detach().float()
+    return part, wide, wide_entropies
+
+
+def narrowed(rollout: Rollout, prompt_width: int, completion_width: int) -> Rollout:
+    """`rollout`'s rows at a process's own widths: the last `prompt_width` prompt columns (prompts are
+    left-padded) and the first `completion_width` completion columns (right-padded)."""
+    P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    if (prompt_width, completion_width) == (P, C):
+        return rollout
+    if not (0 < prompt_width <= P and 0 < completion_width <= C):
+        raise ValueError(f"widths ({prompt_width}, {completion_width}) do not fit the batch's ({P}, {C})")
+    completion = slice(0, completion_width)
+    return dataclasses.replace(
+        rollout,
+        prompt_ids=rollout.prompt_ids[:, P - prompt_width :],
+        prompt_mask=rollout.prompt_mask[:, P - prompt_width :],
+        completion_ids=rollout.completion_ids[:, completion],
+        sampler_logps=rollout.sampler_logps[:, completion],
+        sampler_logps_temperature_only=rollout.sampler_logps_temperature_only[:, completion],
+    )
+
+
+def _pooled_metrics(batch: _Batch, ranks: list[RankSchedule], logps, entropies, loss: LossSpec) -> list[dict]:
+    """Each micro-batch position's metrics as TRL logs them with several processes: over the rows every process
+    trained on there (its masked means reduced over the processes, its min and max over their sequences).
+    `logps`, `entropies` (N, C) as the processes' forwards took them."""
+    if len({len(rank.micro_batches) for rank in ranks}) != 1:
+        raise ValueError("the processes have different numbers of micro-batches: TRL trains them in lock step")
+    out = []
+    for position in zip(*(rank.micro_batches for rank in ranks)):
+        rows = [r for mb in position for r in mb]
+        part = compute_loss(
+            logps[rows],
+            None if batch.old_logps is None else batch.old_logps[rows],
+            None if batch.ref_logps is None or loss.beta == 0 else batch.ref_logps[rows],
+            batch.advantages[rows],
+            batch.mask[rows],
+            entropies=entropies[rows],
+            num_items_in_batch=batch.num_items,
+            **loss.kwargs(),
+        )
+        out.append(part.metrics)
+    return out
