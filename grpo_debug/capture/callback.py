@@ -42,6 +42,7 @@ from transformers import TrainerCallback
 
 from ..files import write_text_atomically
 from .checksums import write_checksums
+from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
 from .trainer_state import (
     FORMAT,
     README,
@@ -249,7 +250,7 @@ class CaptureCallback(TrainerCallback):
                 "it spans two generation batches (gradient_accumulation_steps is not a multiple "
                 "of steps_per_generation x num_iterations)"
             )
-        return None
+        return no_base_reason(self._model()) if is_adapter_model(self._model()) else None
 
     def _capture(self, capture: dict, state) -> None:
         step = capture["step"]
@@ -339,6 +340,9 @@ class CaptureCallback(TrainerCallback):
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
         model = self._model()
+        if is_adapter_model(model):  # a LoRA run (`peft_config`): the adapter alone, the base named (`lora.py`)
+            weights = adapter_state(model)
+            return weights if tensor_bytes(weights) <= self.max_weight_bytes else None
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         if size > self.max_weight_bytes:
             return None
@@ -418,6 +422,8 @@ class CaptureCallback(TrainerCallback):
         capture.json's `policy` entry and the README's note."""
         t, model = self.trainer, self._model()
         name = resolved_name(model.config._name_or_path)
+        if weights is not None and is_adapter_model(model):
+            return write_adapter(model, t.processing_class, path / "policy", weights, step)
         if weights is not None:
             model.save_pretrained(path / "policy", state_dict=weights)
             t.processing_class.save_pretrained(path / "policy")
@@ -434,6 +440,8 @@ class CaptureCallback(TrainerCallback):
         """capture.json: the trainer, its config and settings, the batch's texts and rewards, the schedule."""
         t, model = self.trainer, self._model()
         reference = getattr(t, "ref_model", None)
+        if reference is None and t.beta != 0 and is_adapter_model(model):
+            reference = model.get_base_model()  # TRL's reference: the model with its adapter disabled, the base
         S, mu, GA = self._layout()
         schedule = None
         if generation["processes"] == 1:

@@ -73,6 +73,8 @@ def add_trl_head(model, temperature: float, cast_lm_head_to_fp32: bool) -> None:
     every other call is the model's own forward."""
     from trl.trainer.utils import add_fused_lm_head
 
+    if hasattr(model, "get_base_model"):  # a LoRA policy: TRL patches the base model, called through the adapter
+        model = model.get_base_model()
     if getattr(model, "_trl_fused_head", None) != (temperature, cast_lm_head_to_fp32):
         if getattr(model, "_trl_fused_head", None) is not None:
             del model.forward  # back to the class's forward before patching again
