@@ -346,7 +346,7 @@ class CaptureCallback(TrainerCallback):
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         if size > self.max_weight_bytes:
             return None
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return _copied(model.state_dict())
 
     def _step_metrics(self, capture: dict) -> dict:
         """Step k's own numbers, as TRL logs them with logging_steps=1: the loss (the micro-batches' sum, the
@@ -489,6 +489,19 @@ def trigger_note(trigger: list[dict] | None) -> str:
         "\n## Why this step was captured\n\n`grpo_debug.capture.FlightRecorder` wrote it when, before the "
         f"optimizer stepped, it saw (capture.json's `trigger`):\n\n{reasons}\n"
     )
+
+
+def _copied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CPU copy of a state dict in which tensors that share memory (tied embeddings) stay one tensor, so that
+    `save_pretrained` writes them once (a copy each would store a 0.5B Qwen2's 545 MB embedding twice)."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in state.items():
+        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key not in copies:
+            copies[key] = v.detach().cpu().clone()
+        out[k] = copies[key]
+    return out
 
 
 def _row_keys(ids: torch.Tensor, advantages: torch.Tensor) -> list[bytes]:
