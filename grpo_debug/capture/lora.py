@@ -218,7 +218,8 @@ def _check_adapter_weights(file: Path, expected: dict[str, tuple[int, ...]], err
         raise error(f"{file}: the adapter's weights are not those its config gives on the base ({odd})")
     with safe_open(str(file), framework="pt") as f:
         for k in f.keys():
-            if not f.get_tensor(k).is_floating_point() or not bool(f.get_tensor(k).isfinite().all()):
+            tensor = f.get_tensor(k)
+            if not tensor.is_floating_point() or not bool(tensor.isfinite().all()):
                 raise error(f"{file}: adapter weight {k} is not floating point and finite")
 
 

@@ -527,18 +527,26 @@ def captured_rollout(capture: Capture, tokenizer):
     )
 
 
+def _check_tokenizer(capture: Capture, tokenizer) -> None:
+    if len(tokenizer) <= int(capture.batch["completion_ids"].max()):
+        raise CaptureError(
+            f"{capture.path / 'policy'}: its tokenizer has {len(tokenizer)} tokens, fewer than the "
+            "batch's token ids need"
+        )
+
+
 def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
     """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
     (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference).
     A LoRA capture: the base with the adapter, and the base as the reference (`lora.load_adapter_capture`)."""
     if capture.meta["policy"].get("adapter"):
-        return load_adapter_capture(capture.path, capture.meta["policy"], capture.meta["reference"]["beta"])
-    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
-    if len(loaded.tokenizer) <= int(capture.batch["completion_ids"].max()):
-        raise CaptureError(
-            f"{capture.path / 'policy'}: its tokenizer has {len(loaded.tokenizer)} tokens, fewer than the "
-            "batch's token ids need"
+        loaded, at_reference = load_adapter_capture(
+            capture.path, capture.meta["policy"], capture.meta["reference"]["beta"]
         )
+        _check_tokenizer(capture, loaded.tokenizer)
+        return loaded, at_reference
+    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
+    _check_tokenizer(capture, loaded.tokenizer)
     reference_name = capture.meta["reference"]["name_or_path"]
     if reference_name is None:
         return loaded, True
