@@ -194,11 +194,62 @@ def measure(workdir: Path, threads: int, quick: bool) -> dict:
     return report
 
 
+QWEN2_7B = {"parameters": 7_615_616_512, "lora_parameters": 40_370_176}  # meta-device counts, LoRA as LORA_TARGETS
+
+
+def table(report: dict) -> str:
+    """The README's markdown table of a report, and the 7B extrapolation with its arithmetic."""
+    rows = ["| | full fine-tuning | LoRA r=16 |", "|---|---|---|"]
+
+    def row(label: str, get) -> None:
+        rows.append(f"| {label} | {get(report['full'])} | {get(report['lora'])} |")
+
+    row("trainable parameters", lambda r: f"{r['capture']['trainable_parameters']:,}")
+    row("capture on disk (MB)", lambda r: f"{r['capture']['capture_mb']:.1f}")
+    row("of which weights in policy/ (MB)", lambda r: f"{r['capture']['weights_mb']:.1f}")
+    row("capture.json (MB)", lambda r: f"{r['capture']['capture_parts_mb']['capture.json']:.2f}")
+    row("callback's own time, whole run (s)", lambda r: f"{r['capture']['callback_seconds']:.1f}")
+    row("TRL's step_time of the step (s)", lambda r: f"{r['capture']['trl_step_time']:.1f}")
+    row("peak RSS, TRL run with the capture (GB)", lambda r: f"{r['capture']['peak_rss_mb'] / 1024:.1f}")
+    row("open_capture: checks, hash, load (s)", lambda r: f"{r['replay']['open_seconds']:.1f}")
+    row("replay: run(until='update') + TRL's step (s)", lambda r: f"{r['replay']['replay_seconds']:.1f}")
+    row("peak RSS, replay (GB)", lambda r: f"{r['replay']['peak_rss_mb'] / 1024:.1f}")
+    row("largest abs(ours - TRL's) over the compared metrics", lambda r: f"{r['replay']['max_abs_difference']:.2g}")
+    return "\n".join(rows) + "\n\n" + extrapolation(report)
+
+
+def extrapolation(report: dict) -> str:
+    """A 7B run's disk and memory from the measured ratios (float32, as measured)."""
+    base_gb = report["parameters"] * 4 / 2**30
+    big_gb = QWEN2_7B["parameters"] * 4 / 2**30
+    full, lora = report["full"], report["lora"]
+    full_ratio = full["capture"]["capture_mb"] / 1024 / base_gb
+    per_adapter = lora["capture"]["weights_mb"] * 2**20 / lora["capture"]["trainable_parameters"]
+    lora_rest = lora["capture"]["capture_mb"] - lora["capture"]["weights_mb"]
+    lora_mb = QWEN2_7B["lora_parameters"] * per_adapter / 2**20 + lora_rest
+    m_full, m_lora = (r["replay"]["peak_rss_mb"] / 1024 / base_gb for r in (full, lora))
+    hash_s = big_gb * 1024 / report["base_hash"]["mb_per_second"]
+    return (
+        f"7B (Qwen2-7B: {QWEN2_7B['parameters']:,} parameters, {big_gb:.1f} GB in float32; LoRA r=16 on the same "
+        f"projections: {QWEN2_7B['lora_parameters']:,}):\n"
+        f"- full capture: {full_ratio:.3f} x the float32 weights here -> {full_ratio:.3f} x {big_gb:.1f} = "
+        f"{full_ratio * big_gb:.1f} GB per captured step;\n"
+        f"- LoRA capture: {per_adapter:.2f} bytes per adapter parameter here -> {QWEN2_7B['lora_parameters']:,} x "
+        f"{per_adapter:.2f} B + the rest of the capture ({lora_rest:.1f} MB here) = {lora_mb:.0f} MB per step, "
+        f"plus hashing the base once per run and once per read: {big_gb * 1024:.0f} MB / "
+        f"{report['base_hash']['mb_per_second']:.0f} MB/s = {hash_s:.0f} s;\n"
+        f"- replay memory: peak RSS was {m_full:.1f} x the float32 weights (full) and {m_lora:.1f} x (LoRA) -> "
+        f"{m_full:.1f} x {big_gb:.1f} = {m_full * big_gb:.0f} GB and {m_lora:.1f} x {big_gb:.1f} = "
+        f"{m_lora * big_gb:.0f} GB (this batch of 4 x 8 tokens: activations add little here, more at real lengths)."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--quick", action="store_true", help="a 2-layer, 64-wide model: checks the script runs")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--table", type=Path, help="print the README's table of a report this script printed")
     parser.add_argument("--phase", choices=["capture", "replay"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -206,7 +257,9 @@ def main() -> None:
     parser.add_argument("--capture", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.phase == "capture":
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+    elif args.phase == "capture":
         print(json.dumps(capture_phase(args.model, args.out, args.mode == "lora")))
     elif args.phase == "replay":
         print(json.dumps(replay_phase(args.capture)))
