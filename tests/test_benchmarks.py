@@ -68,3 +68,34 @@ def test_step_benchmark_compares_with_trl_on_one_run(tmp_path):
     assert vs["ours_over_trl"] == round(vs["ours_seconds"] / vs["trl_seconds"], 2), f"the ratio is not theirs: {vs}"
     assert vs["readable_seconds"] > 0, f"the readable step (every fast path off) was not timed: {vs}"
     assert vs["readable_over_trl"] == round(vs["readable_seconds"] / vs["trl_seconds"], 2), vs
+
+
+def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path):
+    """benchmarks/real_size.py --quick: both runs captured (the LoRA one as its adapter) and replayed to TRL's
+    numbers, every number the README's table reads present."""
+    report = run_quick("real_size.py", (), tmp_path)
+    assert report["quick"] is True and {"parameters", "base_hash", "full", "lora"} <= report.keys(), sorted(report)
+    full, lora = report["full"], report["lora"]
+    for name, run in (("full", full), ("lora", lora)):
+        missing = {"capture_mb", "callback_seconds", "peak_rss_mb"} - run["capture"].keys()
+        missing |= {"open_seconds", "replay_seconds", "peak_rss_mb", "max_abs_difference"} - run["replay"].keys()
+        assert not missing, f"the {name} run printed no {sorted(missing)}"
+        assert run["replay"]["max_abs_difference"] < 1e-4, f"the {name} replay is off TRL's numbers: {run['replay']}"
+    files = lora["capture"]["policy_files"]
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files, f"LoRA capture's policy/: {files}"
+    for name, run, count in (
+        ("full", full, report["parameters"]),
+        ("lora", lora, lora["capture"]["trainable_parameters"]),
+    ):
+        stored = run["capture"]["weights_mb"] * 2**20
+        assert 4 * count <= stored <= 4 * count + 2**16, f"the {name} capture stores {stored} bytes for {count} floats"
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(tmp_path / "report.json")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+        timeout=600,
+    )
+    assert done.returncode == 0 and "| capture on disk (MB) |" in done.stdout, f"--table failed: {done.stderr[-2000:]}"
+    assert "7B (Qwen2-7B" in done.stdout, f"--table printed no extrapolation:\n{done.stdout}"

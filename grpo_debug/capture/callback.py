@@ -45,6 +45,7 @@ from transformers import TrainerCallback
 
 from ..files import write_text_atomically
 from .checksums import write_checksums
+from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
 from .trainer_state import (
     FORMAT,
     README,
@@ -252,7 +253,7 @@ class CaptureCallback(TrainerCallback):
                 "it spans two generation batches (gradient_accumulation_steps is not a multiple "
                 "of steps_per_generation x num_iterations)"
             )
-        return None
+        return no_base_reason(self._model()) if is_adapter_model(self._model()) else None
 
     def _capture(self, capture: dict, state) -> None:
         step = capture["step"]
@@ -346,10 +347,13 @@ class CaptureCallback(TrainerCallback):
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
         model = self._model()
+        if is_adapter_model(model):  # a LoRA run (`peft_config`): the adapter alone, the base named (`lora.py`)
+            weights = adapter_state(model)
+            return weights if tensor_bytes(weights) <= self.max_weight_bytes else None
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         if size > self.max_weight_bytes:
             return None
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return _copied(model.state_dict())
 
     def _step_metrics(self, capture: dict) -> dict:
         """Step k's own numbers, as TRL logs them with logging_steps=1: the loss (the micro-batches' sum, the
@@ -445,6 +449,8 @@ class CaptureCallback(TrainerCallback):
         capture.json's `policy` entry and the README's note."""
         t, model = self.trainer, self._model()
         name = resolved_name(model.config._name_or_path)
+        if weights is not None and is_adapter_model(model):
+            return write_adapter(model, t.processing_class, path / "policy", weights, step)
         if weights is not None:
             model.save_pretrained(path / "policy", state_dict=weights)
             t.processing_class.save_pretrained(path / "policy")
@@ -461,6 +467,8 @@ class CaptureCallback(TrainerCallback):
         """capture.json: the trainer, its config and settings, the batch's texts and rewards, the schedule."""
         t, model = self.trainer, self._model()
         reference = getattr(t, "ref_model", None)
+        if reference is None and t.beta != 0 and is_adapter_model(model):
+            reference = model.get_base_model()  # TRL's reference: the model with its adapter disabled, the base
         S, mu, GA = self._layout()
         schedule = {
             "micro_batches": capture["micro_batches"],
@@ -534,6 +542,19 @@ def random_states(rng: list[torch.Tensor], ranks: list[dict] | None) -> torch.Te
     if len(counts) != 1 or counts == {0}:
         return None
     return torch.stack([torch.stack(rank["rng"]) for rank in ranks])
+
+
+def _copied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CPU copy of a state dict in which tensors that share memory (tied embeddings) stay one tensor, so that
+    `save_pretrained` writes them once (a copy each would store a 0.5B Qwen2's 545 MB embedding twice)."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in state.items():
+        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key not in copies:
+            copies[key] = v.detach().cpu().clone()
+        out[k] = copies[key]
+    return out
 
 
 def _row_keys(ids: torch.Tensor, advantages: torch.Tensor) -> list[bytes]:

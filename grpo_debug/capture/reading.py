@@ -31,6 +31,7 @@ from ..rewards import StoredReward
 from ..rollout import Rollout
 from ..task import Task, callable_name, load_task, register_task, task_names
 from .checksums import checksum_problem
+from .lora import check_adapter_capture, load_adapter_capture
 from .model_folder import check_model_folder
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
@@ -318,8 +319,11 @@ def _check_random_states(states, schedule: dict, pt: Path) -> None:
 def check_policy_folder(capture: Capture) -> None:
     """The policy folder, inside the capture, checked before any model is built (`model_folder`): its config
     against its stored weights' headers, bounded by them, floating and finite weights, a tokenizer; then the
-    batch's token ids against the config's vocabulary."""
+    batch's token ids against the config's vocabulary. A LoRA capture: its base and adapter (`lora.py`)."""
     folder_name = capture.meta["policy"].get("folder")
+    if folder_name is not None and capture.meta["policy"].get("adapter"):
+        _check_vocabulary(capture, check_adapter_capture(capture.path, capture.meta["policy"], CaptureError))
+        return
     if folder_name is None:
         raise CaptureError(
             f"{capture.path} holds no weights ({capture.meta['policy']}): reload that checkpoint and "
@@ -332,7 +336,10 @@ def check_policy_folder(capture: Capture) -> None:
         capture.path / "capture.json",
         f"policy.folder {folder_name!r} is not a folder inside the capture",
     )
-    config = check_model_folder(folder, CaptureError)
+    _check_vocabulary(capture, check_model_folder(folder, CaptureError))
+
+
+def _check_vocabulary(capture: Capture, config) -> None:
     vocab = getattr(config, "vocab_size", None)
     b = capture.batch
     if vocab:
@@ -401,9 +408,9 @@ def config_from_capture(capture: Capture, **changes) -> StepConfig:
 
 
 def _model_type(capture: Capture) -> str:
-    return json.loads((capture.path / capture.meta["policy"]["folder"] / "config.json").read_text()).get(
-        "model_type", ""
-    )
+    policy = capture.meta["policy"]
+    folder = Path(policy["base"]["folder"]) if policy.get("adapter") else capture.path / policy["folder"]
+    return json.loads((folder / "config.json").read_text()).get("model_type", "")
 
 
 def task_name(capture: Capture) -> str:
@@ -591,15 +598,26 @@ def captured_rollout(capture: Capture, tokenizer):
     )
 
 
-def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
-    """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
-    (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference)."""
-    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
-    if len(loaded.tokenizer) <= int(capture.batch["completion_ids"].max()):
+def _check_tokenizer(capture: Capture, tokenizer) -> None:
+    if len(tokenizer) <= int(capture.batch["completion_ids"].max()):
         raise CaptureError(
-            f"{capture.path / 'policy'}: its tokenizer has {len(loaded.tokenizer)} tokens, fewer than the "
+            f"{capture.path / 'policy'}: its tokenizer has {len(tokenizer)} tokens, fewer than the "
             "batch's token ids need"
         )
+
+
+def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
+    """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
+    (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference).
+    A LoRA capture: the base with the adapter, and the base as the reference (`lora.load_adapter_capture`)."""
+    if capture.meta["policy"].get("adapter"):
+        loaded, at_reference = load_adapter_capture(
+            capture.path, capture.meta["policy"], capture.meta["reference"]["beta"]
+        )
+        _check_tokenizer(capture, loaded.tokenizer)
+        return loaded, at_reference
+    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
+    _check_tokenizer(capture, loaded.tokenizer)
     reference_name = capture.meta["reference"]["name_or_path"]
     if reference_name is None:
         return loaded, True

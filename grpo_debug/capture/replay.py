@@ -12,6 +12,7 @@ import torch
 from ..model import absolute_positions, has_dropout
 from ..show.metrics import metrics
 from ..specs import loss_spec_of, scoring_of
+from .lora import is_adapter_model
 from .reading import Capture, config_from_capture
 from .trl_step import RankSchedule, trl_step
 
@@ -90,6 +91,8 @@ def add_trl_head(model, temperature: float, cast_lm_head_to_fp32: bool) -> None:
     every other call is the model's own forward."""
     from trl.trainer.utils import add_fused_lm_head
 
+    if is_adapter_model(model):  # a LoRA policy: TRL patches the base model, called through the adapter
+        model = model.get_base_model()
     if getattr(model, "_trl_fused_head", None) != (temperature, cast_lm_head_to_fp32):
         if getattr(model, "_trl_fused_head", None) is not None:
             del model.forward  # back to the class's forward before patching again

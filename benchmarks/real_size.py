@@ -1,0 +1,278 @@
+"""Real sizes: a Qwen2-0.5B-shaped model captured and replayed on this CPU, full fine-tuning and LoRA.
+
+    python benchmarks/real_size.py [--threads N] [--quick] [--keep DIR]
+
+The model: Qwen2-0.5B's published config (hidden 896, intermediate 4864, 24 layers, 14 heads, 2 key-value heads,
+vocabulary 151936, 32768 positions, rope_theta 1e6, tied embeddings, rms_norm_eps 1e-6) with random weights,
+float32, and the bundled model's 512-token tokenizer (`data/models/rookworld-tiny`); sampling is kept inside that
+tokenizer (`generation_kwargs={"suppress_tokens": ids 512..151935}`, which lands in capture.json's config).
+Each of the two runs is the user's plain `GRPOConfig` (TRL's defaults but for: 2 prompts x 2 generations, 8 new
+tokens, one optimizer step, beta 0.04 so that there is a reference) with `CaptureCallback(steps=[1])`; the LoRA
+run adds `peft_config=LoraConfig(r=16, target_modules=every attention and MLP projection)`.
+
+Every phase runs in a fresh process of this script, so that its peak resident memory (`ru_maxrss`, imports
+included) is its own: the TRL run with the capture, then the replay (`open_capture`: the checks, the base's hash,
+loading; then `run(until="update")` and `reproduction`: the engine's step and TRL's step replayed).
+Prints JSON: per run, the capture's size on disk (and its parts), the callback's own seconds (`callback.seconds`),
+TRL's step_time, the replay's seconds, each phase's peak RSS, the replay's largest |ours - TRL's logged|, and the
+parameter counts and the SHA-256 throughput the README's extrapolation reads.
+`--quick`: a 2-layer, 64-wide model with the tokenizer's 512 tokens (run by `make test`; no number means anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "data" / "models" / "rookworld-tiny"
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
+QUICK = {**QWEN2_05B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+QUICK["vocab_size"] = 512  # the tokenizer's own: no token to suppress
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = ["P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "P: 8/8/8/4k3/8/8/4K3/8 w - - 0 1"]
+
+
+def reward(completions, **kwargs):
+    """The user's reward: the share of letters in the completion."""
+    return [sum(ch.isalpha() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def build_model(folder: Path, quick: bool) -> int:
+    """The Qwen2 shape with random weights and the bundled tokenizer saved to `folder`; its parameter count."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**(QUICK if quick else QWEN2_05B), **ids, pad_token_id=tokenizer.pad_token_id))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
+
+
+def capture_phase(model: Path, out: Path, lora: bool) -> dict:
+    """One TRL optimizer step of the user's run with `CaptureCallback(steps=[1])`, from `out`."""
+    import contextlib
+
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_debug.capture import CaptureCallback
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    args = GRPOConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        beta=0.04,
+        generation_kwargs={"suppress_tokens": list(range(512, vocab))} if vocab > 512 else None,
+    )
+    peft = LoraConfig(r=16, target_modules=LORA_TARGETS) if lora else None
+    dataset = Dataset.from_dict({"prompt": PROMPTS})
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=peft)
+    callback = CaptureCallback(out / "captures", steps=[1])
+    trainer.add_callback(callback)
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout is the report's JSON
+        trainer.train()
+    logged = next(h for h in trainer.state.log_history if h.get("step") == 1 and "loss" in h)
+    capture = out / "captures" / "step-1"
+    return {
+        "train_seconds": time.perf_counter() - start,
+        "trl_step_time": logged["step_time"],
+        "callback_seconds": callback.seconds,
+        "capture_mb": folder_mb(capture),
+        "capture_parts_mb": {
+            p.name: folder_mb(p) if p.is_dir() else p.stat().st_size / 2**20 for p in capture.iterdir()
+        },
+        "policy_files": sorted(p.name for p in (capture / "policy").iterdir()),
+        "weights_mb": sum(p.stat().st_size for p in (capture / "policy").glob("*.safetensors")) / 2**20,
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "peak_rss_mb": peak_rss_mb(),
+        "logged": {k: logged[k] for k in ("loss", "grad_norm", "kl", "entropy", "reward")},
+    }
+
+
+def replay_phase(capture: Path) -> dict:
+    """The capture opened (checked, the base hashed, loaded), its step run and TRL's step replayed."""
+    from grpo_debug.capture import open_capture
+    from grpo_debug.capture.replay import reproduction
+
+    start = time.perf_counter()
+    step = open_capture(capture, task=[reward])
+    opened = time.perf_counter()
+    run = step.run(until="update")
+    out = reproduction(run, step.capture, step.policy, step)
+    done = time.perf_counter()
+    return {
+        "open_seconds": opened - start,
+        "replay_seconds": done - opened,
+        "peak_rss_mb": peak_rss_mb(),
+        "max_abs_difference": max(abs(v) for v in out["difference"].values()),
+        "difference": out["difference"],
+        "logps_max_abs_difference": out["logps"]["max_abs_difference"],
+    }
+
+
+def in_fresh_process(threads: int, *args: str) -> dict:
+    """This script's `--phase ...` in a new process (its own peak memory); its JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, __file__, "--threads", str(threads), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def hash_throughput(folder: Path) -> dict:
+    """Seconds to hash the base's files as reading a LoRA capture does (`lora.base_digest`), and their size."""
+    from grpo_debug.capture.lora import base_digest, base_files
+
+    start = time.perf_counter()
+    base_digest(folder)
+    seconds = time.perf_counter() - start
+    mb = sum((folder / n).stat().st_size for n in base_files(folder)) / 2**20
+    return {"base_mb": mb, "hash_seconds": seconds, "mb_per_second": mb / seconds}
+
+
+def measure(workdir: Path, threads: int, quick: bool) -> dict:
+    model = workdir / "qwen2-0.5b-shape"
+    start = time.perf_counter()
+    parameters = build_model(model, quick)
+    report = {
+        "quick": quick,
+        "threads": threads,
+        "parameters": parameters,
+        "build_seconds": time.perf_counter() - start,
+    }
+    report["base_hash"] = hash_throughput(model)
+    for name in ("full", "lora"):
+        out = workdir / name
+        captured = in_fresh_process(
+            threads, "--phase", "capture", "--model", str(model), "--out", str(out), "--mode", name
+        )
+        replayed = in_fresh_process(threads, "--phase", "replay", "--capture", str(out / "captures" / "step-1"))
+        report[name] = {"capture": captured, "replay": replayed}
+    report["load_average_1min"] = os.getloadavg()[0]
+    return report
+
+
+QWEN2_7B = {"parameters": 7_615_616_512, "lora_parameters": 40_370_176}  # meta-device counts, LoRA as LORA_TARGETS
+
+
+def table(report: dict) -> str:
+    """The README's markdown table of a report, and the 7B extrapolation with its arithmetic."""
+    rows = ["| | full fine-tuning | LoRA r=16 |", "|---|---|---|"]
+
+    def row(label: str, get) -> None:
+        rows.append(f"| {label} | {get(report['full'])} | {get(report['lora'])} |")
+
+    row("trainable parameters", lambda r: f"{r['capture']['trainable_parameters']:,}")
+    row("capture on disk (MB)", lambda r: f"{r['capture']['capture_mb']:.1f}")
+    row("of which weights in policy/ (MB)", lambda r: f"{r['capture']['weights_mb']:.1f}")
+    row("capture.json (MB)", lambda r: f"{r['capture']['capture_parts_mb']['capture.json']:.2f}")
+    row("callback's own time, whole run (s)", lambda r: f"{r['capture']['callback_seconds']:.1f}")
+    row("TRL's step_time of the step (s)", lambda r: f"{r['capture']['trl_step_time']:.1f}")
+    row("peak RSS, TRL run with the capture (GB)", lambda r: f"{r['capture']['peak_rss_mb'] / 1024:.1f}")
+    row("open_capture: checks, hash, load (s)", lambda r: f"{r['replay']['open_seconds']:.1f}")
+    row("replay: run(until='update') + TRL's step (s)", lambda r: f"{r['replay']['replay_seconds']:.1f}")
+    row("peak RSS, replay (GB)", lambda r: f"{r['replay']['peak_rss_mb'] / 1024:.1f}")
+    row("largest abs(ours - TRL's) over the compared metrics", lambda r: f"{r['replay']['max_abs_difference']:.2g}")
+    return "\n".join(rows) + "\n\n" + extrapolation(report)
+
+
+def extrapolation(report: dict) -> str:
+    """A 7B run's disk and memory from the measured ratios (float32, as measured)."""
+    base_gb = report["parameters"] * 4 / 2**30
+    big_gb = QWEN2_7B["parameters"] * 4 / 2**30
+    full, lora = report["full"], report["lora"]
+    full_ratio = full["capture"]["capture_mb"] / 1024 / base_gb
+    per_adapter = lora["capture"]["weights_mb"] * 2**20 / lora["capture"]["trainable_parameters"]
+    lora_rest = lora["capture"]["capture_mb"] - lora["capture"]["weights_mb"]
+    lora_mb = QWEN2_7B["lora_parameters"] * per_adapter / 2**20 + lora_rest
+    m_full, m_lora = (r["replay"]["peak_rss_mb"] / 1024 / base_gb for r in (full, lora))
+    hash_s = big_gb * 1024 / report["base_hash"]["mb_per_second"]
+    return (
+        f"7B (Qwen2-7B: {QWEN2_7B['parameters']:,} parameters, {big_gb:.1f} GB in float32; LoRA r=16 on the same "
+        f"projections: {QWEN2_7B['lora_parameters']:,}):\n"
+        f"- full capture: {full_ratio:.3f} x the float32 weights here -> {full_ratio:.3f} x {big_gb:.1f} = "
+        f"{full_ratio * big_gb:.1f} GB per captured step;\n"
+        f"- LoRA capture: {per_adapter:.2f} bytes per adapter parameter here -> {QWEN2_7B['lora_parameters']:,} x "
+        f"{per_adapter:.2f} B + the rest of the capture ({lora_rest:.1f} MB here) = {lora_mb:.0f} MB per step, "
+        f"plus hashing the base once per run and once per read: {big_gb * 1024:.0f} MB / "
+        f"{report['base_hash']['mb_per_second']:.0f} MB/s = {hash_s:.0f} s;\n"
+        f"- replay memory: peak RSS was {m_full:.1f} x the float32 weights (full) and {m_lora:.1f} x (LoRA) -> "
+        f"{m_full:.1f} x {big_gb:.1f} = {m_full * big_gb:.0f} GB and {m_lora:.1f} x {big_gb:.1f} = "
+        f"{m_lora * big_gb:.0f} GB (this batch of 4 x 8 tokens: activations add little here, more at real lengths)."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--quick", action="store_true", help="a 2-layer, 64-wide model: checks the script runs")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--table", type=Path, help="print the README's table of a report this script printed")
+    parser.add_argument("--phase", choices=["capture", "replay"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["full", "lora"], help=argparse.SUPPRESS)
+    parser.add_argument("--capture", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+    elif args.phase == "capture":
+        print(json.dumps(capture_phase(args.model, args.out, args.mode == "lora")))
+    elif args.phase == "replay":
+        print(json.dumps(replay_phase(args.capture)))
+    elif args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(measure(args.keep, args.threads, args.quick), indent=1))
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="real_size-"))
+        try:
+            print(json.dumps(measure(workdir, args.threads, args.quick), indent=1))
+        finally:
+            shutil.rmtree(workdir)
+
+
+if __name__ == "__main__":
+    main()
