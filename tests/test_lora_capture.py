@@ -133,6 +133,8 @@ def _with_changed_base_weight(base: Path) -> None:
 
 
 def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_run, tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
     from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError, load_capture
 
@@ -165,6 +167,14 @@ def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_r
     (moved / "policy" / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
     write_checksums(moved)  # resealed: the checksums pass, the adapter's shapes do not
     with pytest.raises(CaptureError, match="not those its config gives on the base"):
+        load_capture(moved)
+    (moved / "policy" / "adapter_config.json").write_text(json.dumps(config))
+    weights = load_file(moved / "policy" / "adapter_model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = weights[first].clone().fill_(float("nan"))
+    save_file(weights, moved / "policy" / "adapter_model.safetensors")
+    write_checksums(moved)  # resealed: a NaN adapter weight is refused by the weights' own check
+    with pytest.raises(CaptureError, match=f"weight {first} holds NaN or inf"):
         load_capture(moved)
 
 

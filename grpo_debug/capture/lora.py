@@ -204,10 +204,8 @@ def _expected_adapter_shapes(folder: Path, config, error) -> dict[str, tuple[int
 
 
 def _check_adapter_weights(file: Path, expected: dict[str, tuple[int, ...]], error) -> None:
-    """The stored adapter: exactly the expected names and shapes, floating point, finite."""
-    from safetensors import safe_open
-
-    from .model_folder import weight_headers
+    """The stored adapter: exactly the expected names and shapes, floating point, finite (as a model folder's)."""
+    from .model_folder import FLOATING, check_finite, weight_headers
 
     if not file.is_file():
         raise error(f"{file.parent}: no {ADAPTER_WEIGHTS}")
@@ -216,11 +214,10 @@ def _check_adapter_weights(file: Path, expected: dict[str, tuple[int, ...]], err
     if shapes != expected:
         odd = sorted(set(shapes.items()) ^ set(expected.items()))[:3]
         raise error(f"{file}: the adapter's weights are not those its config gives on the base ({odd})")
-    with safe_open(str(file), framework="pt") as f:
-        for k in f.keys():
-            tensor = f.get_tensor(k)
-            if not tensor.is_floating_point() or not bool(tensor.isfinite().all()):
-                raise error(f"{file}: adapter weight {k} is not floating point and finite")
+    odd = next(((k, dtype) for k, (_, dtype, _) in stored.items() if dtype not in FLOATING), None)
+    if odd:
+        raise error(f"{file}: adapter weight {odd[0]} is stored as {odd[1]}, not floating point")
+    check_finite(stored, error)
 
 
 # ---- replaying

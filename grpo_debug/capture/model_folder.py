@@ -86,13 +86,14 @@ def check_model_folder(folder: str | Path, error=ValueError, finite: bool = True
             f"({', '.join(missing[:3])}), {len(wrong)} of another shape ({', '.join(wrong[:3])})"
         )
     if finite:
-        _finite(stored, error)
+        check_finite(stored, error)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise error(f"{folder}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     return config
 
 
-def _finite(stored: dict, error) -> None:
+def check_finite(stored: dict, error) -> None:
+    """Every stored weight (`weight_headers`) free of NaN and inf, read one tensor at a time."""
     from safetensors import safe_open
 
     for file in sorted({f for _, _, f in stored.values()}):
