@@ -1,13 +1,15 @@
 # `make lab`: set up everything on a fresh machine, then start JupyterLab on notebooks/.
-# `make test`: the same set-up, then every test: each notebook's .py and .ipynb in sync, pytest, nbval.
+# `make test`: the same set-up, then the tests (about ten minutes on two cores): each notebook's .py and .ipynb in
+# sync, pytest, nbval; `make test-slow`: the checks too slow for that (marked `slow`); CI runs both.
 # Both install the exact versions in requirements.lock; `make lock` moves them to today's newest releases,
 # and `make test-latest` runs every test on the newest releases pyproject.toml allows, in .venv-latest.
 # A second run skips what is already installed.
 PYTHON ?= python3
-# torch's and oneDNN's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
-# numbers (grpo_debug/__init__.py says why)
+# torch's, oneDNN's and MKL's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
+# numbers (grpo_debug/kernels.py says why)
 export ATEN_CPU_CAPABILITY ?= avx2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
+export MKL_CBWR ?= AVX2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -24,19 +26,25 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-latest lock notebooks setup stockfish chromium data model evaluate
+.PHONY: lab test test-slow test-latest lock notebooks setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# torch from its own line, then the lock by uv (its own entry in the lock first, by pip, hashes checked): every
+# package at its locked version with its hashes checked, in seconds; the time it took is printed.
 $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
-	$(BIN)/pip install --disable-pip-version-check torch==2.13.0
+	@date +%s > $(VENV)/.install-start
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 ifeq ($(RESOLVE),latest)
 	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test]"
 else
-	$(BIN)/pip install --disable-pip-version-check --require-hashes -r $(LOCK)
-	$(BIN)/pip install --disable-pip-version-check --no-deps -e .
+	sed -n '/^uv==/,/# via/p' $(LOCK) > $(VENV)/uv-requirement.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/uv-requirement.txt
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 endif
+	@echo "set-up: the environment installed in $$(( $$(date +%s) - $$(cat $(VENV)/.install-start) )) s"
 	touch $(STAMP)
 
 # Move the lock to the newest releases pyproject.toml allows (every platform, Python 3.11 up: TRL 1.16 needs 3.11), then
@@ -50,7 +58,7 @@ lock: $(BIN)/python
 
 # Every test on the newest releases (a separate environment, so the locked one stays as it is).
 test-latest:
-	$(MAKE) test VENV=.venv-latest RESOLVE=latest
+	$(MAKE) test test-slow VENV=.venv-latest RESOLVE=latest
 
 # $(call apt_install,PRESENT,PACKAGE,NAME,HINT): nothing if the shell test PRESENT passes; as root with apt-get,
 # install Debian's PACKAGE; otherwise run HINT (echo lines saying how to install NAME) and fail.
@@ -59,7 +67,9 @@ define apt_install
   :; \
 elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
   echo "installing $(3) from Debian's $(2) package"; \
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
+  start=$$(date +%s); \
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) && \
+  echo "set-up: $(3) installed in $$(( $$(date +%s) - start )) s"; \
 else \
   $(4) \
   exit 1; \
@@ -95,11 +105,19 @@ notebooks: setup
 	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
 	done
 
+# pytest and nbval on every core, the 30 slowest tests and set-ups printed at the end; `make test` takes what is
+# not marked `slow` (tests/conftest.py marks the slow notebooks), `make test-slow` the rest.
+PYTEST = $(BIN)/python -m pytest -n auto --dist loadscope --durations=30 tests \
+  $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600)
+
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/notebook_pairs.py
-	$(BIN)/python -m pytest -n auto --dist loadscope tests $(if $(NOTEBOOKS),--nbval $(NOTEBOOKS) --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600)
+	$(PYTEST) -m "not slow"
+
+test-slow: setup
+	$(PYTEST) -m slow
 
 data: setup
 	$(BIN)/python -m grpo_debug.chess.data build

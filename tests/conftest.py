@@ -4,9 +4,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")  # as grpo_debug pins them, before any torch op (see its __init__)
-os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (trl_probes)
+
+from grpo_debug.kernels import pin
+
+pin()  # AVX2 kernels before any torch op, as the Makefile exports them (grpo_debug/kernels.py says why)
 
 import pytest
 import torch
@@ -61,7 +63,16 @@ SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no
 )
 
 
+# The notebooks nbval runs in `make test-slow` rather than `make test` (each takes over a minute); the rest of
+# `make test-slow` is marked `@pytest.mark.slow` where it stands.
+SLOW_NOTEBOOKS = ("notebooks/05c_mismatch.ipynb", "notebooks/07_influence.ipynb", "notebooks/07b_selection.ipynb")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SLOW_NOTEBOOKS):
+            item.add_marker(pytest.mark.slow)
+
     def rank(item) -> int:
         return next((i for i, prefix in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(prefix)), len(SLOWEST_FIRST))
 

@@ -29,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "09_dashboard.ipynb"
 ARTIFACTS = ROOT / "tests" / "artifacts"
+pytestmark = pytest.mark.slow  # `make test-slow`: a JupyterLab server and Chromium per test
 CHROMIUM = "/usr/bin/chromium"
 VIEWPORT = {"width": 1600, "height": 1200}  # the lab's layout at this size is what the width checks measure
 TOGGLE = "logprob_temperature"  # re-runs logprobs -> loss on the cached rollout: no new samples

@@ -238,6 +238,7 @@ def relative_gap(ours: float, theirs: float) -> float:
     return abs(ours - theirs) / max(abs(ours), abs(theirs), 1e-30)
 
 
+@pytest.mark.slow  # `make test-slow`: two processes started with torchrun or accelerate
 def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
     """torchrun, 2 CPU processes (gloo), each generating half the batch: the capture holds all B*G rows, and the
     trainer's log-probs of each process's share are put back in place; the replay reproduces the logged step."""
@@ -297,12 +298,14 @@ def assert_replayed_per_process(capture_path: Path, passes: int) -> None:
     assert min(gaps.values()) > 10 * TOLERANCE, f"the one-batch replay matches too ({gaps}): the layout tests nothing"
 
 
+@pytest.mark.slow  # `make test-slow`: two processes started with torchrun or accelerate
 def test_two_processes_with_two_micro_batches_each_and_dropout_are_replayed_process_by_process(
     two_micro_batches_each,
 ):
     assert_replayed_per_process(two_micro_batches_each, passes=1)
 
 
+@pytest.mark.slow  # `make test-slow`: two processes started with torchrun or accelerate
 @pytest.mark.parametrize(
     "launcher, iterations", [("torchrun", 2), ("accelerate", 1)], ids=["torchrun-num_iterations-2", "accelerate"]
 )
@@ -313,6 +316,7 @@ def test_other_multi_process_layouts_are_replayed_process_by_process(dropout_qwe
     assert_replayed_per_process(two_process_capture(dropout_qwen2, tmp_path / "run", launcher, *layout), iterations)
 
 
+@pytest.mark.slow  # `make test-slow`: two processes started with torchrun or accelerate
 @pytest.mark.parametrize(
     "damage, problem",
     [

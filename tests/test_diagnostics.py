@@ -20,6 +20,7 @@ def step():
     return s
 
 
+@pytest.mark.slow  # `make test-slow`: inductor compiles the model (a minute)
 @pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor's CPU backend needs a C++ compiler"
 )

@@ -63,6 +63,7 @@ def ranks(report) -> list[str]:
     return [f.id for f in report.present("warning")]
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs take two minutes to train
 def test_every_planted_defect_is_named_within_the_top_two(runs):
     table = {}
     for defect, expected in PLANTED.items():
@@ -73,6 +74,7 @@ def test_every_planted_defect_is_named_within_the_top_two(runs):
     assert not missed, f"planted defects not within the doctor's top two problems/warnings: {missed}"
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs
 def test_the_clean_run_raises_nothing_above_info(runs):
     report = diagnose(open_capture(runs["clean"]))
     loud = [(f.id, f.severity, f.summary) for f in report.present("warning")]
@@ -87,6 +89,7 @@ def test_a_bfloat16_sampler_is_named_within_the_top_two():
     assert "precision" in found[:2], f"a bfloat16 sampler against a float32 trainer: the doctor ranked {found}"
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs
 def test_a_flip_that_moves_the_update_outranks_one_that_does_not(runs):
     """position_ids on a left-padded GPT-2: the flip moves the update; kl_estimator at beta 0 is never flipped."""
     report = diagnose(open_capture(runs["position_ids"]))
@@ -97,6 +100,7 @@ def test_a_flip_that_moves_the_update_outranks_one_that_does_not(runs):
     assert report.findings[0].id == "position_ids", [f.id for f in report.findings[:3]]
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs
 def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(runs, tmp_path):
     out, page = tmp_path / "doctor.json", tmp_path / "doctor.html"
     done = subprocess.run(
@@ -119,6 +123,7 @@ def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(r
     assert "dropout" in done.stdout and "<div class='finding" in page.read_text()
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs
 @pytest.mark.parametrize("run", list(USER_RUNS))
 def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
     """TRL's defaults on GPT-2, a conversational Llama, two passes over two micro-batches: ranked JSON with
@@ -143,6 +148,7 @@ def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
     print(f"\n{run}: above info {loud}")
 
 
+@pytest.mark.slow  # `make test-slow`: the planted runs
 def test_the_replay_names_dropout_that_is_a_config_field(runs):
     """Qwen2's attention_dropout has no nn.Dropout module: the replay still names it as the run's pitfall."""
     from grpo_debug.capture.replay import reproduction

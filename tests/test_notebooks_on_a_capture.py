@@ -35,7 +35,10 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ON_A_STEP = sorted(p.stem for p in NOTEBOOKS.glob("[0-9]*.py") if p.stem not in ("06b_training", "10_your_run"))
 
 
-pytestmark = pytest.mark.usefixtures("task_registry_restored")
+pytestmark = [
+    pytest.mark.usefixtures("task_registry_restored"),
+    pytest.mark.slow,  # `make test-slow`: 14 notebooks on each of four captures; nbval runs them on the bundled model
+]
 
 
 TESTS = Path(__file__).resolve().parent

@@ -57,6 +57,7 @@ def uninterrupted(tmp_path_factory):
     return numbers(path), time.perf_counter() - start
 
 
+@pytest.mark.slow  # `make test-slow`: twelve runs of the train command
 def test_twelve_kills_at_random_moments_then_a_resume_end_with_the_uninterrupted_json(uninterrupted, tmp_path):
     """Each kill lands at a uniform moment of a whole run's life (start to exit, as this machine runs it): in
     the imports, a step, a checkpoint, the progress rewrite, or the result's write at the end."""

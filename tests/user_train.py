@@ -3,7 +3,7 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
 
-`model` (a folder), `capture` (the steps), `chat` (message-list prompts) and `mixed_lengths` (prompts of
+`model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not imported), `chat` (message-list prompts) and `mixed_lengths` (prompts of
 different lengths, so left padding) are read from the JSON too.
 """
 
@@ -12,8 +12,6 @@ import sys
 
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
-
-from grpo_debug.capture import CaptureCallback
 
 
 def text(completion) -> str:
@@ -56,7 +54,10 @@ if __name__ == "__main__":
     trainer = GRPOTrainer(
         model=model, reward_funcs=REWARD_FUNCS, args=args, train_dataset=Dataset.from_dict({"prompt": prompts})
     )
-    trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps))
+    if steps is not None:
+        from grpo_debug.capture import CaptureCallback
+
+        trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps))
     trainer.train()
     with open(f"{out}/log_history.json", "w") as f:
         json.dump(trainer.state.log_history, f, indent=1)

@@ -3,10 +3,14 @@
 import os
 import warnings
 
-import matplotlib
-import pandas as pd
-import torch
-import transformers
+from ..kernels import pin
+
+pin()  # the notebooks' own numbers: AVX2 kernels, before torch runs an op (kernels.py says why)
+
+import matplotlib  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 
 def setup(threads: int = 1) -> None:
@@ -16,8 +20,8 @@ def setup(threads: int = 1) -> None:
     if pinned and torch.backends.cpu.get_cpu_capability() != pinned:
         warnings.warn(
             f"torch runs its CPU kernels at {torch.backends.cpu.get_cpu_capability()}, not the pinned "
-            f"{pinned}: it ran an op before grpo_debug was imported, so the numbers may differ from the "
-            "stored outputs; import grpo_debug first",
+            f"{pinned}: it ran an op before grpo_debug.ui.notebook was imported, so the numbers may differ "
+            "from the stored outputs; import it first",
             stacklevel=2,
         )
     torch.use_deterministic_algorithms(True, warn_only=True)
