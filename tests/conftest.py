@@ -63,9 +63,15 @@ SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no
 )
 
 
-# The notebooks nbval runs in `make test-slow` rather than `make test` (each takes over a minute); the rest of
+# The notebooks nbval runs in `make test-slow` rather than `make test` (the advanced notebooks, each over a minute); the rest of
 # `make test-slow` is marked `@pytest.mark.slow` where it stands.
-SLOW_NOTEBOOKS = ("notebooks/05c_mismatch.ipynb", "notebooks/07_influence.ipynb", "notebooks/07b_selection.ipynb")
+SLOW_NOTEBOOKS = (
+    "notebooks/05b_off_policy.ipynb",
+    "notebooks/05c_mismatch.ipynb",
+    "notebooks/06b_training.ipynb",
+    "notebooks/07_influence.ipynb",
+    "notebooks/07b_selection.ipynb",
+)
 
 
 def pytest_collection_modifyitems(config, items):

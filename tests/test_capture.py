@@ -76,6 +76,7 @@ def test_the_replay_reproduces_what_trl_logged(bundled):
     assert run.config.preset_name() == "fixed" and run.config.beta == 0.04  # the run was the fixed preset in TRL
 
 
+@pytest.mark.slow  # `make test-slow`: replay commands in fresh processes
 def test_the_cli_writes_logged_and_replayed_and_takes_a_toggle(bundled, tmp_path):
     runs = {}
     for name, extra in (("as_captured", []), ("toggled", ["--set", "position_ids=false"])):

@@ -285,6 +285,7 @@ def test_a_killed_run_is_drawn_without_its_cut_last_line(tmp_path, broken):
     assert run.unfinished and [r["step"] for r in run.lines] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow  # `make test-slow`: Chromium
 def test_the_run_page_opens_in_a_real_browser_and_links_the_doctors_report(tmp_path, broken):
     from test_browser import ARTIFACTS, _standalone_page
 
@@ -310,6 +311,7 @@ def test_the_run_page_opens_in_a_real_browser_and_links_the_doctors_report(tmp_p
     assert report.resolve().as_uri() in links and readme.resolve().as_uri() in links, links
 
 
+@pytest.mark.slow  # `make test-slow`: a benchmark's quick mode, as tests/test_benchmarks.py
 def test_the_benchmark_runs_in_quick_mode(tmp_path):
     from test_benchmarks import run_quick
 

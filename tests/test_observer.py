@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from arithmetic_task import build_tiny_model
 
 from grpo_debug.kernels import PINNED
@@ -39,6 +40,7 @@ def test_importing_grpo_debug_changes_no_environment_variable_and_no_torch_setti
     assert seen["cpu"][0] == seen["cpu"][1], f"importing grpo_debug changed torch's CPU kernels: {seen}"
 
 
+@pytest.mark.slow  # `make test-slow`: two TRL runs in fresh processes
 def test_a_run_with_the_capture_callback_has_the_losses_of_the_run_without_it(tmp_path):
     build_tiny_model(tmp_path / "my-model")
     shutil.copy(TESTS / "user_train.py", tmp_path / "user_train.py")

@@ -50,6 +50,7 @@ def _cli(tmp_path, *settings):
     return json.loads(out.read_text())["metrics"]
 
 
+@pytest.mark.slow  # `make test-slow`: a step command in a fresh process
 def test_cli_second_iteration_clips_and_logs_entropy(tmp_path):
     two = _cli(tmp_path, "num_iterations=2")
     assert two["clip_ratio/region_mean"] > 0 and two["iteration_2/clip_ratio/region_mean"] > 0

@@ -173,6 +173,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grpo_debug", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # `make test-slow`: step commands in fresh processes
 def test_the_step_command_writes_the_page_and_refuses_an_unwritable_path(tmp_path):
     path = tmp_path / "tokens.html"
     sets = ["--set", *(f"{k}={v}" for k, v in SMALL.items())]
@@ -190,6 +191,7 @@ def test_the_step_command_writes_the_page_and_refuses_an_unwritable_path(tmp_pat
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.slow  # `make test-slow`: a TRL run and a replay command
 def test_the_replay_command_writes_the_page_of_a_captured_step(tmp_path):
     from grpo_debug.capture import CaptureCallback
     from grpo_debug.capture.trl_bridge import trl_trainer

@@ -89,6 +89,7 @@ def test_a_run_logs_trl_metrics_every_step_and_the_held_out_reward(three_steps):
     assert [r["step"] for r in metric_curve(three_steps, "fixed", "eval/reward")] == [0, 2, 3]
 
 
+@pytest.mark.slow  # `make test-slow`: two train commands, each a fresh process
 def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
     path = tmp_path / "p.jsonl"
     train(
@@ -159,6 +160,7 @@ def test_a_summary_is_families_of_verdicts_with_their_correction(three_steps):
     assert change["family_size"] == 2 and change["level"] == 0.975  # Bonferroni over the two arms
 
 
+@pytest.mark.slow  # `make test-slow`: two train commands, each a fresh process
 def test_the_cli_writes_the_same_numbers_twice(tmp_path):
     outs = []
     for k in range(2):

@@ -82,6 +82,7 @@ def test_twelve_kills_at_random_moments_then_a_resume_end_with_the_uninterrupted
     assert not (tmp_path / "out.json.progress.jsonl").exists()
 
 
+@pytest.mark.slow  # `make test-slow`: a full train command, then a refused one
 def test_a_second_run_on_the_same_output_is_refused(tmp_path):
     path = tmp_path / "out.json"
     first = run(path, wait=False, steps=200)  # long enough to be running when the second starts

@@ -16,7 +16,10 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_llama, build_tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("task_registry_restored")
+pytestmark = [
+    pytest.mark.usefixtures("task_registry_restored"),
+    pytest.mark.slow,  # `make test-slow`: a user's TRL runs and replay commands, each a fresh process (two minutes)
+]
 COMPARED = (
     "loss",
     "grad_norm",
