@@ -5,11 +5,10 @@
 # and `make test-latest` runs every test on the newest releases pyproject.toml allows, in .venv-latest.
 # A second run skips what is already installed.
 PYTHON ?= python3
-# torch's, oneDNN's and MKL's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
+# torch's and oneDNN's CPU kernels at AVX2 width on every machine, so that the same seed gives the same
 # numbers (grpo_debug/kernels.py says why)
 export ATEN_CPU_CAPABILITY ?= avx2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
-export MKL_CBWR ?= AVX2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

@@ -40,7 +40,7 @@ def task_registry_restored():
 # `make test` runs pytest-xdist with --dist loadscope: each file, test class and notebook goes whole to one
 # worker, in collection order. The slowest ones go first, so that no worker is left with one at the end
 # (the order within each is kept). Measured with --durations=0; the rest keep their order.
-SLOWEST_FIRST = (  # by the seconds each took in `make test` (session 11), so no long one starts last
+SLOWEST_FIRST = (  # by the seconds each took under --durations (2026-11-26), so no long one starts last
     "tests/test_notebooks_on_a_capture.py::TestBundled",
     "tests/test_benchmarks.py",
     "tests/test_doctor.py",
