@@ -23,10 +23,3 @@ def pin() -> None:
     """Ask torch and oneDNN for AVX2 kernels; takes effect only before torch runs its first op."""
     for name, value in PINNED.items():
         os.environ.setdefault(name, value)
-
-
-def in_use() -> dict[str, str | None]:
-    """What this process runs: torch's CPU capability and the pinned variables (None: not set)."""
-    import torch
-
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in PINNED}}
