@@ -37,34 +37,39 @@ def task_registry_restored():
         registry.update(saved)
 
 
-# `make test` runs pytest-xdist with --dist loadscope: each file, test class and notebook goes whole to one
-# worker, in collection order. The slowest ones go first, so that no worker is left with one at the end
-# (the order within each is kept). Measured with --durations=0; the rest keep their order.
-SLOWEST_FIRST = (  # by the seconds each took under --durations (2026-11-26), so no long one starts last
+# `make test` and `make test-slow` run pytest-xdist with --dist loadscope: each file, test class and notebook goes
+# whole to one worker, in collection order. The slowest ones go first, so that no worker is left with one at the end
+# (the order within each is kept); each tier keeps this order among its own. Ranked by each scope's summed seconds in
+# one run of the whole suite (`--junitxml`, 2026-11-26, commit 31729ca); the rest keep their order.
+SLOWEST_FIRST = (
     "tests/test_notebooks_on_a_capture.py::TestBundled",
-    "tests/test_benchmarks.py",
     "tests/test_doctor.py",
+    "tests/test_benchmarks.py",
+    "tests/test_your_run.py",
+    "tests/test_browser.py",
     "tests/test_train_resume.py",
     "notebooks/07_influence.ipynb",
-    "tests/test_browser.py",
-    "tests/test_your_run.py",
-    "tests/test_step.py",
     "notebooks/05c_mismatch.ipynb",
-    "notebooks/07b_selection.ipynb",
-    "tests/test_notebooks_on_a_capture.py",
-    "tests/test_train.py",
     "tests/test_capture.py",
-    "tests/test_widgets.py",
-    "notebooks/02_logprobs.ipynb",
-    "notebooks/05b_off_policy.ipynb",
+    "notebooks/07b_selection.ipynb",
+    "tests/test_step.py",
     "tests/test_influence.py",
+    "notebooks/05b_off_policy.ipynb",
+    "tests/test_train.py",
+    "tests/test_diagnostics.py",
+    "notebooks/02_logprobs.ipynb",
     "notebooks/06b_training.ipynb",
+    "tests/test_notebooks_on_a_capture.py",
+    "tests/test_widgets.py",
+    "tests/test_mismatch.py",
     "notebooks/09_dashboard.ipynb",
+    "notebooks/10_doctor.ipynb",
+    "notebooks/08_diagnostics.ipynb",
 )
 
 
-# The notebooks nbval runs in `make test-slow` rather than `make test` (the advanced notebooks, each over a minute); the rest of
-# `make test-slow` is marked `@pytest.mark.slow` where it stands.
+# The notebooks nbval runs in `make test-slow` rather than `make test` (the advanced notebooks, each over a
+# minute); the rest of `make test-slow` is marked `@pytest.mark.slow` where it stands.
 SLOW_NOTEBOOKS = (
     "notebooks/05b_off_policy.ipynb",
     "notebooks/05c_mismatch.ipynb",

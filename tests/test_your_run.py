@@ -89,11 +89,10 @@ def assert_reproduces(replayed: dict, logged: dict, must: tuple[str, ...]) -> No
     "changes,steps,must",
     [
         ({}, [2], ("loss", "grad_norm", "reward", "reward_std", "entropy", "clip_ratio/region_mean")),
-        pytest.param(
+        (
             {"num_iterations": 2, "gradient_accumulation_steps": 2, "beta": 0.04, "loss_type": "grpo", "max_steps": 4},
             [1, 2, 3, 4],
             ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean"),
-            marks=pytest.mark.slow,  # `make test-slow`: four steps replayed, each in its own process
         ),
     ],
     ids=["defaults", "mu2-ga2-beta-grpo"],

@@ -3,7 +3,8 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
 
-`model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not imported), `chat` (message-list prompts) and `mixed_lengths` (prompts of
+`model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not
+imported), `chat` (message-list prompts) and `mixed_lengths` (prompts of
 different lengths, so left padding) are read from the JSON too.
 """
 
