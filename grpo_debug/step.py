@@ -75,10 +75,12 @@ class GRPOStep:
         capture: object | None = None,
         rollout: Rollout | None = None,
         at_reference: bool = True,
+        starting_optimizer=None,
     ):
         """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
-        policy's starting weights are the reference's (False once trained)."""
+        policy's starting weights are the reference's (False once trained). `starting_optimizer(model, cfg)`:
+        the optimizer an update starts from (a capture's: the trainer's, restored), or None for a fresh AdamW."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
@@ -90,6 +92,7 @@ class GRPOStep:
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
         self.capture = capture
+        self.starting_optimizer = starting_optimizer
 
     @property
     def stored_rewards(self) -> bool:
@@ -108,6 +111,10 @@ class GRPOStep:
         if self._policy_dirty:
             self.policy.load_state_dict(self.initial_state)
             self._policy_dirty = False
+
+    def policy_moved(self) -> None:
+        """The policy's weights were changed outside the update phase: `restore_policy` brings back the start."""
+        self._policy_dirty = True
 
     def advance(self) -> None:
         """Training: the weights the last run's update left become the next step's start (the reference
@@ -254,12 +261,16 @@ class GRPOStep:
         return batch_loss(loss_spec_of(cfg), sampler_correction_of(cfg), done["logprobs"], advantages, r.sampler_logps)
 
     def _update(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
-        """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`)
-        with the AdamW carried from the previous steps."""
+        """The update from the step's initial weights with a fresh AdamW (a capture's: the trainer's optimizer,
+        `starting_optimizer`), or in training (after `advance`) with the AdamW carried from the previous steps."""
         self.restore_policy()
         self._policy_dirty = True
         lp, r = done["logprobs"], done["rollout"]
-        self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
+        self._last_optimizer = (
+            self.optimizer
+            or (self.starting_optimizer and self.starting_optimizer(self.policy, cfg))
+            or new_optimizer(self.policy, optimization_of(cfg))
+        )
         advantages, loss, correction = done["advantages"].values, loss_spec_of(cfg), sampler_correction_of(cfg)
         return update(
             self.policy,

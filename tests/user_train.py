@@ -4,7 +4,7 @@ but for the batch shape), a model in a relative folder, two reward functions of 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
 
 `model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not
-imported), `chat` (message-list prompts) and `mixed_lengths` (prompts of
+imported), `optimizer_state` (the callback's, default true), `chat` (message-list prompts) and `mixed_lengths` (prompts of
 different lengths, so left padding) are read from the JSON too.
 """
 
@@ -35,6 +35,7 @@ if __name__ == "__main__":
     changes = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     model = changes.pop("model", "my-model")
     steps = changes.pop("capture", [2])
+    optimizer_state = changes.pop("optimizer_state", True)
     pairs = [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]
     if changes.pop("mixed_lengths", False):  # every prompt of its own length: TRL left-pads the shorter ones
         pairs = [(1, 2), (13, 4), (15, 61), (7, 1001), (222, 444), (9, 100000), (4444, 4444), (66666, 3333)]
@@ -58,7 +59,7 @@ if __name__ == "__main__":
     if steps is not None:
         from grpo_debug.capture import CaptureCallback
 
-        trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps))
+        trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps, optimizer_state=optimizer_state))
     trainer.train()
     with open(f"{out}/log_history.json", "w") as f:
         json.dump(trainer.state.log_history, f, indent=1)

@@ -44,6 +44,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..files import write_text_atomically
+from . import optimizer_state
 from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
 from .trainer_state import (
@@ -70,14 +71,26 @@ class CaptureCallback(TrainerCallback):
     `FlightRecorder` (which records every step and writes the ones that trigger) is this class with those three
     changed, not a copy of it."""
 
-    def __init__(self, out_dir: str | Path, steps: list[int], max_weight_bytes: int = MAX_WEIGHT_BYTES):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        steps: list[int],
+        max_weight_bytes: int = MAX_WEIGHT_BYTES,
+        optimizer_state: bool = True,
+    ):
         if not steps or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in steps):
             raise ValueError(f"steps must be a list of optimizer steps >= 1, got {steps!r}")
-        self._setup(out_dir, max_weight_bytes)
+        self._setup(out_dir, max_weight_bytes, optimizer_state)
         self.steps = sorted(set(steps))
 
-    def _setup(self, out_dir: str | Path, max_weight_bytes: int) -> None:
+    def _setup(self, out_dir: str | Path, max_weight_bytes: int, optimizer_state: bool = True) -> None:
+        """`optimizer_state`: write the trainer's optimizer (its state, groups and scheduled learning rate) with
+        each capture, so that a replay's update is the trainer's (`optimizer_state.py`); False: not written, and
+        a replay's update starts from a fresh AdamW and says so."""
+        if not isinstance(optimizer_state, bool):
+            raise ValueError(f"optimizer_state must be True or False, got {optimizer_state!r}")
         self.out_dir, self.max_weight_bytes, self.steps = Path(out_dir), max_weight_bytes, []
+        self.optimizer_state = optimizer_state
         self.trainer = None
         self.generation: dict | None = None  # the latest generation batch that feeds a wanted step
         self.current: dict | None = None  # the step being captured
@@ -230,6 +243,8 @@ class CaptureCallback(TrainerCallback):
                 self.skipped[capture["step"]], trigger = reason, None
             else:
                 capture["weights"] = self._weights()
+                if self.optimizer_state and state.is_world_process_zero and self.trainer.optimizer is not None:
+                    capture["optimizer"] = optimizer_state.snapshot(self.trainer, self._model())
         capture["trigger"] = trigger
         self.seconds += time.perf_counter() - start
 
@@ -425,6 +440,10 @@ class CaptureCallback(TrainerCallback):
         torch.save(tensors, path / "batch.pt")
         policy, note = self._write_policy(path, step, capture["weights"])
         meta = self._meta(step, capture, generation, policy, trl.__version__)
+        optimizer = capture.get("optimizer")
+        if optimizer is not None:
+            optimizer_state.write(path, optimizer[1])
+            meta["optimizer"] = jsonable(optimizer[0])
         write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
         write_text_atomically(
             path / "README.md",
@@ -438,6 +457,7 @@ class CaptureCallback(TrainerCallback):
                 policy_note=note,
                 path=path.resolve(),
                 reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
+                optimizer_note=optimizer_note(meta.get("optimizer")),
             )
             + trigger_note(capture["trigger"]),
         )
@@ -506,6 +526,21 @@ class CaptureCallback(TrainerCallback):
             "logged": None,
             "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
         }
+
+
+def optimizer_note(optimizer: dict | None) -> str:
+    """The README's line on the optimizer's state (or its absence)."""
+    if optimizer is None:
+        return (
+            "not written (`CaptureCallback(..., optimizer_state=False)`, or no optimizer yet): a replay's update "
+            f"starts from a fresh AdamW."
+        )
+    lrs = ", ".join(f"{lr:.6g}" for lr in optimizer["learning_rate"])
+    return (
+        f"`{optimizer['file']}` ({optimizer['bytes'] / 1e6:.1f} MB): the trainer's `{optimizer['class']}` state before "
+        f"this step, its {len(optimizer['groups'])} parameter group(s) in capture.json's `optimizer`, stepping at "
+        f"learning rate {lrs} (the scheduler's rate for this step)."
+    )
 
 
 def trigger_note(trigger: list[dict] | None) -> str:

@@ -1,5 +1,6 @@
 """A captured TRL step opened as a `GRPOStep`: its batch the cached rollout, its GRPOConfig the config, its
-weights the policy, and its reward functions (yours, or the stored rewards replayed).
+weights the policy, its reward functions (yours, or the stored rewards replayed), and the trainer's optimizer
+(its state, groups and scheduled rate, where the capture holds them) as the one every update starts from.
 
     step = open_capture("captures/step-2", task=[my_reward, other_reward])
     step.run(until="update")            # every phase on the trainer's own batch
@@ -12,7 +13,8 @@ import dataclasses
 from ..config import StepConfig
 from ..step import GRPOStep
 from ..task import register_task
-from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
+from . import optimizer_state
+from .reading import Capture, captured_models, captured_rollout, captured_task, config_from_capture, load_capture
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -34,5 +36,29 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
     task = captured_task(capture, loaded.tokenizer, task)
     register_task(task.name, lambda: task)
     return GRPOStep(
-        cfg, task, loaded, capture=capture, rollout=captured_rollout(capture, loaded.tokenizer), at_reference=beta_zero
+        cfg,
+        task,
+        loaded,
+        capture=capture,
+        rollout=captured_rollout(capture, loaded.tokenizer),
+        at_reference=beta_zero,
+        starting_optimizer=lambda model, at: starting_optimizer(capture, as_captured, model, at),
     )
+
+
+def starting_optimizer(capture: Capture, as_captured: StepConfig, model, cfg: StepConfig):
+    """The trainer's optimizer as captured (`optimizer_state`) for an update under `cfg`: each group's scheduled
+    rate scaled by cfg.learning_rate / the GRPOConfig's (the same rate when unchanged), the decaying groups at
+    cfg.weight_decay. None (a fresh AdamW) where the capture holds none or one this replay cannot rebuild."""
+    entry = capture.meta.get("optimizer")
+    if optimizer_state.rebuild_problem(entry) is not None:
+        return None
+    scale = cfg.learning_rate / as_captured.learning_rate if as_captured.learning_rate else 1.0
+    optimizer = optimizer_state.trainer_optimizer(
+        model, entry, capture.optimizer_tensors, lr=[g["lr"] * scale for g in entry["groups"]]
+    )
+    if cfg.weight_decay != as_captured.weight_decay:
+        for group in optimizer.param_groups:
+            if group["weight_decay"]:
+                group["weight_decay"] = cfg.weight_decay
+    return optimizer

@@ -30,6 +30,7 @@ from ..model import LoadedModel, ModelUnavailable, load_model
 from ..rewards import StoredReward
 from ..rollout import Rollout
 from ..task import Task, callable_name, load_task, register_task, task_names
+from . import optimizer_state
 from .checksums import checksum_problem
 from .lora import check_adapter_capture, load_adapter_capture
 from .model_folder import check_model_folder
@@ -60,6 +61,7 @@ class Capture:
     path: Path
     meta: dict  # capture.json
     batch: dict[str, torch.Tensor]  # batch.pt
+    optimizer_tensors: dict[str, torch.Tensor] | None = None  # optimizer.safetensors (`optimizer_state`), if written
 
     @property
     def num_samples(self) -> int:
@@ -119,9 +121,23 @@ def load_capture(path: str | Path) -> Capture:
         batch = torch.load(path / "batch.pt", weights_only=True, map_location="cpu")
     except Exception as e:  # a truncated or edited file fails in many ways inside torch
         raise CaptureError(f"{path / 'batch.pt'} cannot be read as tensors ({type(e).__name__}: {e})") from None
-    capture = Capture(path, meta, batch)
+    capture = Capture(path, meta, batch, _optimizer_tensors(path, meta))
     check_capture(capture)
     return capture
+
+
+def _optimizer_tensors(path: Path, meta) -> dict[str, torch.Tensor] | None:
+    """optimizer.safetensors, read (after the checksums) where capture.json has an `optimizer` entry."""
+    if not isinstance(meta, dict) or meta.get("optimizer") is None:
+        return None
+    entry = meta["optimizer"]
+    name = entry.get("file") if isinstance(entry, dict) else None
+    _need(name == optimizer_state.FILE, path / "capture.json", f"optimizer.file = {name!r}, not {optimizer_state.FILE!r}")
+    _need((path / name).is_file(), path / name, "missing (capture.json has an 'optimizer' entry)")
+    try:
+        return optimizer_state.read(path, entry)
+    except Exception as e:  # safetensors refuses a damaged header in several ways
+        raise CaptureError(f"{path / name} cannot be read as tensors ({type(e).__name__}: {e})") from None
 
 
 def _need(ok: bool, where: Path, problem: str) -> None:
@@ -136,6 +152,10 @@ def check_capture(capture: Capture) -> None:
     g, G = _check_meta(meta, js)
     N = _check_batch(b, pt, meta, js, g, G)
     _check_rows_and_schedule(meta, b, js, pt, N)
+    if meta.get("optimizer") is not None:
+        problem = optimizer_state.check(meta["optimizer"], capture.optimizer_tensors, js)
+        if problem:
+            raise CaptureError(problem)
     check_policy_folder(capture)
 
 

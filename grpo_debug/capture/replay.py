@@ -6,12 +6,15 @@ number with the step's own metrics from the trainer. Open a capture with `open_c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from ..model import absolute_positions, has_dropout
 from ..show.metrics import metrics
-from ..specs import loss_spec_of, scoring_of
+from ..specs import loss_spec_of, optimization_of, scoring_of
+from ..update import new_optimizer
+from . import optimizer_state
 from .lora import is_adapter_model
 from .reading import Capture, config_from_capture
 from .trl_step import RankSchedule, trl_step
@@ -34,10 +37,11 @@ COMPARED = (
 )  # TRL's names
 
 
-def replay_trl_step(step, run):
+def replay_trl_step(step, run, optimizer=None):
     """The captured optimizer step, replayed as TRL took it (`trl_step.trl_step`) under the step's config:
     its micro-batches and pass, pi_old and the reference's log-probs from generation time (recomputed when a
-    scoring toggle changed them and the step is its generation's first), the trainer's dropout masks."""
+    scoring toggle changed them and the step is its generation's first), the trainer's dropout masks.
+    `optimizer`: then steps once (the weights are left moved: `step.restore_policy()` brings them back)."""
 
     capture, cfg, b = step.capture, run.config, step.capture.batch
     step.restore_policy()  # the weights before the step, whatever the engine's update phase did to them
@@ -64,6 +68,50 @@ def replay_trl_step(step, run):
         ref_logps=None if ref is None else ref.float(),
         max_grad_norm=cfg.max_grad_norm,
         fused=fused,
+        optimizer=optimizer,
+    )
+
+
+@dataclass(frozen=True)
+class TrainerUpdate:
+    """The captured optimizer step taken with the trainer's optimizer: what the weights did."""
+
+    delta: dict[str, torch.Tensor]  # each trained parameter's change, by name
+    optimizer: str  # what stepped: the trainer's optimizer as captured, or why a fresh AdamW did (`FRESH`)
+    exact: bool  # the trainer's optimizer, rebuilt from the capture
+    learning_rate: tuple[float, ...]  # each group's rate as it stepped
+    grad_norm: float  # before clipping
+
+    @property
+    def norm(self) -> float:
+        return math.sqrt(sum(float((d.double() ** 2).sum()) for d in self.delta.values()))
+
+
+def trainer_update(step, run) -> TrainerUpdate:
+    """The captured step replayed as the trainer took it (`replay_trl_step`), then stepped by the trainer's
+    optimizer rebuilt from the capture (its moments, groups and scheduled rate; `optimizer_state`), or, where the
+    capture holds none or one this replay cannot rebuild, by a fresh AdamW at the config's rate, said so. The
+    policy is left at the weights after the step (`step.restore_policy()` brings back those before)."""
+    capture = step.capture
+    entry = capture.meta.get("optimizer")
+    problem = optimizer_state.rebuild_problem(entry)
+    step.restore_policy()
+    if problem is None:
+        optimizer = optimizer_state.trainer_optimizer(step.policy, entry, capture.optimizer_tensors)
+        what = f"the trainer's {entry['class']} as captured (its state before step {capture.meta['step']})"
+    else:
+        optimizer = new_optimizer(step.policy, optimization_of(run.config))
+        what = f"{problem}: {optimizer_state.FRESH}"
+    trained = {n: p for n, p in step.policy.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    replay = replay_trl_step(step, run, optimizer)
+    step.policy_moved()
+    return TrainerUpdate(
+        delta={n: p.detach() - before[n] for n, p in trained.items()},
+        optimizer=what,
+        exact=problem is None,
+        learning_rate=tuple(g["lr"] for g in optimizer.param_groups),
+        grad_norm=replay.grad_norm,
     )
 
 

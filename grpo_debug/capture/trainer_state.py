@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 FORMAT = (
-    3  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved; 3 checksums.json
-)
+    4  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved; 3 checksums.json;
+)  # 4 the optimizer's state (`optimizer`, optimizer.safetensors)
 TENSORS = (
     "prompt_ids",
     "prompt_mask",
@@ -105,6 +105,7 @@ Optimizer step {step} of a TRL {trl_version} `{trainer_class}` run, captured by
 - `batch.pt`: the tensors of the generation batch, in generation order (groups of {num_generations}
   consecutive rows): {tensors}.
 - `policy/`: {policy_note} The reference model: {reference}.
+- The optimizer: {optimizer_note}
 
 Open it, from any directory:
 

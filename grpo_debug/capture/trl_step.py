@@ -11,7 +11,8 @@ the weights before that step, with pi_old from generation time. For each micro-b
 then grad_norm = ||sum_j grad loss_j|| (before clipping), `loss` = sum_j loss_j, and every metric the mean
 over the micro-batches (TRL's log with logging_steps=1). With dropout on, each forward starts from the random
 state the trainer's forward started from (captured by a pre-hook), so the dropout masks are the trainer's.
-The optimizer step itself is not taken: every number TRL logs for the step is known before it.
+Every number TRL logs for the step is known before the optimizer steps; given the trainer's optimizer
+(`optimizer_state.trainer_optimizer`), it then steps as the trainer's did.
 
 With P processes (a multi-process capture), each process r has its own micro-batches, random states and
 widths (it pads its rows to its own longest prompt and completion, and a dropout mask is drawn for that shape):
@@ -116,6 +117,7 @@ def trl_step(
     ref_logps: torch.Tensor | None = None,
     max_grad_norm: float = 1.0,
     fused: bool = False,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TRLStep:
     """The optimizer step over each process's micro-batches (`ranks`, one per process, in process order). `mask`
     (N, C) is the loss mask, `advantages` (N,), `old_logps` (N, C) pi_old (None: each micro-batch's own,
@@ -123,7 +125,8 @@ def trl_step(
     head (`trl_forward`). As TRL with P processes: dapo's normaliser is the generation batch's tokens over all
     processes divided by P; each process backpropagates its own micro-batches; DDP averages the P gradients (so
     each loss is backpropagated / P) before grad_norm; the loss logged is the mean over processes of each one's
-    sum, and each metric the mean over micro-batch positions of its value over all processes' rows there."""
+    sum, and each metric the mean over micro-batch positions of its value over all processes' rows there.
+    `optimizer`: steps once on the clipped gradient, as the trainer's did (None: the weights stay)."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.zero_grad(set_to_none=True)
     batch = _Batch(rollout, mask, advantages, old_logps, ref_logps, mask.sum() / len(ranks))
@@ -143,6 +146,8 @@ def trl_step(
         parts.append(rank_parts)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    if optimizer is not None:
+        optimizer.step()
     model.zero_grad(set_to_none=True)
     metrics = parts[0] if len(ranks) == 1 else _pooled_metrics(batch, ranks, raw, entropies, loss)
     return TRLStep(
