@@ -363,11 +363,14 @@ print(f"beta = {base_config(zl).beta}; identical_groups: {len(identical_runs)} d
 # ## 4. Live check: the stored results still come from this code
 #
 # Two arms (`fixed` and `dropout`), seed 0, two steps, from the pitfalls experiment's own base config.
-# The held-out reward at step 0 and every logged number of steps 1 and 2 must equal the committed ones
-# exactly (times aside).
+# The held-out reward at step 0 and every logged number of steps 1 and 2 must equal the committed ones, times
+# aside, to float32 rounding (`record_differences`: within 1e-4 relative, or 1e-4 absolute for the noise-level
+# numbers near 0, such as kl at step 1): another CPU's matmul kernels round differently, and on the machine that
+# wrote them they are equal exactly.
 
 # %%
 from grpo_debug.runs.arms import ARMS
+from grpo_debug.runs.results import record_differences
 from grpo_debug.runs.train import train
 
 live = train([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
@@ -377,8 +380,10 @@ strip = lambda x: {k: v for k, v in x.items() if k != "seconds"}
 mine = [strip(x) for x in live["records"] if x["step"] <= 1 or ("eval" not in x and x["step"] == 2)]
 stored = [strip(x) for x in pit["records"] if x["seed"] == 0 and x["arm"] in ("fixed", "dropout")
           and (x["step"] <= 1 or ("eval" not in x and x["step"] == 2))]
-assert mine == stored, "the committed results no longer come out of this code: re-run data/experiments/run.sh"
-print(f"{len(mine)} records (held-out reward at step 0, steps 1 and 2 of fixed and dropout) equal the committed ones")
+differences = record_differences(mine, stored)
+assert not differences, f"the committed results no longer come out of this code (re-run data/experiments/run.sh): {differences}"
+print(f"{len(mine)} records (held-out reward at step 0, steps 1 and 2 of fixed and dropout) equal the committed ones "
+      f"to float32 rounding")
 
 # %% [markdown]
 # ## 5. Confirmatory: does dropout left on lower the held-out reward?

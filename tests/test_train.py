@@ -295,3 +295,17 @@ def test_training_curves_colour_an_arm_alike_in_every_panel_and_figure(three_ste
     assert both[("kl", "k1")] == both[("minus fixed", "k1")] != both[("kl", "fixed")]
     alone = colours(plots.training_curves({"minus fixed": curves["minus fixed"]}, arms=["fixed", "k1"]))
     assert alone[("minus fixed", "k1")] == both[("kl", "k1")]
+
+
+def test_record_differences_holds_at_float32_rounding_and_names_what_parts():
+    from grpo_debug.runs.results import record_differences
+
+    stored = [{"arm": "fixed", "step": 1, "kl": 1.0e-10, "loss": 5.7315, "triage": "NORMAL: loss = 6.97e-07 (~0)"}]
+    rounded = [{**stored[0], "kl": 2.0e-10, "loss": 5.73147, "triage": "NORMAL: loss = 7.08e-07 (~0)"}]
+    assert record_differences(rounded, stored) == []
+    moved = [{**stored[0], "loss": 5.74}]
+    assert record_differences(moved, stored) == ["record 0 (fixed, step 1): loss 5.74 against 5.7315"]
+    reworded = [{**stored[0], "triage": "ALERT: loss = 6.97e-07 (~0)"}]
+    assert record_differences(reworded, stored) == ["record 0 (fixed, step 1): triage reads otherwise"]
+    assert record_differences(stored + stored, stored) == ["2 records against 1"]
+    assert record_differences([{**stored[0], "extra": 1}], stored) == ["record 0: keys ['extra'] in one only"]

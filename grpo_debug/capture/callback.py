@@ -533,7 +533,7 @@ def optimizer_note(optimizer: dict | None) -> str:
     if optimizer is None:
         return (
             "not written (`CaptureCallback(..., optimizer_state=False)`, or no optimizer yet): a replay's update "
-            f"starts from a fresh AdamW."
+            "starts from a fresh AdamW."
         )
     lrs = ", ".join(f"{lr:.6g}" for lr in optimizer["learning_rate"])
     return (

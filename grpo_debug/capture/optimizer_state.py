@@ -108,7 +108,9 @@ def check(meta, tensors: dict[str, torch.Tensor] | None, where: Path) -> str | N
     for key, value in tensors.items():
         name = key.rsplit("/", 1)[0]
         if name not in grouped:
-            return f"{where.parent / meta.get('file', FILE)}: state {key!r} names no parameter of the optimizer's groups"
+            return (
+                f"{where.parent / meta.get('file', FILE)}: state {key!r} names no parameter of the optimizer's groups"
+            )
         if value.is_floating_point() and not bool(value.isfinite().all()):
             return f"{where.parent / meta.get('file', FILE)}: state {key!r} holds NaN or inf"
     return None
@@ -140,7 +142,9 @@ def trainer_optimizer(model, meta: dict, tensors: dict[str, torch.Tensor], lr: l
     for key, value in tensors.items():
         name, entry = key.rsplit("/", 1)
         if entry != "step" and value.shape != params[name].shape:
-            raise ValueError(f"optimizer state {key!r} has shape {tuple(value.shape)}, its parameter {tuple(params[name].shape)}")
+            raise ValueError(
+                f"optimizer state {key!r} has shape {tuple(value.shape)}, its parameter {tuple(params[name].shape)}"
+            )
         state.setdefault(index[name], {})[entry] = value.to(params[name].device)
     groups, saved = [], []
     for i, g in enumerate(meta["groups"]):

@@ -132,7 +132,9 @@ def _optimizer_tensors(path: Path, meta) -> dict[str, torch.Tensor] | None:
         return None
     entry = meta["optimizer"]
     name = entry.get("file") if isinstance(entry, dict) else None
-    _need(name == optimizer_state.FILE, path / "capture.json", f"optimizer.file = {name!r}, not {optimizer_state.FILE!r}")
+    _need(
+        name == optimizer_state.FILE, path / "capture.json", f"optimizer.file = {name!r}, not {optimizer_state.FILE!r}"
+    )
     _need((path / name).is_file(), path / name, "missing (capture.json has an 'optimizer' entry)")
     try:
         return optimizer_state.read(path, entry)

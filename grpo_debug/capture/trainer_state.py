@@ -10,9 +10,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = (
-    4  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved; 3 checksums.json;
-)  # 4 the optimizer's state (`optimizer`, optimizer.safetensors)
+FORMAT = 4  # capture.json's "format": 2 adds the schedule, the random states, step_metrics and resolved; 3 checksums.json;  # 4 the optimizer's state (`optimizer`, optimizer.safetensors)
 TENSORS = (
     "prompt_ids",
     "prompt_mask",

@@ -5,6 +5,7 @@ recomputes every verdict of a committed result from its records."""
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -200,6 +201,36 @@ def strict_json(value):
     if isinstance(value, (list, tuple)):
         return [strict_json(v) for v in value]
     return value
+
+
+NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+def record_differences(mine: list[dict], stored: list[dict], rel: float = 1e-4, abs_: float = 1e-4) -> list[str]:
+    """Where two lists of logged records part, one line each ([] when they agree): the same keys and texts, and
+    each number within `rel` of the larger or `abs_` (float32 matmuls round differently from one CPU's kernels
+    to another's: about 1e-5 relative after two steps, and noise-level values near 0 differ outright). Texts are
+    compared with their numbers taken out (a verdict's wording, not its digits)."""
+    if len(mine) != len(stored):
+        return [f"{len(mine)} records against {len(stored)}"]
+    out = []
+    for i, (a, b) in enumerate(zip(mine, stored)):
+        if set(a) != set(b):
+            out.append(f"record {i}: keys {sorted(set(a) ^ set(b))} in one only")
+            continue
+        for key in a:
+            x, y = a[key], b[key]
+            if isinstance(x, float) or isinstance(y, float):
+                if not (isinstance(x, (int, float)) and isinstance(y, (int, float))) or not (
+                    x == y or abs(x - y) <= max(rel * max(abs(x), abs(y)), abs_)
+                ):
+                    out.append(f"record {i} ({a.get('arm')}, step {a.get('step')}): {key} {x!r} against {y!r}")
+            elif isinstance(x, str) and isinstance(y, str):
+                if NUMBER.sub("#", x) != NUMBER.sub("#", y):
+                    out.append(f"record {i} ({a.get('arm')}, step {a.get('step')}): {key} reads otherwise")
+            elif x != y:
+                out.append(f"record {i} ({a.get('arm')}, step {a.get('step')}): {key} {x!r} against {y!r}")
+    return out
 
 
 def base_config(results: dict) -> StepConfig:
