@@ -7,7 +7,7 @@ vocabulary 151936, 32768 positions, rope_theta 1e6, tied embeddings, rms_norm_ep
 float32, and the bundled model's 512-token tokenizer (`data/models/rookworld-tiny`); sampling is kept inside that
 tokenizer (`generation_kwargs={"suppress_tokens": ids 512..151935}`, which lands in capture.json's config).
 Each of the two runs is the user's plain `GRPOConfig` (TRL's defaults but for: 2 prompts x 2 generations, 8 new
-tokens, one optimizer step, beta 0.04 so that there is a reference) with `CaptureCallback(steps=[1])`; the LoRA
+tokens, two optimizer steps, beta 0.04 so that there is a reference) with `CaptureCallback(steps=[2])`, so that the capture holds the optimizer's state; the LoRA
 run adds `peft_config=LoraConfig(r=16, target_modules=every attention and MLP projection)`.
 
 Every phase runs in a fresh process of this script, so that its peak resident memory (`ru_maxrss`, imports
@@ -81,7 +81,8 @@ def folder_mb(folder: Path) -> float:
 
 
 def capture_phase(model: Path, out: Path, lora: bool) -> dict:
-    """One TRL optimizer step of the user's run with `CaptureCallback(steps=[1])`, from `out`."""
+    """Two TRL optimizer steps of the user's run with `CaptureCallback(steps=[2])`, from `out`: step 2, so that the
+    capture holds the optimizer's state (AdamW has none before its first step)."""
     import contextlib
 
     from datasets import Dataset
@@ -97,7 +98,7 @@ def capture_phase(model: Path, out: Path, lora: bool) -> dict:
         per_device_train_batch_size=4,
         num_generations=2,
         max_completion_length=8,
-        max_steps=1,
+        max_steps=2,
         report_to="none",
         use_cpu=True,
         logging_steps=1,
@@ -107,13 +108,13 @@ def capture_phase(model: Path, out: Path, lora: bool) -> dict:
     peft = LoraConfig(r=16, target_modules=LORA_TARGETS) if lora else None
     dataset = Dataset.from_dict({"prompt": PROMPTS})
     trainer = GRPOTrainer(model=str(model), reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=peft)
-    callback = CaptureCallback(out / "captures", steps=[1])
+    callback = CaptureCallback(out / "captures", steps=[2])
     trainer.add_callback(callback)
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout is the report's JSON
         trainer.train()
-    logged = next(h for h in trainer.state.log_history if h.get("step") == 1 and "loss" in h)
-    capture = out / "captures" / "step-1"
+    logged = next(h for h in trainer.state.log_history if h.get("step") == 2 and "loss" in h)
+    capture = out / "captures" / "step-2"
     return {
         "train_seconds": time.perf_counter() - start,
         "trl_step_time": logged["step_time"],
@@ -124,6 +125,7 @@ def capture_phase(model: Path, out: Path, lora: bool) -> dict:
         },
         "policy_files": sorted(p.name for p in (capture / "policy").iterdir()),
         "weights_mb": sum(p.stat().st_size for p in (capture / "policy").glob("*.safetensors")) / 2**20,
+        "optimizer_mb": (capture / "optimizer.safetensors").stat().st_size / 2**20,
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "peak_rss_mb": peak_rss_mb(),
         "logged": {k: logged[k] for k in ("loss", "grad_norm", "kl", "entropy", "reward")},
@@ -188,7 +190,7 @@ def measure(workdir: Path, threads: int, quick: bool) -> dict:
         captured = in_fresh_process(
             threads, "--phase", "capture", "--model", str(model), "--out", str(out), "--mode", name
         )
-        replayed = in_fresh_process(threads, "--phase", "replay", "--capture", str(out / "captures" / "step-1"))
+        replayed = in_fresh_process(threads, "--phase", "replay", "--capture", str(out / "captures" / "step-2"))
         report[name] = {"capture": captured, "replay": replayed}
     report["load_average_1min"] = os.getloadavg()[0]
     return report
@@ -207,6 +209,7 @@ def table(report: dict) -> str:
     row("trainable parameters", lambda r: f"{r['capture']['trainable_parameters']:,}")
     row("capture on disk (MB)", lambda r: f"{r['capture']['capture_mb']:.1f}")
     row("of which weights in policy/ (MB)", lambda r: f"{r['capture']['weights_mb']:.1f}")
+    row("of which the optimizer's state (MB)", lambda r: f"{r['capture']['optimizer_mb']:.1f}")
     row("capture.json (MB)", lambda r: f"{r['capture']['capture_parts_mb']['capture.json']:.2f}")
     row("callback's own time, whole run (s)", lambda r: f"{r['capture']['callback_seconds']:.1f}")
     row("TRL's step_time of the step (s)", lambda r: f"{r['capture']['trl_step_time']:.1f}")

@@ -17,6 +17,7 @@ the committed experiments under it, which has not been done.
 import os
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+KERNEL_VARIABLES = (*PINNED, "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")  # what a capture records
 
 
 def pin() -> None:

@@ -6,7 +6,7 @@
 
 The layout is given as KEY=VALUE: `ga` (gradient_accumulation_steps = steps_per_generation, default 1: one
 micro-batch per process), `iterations` (num_iterations, default 1), `dropout` (1: disable_dropout=False,
-default 0), `loss_type` (default: the StepConfig's).
+default 0), `loss_type` (default: the StepConfig's), `steps` (max_steps, default 2: steps 2 to `steps` captured).
 """
 
 import sys
@@ -28,15 +28,15 @@ def layout(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in ("ga", "iterations", "dropout", "loss_type"):
-            raise SystemExit(f"not a layout argument (ga=, iterations=, dropout=, loss_type=): {pair!r}")
+        if not sep or key not in ("ga", "iterations", "dropout", "loss_type", "steps"):
+            raise SystemExit(f"not a layout argument (ga=, iterations=, dropout=, loss_type=, steps=): {pair!r}")
         out[key] = value
     return out
 
 
 if __name__ == "__main__":
     model, out, given = sys.argv[1], Path(sys.argv[2]), layout(sys.argv[3:])
-    ga, iterations = int(given.get("ga", 1)), int(given.get("iterations", 1))
+    ga, iterations, steps = int(given.get("ga", 1)), int(given.get("iterations", 1)), int(given.get("steps", 2))
     # prompts of two lengths, one group per process: each process left-pads to its own width, so the gather
     # must pad the narrower share on the left again
     uneven = ["What is 3+4? ", "What is 12+34? "]
@@ -59,12 +59,12 @@ if __name__ == "__main__":
         cfg,
         str(out),
         task,
-        max_steps=2,
+        max_steps=steps,
         disable_dropout=given.get("dropout", "0") != "1",
         per_device_train_batch_size=per_micro_batch,
         gradient_accumulation_steps=ga,
         steps_per_generation=ga,
         num_iterations=iterations,
     )
-    trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
+    trainer.add_callback(CaptureCallback(out / "captures", steps=list(range(2, steps + 1))))
     trainer.train()

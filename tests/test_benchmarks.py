@@ -99,6 +99,8 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
     ):
         stored = run["capture"]["weights_mb"] * 2**20
         assert 4 * count <= stored <= 4 * count + 2**16, f"the {name} capture stores {stored} bytes for {count} floats"
+        moments = run["capture"]["optimizer_mb"] * 2**20  # AdamW's two float32 moments per trained parameter
+        assert 8 * count <= moments <= 8 * count + 2**20, f"the {name} optimizer state is {moments} bytes for {count}"
     (tmp_path / "report.json").write_text(json.dumps(report))
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(tmp_path / "report.json")],
@@ -107,5 +109,7 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
         env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
         timeout=600,
     )
-    assert done.returncode == 0 and "| capture on disk (MB) |" in done.stdout, f"--table failed: {done.stderr[-2000:]}"
+    assert done.returncode == 0 and "| of which the optimizer's state (MB) |" in done.stdout, (
+        f"--table failed: {done.stderr[-2000:]}"
+    )
     assert "7B (Qwen2-7B" in done.stdout, f"--table printed no extrapolation:\n{done.stdout}"

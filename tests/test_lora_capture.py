@@ -33,7 +33,7 @@ def close(a: float, b: float) -> bool:
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> dict:
-    """2 steps of a user's LoRA run in its own folder, step 2 captured; TRL's defaults but for the batch shape,
+    """3 steps of a user's LoRA run in its own folder, steps 2 and 3 captured; TRL's defaults but for the batch shape,
     beta = 0.04 (a reference) and a learning rate that moves the adapter off its zero start at step 1 (TRL's
     1e-6 leaves kl at 0.0 at step 2). The LoRA has dropout, so the trainer's dropout masks are replayed too."""
     from datasets import Dataset
@@ -53,7 +53,7 @@ def lora_run(tmp_path_factory) -> dict:
             per_device_train_batch_size=4,
             num_generations=4,
             max_completion_length=8,
-            max_steps=2,
+            max_steps=3,
             report_to="none",
             use_cpu=True,
             logging_steps=1,
@@ -68,7 +68,7 @@ def lora_run(tmp_path_factory) -> dict:
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             peft_config=LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
         )
-        trainer.add_callback(CaptureCallback("captures", steps=[2]))
+        trainer.add_callback(CaptureCallback("captures", steps=[2, 3]))
         trainer.train()
     finally:
         os.chdir(here)
@@ -219,3 +219,19 @@ def test_influence_takes_gradients_over_the_adapter_only(lora_run):
     assert torch.allclose(scores.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item()), (
         f"influence {scores.tolist()} is not the naive inner products {expected.tolist()}"
     )
+
+
+def test_the_replayed_update_of_a_lora_step_lands_on_the_next_steps_adapter(lora_run):
+    """The adapter's optimizer state (the base is frozen, so the trainer's AdamW holds the adapter alone) restored:
+    step 2 replayed with it lands on the adapter the trainer captured at step 3."""
+    from landing import landing
+
+    from grpo_debug.capture.reading import load_capture
+
+    capture = load_capture(lora_run["capture"])
+    names = [n for g in capture.meta["optimizer"]["groups"] for n in g["params"]]
+    assert names and all("lora_" in n for n in names), f"the optimizer holds more than the adapter: {names[:4]}"
+    out = landing(lora_run["capture"], lora_run["user"] / "captures" / "step-3", [digits])
+    assert out["exact"], out["optimizer"]
+    assert out["trainer_norm"] > 0 and out["cosine"] >= 0.99 and abs(out["norm_ratio"] - 1) <= 0.02, out
+    assert out["bit_equal"], f"the replayed LoRA update is not the trainer's: {out}"

@@ -153,3 +153,15 @@ def test_a_damaged_optimizer_state_is_refused_naming_the_file(captures, tmp_path
     reseal(folder, tensors)
     with pytest.raises(CaptureError, match=problem):
         load_capture(folder)
+
+
+def test_the_replay_says_which_kernels_and_which_optimizer_it_ran(captures):
+    from grpo_debug.capture.replay import reproduction
+
+    step = open_capture(captures / "step-3", task=task_of(captures))
+    out = reproduction(step.run(until="update"), step.capture, step.policy, step)
+    kernels = step.capture.meta["kernels"]
+    assert kernels["cpu_capability"] and set(kernels["environment"]) >= {"ATEN_CPU_CAPABILITY"}, kernels
+    assert out["kernels"]["same"] is True, out["kernels"]  # the test's run and its replay: one process set-up
+    assert out["optimizer"].startswith("the trainer's AdamW as captured"), out["optimizer"]
+    assert "as scheduled for the step" in out["optimizer"]

@@ -36,6 +36,7 @@ absolute path where it is a local folder.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -44,6 +45,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..files import write_text_atomically
+from ..kernels import KERNEL_VARIABLES
 from . import optimizer_state
 from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
@@ -525,7 +527,17 @@ class CaptureCallback(TrainerCallback):
             "step_metrics": jsonable(capture["step_metrics"]),
             "logged": None,
             "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
+            "kernels": kernels_in_use(),
         }
+
+
+def kernels_in_use() -> dict:
+    """The CPU kernels this process's numbers come from: torch's vector width, and the variables that choose it
+    (`grpo_debug.kernels`), so that a replay can say when it runs other kernels than the run did."""
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "environment": {name: os.environ.get(name) for name in KERNEL_VARIABLES},
+    }
 
 
 def optimizer_note(optimizer: dict | None) -> str:

@@ -200,7 +200,8 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
     metrics or what TRL logged), "replayed": ours, "difference": ours - the trainer's,
     "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
     |ours - captured|, "ranks": each process's loss, the trainer's and ours (None: one process, or not
-    replayed), "pitfalls": `pitfalls`, "causes": `causes`}. With `step` (the GRPOStep) and a captured
+    replayed), "pitfalls": `pitfalls`, "causes": `causes`, "kernels": `kernels_against`,
+    "optimizer": what the update phase steps with}. With `step` (the GRPOStep) and a captured
     schedule, the optimizer step is replayed micro-batch by micro-batch, process by process
     (`replay_trl_step`); without, from the whole batch as one (`metrics.metrics`)."""
 
@@ -239,7 +240,39 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         "ranks": ranks,
         "pitfalls": pitfalls(capture, model),
         "causes": causes(capture, model, replayed_dropout),
+        "kernels": kernels_against(capture),
+        "optimizer": optimizer_of_update(capture),
     }
+
+
+def optimizer_of_update(capture: Capture) -> str:
+    """Which optimizer the update phase steps with on this capture, in words."""
+    entry = capture.meta.get("optimizer")
+    problem = optimizer_state.rebuild_problem(entry)
+    if problem is not None:
+        return f"{problem}: {optimizer_state.FRESH}"
+    rates = ", ".join(f"{lr:.6g}" for lr in entry["learning_rate"])
+    return (
+        f"the trainer's {entry['class']} as captured: its state before step {capture.meta['step']}, "
+        f"{len(entry['groups'])} parameter group(s), learning rate {rates} as scheduled for the step"
+    )
+
+
+def kernels_against(capture: Capture) -> dict:
+    """The CPU kernels the run used (capture.json's `kernels`) against this process's: {"captured", "here",
+    "same", "note"}; a capture written before they were recorded has captured None and says so."""
+    from .callback import kernels_in_use
+
+    captured, here = capture.meta.get("kernels"), kernels_in_use()
+    if captured is None:
+        return {"captured": None, "here": here, "same": None, "note": "the capture did not record its kernels"}
+    same = captured == here
+    note = (
+        "the replay runs the kernels the run did"
+        if same
+        else "the replay runs other CPU kernels than the run did: numbers may differ at float-rounding level"
+    )
+    return {"captured": captured, "here": here, "same": same, "note": note}
 
 
 def rank_losses(schedule: dict, replayed: tuple[float, ...]) -> list[dict[str, float]] | None:

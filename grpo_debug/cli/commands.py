@@ -160,6 +160,8 @@ def replay_command(parser, args) -> int:
         print(f"{name:14s} {verdict}")
     for name, what in out["pitfalls"].items():
         print(f"pitfall: {name:12s} {what}")
+    print(f"{'kernels':14s} {out['kernels']['note']}")
+    print(f"{'update':14s} {out['optimizer']}")
     if args.json:
         from ..files import write_atomically
 
