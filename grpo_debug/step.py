@@ -75,12 +75,13 @@ class GRPOStep:
         capture: object | None = None,
         rollout: Rollout | None = None,
         at_reference: bool = True,
-        starting_optimizer=None,
+        update_phase=None,
     ):
         """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
-        policy's starting weights are the reference's (False once trained). `starting_optimizer(model, cfg)`:
-        the optimizer an update starts from (a capture's: the trainer's, restored), or None for a fresh AdamW."""
+        policy's starting weights are the reference's (False once trained). `update_phase(step, run)`: the
+        update phase as the run that was captured took it (`capture.replay.captured_update`: the trainer's
+        micro-batches and optimizer), or None where it cannot be, for the engine's own."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
@@ -92,7 +93,7 @@ class GRPOStep:
         self.optimizer: torch.optim.Optimizer | None = None  # training: the AdamW carried from step to step
         self._last_optimizer: torch.optim.Optimizer | None = None
         self.capture = capture
-        self.starting_optimizer = starting_optimizer
+        self.update_phase = update_phase
 
     @property
     def stored_rewards(self) -> bool:
@@ -261,16 +262,17 @@ class GRPOStep:
         return batch_loss(loss_spec_of(cfg), sampler_correction_of(cfg), done["logprobs"], advantages, r.sampler_logps)
 
     def _update(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> StepResult:
-        """The update from the step's initial weights with a fresh AdamW (a capture's: the trainer's optimizer,
-        `starting_optimizer`), or in training (after `advance`) with the AdamW carried from the previous steps."""
+        """The update from the step's initial weights with a fresh AdamW, or in training (after `advance`) with
+        the AdamW carried from the previous steps; a capture's (`update_phase`): the trainer's step, replayed."""
         self.restore_policy()
         self._policy_dirty = True
         lp, r = done["logprobs"], done["rollout"]
-        self._last_optimizer = (
-            self.optimizer
-            or (self.starting_optimizer and self.starting_optimizer(self.policy, cfg))
-            or new_optimizer(self.policy, optimization_of(cfg))
-        )
+        if self.update_phase is not None and self.optimizer is None:
+            phases = StepRun(cfg, rollout=done["rollout"], logprobs=done["logprobs"], advantages=done["advantages"])
+            captured = self.update_phase(self, phases)
+            if captured is not None:
+                return captured
+        self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
         advantages, loss, correction = done["advantages"].values, loss_spec_of(cfg), sampler_correction_of(cfg)
         return update(
             self.policy,

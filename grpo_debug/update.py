@@ -66,6 +66,7 @@ class StepResult:
     seconds: float
     iterations: tuple[Iteration, ...] = ()
     optimizer_steps: int = 1
+    learning_rates: tuple[float, ...] = ()  # each parameter group's rate at the first optimizer step, as applied
 
 
 def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:
@@ -232,6 +233,7 @@ def update(
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = optimizer or new_optimizer(model, optimization)
+    learning_rates = tuple(float(g["lr"]) for g in optimizer.param_groups)
     max_norm = optimization.max_grad_norm if optimization.max_grad_norm > 0 else float("inf")
     S, GA = loss.steps_per_generation, loss.gradient_accumulation_steps
     batches = micro_batches(batch.rollout.num_samples, S)
@@ -265,4 +267,5 @@ def update(
         seconds=time.perf_counter() - start,
         iterations=tuple(iterations),
         optimizer_steps=num_iterations * (S // GA),
+        learning_rates=learning_rates,
     )

@@ -100,17 +100,23 @@ def test_the_replayed_update_of_each_step_lands_on_the_next_steps_captured_weigh
     assert moved == STEPS - 2, f"{moved} of the steps 2..{STEPS - 1} moved the weights"
 
 
-def test_the_engines_update_on_a_capture_starts_from_the_trainers_optimizer(captures):
+def test_the_update_phase_on_a_capture_is_the_trainers_step(captures):
+    """`open_capture(...).run(until="update")`, what every notebook and the doctor run: the trainer's optimizer as
+    captured, one optimizer step (the capture's) on its micro-batches, landing on step k+1's weights."""
+    from landing import stored_key, stored_weights
+
     step = open_capture(captures / "step-3", task=task_of(captures))
-    optimizer = step.starting_optimizer(step.policy, step.cfg)
     entry = step.capture.meta["optimizer"]
-    assert [g["lr"] for g in optimizer.param_groups] == entry["learning_rate"]
-    named = dict(step.policy.named_parameters())
-    for key, value in step.capture.optimizer_tensors.items():
-        name, entry_key = key.rsplit("/", 1)
-        assert torch.equal(optimizer.state[named[name]][entry_key].cpu(), value), key
-    halved = step.starting_optimizer(step.policy, step.cfg.replace(learning_rate=step.cfg.learning_rate / 2))
-    assert [g["lr"] for g in halved.param_groups] == pytest.approx([lr / 2 for lr in entry["learning_rate"]])
+    run = step.run(until="update")
+    assert run.update.optimizer_steps == 1 and run.update.learning_rates == tuple(entry["learning_rate"])
+    after = stored_weights(captures / "step-4")
+    for name, param in step.policy.named_parameters():
+        assert torch.equal(param.detach(), after[stored_key(name, after)]), f"{name} is not at step 4's weights"
+    trained = run.update.iterations[0].trained.bool().any(1)
+    rows = {r for mb in step.capture.schedule["micro_batches"] for r in mb["rows"]}
+    assert set(trained.nonzero().flatten().tolist()) <= rows, "tokens outside the step's micro-batches trained"
+    halved = step.run(step.cfg.replace(learning_rate=step.cfg.learning_rate / 2), until="update", remember=False)
+    assert halved.update.learning_rates == pytest.approx([lr / 2 for lr in entry["learning_rate"]])
 
 
 def test_without_the_optimizers_state_the_update_says_it_starts_from_a_fresh_adamw(user, tmp_path):

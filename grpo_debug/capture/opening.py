@@ -13,8 +13,8 @@ import dataclasses
 from ..config import StepConfig
 from ..step import GRPOStep
 from ..task import register_task
-from . import optimizer_state
-from .reading import Capture, captured_models, captured_rollout, captured_task, config_from_capture, load_capture
+from .replay import captured_update
+from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -42,23 +42,6 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         capture=capture,
         rollout=captured_rollout(capture, loaded.tokenizer),
         at_reference=beta_zero,
-        starting_optimizer=lambda model, at: starting_optimizer(capture, as_captured, model, at),
+        update_phase=captured_update,
     )
 
-
-def starting_optimizer(capture: Capture, as_captured: StepConfig, model, cfg: StepConfig):
-    """The trainer's optimizer as captured (`optimizer_state`) for an update under `cfg`: each group's scheduled
-    rate scaled by cfg.learning_rate / the GRPOConfig's (the same rate when unchanged), the decaying groups at
-    cfg.weight_decay. None (a fresh AdamW) where the capture holds none or one this replay cannot rebuild."""
-    entry = capture.meta.get("optimizer")
-    if optimizer_state.rebuild_problem(entry) is not None:
-        return None
-    scale = cfg.learning_rate / as_captured.learning_rate if as_captured.learning_rate else 1.0
-    optimizer = optimizer_state.trainer_optimizer(
-        model, entry, capture.optimizer_tensors, lr=[g["lr"] * scale for g in entry["groups"]]
-    )
-    if cfg.weight_decay != as_captured.weight_decay:
-        for group in optimizer.param_groups:
-            if group["weight_decay"]:
-                group["weight_decay"] = cfg.weight_decay
-    return optimizer

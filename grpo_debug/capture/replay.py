@@ -6,6 +6,7 @@ number with the step's own metrics from the trainer. Open a capture with `open_c
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from ..model import absolute_positions, has_dropout
 from ..show.metrics import metrics
 from ..specs import loss_spec_of, optimization_of, scoring_of
-from ..update import new_optimizer
+from ..update import Iteration, StepResult, new_optimizer
 from . import optimizer_state
 from .lora import is_adapter_model
 from .reading import Capture, config_from_capture
@@ -87,21 +88,82 @@ class TrainerUpdate:
         return math.sqrt(sum(float((d.double() ** 2).sum()) for d in self.delta.values()))
 
 
+def starting_optimizer(capture: Capture, model, cfg, as_captured) -> tuple[torch.optim.Optimizer, str, bool]:
+    """The optimizer an update on this capture steps with, what it is in words, and whether it is the trainer's:
+    the trainer's as captured (`optimizer_state`), each group's scheduled rate scaled by cfg.learning_rate / the
+    GRPOConfig's (the same rate when unchanged), the decaying groups at cfg.weight_decay; else, where the capture
+    holds none or one this replay cannot rebuild, a fresh AdamW at cfg's rate, said so."""
+    entry = capture.meta.get("optimizer")
+    problem = optimizer_state.rebuild_problem(entry)
+    if problem is not None:
+        return new_optimizer(model, optimization_of(cfg)), f"{problem}: {optimizer_state.FRESH}", False
+    scale = cfg.learning_rate / as_captured.learning_rate if as_captured.learning_rate else 1.0
+    optimizer = optimizer_state.trainer_optimizer(
+        model, entry, capture.optimizer_tensors, lr=[lr * scale for lr in entry["learning_rate"]]
+    )
+    if cfg.weight_decay != as_captured.weight_decay:
+        for group in optimizer.param_groups:
+            if group["weight_decay"]:
+                group["weight_decay"] = cfg.weight_decay
+    what = f"the trainer's {entry['class']} as captured (its state before step {capture.meta['step']})"
+    return optimizer, what, True
+
+
+def captured_update(step, run) -> StepResult | None:
+    """The update phase on a capture: the captured optimizer step replayed as the trainer took it
+    (`replay_trl_step`: its micro-batches, pass and dropout masks), clipped as it clipped, and stepped once by
+    `starting_optimizer` under the run's config; the tokens it did not train on hold 0 in the pass's record.
+    None where it cannot be (no schedule recorded, another batch size, or per-sample gradient norms asked for,
+    which only the engine's `update` takes): the engine's update phase runs instead."""
+    capture, cfg = step.capture, run.config
+    if (
+        capture.schedule is None
+        or cfg.per_sample_grad_norms
+        or cfg.num_prompts * cfg.num_generations != capture.num_samples
+    ):
+        return None
+    start = time.perf_counter()
+    step.restore_policy()
+    optimizer, _, _ = starting_optimizer(capture, step.policy, cfg, config_from_capture(capture))
+    params = [p for p in step.policy.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    replay = replay_trl_step(step, run, optimizer)
+    step.policy_moved()
+    tokens = replay.tokens
+    pass_record = Iteration(
+        logps=replay.logps,
+        entropies=tokens["entropies"],
+        ratio=tokens["ratio"],
+        importance_weight=tokens["importance_weight"],
+        clipped=tokens["clipped"],
+        trained=tokens["trained"],
+        per_token_loss=tokens["per_token_loss"],
+        losses=(replay.loss,),
+        grad_norms=(replay.grad_norm,),
+        metrics=replay.metrics,
+    )
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    return StepResult(
+        loss=replay.loss,
+        grad_norm=replay.grad_norm,
+        clipped=replay.grad_norm > max_norm,
+        per_sample_grad_norms=torch.tensor([]),
+        update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
+        seconds=time.perf_counter() - start,
+        iterations=(pass_record,),
+        optimizer_steps=1,
+        learning_rates=tuple(float(g["lr"]) for g in optimizer.param_groups),
+    )
+
+
 def trainer_update(step, run) -> TrainerUpdate:
     """The captured step replayed as the trainer took it (`replay_trl_step`), then stepped by the trainer's
     optimizer rebuilt from the capture (its moments, groups and scheduled rate; `optimizer_state`), or, where the
     capture holds none or one this replay cannot rebuild, by a fresh AdamW at the config's rate, said so. The
     policy is left at the weights after the step (`step.restore_policy()` brings back those before)."""
     capture = step.capture
-    entry = capture.meta.get("optimizer")
-    problem = optimizer_state.rebuild_problem(entry)
     step.restore_policy()
-    if problem is None:
-        optimizer = optimizer_state.trainer_optimizer(step.policy, entry, capture.optimizer_tensors)
-        what = f"the trainer's {entry['class']} as captured (its state before step {capture.meta['step']})"
-    else:
-        optimizer = new_optimizer(step.policy, optimization_of(run.config))
-        what = f"{problem}: {optimizer_state.FRESH}"
+    optimizer, what, exact = starting_optimizer(capture, step.policy, run.config, config_from_capture(capture))
     trained = {n: p for n, p in step.policy.named_parameters() if p.requires_grad}
     before = {n: p.detach().clone() for n, p in trained.items()}
     replay = replay_trl_step(step, run, optimizer)
@@ -109,7 +171,7 @@ def trainer_update(step, run) -> TrainerUpdate:
     return TrainerUpdate(
         delta={n: p.detach() - before[n] for n, p in trained.items()},
         optimizer=what,
-        exact=problem is None,
+        exact=exact,
         learning_rate=tuple(g["lr"] for g in optimizer.param_groups),
         grad_norm=replay.grad_norm,
     )

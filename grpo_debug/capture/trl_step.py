@@ -47,6 +47,9 @@ class TRLStep:
     logps: torch.Tensor  # (N, C) the log-probs the step's loss took, NaN on rows it did not train on
     micro_batches: tuple[tuple[int, ...], ...]  # every process's, in process order
     rank_losses: tuple[float, ...] = ()  # each process's sum of its micro-batches' losses
+    tokens: dict[str, torch.Tensor] | None = None  # (N, C) each, the rows it trained on put back in place (0 or
+    # False elsewhere): entropies, ratio, importance_weight ((N, 1) at sequence level), clipped, trained,
+    # per_token_loss (as `update.Iteration` holds them)
 
 
 def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +134,7 @@ def trl_step(
     model.zero_grad(set_to_none=True)
     batch = _Batch(rollout, mask, advantages, old_logps, ref_logps, mask.sum() / len(ranks))
     logps, raw, entropies = (torch.full(mask.shape, float("nan")) for _ in range(3))
-    rank_losses, parts = [], []
+    rank_losses, parts, tokens = [], [], {}
     for rank in ranks:
         value, rank_parts = 0.0, []
         for j, rows in enumerate(rank.micro_batches):
@@ -142,6 +145,7 @@ def trl_step(
             value += part.loss.item()
             rank_parts.append(part.metrics)
             logps[list(rows)], raw[list(rows)], entropies[list(rows)] = lp * mask[list(rows)], lp, ent
+            _put_back(tokens, part, list(rows), mask.shape)
         rank_losses.append(value)
         parts.append(rank_parts)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
@@ -157,7 +161,22 @@ def trl_step(
         logps=logps,
         micro_batches=tuple(mb for rank in ranks for mb in rank.micro_batches),
         rank_losses=tuple(rank_losses),
+        tokens={"entropies": entropies.nan_to_num(0.0), **tokens},
     )
+
+
+TOKEN_FIELDS = ("ratio", "importance_weight", "clipped", "trained", "per_token_loss")
+
+
+def _put_back(tokens: dict, part, rows: list[int], shape: tuple[int, int]) -> None:
+    """A micro-batch's per-token tensors (at its widths, `part`: its loss breakdown) into the step's (N, C) ones."""
+    for name in TOKEN_FIELDS:
+        value = getattr(part, name).detach()
+        if name not in tokens:
+            sequence_level = value.shape[1] == 1 and part.ratio.shape[1] != 1
+            width = 1 if sequence_level else shape[1]
+            tokens[name] = torch.zeros(shape[0], width, dtype=value.dtype)
+        tokens[name][rows, : value.shape[1]] = value.to(tokens[name].dtype)
 
 
 @dataclass(frozen=True)

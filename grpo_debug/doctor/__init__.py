@@ -197,7 +197,8 @@ def counterfactual(
     step: GRPOStep, base: StepRun, base_update: torch.Tensor, field: str, value, held_out: HeldOut | None = None
 ) -> dict:
     """The step's update with `field` set to `value` against the update as run: loss, grad_norm, the cosine
-    between the two updates (theta_after - theta_before), the share of d loss / d logp that moved
+    between the two updates (theta_after - theta_before) and their norms (both stepped by the same optimizer,
+    on a capture the trainer's: Adam divides a constant gradient scale out), the share of d loss / d logp that moved
     (sum |g' - g| / sum |g| over every token) and, given `held_out`, the held-out reward after each update,
     paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only)."""
     try:
@@ -217,6 +218,7 @@ def counterfactual(
         "loss": [base.update.loss, flipped.update.loss],
         "grad_norm": [base.update.grad_norm, flipped.update.grad_norm],
         "update_cosine": cosine,
+        "update_norm": [base_update.norm().item(), moved.norm().item()],
         "dlogp_moved": dlogp_moved,
         "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
         "held_out_reward": reward,

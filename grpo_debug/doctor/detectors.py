@@ -302,12 +302,13 @@ UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||
 
 def update_size(f: StepFacts) -> Finding:
     upd, cfg = f.run.update, f.run.config
+    rate = upd.learning_rates[0] if upd.learning_rates else cfg.learning_rate  # as applied (a capture: scheduled)
     relative = upd.update_norm / f.weight_norm if f.weight_norm else math.inf
     evidence = dict(update_norm=upd.update_norm, weight_norm=f.weight_norm, relative=relative,
-                    learning_rate=cfg.learning_rate, grad_norm=upd.grad_norm)  # fmt: skip
+                    learning_rate=rate, grad_norm=upd.grad_norm)  # fmt: skip
     if relative > UPDATE_WARNING:
         return _finding("update_size", "warning", f"the step moves the weights by {relative:.2%} of their norm "
-                        f"(learning_rate {cfg.learning_rate:g})", **evidence)  # fmt: skip
+                        f"(learning_rate {rate:g})", **evidence)  # fmt: skip
     return _finding("update_size", "absent", f"the step moves the weights by {relative:.2g} of their norm", **evidence)
 
 
@@ -323,7 +324,8 @@ def loss_normaliser(f: StepFacts) -> Finding:
     return _finding(
         "loss_normaliser", "warning",
         f"dr_grpo divides by max_completion_length={cfg.max_new_tokens}, {cfg.max_new_tokens / mean_length:.1f}x "
-        f"the mean scored length {mean_length:.1f}: every gradient is shrunk by as much", **evidence,
+        f"the mean scored length {mean_length:.1f}: the loss's gradient is shrunk by as much, though Adam divides a "
+        f"constant scale out of its step (the flip's update norm says how far the update itself moves)", **evidence,
     )  # fmt: skip
 
 

@@ -9,6 +9,15 @@ from . import Report
 from .findings import Finding
 
 
+def norms(effect: dict) -> str:
+    """The two updates' norms, where the effect has them (a report written before they were recorded has not)."""
+    if "update_norm" not in effect:
+        return ""
+    before, after = effect["update_norm"]
+    ratio = f" (x{after / before:.3g})" if before > 0 else ""
+    return f", update norm {before:.3g} -> {after:.3g}{ratio}"
+
+
 def effect_line(f: Finding) -> str:
     e = f.effect
     if not e:
@@ -20,7 +29,7 @@ def effect_line(f: Finding) -> str:
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
     line = (
         f"flip {field}={value}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
-        f"update cosine {e['update_cosine']:+.3f}{moved}: {verdict}"
+        f"update cosine {e['update_cosine']:+.3f}{norms(e)}{moved}: {verdict}"
     )
     held = e.get("held_out_reward")
     if held:
