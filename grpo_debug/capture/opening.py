@@ -13,8 +13,8 @@ import dataclasses
 from ..config import StepConfig
 from ..step import GRPOStep
 from ..task import register_task
-from .replay import captured_update
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
+from .replay import captured_update
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -44,4 +44,3 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         at_reference=beta_zero,
         update_phase=captured_update,
     )
-
