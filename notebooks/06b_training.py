@@ -380,8 +380,8 @@ strip = lambda x: {k: v for k, v in x.items() if k != "seconds"}
 mine = [strip(x) for x in live["records"] if x["step"] <= 1 or ("eval" not in x and x["step"] == 2)]
 stored = [strip(x) for x in pit["records"] if x["seed"] == 0 and x["arm"] in ("fixed", "dropout")
           and (x["step"] <= 1 or ("eval" not in x and x["step"] == 2))]
-differences = record_differences(mine, stored)
-assert not differences, f"the committed results no longer come out of this code (re-run data/experiments/run.sh): {differences}"
+parted = record_differences(mine, stored)
+assert not parted, f"the committed results no longer come out of this code (re-run data/experiments/run.sh): {parted}"
 print(f"{len(mine)} records (held-out reward at step 0, steps 1 and 2 of fixed and dropout) equal the committed ones "
       f"to float32 rounding")
 

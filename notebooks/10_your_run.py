@@ -55,8 +55,8 @@ from grpo_debug.config import StepConfig
 if CAPTURE is None:
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_capture_"))
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)  # TRL's defaults
-    trainer = trl_trainer(cfg, str(out), max_steps=2)  # GRPOTrainer itself: dropout on, no position_ids
-    callback = CaptureCallback(out / "captures", steps=[2])
+    trainer = trl_trainer(cfg, str(out), max_steps=3)  # GRPOTrainer itself: dropout on, no position_ids
+    callback = CaptureCallback(out / "captures", steps=[2, 3])  # step 3: where step 2's update landed
     trainer.add_callback(callback)
     trainer.train()
     CAPTURE = out / "captures" / "step-2"
@@ -102,6 +102,30 @@ print(f"the captured config is the {run.config.preset_name() or 'custom'} preset
 # and left-padded rows of an absolute-position model (the bundled GPT-2) scored without position_ids.
 # Notebook 02 explains both.
 #
+# ## Does the replayed update land where the trainer's did?
+#
+# A capture also holds the trainer's optimizer as it was before the step: AdamW's moments, its parameter groups
+# (no weight decay on biases and norms) and the learning rate its scheduler set for the step. So the update phase
+# on a capture is the trainer's own step, and where the run also captured step k+1, the replayed step k must land
+# on its weights: the cosine between our move and the trainer's, the ratio of their norms, and whether the
+# weights are bit-equal (`grpo_debug.capture.landing`).
+
+# %%
+from grpo_debug.capture.landing import landing
+
+following = Path(CAPTURE).parent / f"step-{step.capture.meta['step'] + 1}"
+print(f"the update phase steps with: {report['optimizer']}")
+if following.is_dir():
+    land = landing(step, following)
+    print(f"replayed step {step.capture.meta['step']} against {following.name}: cosine {land['cosine']:.6f}, "
+          f"norm ratio {land['norm_ratio']:.6f}, largest weight difference {land['max_abs_difference']:.2g}, "
+          f"bit-equal: {land['bit_equal']}")
+    assert land["cosine"] >= 0.99 and abs(land["norm_ratio"] - 1) <= 0.02, (
+        f"the replayed update is not the trainer's: {land}")
+else:
+    print(f"no {following.name} beside the capture: capture consecutive steps to see where the update lands")
+
+# %% [markdown]
 # ## Flip a toggle on the captured step
 #
 # Each change re-runs only the phases after it, on the captured batch. Here, the position fix (position_ids

@@ -263,12 +263,12 @@ def test_a_two_process_run_is_gathered_and_written_once(tmp_path):
 def test_the_replayed_update_of_a_two_process_step_lands_on_the_next_steps_weights(tmp_path):
     """Two processes, two micro-batches each: the main process writes the optimizer's state once (DDP keeps the
     processes' copies identical); step 2 replayed process by process and stepped with it lands on step 3."""
-    from landing import landing
+    from grpo_debug.capture.landing import landing
 
     folder = build_tiny_llama(tmp_path / "llama")
     step_2 = two_process_capture(folder, tmp_path / "run", "torchrun", "ga=2", "steps=3")
     assert load_capture(step_2).meta["optimizer"]["class"] == "AdamW"
-    out = landing(step_2, step_2.parent / "step-3")
+    out = landing(open_capture(step_2), step_2.parent / "step-3")
     assert out["exact"], out["optimizer"]
     assert out["trainer_norm"] > 0 and out["cosine"] >= 0.99 and abs(out["norm_ratio"] - 1) <= 0.02, out
     assert out["max_abs_difference"] < 1e-6, out  # measured 3.7e-09: DDP averages in another order than ours

@@ -224,14 +224,14 @@ def test_influence_takes_gradients_over_the_adapter_only(lora_run):
 def test_the_replayed_update_of_a_lora_step_lands_on_the_next_steps_adapter(lora_run):
     """The adapter's optimizer state (the base is frozen, so the trainer's AdamW holds the adapter alone) restored:
     step 2 replayed with it lands on the adapter the trainer captured at step 3."""
-    from landing import landing
-
+    from grpo_debug.capture import open_capture
+    from grpo_debug.capture.landing import landing
     from grpo_debug.capture.reading import load_capture
 
     capture = load_capture(lora_run["capture"])
     names = [n for g in capture.meta["optimizer"]["groups"] for n in g["params"]]
     assert names and all("lora_" in n for n in names), f"the optimizer holds more than the adapter: {names[:4]}"
-    out = landing(lora_run["capture"], lora_run["user"] / "captures" / "step-3", [digits])
+    out = landing(open_capture(lora_run["capture"], [digits]), lora_run["user"] / "captures" / "step-3")
     assert out["exact"], out["optimizer"]
     assert out["trainer_norm"] > 0 and out["cosine"] >= 0.99 and abs(out["norm_ratio"] - 1) <= 0.02, out
     assert out["bit_equal"], f"the replayed LoRA update is not the trainer's: {out}"

@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_qwen2  # noqa: E402
-from landing import landing  # noqa: E402
 
 from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.capture.checksums import write_checksums  # noqa: E402
+from grpo_debug.capture.landing import landing  # noqa: E402
 from grpo_debug.capture.reading import CaptureError, load_capture  # noqa: E402
 from grpo_debug.capture.replay import trainer_update  # noqa: E402
 
@@ -91,7 +91,7 @@ def test_the_replayed_update_of_each_step_lands_on_the_next_steps_captured_weigh
     (the same code on the same machine); cosine >= 0.99 and the norm within 2% are the issue's floor."""
     moved = 0
     for k in range(1, STEPS):
-        out = landing(captures / f"step-{k}", captures / f"step-{k + 1}", task_of(captures))
+        out = landing(open_capture(captures / f"step-{k}", task_of(captures)), captures / f"step-{k + 1}")
         assert out["exact"], f"step {k}: {out['optimizer']}"
         assert out["bit_equal"], f"step {k}: the replayed update is not the trainer's: {out}"
         if out["trainer_norm"] > 0:  # the warm-up's first step has rate 0: nothing moves
@@ -103,7 +103,7 @@ def test_the_replayed_update_of_each_step_lands_on_the_next_steps_captured_weigh
 def test_the_update_phase_on_a_capture_is_the_trainers_step(captures):
     """`open_capture(...).run(until="update")`, what every notebook and the doctor run: the trainer's optimizer as
     captured, one optimizer step (the capture's) on its micro-batches, landing on step k+1's weights."""
-    from landing import stored_key, stored_weights
+    from grpo_debug.capture.landing import stored_key, stored_weights
 
     step = open_capture(captures / "step-3", task=task_of(captures))
     entry = step.capture.meta["optimizer"]
@@ -171,3 +171,15 @@ def test_the_replay_says_which_kernels_and_which_optimizer_it_ran(captures):
     assert out["kernels"]["same"] is True, out["kernels"]  # the test's run and its replay: one process set-up
     assert out["optimizer"].startswith("the trainer's AdamW as captured"), out["optimizer"]
     assert "as scheduled for the step" in out["optimizer"]
+
+
+def test_an_update_leaves_the_captured_optimizer_state_as_captured(captures):
+    """The optimizer steps its state in place: every update must start from the capture's own tensors, so the
+    second update phase on the same step lands where the first did."""
+    step = open_capture(captures / "step-3", task=task_of(captures))
+    kept = {k: v.clone() for k, v in step.capture.optimizer_tensors.items()}
+    first = step.run(until="update", remember=False).update
+    for key, value in step.capture.optimizer_tensors.items():
+        assert torch.equal(value, kept[key]), f"the update changed the capture's {key}"
+    second = step.run(until="update", remember=False).update
+    assert second.update_norm == first.update_norm, (first.update_norm, second.update_norm)

@@ -145,7 +145,8 @@ def trainer_optimizer(model, meta: dict, tensors: dict[str, torch.Tensor], lr: l
             raise ValueError(
                 f"optimizer state {key!r} has shape {tuple(value.shape)}, its parameter {tuple(params[name].shape)}"
             )
-        state.setdefault(index[name], {})[entry] = value.to(params[name].device)
+        # a copy: the optimizer steps its state in place, and the capture's tensors must stay as captured
+        state.setdefault(index[name], {})[entry] = value.to(params[name].device, copy=True)
     groups, saved = [], []
     for i, g in enumerate(meta["groups"]):
         hyper = {k: (tuple(v) if k == "betas" else v) for k, v in g.items() if k != "params"}
