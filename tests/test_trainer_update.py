@@ -183,3 +183,72 @@ def test_an_update_leaves_the_captured_optimizer_state_as_captured(captures):
         assert torch.equal(value, kept[key]), f"the update changed the capture's {key}"
     second = step.run(until="update", remember=False).update
     assert second.update_norm == first.update_norm, (first.update_norm, second.update_norm)
+
+
+def test_dr_grpos_shrunk_gradient_is_not_a_shrunk_update_under_the_trainers_adam(tmp_path):
+    """dr_grpo divides the loss by max_completion_length: far above the real lengths, its gradient is several times
+    smaller than dapo's (which divides by the tokens there are). Adam divides a constant scale out of its step,
+    so the doctor's flip to dapo, stepped from the trainer's own optimizer state at step 3, moves the update's
+    norm by far less than the gradient's."""
+    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.capture.trl_bridge import trl_trainer
+    from grpo_debug.config import StepConfig
+    from grpo_debug.doctor import counterfactual, update_vector
+
+    cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=128, loss_type="dr_grpo")
+    trainer = trl_trainer(cfg, str(tmp_path), max_steps=3, disable_dropout=True, learning_rate=1e-4)
+    trainer.add_callback(CaptureCallback(tmp_path / "captures", steps=[3]))
+    trainer.train()
+    step = open_capture(tmp_path / "captures" / "step-3")
+    base = step.run(until="update")
+    lengths = base.logprobs.mask.sum(1).float()
+    effect = counterfactual(step, base, update_vector(step), "loss_type", "dapo")
+    grad_ratio = effect["grad_norm"][1] / effect["grad_norm"][0]
+    update_ratio = effect["update_norm"][1] / effect["update_norm"][0]
+    print(
+        f"dr_grpo -> dapo at step 3: grad_norm x{grad_ratio:.3f}, update norm x{update_ratio:.4f}, mean length {lengths.mean():.1f}"
+    )
+    assert grad_ratio > 1.5, f"dapo's gradient is only {grad_ratio:.2f}x dr_grpo's (mean length {lengths.mean():.1f})"
+    assert abs(update_ratio - 1) < (grad_ratio - 1) / 3, (
+        f"the update moved {update_ratio:.3f}x for a gradient {grad_ratio:.2f}x: Adam did not absorb the scale"
+    )
+
+
+def test_tracin_under_adamw_on_a_capture_steps_from_the_runs_moments(captures):
+    """The optimizer-aware influence's Adam map from the trainer's state (`trainer_adam_state`), on the step's
+    clipped batch gradient, is the trainer's own move: -lr (U(clip(g_B); m, v) + weight_decay theta) = theta_{k+1}
+    - theta_k, parameter by parameter; the fresh state TracIn used before is not."""
+    from grpo_debug.capture.landing import stored_key, stored_weights
+    from grpo_debug.capture.replay import replay_trl_step, trainer_adam_state
+    from grpo_debug.tracin.optimizer import adam_direction, clip_by_total_norm, fresh_state
+
+    step = open_capture(captures / "step-3", task=task_of(captures))
+    run = step.run(until="advantages")
+    params = {n: p for n, p in step.policy.named_parameters() if p.requires_grad}
+
+    class KeepGradients:  # stands where the optimizer steps: the clipped gradient, as the trainer's saw it
+        def step(self):
+            self.grads = {p: p.grad.detach().clone() for p in params.values()}
+
+    kept = KeepGradients()
+    replay_trl_step(step, run, kept)
+    state = trainer_adam_state(step)
+    assert state.step == 2, f"the trainer's AdamW before step 3 has taken 2 steps, not {state.step}"
+    before, after = stored_weights(captures / "step-3"), stored_weights(captures / "step-4")
+    entry = step.capture.meta["optimizer"]
+    decay = {n: g["weight_decay"] for g in entry["groups"] for n in g["params"]}
+    lr = entry["learning_rate"][0]
+    for name, direction in (("trainer", adam_direction(kept.grads, state)),
+                            ("fresh", adam_direction(clip_by_total_norm(kept.grads, 0), fresh_state(list(params.values()))))):  # fmt: skip
+        worst = 0.0
+        for n, p in params.items():
+            key = stored_key(n, after)
+            predicted = -lr * (direction[p].double() + decay[n] * before[key].double())
+            moved = after[key].double() - before[key].double()
+            worst = max(worst, ((predicted - moved).norm() / moved.norm().clamp(min=1e-30)).item())
+        if name == "trainer":
+            # theta_{k+1} - theta_k read back from float32 weights carries their rounding: about 5e-5 of the move
+            assert worst < 1e-3, f"the run's moments do not give the trainer's move: {worst:.3g} off"
+        else:
+            print(f"Adam map against the trainer's move: fresh state {worst:.3g} off")
+            assert worst > 0.05, f"a fresh Adam gives the trainer's move too ({worst:.3g}): the test tells nothing"

@@ -24,11 +24,11 @@ from .influence import (
     validation_gradient,
     validation_loss_value,
 )
-from .optimizer import BETAS, EPS, optimizer_influence, sample, warmed_state
+from .optimizer import BETAS, EPS, AdamState, optimizer_influence, sample, warmed_state
 from .specs import StepSpecs
 
 STEP_KINDS = ("sgd", "adamw", "adamw_batch")
-SCORES = ("tracin", "adam", "adam_batch")
+SCORES = ("tracin", "adam", "adam_batch", "adam_trainer")  # adam_trainer: from a capture's optimizer state
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,11 @@ def _adamw_step(params, grads: dict, lr: float, spec: StepSpecs, warm=None) -> N
     optimizer.zero_grad(set_to_none=True)
 
 
-def scores_for(train_grads: dict, val_grad: dict, spec: StepSpecs, score: str) -> torch.Tensor:
-    """(N,) one of SCORES for materialised per-sample gradients {param: (N, *shape)}."""
+def scores_for(
+    train_grads: dict, val_grad: dict, spec: StepSpecs, score: str, trainer: AdamState | None = None
+) -> torch.Tensor:
+    """(N,) one of SCORES for materialised per-sample gradients {param: (N, *shape)}; "adam_trainer" steps from
+    `trainer`, the run's own Adam moments (`optimizer.optimizer_state_of`)."""
     if score == "tracin":
         return torch.stack(
             [
@@ -169,8 +172,9 @@ def scores_for(train_grads: dict, val_grad: dict, spec: StepSpecs, score: str) -
     state = warmed_state(
         list(train_grads),
         _sum_over_samples(train_grads),
-        "fresh" if score == "adam" else "batch",
+        {"adam": "fresh", "adam_batch": "batch", "adam_trainer": "trainer"}[score],
         spec.optimization.max_grad_norm,
+        trainer,
     )
     return optimizer_influence(train_grads, val_grad, state, spec.optimization.max_grad_norm)
 

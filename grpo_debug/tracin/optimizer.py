@@ -6,12 +6,14 @@ the step on sample i is -lr * U(clip(g_i); state) and its first-order change of 
 -lr * <g_val, U(clip(g_i); state)>: the optimizer-aware influence. With torch's AdamW (bias-corrected):
   m' = b1 m + (1 - b1) g,  v' = b2 v + (1 - b2) g^2,  t' = t + 1
   U  = (m' / (1 - b1^t')) / (sqrt(v' / (1 - b2^t')) + eps)
-Two states:
-  fresh  m = v = 0, t = 0: what update.py builds for every step. U = g / (|g| + eps) per coordinate, about
-         sign(g): every coordinate with a gradient moves by lr, whatever the gradient's size.
-  batch  the state after one such step on the (clipped) batch gradient g_B: m = (1 - b1) g_B,
-         v = (1 - b2) g_B^2, t = 1. LESS warms Adam with a short training run and takes m and v from its
-         checkpoint; here the warm-up is the step itself, the state a second step would start from.
+Three states:
+  fresh    m = v = 0, t = 0: what update.py builds for every step. U = g / (|g| + eps) per coordinate, about
+           sign(g): every coordinate with a gradient moves by lr, whatever the gradient's size.
+  batch    the state after one such step on the (clipped) batch gradient g_B: m = (1 - b1) g_B,
+           v = (1 - b2) g_B^2, t = 1. LESS warms Adam with a short training run and takes m and v from its
+           checkpoint; here the warm-up is the step itself, the state a second step would start from.
+  trainer  a real run's moments: the trainer's AdamW as a capture holds it before the step
+           (`optimizer_state_of` on the optimizer `capture.replay.starting_optimizer` rebuilds), its betas and eps.
 U is not linear in g: every g_i is built (fine for the bundled model; not for 124M parameters).
 """
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-ADAM_STATES = ("fresh", "batch")
+ADAM_STATES = ("fresh", "batch", "trainer")
 BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which update.py uses
 EPS = 1e-8
 
@@ -33,6 +35,8 @@ class AdamState:
     exp_avg: Grads  # m, per parameter
     exp_avg_sq: Grads  # v, per parameter
     step: int
+    betas: tuple[float, float] = BETAS
+    eps: float = EPS
 
 
 def fresh_state(params) -> AdamState:
@@ -48,27 +52,50 @@ def clip_by_total_norm(grads: Grads, max_norm: float) -> Grads:
     return {p: g * scale for p, g in grads.items()}
 
 
-def adam_moments(grads: Grads, state: AdamState, betas=BETAS) -> AdamState:
-    """The state after one step on `grads`."""
-    b1, b2 = betas
+def adam_moments(grads: Grads, state: AdamState) -> AdamState:
+    """The state after one step on `grads` (the state's betas)."""
+    b1, b2 = state.betas
     return AdamState(
         {p: b1 * state.exp_avg[p] + (1 - b1) * g for p, g in grads.items()},
         {p: b2 * state.exp_avg_sq[p] + (1 - b2) * g * g for p, g in grads.items()},
         state.step + 1,
+        state.betas,
+        state.eps,
     )
 
 
-def adam_direction(grads: Grads, state: AdamState, betas=BETAS, eps: float = EPS) -> Grads:
+def adam_direction(grads: Grads, state: AdamState) -> Grads:
     """U(g; state): the AdamW step on `grads` from `state`, per unit of lr (weight decay 0), to be subtracted."""
-    new = adam_moments(grads, state, betas)
-    c1, c2 = 1 - betas[0] ** new.step, 1 - betas[1] ** new.step
-    return {p: (new.exp_avg[p] / c1) / ((new.exp_avg_sq[p] / c2).sqrt() + eps) for p in grads}
+    new = adam_moments(grads, state)
+    c1, c2 = 1 - state.betas[0] ** new.step, 1 - state.betas[1] ** new.step
+    return {p: (new.exp_avg[p] / c1) / ((new.exp_avg_sq[p] / c2).sqrt() + state.eps) for p in grads}
 
 
-def warmed_state(params, batch_grads: Grads, warm: str, max_grad_norm: float) -> AdamState:
-    """The Adam state the optimizer-aware influence starts from (`ADAM_STATES`)."""
+def optimizer_state_of(optimizer: torch.optim.Optimizer, params) -> AdamState:
+    """A torch Adam/AdamW's moments for `params` (the trainer's, rebuilt from a capture), with its betas and eps;
+    a parameter it holds no state for yet starts at zero (its first step)."""
+    group = optimizer.param_groups[0]
+    exp_avg, exp_avg_sq, steps = {}, {}, set()
+    for p in params:
+        entry = optimizer.state.get(p, {})
+        exp_avg[p] = entry["exp_avg"].detach().clone() if "exp_avg" in entry else torch.zeros_like(p)
+        exp_avg_sq[p] = entry["exp_avg_sq"].detach().clone() if "exp_avg_sq" in entry else torch.zeros_like(p)
+        steps.add(int(entry["step"]) if "step" in entry else 0)
+    if len(steps) > 1:
+        raise ValueError(f"the optimizer's parameters are at different steps {sorted(steps)}: not one Adam state")
+    return AdamState(exp_avg, exp_avg_sq, steps.pop() if steps else 0, tuple(group["betas"]), group["eps"])
+
+
+def warmed_state(
+    params, batch_grads: Grads, warm: str, max_grad_norm: float, trainer: AdamState | None = None
+) -> AdamState:
+    """The Adam state the optimizer-aware influence starts from (`ADAM_STATES`; "trainer": `trainer`)."""
     if warm not in ADAM_STATES:
         raise ValueError(f"Adam state must be one of {ADAM_STATES}, got {warm!r}")
+    if warm == "trainer":
+        if trainer is None:
+            raise ValueError("the 'trainer' Adam state needs the trainer's optimizer (a capture that holds it)")
+        return trainer
     state = fresh_state(params)
     return state if warm == "fresh" else adam_moments(clip_by_total_norm(batch_grads, max_grad_norm), state)
 
