@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -91,6 +92,8 @@ class CaptureCallback(TrainerCallback):
         a replay's update starts from a fresh AdamW and says so."""
         if not isinstance(optimizer_state, bool):
             raise ValueError(f"optimizer_state must be True or False, got {optimizer_state!r}")
+        if str(out_dir) == "" or Path(out_dir).exists() and not Path(out_dir).is_dir():
+            raise ValueError(f"out_dir {str(out_dir)!r} is not a folder: captures are folders inside it")
         self.out_dir, self.max_weight_bytes, self.steps = Path(out_dir), max_weight_bytes, []
         self.optimizer_state = optimizer_state
         self.trainer = None
@@ -159,9 +162,28 @@ class CaptureCallback(TrainerCallback):
         self._model().register_forward_pre_hook(self._random_state)
 
     def _timed(self, fn, *args):
+        """One of our recording steps, timed; a failure of ours never reaches the trainer (`_failed`)."""
         start = time.perf_counter()
-        fn(*args)
+        try:
+            fn(*args)
+        except Exception as e:  # a bug of ours, or a batch we did not foresee: the run goes on without the capture
+            self._failed(f"recording it failed in {fn.__name__} ({type(e).__name__}: {e})")
         self.seconds += time.perf_counter() - start
+
+    def _failed(self, reason: str) -> None:
+        """What this callback was doing failed: the step being recorded (or the generation batch kept for the next
+        ones) is not written, with the reason, warned once; training is not touched. The step's collective parts
+        still run (every process takes them together), only its write is dropped."""
+        if self.current is not None:
+            self.current.setdefault("failed", reason)
+            step = self.current["step"]
+        else:
+            self.generation, step = None, None
+        warnings.warn(
+            f"{type(self).__name__}: {'step ' + str(step) if step else 'a generation batch'} will not be captured: "
+            f"{reason}; training goes on",
+            stacklevel=2,
+        )
 
     def _keep_scored(self, input_ids: torch.Tensor, logps: torch.Tensor) -> None:
         self.current["scored"].append((input_ids.detach().cpu(), logps.detach().float().cpu()))
@@ -237,18 +259,26 @@ class CaptureCallback(TrainerCallback):
         if capture is None:
             return
         start = time.perf_counter()
+        try:
+            self._before_optimizer_step(capture)
+        except Exception as e:  # a bug of ours: the step is not written, the run goes on
+            capture["trigger"] = None
+            self._failed(f"recording it failed before the optimizer step ({type(e).__name__}: {e})")
+            self.skipped.setdefault(capture["step"], capture["failed"])
+        self.seconds += time.perf_counter() - start
+
+    def _before_optimizer_step(self, capture: dict) -> None:
         capture["step_metrics"] = self._step_metrics(capture)  # collective: every process gathers
         trigger = self._trigger(capture)
         if trigger is not None:
-            reason = self._cannot_write(capture["step"])
+            reason = capture.get("failed") or self._cannot_write(capture["step"])
             if reason:
                 self.skipped[capture["step"]], trigger = reason, None
             else:
                 capture["weights"] = self._weights()
-                if self.optimizer_state and state.is_world_process_zero and self.trainer.optimizer is not None:
+                if self.optimizer_state and self.trainer.is_world_process_zero() and self.trainer.optimizer is not None:
                     capture["optimizer"] = optimizer_state.snapshot(self.trainer, self._model())
         capture["trigger"] = trigger
-        self.seconds += time.perf_counter() - start
 
     def on_step_end(self, args, state, control, **kwargs):
         capture, self.current = self.current, None
@@ -257,7 +287,11 @@ class CaptureCallback(TrainerCallback):
         start = time.perf_counter()
         if capture["trigger"] is not None:
             self._capture(capture, state)
-        self._after_step(capture, state)
+        try:
+            self._after_step(capture, state)
+        except Exception as e:  # the recorder's health line (a full disk, a bad folder): the run goes on
+            warnings.warn(f"{type(self).__name__}: step {capture['step']}'s record was not written "
+                          f"({type(e).__name__}: {e}); training goes on", stacklevel=2)  # fmt: skip
         self.seconds += time.perf_counter() - start
 
     def _cannot_write(self, step: int) -> str | None:
@@ -276,21 +310,31 @@ class CaptureCallback(TrainerCallback):
         step = capture["step"]
         capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
         capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
-        if state.is_world_process_zero:
-            self.written[step] = self._write(step, capture, self.generation)
-        else:
+        if not state.is_world_process_zero:
             self.written[step] = self.out_dir / f"step-{step}"
+        else:
+            try:
+                self.written[step] = self._write(step, capture, self.generation)
+            except Exception as e:  # a full disk, a bad folder, a bug of ours: the run goes on, without this capture
+                self.skipped[step] = f"writing it failed ({type(e).__name__}: {e})"
+                warnings.warn(f"{type(self).__name__}: step {step} was not captured: {self.skipped[step]}; "
+                              "training goes on", stacklevel=2)  # fmt: skip
+                return
         self._captured(step, self.written[step], capture)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
         path = self.written.get(step)
         if path is not None and logs and "loss" in logs and state.is_world_process_zero:
-            meta = json.loads((path / "capture.json").read_text())
-            meta["logged"] = jsonable(dict(logs))
-            meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
-            write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
-            write_checksums(path)
+            try:
+                meta = json.loads((path / "capture.json").read_text())
+                meta["logged"] = jsonable(dict(logs))
+                meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
+                write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
+                write_checksums(path)
+            except Exception as e:  # the capture stands as written, without TRL's log of the step
+                warnings.warn(f"{type(self).__name__}: step {step}'s log was not added to its capture "
+                              f"({type(e).__name__}: {e}); training goes on", stacklevel=2)  # fmt: skip
 
     def on_train_end(self, args, state, control, **kwargs):
         for step in self.steps:
@@ -377,7 +421,7 @@ class CaptureCallback(TrainerCallback):
         mean over processes), grad_norm, and each metric TRL appended during the step, averaged."""
         t = self.trainer
         out = {key: mean_like_trl_log([float(v) for v in new]) for key, new in self._new_metrics().items()}
-        loss = torch.tensor([sum(capture["losses"])], device=t.accelerator.device)
+        loss = torch.tensor([float(sum(capture["losses"]))], device=t.accelerator.device)
         out["loss"] = t.accelerator.gather(loss).mean().item()
         if capture["grad_norm"] is not None:
             out["grad_norm"] = capture["grad_norm"]
@@ -429,11 +473,42 @@ class CaptureCallback(TrainerCallback):
         return rows_in_generation_order(gather_object([mine]))
 
     def _write(self, step: int, capture: dict, generation: dict) -> Path:
+        """out_dir/step-<k>: written whole into a hidden folder beside it, then renamed into place; a disk without
+        room for it is refused before anything is written (OSError)."""
+        final = self.out_dir / f"step-{step}"
+        self._check_room(capture)
+        path = self.out_dir / f".step-{step}.partial"  # renamed to `final` once whole: no reader sees half of it
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        try:
+            self._write_into(path, final, step, capture, generation)
+            if final.exists():  # an earlier capture of this step number (a run resumed into the same folder)
+                shutil.rmtree(final)
+            os.replace(path, final)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return final
+
+    def _check_room(self, capture: dict) -> None:
+        """Refuse (OSError) a capture the disk has no room for: its weights, optimizer state and batch, and 10%."""
+        weights = capture["weights"] or {}
+        expected = sum(t.numel() * t.element_size() for t in weights.values())
+        if capture.get("optimizer") is not None:
+            expected += capture["optimizer"][0]["bytes"]
+        expected += sum(t.numel() * t.element_size() for t in self.generation["tensors"].values())
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.out_dir).free
+        if free < 1.1 * expected:
+            raise OSError(
+                f"{free / 1e6:.0f} MB free in {self.out_dir}, the capture needs about {expected / 1e6:.0f} MB"
+            )
+
+    def _write_into(self, path: Path, final: Path, step: int, capture: dict, generation: dict) -> None:
+        """Every file of the capture in `path` (the folder it will be renamed to: `final`), checksums last."""
         import trl
 
         t = self.trainer
-        path = self.out_dir / f"step-{step}"
-        path.mkdir(parents=True, exist_ok=True)
         tensors = dict(generation["tensors"])
         tensors["trainer_per_token_logps"] = capture["trainer_logps"]
         states = random_states(capture["rng"], capture["ranks"])
@@ -457,14 +532,13 @@ class CaptureCallback(TrainerCallback):
                 num_generations=t.args.num_generations,
                 tensors=", ".join(f"`{k}` {tuple(v.shape)}" for k, v in tensors.items()),
                 policy_note=note,
-                path=path.resolve(),
+                path=final.resolve(),
                 reference=meta["reference"]["name_or_path"] or "none (beta = 0)",
                 optimizer_note=optimizer_note(meta.get("optimizer")),
             )
             + trigger_note(capture["trigger"]),
         )
         write_checksums(path)  # last: every file the capture wrote, which reading it verifies first
-        return path
 
     def _write_policy(self, path: Path, step: int, weights: dict | None) -> tuple[dict, str]:
         """The policy's weights and tokenizer in `path/policy` (or where to reload them, past max_weight_bytes):

@@ -281,7 +281,10 @@ class FlightRecorder(CaptureCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         """Every triggered step that could not be captured, named (one warning per reason)."""
-        self._write_index()
+        try:
+            self._write_index()
+        except Exception as e:  # the run has trained: its end is not ours to stop
+            warnings.warn(f"FlightRecorder: {INDEX_FILE} was not written ({type(e).__name__}: {e})", stacklevel=2)
         by_reason: dict[str, list[int]] = {}
         for step, reason in sorted(self.not_captured.items()):
             by_reason.setdefault(reason, []).append(step)

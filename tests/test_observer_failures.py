@@ -1,0 +1,96 @@
+"""The observer never stops the observed: whatever fails in CaptureCallback or FlightRecorder (a full disk, a bad
+folder, a bug of ours), training runs to its end, a warning names the step and the cause, and no half-written
+capture is left where a reader would open it."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from grpo_debug.capture import CaptureCallback, FlightRecorder
+from grpo_debug.capture import callback as callback_module
+from grpo_debug.capture.reading import load_capture
+from grpo_debug.capture.trl_bridge import trl_trainer
+from grpo_debug.config import StepConfig
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+STEPS = 2
+
+
+def train_with(recorder, out: Path) -> tuple[int, list[str]]:
+    """A 2-step TRL run of the bundled model with `recorder` added: the steps it trained, the warnings it gave."""
+    cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=8)
+    trainer = trl_trainer(cfg, str(out / "trl"), max_steps=STEPS)
+    trainer.add_callback(recorder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    return trainer.state.global_step, [str(w.message) for w in caught]
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob(".step-*")) if folder.is_dir() else []
+
+
+def test_a_full_disk_skips_the_capture_and_training_goes_on(tmp_path, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(callback_module.torch, "save", no_space)
+    recorder = CaptureCallback(tmp_path / "captures", steps=[2])
+    trained, said = train_with(recorder, tmp_path)
+    assert trained == STEPS, f"training stopped at step {trained}"
+    assert any("step 2 was not captured" in w and "No space left on device" in w for w in said), said
+    assert not (tmp_path / "captures" / "step-2").exists() and not leftovers(tmp_path / "captures")
+    assert "No space left" in recorder.skipped[2]
+
+
+def test_a_capture_the_disk_has_no_room_for_is_refused_before_writing(tmp_path, monkeypatch):
+    class Usage:
+        free = 1000
+
+    monkeypatch.setattr(callback_module.shutil, "disk_usage", lambda path: Usage())
+    recorder = CaptureCallback(tmp_path / "captures", steps=[1])
+    trained, said = train_with(recorder, tmp_path)
+    assert trained == STEPS and "MB free" in recorder.skipped[1], recorder.skipped
+    assert not list((tmp_path / "captures").iterdir()), "something was written for a capture with no room"
+
+
+def test_a_bug_of_ours_while_recording_leaves_training_alone(tmp_path, monkeypatch):
+    def broken(self, loss):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(CaptureCallback, "_keep_loss", broken)
+    recorder = CaptureCallback(tmp_path / "captures", steps=[1, 2])
+    trained, said = train_with(recorder, tmp_path)
+    assert trained == STEPS
+    assert set(recorder.skipped) == {1, 2} and all("a bug of ours" in r for r in recorder.skipped.values())
+    assert any("step 1 will not be captured" in w for w in said), said
+
+
+def test_a_flight_recorders_full_disk_is_its_health_lines_loss_not_the_runs(tmp_path, monkeypatch):
+    from grpo_debug.capture import flight
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(flight, "append_line", no_space)
+    trained, said = train_with(FlightRecorder(tmp_path / "recorder"), tmp_path)
+    assert trained == STEPS and any("record was not written" in w for w in said), said
+
+
+def test_a_capture_is_whole_or_absent(tmp_path):
+    recorder = CaptureCallback(tmp_path / "captures", steps=[2])
+    train_with(recorder, tmp_path)
+    assert load_capture(tmp_path / "captures" / "step-2").meta["step"] == 2
+    assert not leftovers(tmp_path / "captures"), "a partial folder was left beside the capture"
+
+
+@pytest.mark.parametrize("bad", ["file", "empty"])
+def test_an_out_dir_that_is_no_folder_is_refused_before_training(tmp_path, bad):
+    out = tmp_path / "captures.txt"
+    out.write_text("not a folder")
+    with pytest.raises(ValueError, match="is not a folder"):
+        CaptureCallback(out if bad == "file" else "", steps=[1])
+    with pytest.raises(ValueError, match="is not a folder"):
+        FlightRecorder(out if bad == "file" else "")
