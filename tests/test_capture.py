@@ -309,7 +309,9 @@ def assert_replayed_per_process(capture_path: Path, passes: int) -> None:
         gap = relative_gap(out["replayed"][name], logged[name])
         assert gap <= TOLERANCE, f"{name}: replayed {out['replayed'][name]}, TRL logged {logged[name]} ({gap:.2g})"
     assert out["logps"]["max_abs_difference"] < 1e-4, "the replay's log-probs are not the trainer's"
-    one_batch = reproduction(run, step.capture, step.policy)  # the whole batch as one micro-batch, as before
+    engine = open_capture(capture_path)
+    engine.update_phase = None  # the engine's own update phase: the whole batch as one micro-batch, as before
+    one_batch = reproduction(engine.run(until="update"), engine.capture, engine.policy)
     gaps = {name: relative_gap(one_batch["replayed"][name], logged[name]) for name in ("loss", "kl")}
     assert min(gaps.values()) > 10 * TOLERANCE, f"the one-batch replay matches too ({gaps}): the layout tests nothing"
 
