@@ -27,8 +27,10 @@ generation batch; batch.pt's `rng_states` (P, M, S): its random state at each of
 that the replay takes each process's micro-batches as that process took them.
 
 A capture is a folder holding `README.md`, `capture.json` (the config, texts, rewards, metrics), `batch.pt`
-(the tensors), `policy/` (weights and tokenizer, `save_pretrained`) and `checksums.json` (the SHA-256 of every
-other file, which reading the capture verifies first). The reference model (TRL has one
+(the tensors), `policy/` (weights and tokenizer, `save_pretrained`), `optimizer.safetensors` (the trainer's
+optimizer state before the step, `optimizer_state.py`) and `checksums.json` (the SHA-256 of every other file, which
+reading the capture verifies first). It is written into a hidden folder beside its place and renamed when whole;
+a failure of ours (a full disk, a bug) is warned and the run goes on without it. The reference model (TRL has one
 when beta != 0) is named, not copied: TRL loads it frozen from the policy's own name, recorded here as an
 absolute path where it is a local folder.
 """
