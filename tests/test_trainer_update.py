@@ -219,8 +219,8 @@ def test_tracin_under_adamw_on_a_capture_steps_from_the_runs_moments(captures):
     clipped batch gradient, is the trainer's own move: -lr (U(clip(g_B); m, v) + weight_decay theta) = theta_{k+1}
     - theta_k, parameter by parameter; the fresh state TracIn used before is not."""
     from grpo_debug.capture.landing import stored_key, stored_weights
-    from grpo_debug.capture.replay import replay_trl_step, trainer_adam_state
-    from grpo_debug.tracin.optimizer import adam_direction, clip_by_total_norm, fresh_state
+    from grpo_debug.capture.replay import replay_trl_step
+    from grpo_debug.tracin.optimizer import adam_direction, clip_by_total_norm, fresh_state, trainer_adam_state
 
     step = open_capture(captures / "step-3", task=task_of(captures))
     run = step.run(until="advantages")

@@ -109,20 +109,6 @@ def starting_optimizer(capture: Capture, model, cfg, as_captured) -> tuple[torch
     return optimizer, what, True
 
 
-def trainer_adam_state(step, cfg=None):
-    """The run's own Adam moments before the captured step, on `step.policy`'s trained parameters, for TracIn
-    under AdamW (`tracin.first_order.scores_for(..., "adam_trainer", trainer=...)`); None where the capture holds
-    no optimizer this replay rebuilds (then only the fresh and batch-warmed states exist)."""
-    from ..tracin.optimizer import optimizer_state_of
-
-    capture = step.capture
-    cfg = cfg or step.cfg
-    if optimizer_state.rebuild_problem(capture.meta.get("optimizer")) is not None:
-        return None
-    optimizer, _, _ = starting_optimizer(capture, step.policy, cfg, config_from_capture(capture))
-    return optimizer_state_of(optimizer, [p for p in step.policy.parameters() if p.requires_grad])
-
-
 def captured_update(step, run) -> StepResult | None:
     """The update phase on a capture: the captured optimizer step replayed as the trainer took it
     (`replay_trl_step`: its micro-batches, pass and dropout masks), clipped as it clipped, and stepped once by

@@ -13,7 +13,7 @@ Three states:
            v = (1 - b2) g_B^2, t = 1. LESS warms Adam with a short training run and takes m and v from its
            checkpoint; here the warm-up is the step itself, the state a second step would start from.
   trainer  a real run's moments: the trainer's AdamW as a capture holds it before the step
-           (`optimizer_state_of` on the optimizer `capture.replay.starting_optimizer` rebuilds), its betas and eps.
+           (`trainer_adam_state`: `optimizer_state_of` the optimizer the capture rebuilds), its betas and eps.
 U is not linear in g: every g_i is built (fine for the bundled model; not for 124M parameters).
 """
 
@@ -84,6 +84,21 @@ def optimizer_state_of(optimizer: torch.optim.Optimizer, params) -> AdamState:
     if len(steps) > 1:
         raise ValueError(f"the optimizer's parameters are at different steps {sorted(steps)}: not one Adam state")
     return AdamState(exp_avg, exp_avg_sq, steps.pop() if steps else 0, tuple(group["betas"]), group["eps"])
+
+
+def trainer_adam_state(step, cfg=None) -> AdamState | None:
+    """A capture's own Adam moments before its step (`step`: an opened capture), on `step.policy`'s trained
+    parameters, for `first_order.scores_for(..., "adam_trainer", trainer=...)`; None where the capture holds no
+    optimizer the replay rebuilds (then only the fresh and batch-warmed states exist)."""
+    from ..capture import optimizer_state
+    from ..capture.reading import config_from_capture
+    from ..capture.replay import starting_optimizer
+
+    capture = step.capture
+    if optimizer_state.rebuild_problem(capture.meta.get("optimizer")) is not None:
+        return None
+    optimizer, _, _ = starting_optimizer(capture, step.policy, cfg or step.cfg, config_from_capture(capture))
+    return optimizer_state_of(optimizer, [p for p in step.policy.parameters() if p.requires_grad])
 
 
 def warmed_state(
