@@ -101,9 +101,10 @@ class FlightRecorder(CaptureCallback):
         trigger_on: tuple[str, ...] = TRIGGERS,
         update_sample: int = UPDATE_SAMPLE,
         max_weight_bytes: int = MAX_WEIGHT_BYTES,
+        optimizer_state: bool = True,
     ):
         _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample)
-        self._setup(out_dir, max_weight_bytes)
+        self._setup(out_dir, max_weight_bytes, optimizer_state)
         self.max_captures, self.grad_spike, self.reward_drop = max_captures, grad_spike, reward_drop
         self.min_history, self.trigger_on, self.update_sample = min_history, set(trigger_on), update_sample
         self.history = {name: deque(maxlen=window) for name in ("grad_norm", "reward", "reward_std")}
