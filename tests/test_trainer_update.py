@@ -100,11 +100,19 @@ def test_the_replayed_update_of_each_step_lands_on_the_next_steps_captured_weigh
     assert moved == STEPS - 2, f"{moved} of the steps 2..{STEPS - 1} moved the weights"
 
 
-def test_the_update_phase_on_a_capture_is_the_trainers_step(captures):
-    """`open_capture(...).run(until="update")`, what every notebook and the doctor run: the trainer's optimizer as
-    captured, one optimizer step (the capture's) on its micro-batches, landing on step k+1's weights."""
+@pytest.fixture(scope="module")
+def one_step_captures(user) -> Path:
+    """The same schedule with one optimizer step per generation batch (TRL's default layout)."""
+    return user_run(user, "one-step", capture=[2, 3, 4], gradient_accumulation_steps=1, num_iterations=1)
+
+
+def test_the_update_phase_on_a_capture_is_the_trainers_step(one_step_captures):
+    """`open_capture(...).run(until="update")`, what every notebook and the doctor run: where the captured step is
+    its generation batch's one optimizer step, the trainer's optimizer as captured steps once on the trainer's
+    micro-batches, landing on step k+1's weights."""
     from grpo_debug.capture.landing import stored_key, stored_weights
 
+    captures = one_step_captures
     step = open_capture(captures / "step-3", task=task_of(captures))
     entry = step.capture.meta["optimizer"]
     run = step.run(until="update")
@@ -117,6 +125,16 @@ def test_the_update_phase_on_a_capture_is_the_trainers_step(captures):
     assert set(trained.nonzero().flatten().tolist()) <= rows, "tokens outside the step's micro-batches trained"
     halved = step.run(step.cfg.replace(learning_rate=step.cfg.learning_rate / 2), until="update", remember=False)
     assert halved.update.learning_rates == pytest.approx([lr / 2 for lr in entry["learning_rate"]])
+
+
+def test_on_a_generation_batch_of_several_steps_the_update_phase_takes_them_all_from_the_trainers_state(captures):
+    """GA 2 and two passes: the generation batch feeds two optimizer steps, and the engine's passes take both from
+    step k's weights, starting from the trainer's optimizer (its scheduled rate); the captured step alone is
+    `trainer_update`'s (above)."""
+    step = open_capture(captures / "step-3", task=task_of(captures))
+    run = step.run(until="update")
+    assert run.update.optimizer_steps == 2 and len(run.update.iterations) == 2, run.update.optimizer_steps
+    assert run.update.learning_rates == tuple(step.capture.meta["optimizer"]["learning_rate"])
 
 
 def test_without_the_optimizers_state_the_update_says_it_starts_from_a_fresh_adamw(user, tmp_path):

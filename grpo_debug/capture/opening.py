@@ -14,7 +14,7 @@ from ..config import StepConfig
 from ..step import GRPOStep
 from ..task import register_task
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
-from .replay import captured_update
+from .replay import captured_update, starting_optimizer
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -43,4 +43,5 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         rollout=captured_rollout(capture, loaded.tokenizer),
         at_reference=beta_zero,
         update_phase=captured_update,
+        starting_optimizer=lambda model, at: starting_optimizer(capture, model, at, as_captured)[0],
     )

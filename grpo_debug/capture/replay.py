@@ -113,13 +113,21 @@ def captured_update(step, run) -> StepResult | None:
     """The update phase on a capture: the captured optimizer step replayed as the trainer took it
     (`replay_trl_step`: its micro-batches, pass and dropout masks), clipped as it clipped, and stepped once by
     `starting_optimizer` under the run's config; the tokens it did not train on hold 0 in the pass's record.
-    None where it cannot be (no schedule recorded, another batch size, or per-sample gradient norms asked for,
-    which only the engine's `update` takes): the engine's update phase runs instead."""
+    None where it is not the trainer's step (the engine's update phase runs instead, from the trainer's optimizer:
+    `starting_optimizer`): no schedule recorded; another batch size; per-sample gradient norms asked for, which
+    only the engine's `update` takes; a batch layout (num_iterations, steps_per_generation,
+    gradient_accumulation_steps) other than the captured one, or a captured one whose generation batch feeds
+    several optimizer steps (the engine then takes every one of them from step k's weights, as its passes show;
+    `trainer_update` and `landing` take the captured step alone)."""
     capture, cfg = step.capture, run.config
+    captured = config_from_capture(capture)
+    layout = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps")
     if (
         capture.schedule is None
         or cfg.per_sample_grad_norms
         or cfg.num_prompts * cfg.num_generations != capture.num_samples
+        or any(getattr(cfg, k) != getattr(captured, k) for k in layout)
+        or cfg.num_iterations * cfg.steps_per_generation != cfg.gradient_accumulation_steps
     ):
         return None
     start = time.perf_counter()
