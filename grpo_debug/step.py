@@ -76,14 +76,12 @@ class GRPOStep:
         rollout: Rollout | None = None,
         at_reference: bool = True,
         update_phase=None,
-        starting_optimizer=None,
     ):
         """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
         policy's starting weights are the reference's (False once trained). `update_phase(step, run)`: the
         update phase as the run that was captured took it (`capture.replay.captured_update`: the trainer's
-        micro-batches and optimizer), or None where it cannot be, for the engine's own; that one starts from
-        `starting_optimizer(model, cfg)` (a capture's: the trainer's optimizer), or a fresh AdamW."""
+        micro-batches and optimizer), or None where it cannot be, for the engine's own."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
@@ -96,7 +94,6 @@ class GRPOStep:
         self._last_optimizer: torch.optim.Optimizer | None = None
         self.capture = capture
         self.update_phase = update_phase
-        self.starting_optimizer = starting_optimizer
 
     @property
     def stored_rewards(self) -> bool:
@@ -275,8 +272,7 @@ class GRPOStep:
             captured = self.update_phase(self, phases)
             if captured is not None:
                 return captured
-        fresh = self.starting_optimizer or (lambda model, at: new_optimizer(model, optimization_of(at)))
-        self._last_optimizer = self.optimizer or fresh(self.policy, cfg)
+        self._last_optimizer = self.optimizer or new_optimizer(self.policy, optimization_of(cfg))
         advantages, loss, correction = done["advantages"].values, loss_spec_of(cfg), sampler_correction_of(cfg)
         return update(
             self.policy,

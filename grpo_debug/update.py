@@ -67,6 +67,7 @@ class StepResult:
     iterations: tuple[Iteration, ...] = ()
     optimizer_steps: int = 1
     learning_rates: tuple[float, ...] = ()  # each parameter group's rate at the first optimizer step, as applied
+    optimizer: str = "AdamW"  # what stepped, in words (a capture's update phase: the trainer's, restored)
 
 
 def new_optimizer(model, optimization: Optimization) -> torch.optim.AdamW:

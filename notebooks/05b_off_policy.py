@@ -57,7 +57,7 @@ keys = ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
         "entropy"]
 passes = {"mu = 1, pass 1": one.update.iterations[0], "mu = 2, pass 1": two.update.iterations[0],
           "mu = 2, pass 2": two.update.iterations[1]}
-passes_table = pd.DataFrame({name: {**{k: it.metrics[k] for k in keys}, "grad_norm": it.grad_norms[0]}
+passes_table = pd.DataFrame({name: {**{k: it.metrics.get(k, float("nan")) for k in keys}, "grad_norm": it.grad_norms[0]}
                              for name, it in passes.items()}).T
 passes_table
 

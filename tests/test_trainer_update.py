@@ -127,14 +127,17 @@ def test_the_update_phase_on_a_capture_is_the_trainers_step(one_step_captures):
     assert halved.update.learning_rates == pytest.approx([lr / 2 for lr in entry["learning_rate"]])
 
 
-def test_on_a_generation_batch_of_several_steps_the_update_phase_takes_them_all_from_the_trainers_state(captures):
-    """GA 2 and two passes: the generation batch feeds two optimizer steps, and the engine's passes take both from
-    step k's weights, starting from the trainer's optimizer (its scheduled rate); the captured step alone is
+def test_on_a_generation_batch_of_several_steps_the_update_phase_says_it_is_the_engines(captures):
+    """GA 2 and two passes: the generation batch feeds two optimizer steps; the update phase is the engine's
+    passes over it (what notebooks 05b and 09 walk), and the replay says so; the captured step alone is
     `trainer_update`'s (above)."""
+    from grpo_debug.capture.replay import reproduction
+
     step = open_capture(captures / "step-3", task=task_of(captures))
     run = step.run(until="update")
     assert run.update.optimizer_steps == 2 and len(run.update.iterations) == 2, run.update.optimizer_steps
-    assert run.update.learning_rates == tuple(step.capture.meta["optimizer"]["learning_rate"])
+    said = reproduction(run, step.capture, step.policy, step)["optimizer"]
+    assert said.startswith("a fresh AdamW, the engine's own passes"), said
 
 
 def test_without_the_optimizers_state_the_update_says_it_starts_from_a_fresh_adamw(user, tmp_path):
@@ -179,10 +182,10 @@ def test_a_damaged_optimizer_state_is_refused_naming_the_file(captures, tmp_path
         load_capture(folder)
 
 
-def test_the_replay_says_which_kernels_and_which_optimizer_it_ran(captures):
+def test_the_replay_says_which_kernels_and_which_optimizer_it_ran(one_step_captures):
     from grpo_debug.capture.replay import reproduction
 
-    step = open_capture(captures / "step-3", task=task_of(captures))
+    step = open_capture(one_step_captures / "step-3", task=task_of(one_step_captures))
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     kernels = step.capture.meta["kernels"]
     assert kernels["cpu_capability"] and set(kernels["environment"]) >= {"ATEN_CPU_CAPABILITY"}, kernels
@@ -191,10 +194,10 @@ def test_the_replay_says_which_kernels_and_which_optimizer_it_ran(captures):
     assert "as scheduled for the step" in out["optimizer"]
 
 
-def test_an_update_leaves_the_captured_optimizer_state_as_captured(captures):
+def test_an_update_leaves_the_captured_optimizer_state_as_captured(one_step_captures):
     """The optimizer steps its state in place: every update must start from the capture's own tensors, so the
     second update phase on the same step lands where the first did."""
-    step = open_capture(captures / "step-3", task=task_of(captures))
+    step = open_capture(one_step_captures / "step-3", task=task_of(one_step_captures))
     kept = {k: v.clone() for k, v in step.capture.optimizer_tensors.items()}
     first = step.run(until="update", remember=False).update
     for key, value in step.capture.optimizer_tensors.items():

@@ -1,6 +1,6 @@
 """A captured TRL step opened as a `GRPOStep`: its batch the cached rollout, its GRPOConfig the config, its
-weights the policy, its reward functions (yours, or the stored rewards replayed), and the trainer's optimizer
-(its state, groups and scheduled rate, where the capture holds them) as the one every update starts from.
+weights the policy, its reward functions (yours, or the stored rewards replayed), and as its update phase the
+trainer's own step (`replay.captured_update`: its micro-batches and its optimizer, restored) where it can be.
 
     step = open_capture("captures/step-2", task=[my_reward, other_reward])
     step.run(until="update")            # every phase on the trainer's own batch
@@ -14,7 +14,7 @@ from ..config import StepConfig
 from ..step import GRPOStep
 from ..task import register_task
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
-from .replay import captured_update, starting_optimizer
+from .replay import captured_update
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -43,5 +43,4 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         rollout=captured_rollout(capture, loaded.tokenizer),
         at_reference=beta_zero,
         update_phase=captured_update,
-        starting_optimizer=lambda model, at: starting_optimizer(capture, model, at, as_captured)[0],
     )

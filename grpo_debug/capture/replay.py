@@ -105,7 +105,12 @@ def starting_optimizer(capture: Capture, model, cfg, as_captured) -> tuple[torch
         for group in optimizer.param_groups:
             if group["weight_decay"]:
                 group["weight_decay"] = cfg.weight_decay
-    what = f"the trainer's {entry['class']} as captured (its state before step {capture.meta['step']})"
+    rates = ", ".join(f"{g['lr']:.6g}" for g in optimizer.param_groups)
+    what = (
+        f"the trainer's {entry['class']} as captured: its state before step {capture.meta['step']}, "
+        f"{len(entry['groups'])} parameter group(s), learning rate {rates}"
+        + (" as scheduled for the step" if scale == 1.0 else f" (the scheduled rate x {scale:.6g})")
+    )
     return optimizer, what, True
 
 
@@ -113,8 +118,8 @@ def captured_update(step, run) -> StepResult | None:
     """The update phase on a capture: the captured optimizer step replayed as the trainer took it
     (`replay_trl_step`: its micro-batches, pass and dropout masks), clipped as it clipped, and stepped once by
     `starting_optimizer` under the run's config; the tokens it did not train on hold 0 in the pass's record.
-    None where it is not the trainer's step (the engine's update phase runs instead, from the trainer's optimizer:
-    `starting_optimizer`): no schedule recorded; another batch size; per-sample gradient norms asked for, which
+    None where it is not the trainer's step (the engine's update phase runs instead, from a fresh AdamW, and
+    `reproduction` says so): no schedule recorded; another batch size; per-sample gradient norms asked for, which
     only the engine's `update` takes; a batch layout (num_iterations, steps_per_generation,
     gradient_accumulation_steps) other than the captured one, or a captured one whose generation batch feeds
     several optimizer steps (the engine then takes every one of them from step k's weights, as its passes show;
@@ -132,7 +137,7 @@ def captured_update(step, run) -> StepResult | None:
         return None
     start = time.perf_counter()
     step.restore_policy()
-    optimizer, _, _ = starting_optimizer(capture, step.policy, cfg, config_from_capture(capture))
+    optimizer, what, _ = starting_optimizer(capture, step.policy, cfg, captured)
     params = [p for p in step.policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     replay = replay_trl_step(step, run, optimizer)
@@ -161,6 +166,7 @@ def captured_update(step, run) -> StepResult | None:
         iterations=(pass_record,),
         optimizer_steps=1,
         learning_rates=tuple(float(g["lr"]) for g in optimizer.param_groups),
+        optimizer=what,
     )
 
 
@@ -311,12 +317,17 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         "pitfalls": pitfalls(capture, model),
         "causes": causes(capture, model, replayed_dropout),
         "kernels": kernels_against(capture),
-        "optimizer": optimizer_of_update(capture),
+        "optimizer": optimizer_of_update(capture, run),
     }
 
 
-def optimizer_of_update(capture: Capture) -> str:
-    """Which optimizer the update phase steps with on this capture, in words."""
+def optimizer_of_update(capture: Capture, run=None) -> str:
+    """Which optimizer the update phase stepped with on this capture, in words."""
+    if run is not None and run.update is not None and not run.update.optimizer.startswith("the trainer's"):
+        return (
+            "a fresh AdamW, the engine's own passes over the generation batch: its layout is not one optimizer "
+            "step as captured (trainer_update and landing replay the captured step with the trainer's optimizer)"
+        )
     entry = capture.meta.get("optimizer")
     problem = optimizer_state.rebuild_problem(entry)
     if problem is not None:
