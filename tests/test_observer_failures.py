@@ -94,3 +94,27 @@ def test_an_out_dir_that_is_no_folder_is_refused_before_training(tmp_path, bad):
         CaptureCallback(out if bad == "file" else "", steps=[1])
     with pytest.raises(ValueError, match="is not a folder"):
         FlightRecorder(out if bad == "file" else "")
+
+
+def test_no_output_overwrites_what_the_command_reads(tmp_path, capsys):
+    """replay and doctor refuse an output inside the capture they read (its files are checksummed); timeline refuses
+    the run's health log, its captures index, a capture folder and the doctor's reports: one line, exit 2."""
+    from grpo_debug.cli.commands import main
+
+    capture = tmp_path / "flight" / "step-2"
+    capture.mkdir(parents=True)
+    (capture / "capture.json").write_text("{}")
+    (tmp_path / "flight" / "health.jsonl").write_text("")
+    refused = [
+        ["replay", str(capture), "--json", str(capture / "capture.json")],
+        ["replay", str(capture), "--html", str(capture / "tokens.html")],
+        ["doctor", str(capture), "--json", str(capture / "report.json")],
+        ["timeline", str(tmp_path / "flight"), "--html", str(tmp_path / "flight" / "health.jsonl")],
+        ["timeline", str(tmp_path / "flight"), "--html", str(capture / "run.html")],
+    ]
+    for argv in refused:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert done.value.code == 2 and "which this command reads" in said, (argv, said)
+    assert (capture / "capture.json").read_text() == "{}" and not (capture / "tokens.html").exists()

@@ -9,11 +9,35 @@ from ..config import StepConfig
 from ..overrides import parse_overrides
 
 
-def check_outputs(parser, args) -> None:
-    """`--json` and `--html`, where given, refused before any work starts unless writable."""
+def check_outputs(parser, args, reads: str | None = None) -> None:
+    """`--json` and `--html`, where given, refused before any work starts unless writable, and inside `reads`
+    (the capture the command reads: every file of it is checksummed, so one more file makes it unreadable)."""
     for path, flag in ((args.json, "--json"), (args.html, "--html")):
         if path is not None:  # "" too: refused, not silently skipped
             check_writable(parser, path, flag)
+            if reads is not None:
+                check_outside(parser, path, flag, reads)
+
+
+def check_outside(parser, path: str, flag: str, folder: str) -> None:
+    """Refuse an output inside `folder`, which the command reads (one line, before any work)."""
+    out, inside = os.path.realpath(path), os.path.realpath(folder)
+    if out == inside or out.startswith(inside + os.sep):
+        parser.error(f"{flag} {path}: inside {folder}, which this command reads; write it elsewhere")
+
+
+def check_not_the_runs(parser, path: str, flag: str, run: str) -> None:
+    """A run folder's page may sit beside its files but not replace one: not its health log or captures index,
+    and not inside a capture folder (`step-<k>/`) or the doctor's reports."""
+    from pathlib import Path
+
+    out = os.path.realpath(path)
+    for name in ("health.jsonl", "captures.json"):
+        if out == os.path.realpath(os.path.join(run, name)):
+            parser.error(f"{flag} {path}: that is the run's {name}, which this command reads; write it elsewhere")
+    for folder in [*Path(run).glob("step-*"), Path(run) / "reports"]:
+        if folder.is_dir():
+            check_outside(parser, path, flag, str(folder))
 
 
 def check_prompts(cfg: StepConfig) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..choices import ARM_NAMES
 from ..config import PRESETS, StepConfig
 from ..overrides import describe_fields, parse_overrides
-from .checks import capture_overrides, check_outputs, check_prompts, check_writable
+from .checks import capture_overrides, check_not_the_runs, check_outputs, check_prompts, check_writable
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
@@ -135,7 +135,7 @@ def analyze_command(parser, args) -> int:
 
 def replay_command(parser, args) -> int:
     overrides = capture_overrides(parser, args)
-    check_outputs(parser, args)
+    check_outputs(parser, args, reads=args.path)
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..capture.replay import reproduction
@@ -184,7 +184,7 @@ def doctor_command(parser, args) -> int:
             check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
-    check_outputs(parser, args)
+    check_outputs(parser, args, reads=args.path or None)
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..doctor import diagnose
@@ -216,6 +216,7 @@ def timeline_command(parser, args) -> int:
     if (args.task or args.no_flip) and not args.doctor:
         parser.error("--task and --no-flip are the doctor's: add --doctor")
     check_writable(parser, args.html, "--html")
+    check_not_the_runs(parser, args.html, "--html", args.path)
     from ..files import write_text_atomically
     from ..show.timeline import page, read_run, report_path
 
