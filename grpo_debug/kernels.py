@@ -24,3 +24,14 @@ def pin() -> None:
     """Ask torch and oneDNN for AVX2 kernels; takes effect only before torch runs its first op."""
     for name, value in PINNED.items():
         os.environ.setdefault(name, value)
+
+
+def kernels_in_use() -> dict:
+    """The CPU kernels this process's numbers come from: torch's vector width, and the variables that choose it,
+    as a capture records them (so that a replay can say when it runs other kernels than the run did)."""
+    import torch  # here, not at the top: `pin` must run before torch is imported
+
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "environment": {name: os.environ.get(name) for name in KERNEL_VARIABLES},
+    }

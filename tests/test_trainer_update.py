@@ -141,13 +141,19 @@ def test_on_a_generation_batch_of_several_steps_the_update_phase_says_it_is_the_
 
 
 def test_without_the_optimizers_state_the_update_says_it_starts_from_a_fresh_adamw(user, tmp_path):
-    captures = user_run(user, "fresh", capture=[2], optimizer_state=False, max_steps=2)
+    captures = user_run(
+        user, "fresh", capture=[2], optimizer_state=False, max_steps=2, gradient_accumulation_steps=1, num_iterations=1
+    )
     capture = load_capture(captures / "step-2")
     assert "optimizer" not in capture.meta and not (captures / "step-2" / "optimizer.safetensors").exists()
     assert "starts from a fresh AdamW" in (captures / "step-2" / "README.md").read_text()
     step = open_capture(captures / "step-2", task=task_of(captures))
     update = trainer_update(step, step.run(until="advantages"))
     assert not update.exact and "fresh AdamW" in update.optimizer, update.optimizer
+    from grpo_debug.capture.replay import reproduction
+
+    said = reproduction(step.run(until="update"), step.capture, step.policy, step)["optimizer"]
+    assert said.startswith("the capture holds no optimizer state") and "fresh AdamW" in said, said
 
 
 def reseal(folder: Path, tensors: dict) -> None:

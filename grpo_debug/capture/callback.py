@@ -48,7 +48,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..files import write_text_atomically
-from ..kernels import KERNEL_VARIABLES
+from ..kernels import kernels_in_use
 from . import optimizer_state
 from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
@@ -478,7 +478,7 @@ class CaptureCallback(TrainerCallback):
         """out_dir/step-<k>: written whole into a hidden folder beside it, then renamed into place; a disk without
         room for it is refused before anything is written (OSError)."""
         final = self.out_dir / f"step-{step}"
-        self._check_room(capture)
+        self._check_room(capture, generation)
         path = self.out_dir / f".step-{step}.partial"  # renamed to `final` once whole: no reader sees half of it
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
@@ -492,13 +492,13 @@ class CaptureCallback(TrainerCallback):
             raise
         return final
 
-    def _check_room(self, capture: dict) -> None:
+    def _check_room(self, capture: dict, generation: dict) -> None:
         """Refuse (OSError) a capture the disk has no room for: its weights, optimizer state and batch, and 10%."""
         weights = capture["weights"] or {}
         expected = sum(t.numel() * t.element_size() for t in weights.values())
         if capture.get("optimizer") is not None:
             expected += capture["optimizer"][0]["bytes"]
-        expected += sum(t.numel() * t.element_size() for t in self.generation["tensors"].values())
+        expected += sum(t.numel() * t.element_size() for t in generation["tensors"].values())
         self.out_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.out_dir).free
         if free < 1.1 * expected:
@@ -605,15 +605,6 @@ class CaptureCallback(TrainerCallback):
             "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
             "kernels": kernels_in_use(),
         }
-
-
-def kernels_in_use() -> dict:
-    """The CPU kernels this process's numbers come from: torch's vector width, and the variables that choose it
-    (`grpo_debug.kernels`), so that a replay can say when it runs other kernels than the run did."""
-    return {
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "environment": {name: os.environ.get(name) for name in KERNEL_VARIABLES},
-    }
 
 
 def optimizer_note(optimizer: dict | None) -> str:

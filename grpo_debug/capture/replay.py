@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels import kernels_in_use
 from ..model import absolute_positions, has_dropout
 from ..show.metrics import metrics
 from ..specs import loss_spec_of, optimization_of, scoring_of
@@ -317,33 +318,26 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         "pitfalls": pitfalls(capture, model),
         "causes": causes(capture, model, replayed_dropout),
         "kernels": kernels_against(capture),
-        "optimizer": optimizer_of_update(capture, run),
+        "optimizer": optimizer_of_update(run),
     }
 
 
-def optimizer_of_update(capture: Capture, run=None) -> str:
-    """Which optimizer the update phase stepped with on this capture, in words."""
-    if run is not None and run.update is not None and not run.update.optimizer.startswith("the trainer's"):
+def optimizer_of_update(run) -> str:
+    """Which optimizer the update phase stepped with on this capture, in words: the captured step's own words
+    (`captured_update`: the trainer's optimizer, or why a fresh AdamW), or the engine's passes."""
+    if run.update is None:
+        return "no update was run"
+    if run.update.optimizer == StepResult.optimizer:  # the engine's own update phase
         return (
             "a fresh AdamW, the engine's own passes over the generation batch: its layout is not one optimizer "
             "step as captured (trainer_update and landing replay the captured step with the trainer's optimizer)"
         )
-    entry = capture.meta.get("optimizer")
-    problem = optimizer_state.rebuild_problem(entry)
-    if problem is not None:
-        return f"{problem}: {optimizer_state.FRESH}"
-    rates = ", ".join(f"{lr:.6g}" for lr in entry["learning_rate"])
-    return (
-        f"the trainer's {entry['class']} as captured: its state before step {capture.meta['step']}, "
-        f"{len(entry['groups'])} parameter group(s), learning rate {rates} as scheduled for the step"
-    )
+    return run.update.optimizer
 
 
 def kernels_against(capture: Capture) -> dict:
     """The CPU kernels the run used (capture.json's `kernels`) against this process's: {"captured", "here",
     "same", "note"}; a capture written before they were recorded has captured None and says so."""
-    from .callback import kernels_in_use
-
     captured, here = capture.meta.get("kernels"), kernels_in_use()
     if captured is None:
         return {"captured": None, "here": here, "same": None, "note": "the capture did not record its kernels"}
