@@ -1,6 +1,6 @@
 """Real sizes: a Qwen2-0.5B-shaped model captured and replayed on this CPU, full fine-tuning and LoRA.
 
-    python benchmarks/real_size.py [--threads N] [--quick] [--keep DIR]
+    python benchmarks/real_size.py [--threads N] [--quick] [--keep DIR] [--device cuda] [--phases capture]
 
 The model: Qwen2-0.5B's published config (hidden 896, intermediate 4864, 24 layers, 14 heads, 2 key-value heads,
 vocabulary 151936, 32768 positions, rope_theta 1e6, tied embeddings, rms_norm_eps 1e-6) with random weights,
@@ -17,6 +17,9 @@ Prints JSON: per run, the capture's size on disk (and its parts), the callback's
 TRL's step_time, the replay's seconds, each phase's peak RSS, the replay's largest |ours - TRL's logged|, and the
 parameter counts and the SHA-256 throughput the README's extrapolation reads.
 `--quick`: a 2-layer, 64-wide model with the tokenizer's 512 tokens (run by `make test`; no number means anything).
+`--device cuda`: the TRL run trains on the GPU (`use_cpu=False`, so TRL's bfloat16 autocast there) and reports its
+peak GPU memory (`torch.cuda.max_memory_allocated`); the capture's size does not depend on the device.
+`--phases capture`: the TRL runs and their captures only (the replay runs on the CPU today).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def folder_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
-def capture_phase(model: Path, out: Path, lora: bool) -> dict:
+def capture_phase(model: Path, out: Path, lora: bool, device: str = "cpu") -> dict:
     """Two TRL optimizer steps of the user's run with `CaptureCallback(steps=[2])`, from `out`: step 2, so that the
     capture holds the optimizer's state (AdamW has none before its first step)."""
     import contextlib
@@ -100,7 +103,7 @@ def capture_phase(model: Path, out: Path, lora: bool) -> dict:
         max_completion_length=8,
         max_steps=2,
         report_to="none",
-        use_cpu=True,
+        use_cpu=device == "cpu",
         logging_steps=1,
         beta=0.04,
         generation_kwargs={"suppress_tokens": list(range(512, vocab))} if vocab > 512 else None,
@@ -116,6 +119,8 @@ def capture_phase(model: Path, out: Path, lora: bool) -> dict:
     logged = next(h for h in trainer.state.log_history if h.get("step") == 2 and "loss" in h)
     capture = out / "captures" / "step-2"
     return {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
         "train_seconds": time.perf_counter() - start,
         "trl_step_time": logged["step_time"],
         "callback_seconds": callback.seconds,
@@ -155,7 +160,7 @@ def replay_phase(capture: Path) -> dict:
 
 def in_fresh_process(threads: int, *args: str) -> dict:
     """This script's `--phase ...` in a new process (its own peak memory); its JSON."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, __file__, "--threads", str(threads), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
@@ -174,13 +179,14 @@ def hash_throughput(folder: Path) -> dict:
     return {"base_mb": mb, "hash_seconds": seconds, "mb_per_second": mb / seconds}
 
 
-def measure(workdir: Path, threads: int, quick: bool) -> dict:
+def measure(workdir: Path, threads: int, quick: bool, device: str = "cpu", phases=("capture", "replay")) -> dict:
     model = workdir / "qwen2-0.5b-shape"
     start = time.perf_counter()
     parameters = build_model(model, quick)
     report = {
         "quick": quick,
         "threads": threads,
+        "device": device,
         "parameters": parameters,
         "build_seconds": time.perf_counter() - start,
     }
@@ -188,10 +194,12 @@ def measure(workdir: Path, threads: int, quick: bool) -> dict:
     for name in ("full", "lora"):
         out = workdir / name
         captured = in_fresh_process(
-            threads, "--phase", "capture", "--model", str(model), "--out", str(out), "--mode", name
+            threads, "--phase", "capture", "--model", str(model), "--out", str(out), "--mode", name, "--device", device
         )
-        replayed = in_fresh_process(threads, "--phase", "replay", "--capture", str(out / "captures" / "step-2"))
-        report[name] = {"capture": captured, "replay": replayed}
+        report[name] = {"capture": captured}
+        if "replay" in phases:
+            capture = out / "captures" / "step-2"
+            report[name]["replay"] = in_fresh_process(threads, "--phase", "replay", "--capture", str(capture))
     report["load_average_1min"] = os.getloadavg()[0]
     return report
 
@@ -214,6 +222,10 @@ def table(report: dict) -> str:
     row("callback's own time, whole run (s)", lambda r: f"{r['capture']['callback_seconds']:.1f}")
     row("TRL's step_time of the step (s)", lambda r: f"{r['capture']['trl_step_time']:.1f}")
     row("peak RSS, TRL run with the capture (GB)", lambda r: f"{r['capture']['peak_rss_mb'] / 1024:.1f}")
+    if report.get("device", "cpu") != "cpu":
+        row("peak GPU memory, TRL run with the capture (GB)", lambda r: f"{r['capture']['peak_gpu_mb'] / 1024:.1f}")
+    if "replay" not in report["full"]:
+        return "\n".join(rows) + "\n\n" + extrapolation(report)
     row("open_capture: checks, hash, load (s)", lambda r: f"{r['replay']['open_seconds']:.1f}")
     row("replay: run(until='update') + TRL's step (s)", lambda r: f"{r['replay']['replay_seconds']:.1f}")
     row("peak RSS, replay (GB)", lambda r: f"{r['replay']['peak_rss_mb'] / 1024:.1f}")
@@ -227,20 +239,26 @@ def extrapolation(report: dict) -> str:
     big_gb = QWEN2_7B["parameters"] * 4 / 2**30
     full, lora = report["full"], report["lora"]
     full_ratio = full["capture"]["capture_mb"] / 1024 / base_gb
-    per_adapter = lora["capture"]["weights_mb"] * 2**20 / lora["capture"]["trainable_parameters"]
-    lora_rest = lora["capture"]["capture_mb"] - lora["capture"]["weights_mb"]
+    adapter_mb = lora["capture"]["weights_mb"] + lora["capture"].get("optimizer_mb", 0.0)  # + Adam's moments
+    per_adapter = adapter_mb * 2**20 / lora["capture"]["trainable_parameters"]
+    lora_rest = lora["capture"]["capture_mb"] - adapter_mb
     lora_mb = QWEN2_7B["lora_parameters"] * per_adapter / 2**20 + lora_rest
-    m_full, m_lora = (r["replay"]["peak_rss_mb"] / 1024 / base_gb for r in (full, lora))
     hash_s = big_gb * 1024 / report["base_hash"]["mb_per_second"]
-    return (
+    disk = (
         f"7B (Qwen2-7B: {QWEN2_7B['parameters']:,} parameters, {big_gb:.1f} GB in float32; LoRA r=16 on the same "
         f"projections: {QWEN2_7B['lora_parameters']:,}):\n"
         f"- full capture: {full_ratio:.3f} x the float32 weights here -> {full_ratio:.3f} x {big_gb:.1f} = "
         f"{full_ratio * big_gb:.1f} GB per captured step;\n"
-        f"- LoRA capture: {per_adapter:.2f} bytes per adapter parameter here -> {QWEN2_7B['lora_parameters']:,} x "
+        f"- LoRA capture: {per_adapter:.2f} bytes per adapter parameter here (its weight and Adam's state) -> {QWEN2_7B['lora_parameters']:,} x "
         f"{per_adapter:.2f} B + the rest of the capture ({lora_rest:.1f} MB here) = {lora_mb:.0f} MB per step, "
         f"plus hashing the base once per run and once per read: {big_gb * 1024:.0f} MB / "
-        f"{report['base_hash']['mb_per_second']:.0f} MB/s = {hash_s:.0f} s;\n"
+        f"{report['base_hash']['mb_per_second']:.0f} MB/s = {hash_s:.0f} s"
+    )
+    if "replay" not in full:
+        return disk + "."
+    m_full, m_lora = (r["replay"]["peak_rss_mb"] / 1024 / base_gb for r in (full, lora))
+    return disk + (
+        ";\n"
         f"- replay memory: peak RSS was {m_full:.1f} x the float32 weights (full) and {m_lora:.1f} x (LoRA) -> "
         f"{m_full:.1f} x {big_gb:.1f} = {m_full * big_gb:.0f} GB and {m_lora:.1f} x {big_gb:.1f} = "
         f"{m_lora * big_gb:.0f} GB (this batch of 4 x 8 tokens: activations add little here, more at real lengths)."
@@ -253,6 +271,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 2-layer, 64-wide model: checks the script runs")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     parser.add_argument("--table", type=Path, help="print the README's table of a report this script printed")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the TRL runs train")
+    parser.add_argument(
+        "--phases", default="capture,replay", help="capture,replay (default) or capture: the TRL runs alone"
+    )
     parser.add_argument("--phase", choices=["capture", "replay"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -260,19 +282,24 @@ def main() -> None:
     parser.add_argument("--capture", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    phases = tuple(args.phases.split(","))
+    if not phases or set(phases) - {"capture", "replay"} or "capture" not in phases:
+        parser.error(f"--phases {args.phases!r}: capture, or capture,replay")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU here")
     if args.table:
         print(table(json.loads(args.table.read_text())))
     elif args.phase == "capture":
-        print(json.dumps(capture_phase(args.model, args.out, args.mode == "lora")))
+        print(json.dumps(capture_phase(args.model, args.out, args.mode == "lora", args.device)))
     elif args.phase == "replay":
         print(json.dumps(replay_phase(args.capture)))
     elif args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(measure(args.keep, args.threads, args.quick), indent=1))
+        print(json.dumps(measure(args.keep, args.threads, args.quick, args.device, phases), indent=1))
     else:
         workdir = Path(tempfile.mkdtemp(prefix="real_size-"))
         try:
-            print(json.dumps(measure(workdir, args.threads, args.quick), indent=1))
+            print(json.dumps(measure(workdir, args.threads, args.quick, args.device, phases), indent=1))
         finally:
             shutil.rmtree(workdir)
 

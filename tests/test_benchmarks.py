@@ -113,3 +113,18 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
         f"--table failed: {done.stderr[-2000:]}"
     )
     assert "7B (Qwen2-7B" in done.stdout, f"--table printed no extrapolation:\n{done.stdout}"
+    # a report of `--device cuda --phases capture` (the TRL runs alone): the GPU's row, no replay rows
+    for run in (full, lora):
+        del run["replay"]
+        run["capture"]["peak_gpu_mb"] = 1024.0
+    (tmp_path / "captures_only.json").write_text(json.dumps({**report, "device": "cuda"}))
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(tmp_path / "captures_only.json")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+        timeout=600,
+    )
+    assert done.returncode == 0, f"--table of a captures-only report failed: {done.stderr[-2000:]}"
+    assert "| peak GPU memory, TRL run with the capture (GB) | 1.0 | 1.0 |" in done.stdout, done.stdout
+    assert "replay" not in done.stdout.split("7B (")[0], f"a captures-only table shows replay rows:\n{done.stdout}"
