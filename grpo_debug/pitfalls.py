@@ -23,10 +23,17 @@ class Pitfall:
     toggle: tuple[str, object] | None = None  # (StepConfig field, the value that removes it)
     trl_value: object = None  # that field's value in what TRL 1.16 computes by default, where it is not the fix
     panel: str | None = None  # the widget panel that offers the toggle: "pitfalls" or "off_policy"
+    fix_without_vllm: str | None = None  # the fix for a run that did not sample with vLLM, where `fix` is vLLM's
+    fix_also: tuple[tuple[str, object], ...] = ()  # what `fix` also changes (rollout fields: a new rollout)
+    fix_by_resampling: tuple[str, int] | None = None  # (field, factor): the fix multiplies a rollout field instead
+
+    def fix_for(self, uses_vllm: bool) -> str:
+        """The fix that applies to a run: vLLM's settings only where it sampled with vLLM."""
+        return self.fix if uses_vllm or self.fix_without_vllm is None else self.fix_without_vllm
 
 
-def _p(id, title, fix, origin, teach, toggle=None, trl_value=None, panel=None) -> Pitfall:
-    return Pitfall(id, title, fix, origin, teach, toggle, trl_value, panel)
+def _p(id, title, fix, origin, teach, toggle=None, trl_value=None, panel=None, **fixes) -> Pitfall:
+    return Pitfall(id, title, fix, origin, teach, toggle, trl_value, panel, **fixes)
 
 
 PITFALLS: dict[str, Pitfall] = {
@@ -74,6 +81,7 @@ PITFALLS: dict[str, Pitfall] = {
             "DAPO; TRL's mask_truncated_completions",
             "01_rollout; 02_logprobs",
             ("mask_truncated_completions", True),
+            fix_by_resampling=("max_new_tokens", 4),  # the differential's fix where the step can sample anew
         ),
         _p(
             "eos_masked",
@@ -102,11 +110,13 @@ PITFALLS: dict[str, Pitfall] = {
             ("dropout", False),
             trl_value=True,  # disable_dropout=False
             panel="pitfalls",
+            fix_also=(("sample_dropout", False),),  # disable_dropout also samples in eval mode
         ),
         _p(
             "position_ids",
             "absolute positions, left-padded prompts, no position_ids when scoring: rows scored at shifted positions",
-            "pass position_ids = attention_mask.cumsum(-1) - 1 in the scoring forward (a GRPOTrainer subclass)",
+            "train with grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer, a GRPOTrainer whose scoring forward "
+            "passes position_ids = attention_mask.cumsum(-1) - 1",
             "TRL issue #6800 (GPT-2 without position_ids)",
             "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
             ("position_ids", True),
@@ -129,6 +139,8 @@ PITFALLS: dict[str, Pitfall] = {
             "05c_mismatch: 1. The gap, as verl measures it; 4. Length times drift",
             ("vllm_importance_sampling_correction", True),
             panel="off_policy",
+            fix_without_vllm="without vLLM the sampler is the trainer's own model: the gap is how the trainer "
+            "scores (dropout on, positions, precision); fix the findings it is a symptom of",
         ),
         _p(
             "sequence_ratio_sum",
@@ -150,6 +162,7 @@ PITFALLS: dict[str, Pitfall] = {
             "05c_mismatch: 3. The sampler and the trainer at different precisions",
             ("vllm_importance_sampling_correction", True),
             panel="off_policy",
+            fix_without_vllm="sample and score at one precision (the model's dtype for both, or bf16=False)",
         ),
         _p(
             "kl_off",

@@ -113,6 +113,11 @@ class GRPOStep:
             self.policy.load_state_dict(self.initial_state)
             self._policy_dirty = False
 
+    @property
+    def updated(self) -> bool:
+        """The policy holds other weights than the step's start (an update ran; `restore_policy` brings them back)."""
+        return self._policy_dirty
+
     def policy_moved(self) -> None:
         """The policy's weights were changed outside the update phase: `restore_policy` brings back the start."""
         self._policy_dirty = True

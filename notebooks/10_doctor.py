@@ -52,7 +52,13 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
 # \theta'_\text{after} - \theta_\text{before}\rangle}{\lVert\cdot\rVert\,\lVert\cdot\rVert}$$
 #
 # A cosine near 1 (and the same `grad_norm`) means the cause is cosmetic on this step: it changes a logged
-# number, not where the step goes. Findings are ranked by severity, then by how far their flip moves the update.
+# number, not where the step goes; a flip that takes the gradient away removes the update rather than fixing it.
+#
+# Some findings are symptoms of others: a sampler that drifts from the trainer because the trainer scores with
+# dropout on. The doctor tells them apart by a differential (`grpo_debug/doctor/chain.py`): it applies the
+# fix of one loud cause to the step, runs every detector again, and marks what went quiet as that cause's
+# symptom, then goes on with the next cause, the earlier fixes kept. Causes are ranked by severity, then by how
+# far their flip moves the update; each symptom sits after its causes and has no fix of its own.
 #
 # Where the task has held-out test prompts (the bundled task; a capture opened with a `Task` of yours), both
 # updated policies also sample on the same held-out prompts with the same seeds, and the per-prompt difference
@@ -71,26 +77,36 @@ table(report, at_least="info")
 # ## What to notice, and where to learn it
 
 # %%
+from grpo_debug.doctor import fix_of
 from grpo_debug.pitfalls import PITFALLS
 
 loud = report.present("warning")
-print(f"{len(loud)} findings at warning or above, {len(report.present('info')) - len(loud)} at info, "
+print(f"{len(loud)} findings at warning or above ({len(report.causes())} causes), "
+      f"{len(report.present('info')) - len(loud)} at info, "
       f"{sum(f.severity == 'absent' for f in report.findings)} checks found nothing")
 for f in loud:
+    if f.symptom_of:
+        print(f"- {f.id} [{f.severity}]: a symptom of {' + '.join(f.symptom_of)}; fixing {'them' if len(f.symptom_of) > 1 else 'it'} clears it")
+        continue
     moved = ("not flipped (no switch of the step removes it)" if f.effect is None else
              f"flipping {next(iter(f.effect['toggle']))} gives an update at cosine {f.effect['update_cosine']:+.2f} "
              f"to this one ({'cosmetic' if f.effect['cosmetic'] else 'it moves the update'})")
     held = f.effect and f.effect.get("held_out_reward")
     if held:
         moved += f"; {held['verdict']}, {held['completions_changed']} of {held['prompts'] * held['samples_per_prompt']} held-out completions changed"
-    print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {PITFALLS[f.id].fix}\n    learn: notebooks/{PITFALLS[f.id].teach}")
+    print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {fix_of(f, report.uses_vllm)}\n    learn: notebooks/{PITFALLS[f.id].teach}")
 
 # %% [markdown]
 # ## Checks
 
 # %%
-order = [("problem", "warning", "info", "absent").index(f.severity) for f in report.findings]
-assert order == sorted(order), f"the findings are not ranked by severity: {[f.severity for f in report.findings]}"
+order = [("problem", "warning", "info", "absent").index(f.severity) for f in report.findings if not f.symptom_of]
+assert order == sorted(order), f"the causes are not ranked by severity: {[f.severity for f in report.findings]}"
+place = {f.id: k for k, f in enumerate(report.findings)}
+for f in report.findings:
+    assert all(place[c] < place[f.id] for c in f.symptom_of), f"{f.id} is ranked above one of its causes {f.symptom_of}"
+    assert not (f.symptom_of and fix_of(f, report.uses_vllm)), f"{f.id} is a symptom and still shows a fix"
+    assert report.uses_vllm or "vllm" not in fix_of(f, False), f"{f.id}: vLLM advice on a run without vLLM"
 for f in report.findings:
     if f.effect and "update_cosine" in f.effect:
         assert f.effect["cosmetic"] == (f.effect["update_cosine"] >= 0.99 and
@@ -102,4 +118,9 @@ if CAPTURE is None:  # the bundled step under TRL's defaults: left-padded rows o
         f"the bundled step without position_ids: the doctor's first finding is {top.id} ({top.severity})")
     assert not top.effect["cosmetic"], "passing position_ids on the bundled step did not move the update"
     print(f"position_ids ranks first: its flip moves the update to cosine {top.effect['update_cosine']:+.2f}")
+    mismatch = next(f for f in report.findings if f.id == "sampler_mismatch")
+    if mismatch.severity in ("problem", "warning"):  # the trainer's own drift: dropout and shifted positions
+        assert mismatch.symptom_of and set(mismatch.symptom_of) <= {"position_ids", "dropout"}, (
+            f"the sampler's drift on the bundled step is not marked a symptom of position_ids/dropout: {mismatch}")
+        print(f"sampler_mismatch is a symptom of {' + '.join(mismatch.symptom_of)}")
 print("every claim above holds")

@@ -20,6 +20,7 @@ from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.config import StepConfig  # noqa: E402
 from grpo_debug.doctor import diagnose  # noqa: E402
 from grpo_debug.doctor.detectors import DETECTORS  # noqa: E402
+from grpo_debug.doctor.present import text  # noqa: E402
 from grpo_debug.pitfalls import PITFALLS  # noqa: E402
 from grpo_debug.step import GRPOStep  # noqa: E402
 
@@ -60,7 +61,19 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def ranks(report) -> list[str]:
-    return [f.id for f in report.present("warning")]
+    """The causes at warning or above, ranked (no symptom of another finding)."""
+    return [f.id for f in report.causes()]
+
+
+def misranked(findings: list[dict]) -> str:
+    """'' where the causes are ranked by severity and each symptom comes after all its causes; else what is not."""
+    severities = ("problem", "warning", "info", "absent")
+    causes = [severities.index(f["severity"]) for f in findings if not f["symptom_of"]]
+    if causes != sorted(causes):
+        return f"causes not ranked by severity: {[(f['id'], f['severity']) for f in findings]}"
+    place = {f["id"]: k for k, f in enumerate(findings)}
+    late = [f["id"] for f in findings if any(place[c] > place[f["id"]] for c in f["symptom_of"])]
+    return f"symptoms above their causes: {late}" if late else ""
 
 
 @pytest.mark.slow  # `make test-slow`: the planted runs take two minutes to train
@@ -71,7 +84,26 @@ def test_every_planted_defect_is_named_within_the_top_two(runs):
         table[defect] = (expected, found.index(expected) + 1 if expected in found else None, found)
     print("\ndefect x rank:\n" + "\n".join(f"{d:18s} {e:20s} {r} {f}" for d, (e, r, f) in table.items()))
     missed = {d: f for d, (e, r, f) in table.items() if r is None or r > 2}
-    assert not missed, f"planted defects not within the doctor's top two problems/warnings: {missed}"
+    assert not missed, f"planted defects not within the doctor's top two causes: {missed}"
+
+
+def test_masking_every_completion_is_no_fix_and_raising_the_length_is():
+    """8 new tokens cut every completion of the bundled step: masking them takes the gradient away (the flip says
+    it removes the update); the finding says to raise the length, and the differential, sampling anew with 4x
+    the length, finds the equal rewards it left (every completion fails the format) to be its symptoms."""
+    step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=8, beta=0.0))
+    report = diagnose(step, held_out=0)
+    cut = next(f for f in report.findings if f.id == "truncation")
+    assert cut.evidence["truncated_share"] == 1.0, f"the planted step is not cut everywhere: {cut.evidence}"
+    assert cut.severity == "problem" and "raise it" in cut.summary, cut
+    assert cut.effect["removes_gradient"] and cut.effect["grad_norm"][1] <= 0.01 * cut.effect["grad_norm"][0], (
+        cut.effect
+    )
+    assert cut.fixed_with == (("max_new_tokens", 32),), f"the differential fixed truncation with {cut.fixed_with}"
+    symptoms = {f.id: f.symptom_of for f in report.findings if f.symptom_of}
+    assert symptoms.get("zero_std_groups") == ("truncation",), f"equal rewards of cut completions: {symptoms}"
+    assert "removes the update" in text(report), text(report)
+    assert ranks(report)[0] == "truncation", ranks(report)
 
 
 @pytest.mark.slow  # `make test-slow`: the planted runs
@@ -115,8 +147,7 @@ def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(r
     assert done.returncode == 0, done.stderr[-3000:]
     findings = json.loads(out.read_text())["findings"]
     assert all({"id", "severity", "evidence", "fix", "effect"} <= f.keys() for f in findings), findings[0].keys()
-    order = [("problem", "warning", "info", "absent").index(f["severity"]) for f in findings]
-    assert order == sorted(order), f"findings not ranked by severity: {[f['severity'] for f in findings]}"
+    assert not misranked(findings), misranked(findings)
     dropout = next(f for f in findings if f["id"] == "dropout")
     assert dropout["severity"] == "warning" and "attention_dropout" in dropout["summary"], dropout
     assert dropout["evidence"]["max_logp_gap"] > 0, "two train-mode scorings gave the same log-probs"
@@ -140,11 +171,13 @@ def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
     findings = json.loads(out.read_text())["findings"]
     assert {f["id"] for f in findings} == set(PITFALLS), f"not every detector reported on the {run} capture"
     assert all({"id", "severity", "evidence", "fix", "effect"} <= f.keys() for f in findings), findings[0].keys()
-    order = [("problem", "warning", "info", "absent").index(f["severity"]) for f in findings]
-    assert order == sorted(order), f"findings not ranked by severity: {[f['severity'] for f in findings]}"
+    assert not misranked(findings), misranked(findings)
     loud = {f["id"]: f["summary"] for f in findings if f["severity"] in ("problem", "warning")}
     if run == "gpt2_defaults":
         assert "dropout" in loud, f"GPT-2's dropout, on under TRL's defaults, was not named: {loud}"
+        advice = [f["id"] for f in findings if "vllm" in (f["fix"] or "") and f["severity"] != "absent"]
+        shown = [line for line in done.stdout.splitlines() if line.strip().startswith("fix:") and "vllm" in line]
+        assert not shown, f"vLLM advice on a run without vLLM ({advice}): {shown}"
     print(f"\n{run}: above info {loud}")
 
 

@@ -158,6 +158,7 @@ def test_the_signals_use_the_doctors_thresholds():
     assert health.zero_std_groups(d.NO_SIGNAL_WARNING).severity == "warning"
     assert health.zero_std_groups(d.NO_SIGNAL_WARNING - 0.01).severity == "ok"
     assert health.truncation(d.TRUNCATED_WARNING).severity == "warning" and health.truncation(0.1).severity == "ok"
+    assert health.truncation(1.0).severity == "problem", "every completion cut: the doctor says problem, so does health"
     assert health.entropy_collapse(d.ENTROPY_COLLAPSE / 2).severity == "warning"
     assert health.clip_saturated(d.CLIP_SATURATED).severity == "warning"
     assert health.update_size(d.UPDATE_WARNING * 2).severity == "warning"

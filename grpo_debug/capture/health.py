@@ -150,7 +150,7 @@ def truncation(clipped_ratio: float | None) -> Signal:
     """The doctor's truncation, from TRL's completions/clipped_ratio (completions without an EOS)."""
     if clipped_ratio is None:
         return Signal("truncation", "ok", None, "TRL logged no completions/clipped_ratio", TRUNCATED_WARNING)
-    severity = "warning" if clipped_ratio >= TRUNCATED_WARNING else "ok"
+    severity = "problem" if clipped_ratio >= 1.0 else "warning" if clipped_ratio >= TRUNCATED_WARNING else "ok"
     summary = f"{clipped_ratio:.0%} of completions hit max_completion_length without an EOS"
     return Signal("truncation", severity, clipped_ratio, summary, TRUNCATED_WARNING)
 

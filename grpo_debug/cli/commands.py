@@ -11,10 +11,12 @@ learn, ranked (`grpo_debug.doctor`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from ..choices import ARM_NAMES
@@ -177,6 +179,7 @@ def replay_command(parser, args) -> int:
 
 def doctor_command(parser, args) -> int:
     """Every detector on the step (a capture, or the bundled step), each cause flipped on it, ranked."""
+    start = time.perf_counter()
     try:
         overrides = capture_overrides(parser, args) if args.path else parse_overrides(args.set)
         cfg = None if args.path else StepConfig(**overrides)
@@ -197,6 +200,7 @@ def doctor_command(parser, args) -> int:
         report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
+    report = dataclasses.replace(report, seconds=time.perf_counter() - start)  # the command's, loading included
     print(text(report))
     try:
         if args.json:

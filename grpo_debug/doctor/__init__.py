@@ -8,8 +8,11 @@
    facts and returns a finding.
 3. Each present finding whose pitfall has a toggle is flipped on this very step (the cached rollout, as the
    dashboard does; `counterfactual`): what it does to loss, grad_norm, the update's direction and d loss / d logp.
-4. Findings are ranked: severity first, then how far their flip moves the update. A flip that does not move
-   the update marks its finding cosmetic.
+4. The differential (`chain`): the loud causes are fixed on the step one after another and every detector runs
+   again after each fix; what a fix quiets is marked a symptom of that cause.
+5. Findings are ranked: causes first (severity, the chain's order, then how far their flip moves the update),
+   each symptom after its cause. A flip that does not move the update marks its finding cosmetic; one that
+   takes the gradient away removes the update rather than correcting it.
 """
 
 from __future__ import annotations
@@ -31,18 +34,25 @@ from ..specs import eval_sampling_of, scoring_of
 from ..speed import kernels
 from ..stats import bonferroni_level, prompt_interval, verdict
 from ..step import GRPOStep, StepRun
+from .chain import differential, order
 from .detectors import DETECTORS, bad_reward
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)
 
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
+REMOVES_GRADIENT = 0.01  # a flip that leaves less than this share of grad_norm takes the update away
 
 
 @dataclass(frozen=True)
 class Report:
-    findings: tuple[Finding, ...]  # ranked: most severe and most moving first
+    findings: tuple[Finding, ...]  # ranked: causes (most severe, then most moving) first, each symptom after its cause
     config: dict
     seconds: float
+    uses_vllm: bool = False  # the run sampled with vLLM: vLLM's settings are advice that applies to it
+
+    def causes(self, at_least: str = "warning") -> list[Finding]:
+        """The findings at `at_least` or more severe that are no symptom of another."""
+        return [f for f in self.present(at_least) if not f.symptom_of]
 
     def present(self, at_least: str = "info") -> list[Finding]:
         """The findings at `at_least` or more severe."""
@@ -50,18 +60,25 @@ class Report:
 
     def to_json(self) -> dict:
         return {
-            "findings": [_finding_json(f) for f in self.findings],
+            "findings": [_finding_json(f, self.uses_vllm) for f in self.findings],
             "config": self.config,
             "seconds": self.seconds,
+            "uses_vllm": self.uses_vllm,
         }
 
 
-def _finding_json(f: Finding) -> dict:
+def fix_of(f: Finding, uses_vllm: bool) -> str:
+    """The fix shown for a finding: none for a symptom (fix its causes) or an absent one; vLLM's settings only
+    for a run that sampled with vLLM."""
+    return "" if f.symptom_of or f.severity == "absent" else PITFALLS[f.id].fix_for(uses_vllm)
+
+
+def _finding_json(f: Finding, uses_vllm: bool) -> dict:
     p = PITFALLS[f.id]
     return {
         **dataclasses.asdict(f),
         "title": p.title,
-        "fix": p.fix,
+        "fix": fix_of(f, uses_vllm),
         "origin": p.origin,
         "teach": p.teach,
         "toggle": None if p.toggle is None else {"field": p.toggle[0], "value": p.toggle[1]},
@@ -160,10 +177,29 @@ def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.T
     return _facts(step, run), delta, after
 
 
+def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
+    """How far the update moved the policy on the step's own completions: KL(pi_before || pi_after) per scored
+    token, k3 on the sampled tokens (E[rho - 1 - log rho], rho = pi_after / pi_before; dropout off); None
+    where no update ran. Called while the policy holds the updated weights; leaves it at the step's start."""
+    if run.update is None or not step.updated or not bool(run.logprobs.mask.any()):
+        return None
+    scoring = scoring_of(run.config).without_dropout()
+    with torch.no_grad():
+        after = per_token_logps(step.policy, run.rollout, scoring)
+        step.restore_policy()
+        before = per_token_logps(step.policy, run.rollout, scoring)
+    log_ratio = (after - before).clamp(-20, 20)
+    k3 = torch.exp(log_ratio) - 1 - log_ratio
+    mask = run.logprobs.mask
+    return ((k3 * mask).sum() / mask.sum()).item()
+
+
 def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
+    step_kl = moved_kl(step, run)
     weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
     capture, r, lp = step.capture, run.rollout, run.logprobs
     sampler_known = capture is None or "sampling_per_token_logps" in capture.batch  # our sampler, or vLLM's
+    sampler_known = sampler_known and bool(lp.mask.any())  # a flip that masks every token scores none
     return StepFacts(
         run=run,
         reward_weights=step.task.weights,
@@ -178,7 +214,25 @@ def _facts(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
         kl_against_exact=_kl_against_exact(step, run),
         weight_norm=weight_norm,
         reward_error=reward_error,
+        uses_vllm=uses_vllm(step),
+        step_kl=step_kl,
+        logged_kl=step.capture.step_metrics.get("kl") if step.capture is not None else None,
     )
+
+
+def uses_vllm(step: GRPOStep) -> bool:
+    """Whether the run sampled with vLLM: a capture's `use_vllm`; the bundled step where its config stands for a
+    vLLM run (its sampler correction on), else it samples with the trained model itself."""
+    if step.capture is not None:
+        return bool(step.capture.meta["grpo_config"].get("use_vllm"))
+    return step.cfg.vllm_importance_sampling_correction
+
+
+def detect(facts: StepFacts) -> list[Finding]:
+    """Every detector on the facts, in catalogue order; a step whose rewards were refused: `bad_reward` alone."""
+    if facts.reward_error:
+        return [bad_reward(facts)]
+    return [detector(facts) for detector in DETECTORS]
 
 
 @dataclass(frozen=True)
@@ -194,13 +248,20 @@ class HeldOut:
 
 
 def counterfactual(
-    step: GRPOStep, base: StepRun, base_update: torch.Tensor, field: str, value, held_out: HeldOut | None = None
+    step: GRPOStep,
+    base: StepRun,
+    base_update: torch.Tensor,
+    field: str,
+    value,
+    held_out: HeldOut | None = None,
+    detected: dict | None = None,
 ) -> dict:
     """The step's update with `field` set to `value` against the update as run: loss, grad_norm, the cosine
     between the two updates (theta_after - theta_before) and their norms (both stepped by the same optimizer,
     on a capture the trainer's: Adam divides a constant gradient scale out), the share of d loss / d logp that moved
     (sum |g' - g| / sum |g| over every token) and, given `held_out`, the held-out reward after each update,
-    paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only)."""
+    paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only).
+    `detected` (a dict): every detector's finding on the flipped step is stored in it under `change_key`."""
     try:
         flipped = step.run(base.config.replace(**{field: value}), until="update", base=base, remember=False)
     except ValueError as e:
@@ -212,7 +273,10 @@ def counterfactual(
     dlogp_moved = (g1 - g0).abs().sum().item() / max(g0.abs().sum().item(), 1e-30) if g0.shape == g1.shape else None
     grad_change = abs(flipped.update.grad_norm - base.update.grad_norm) / max(base.update.grad_norm, 1e-30)
     reward = _held_out_effect(step, held_out) if held_out else None
+    if detected is not None:
+        detected[change_key({field: value})] = {f.id: f for f in detect(_facts(step, flipped))}
     step.restore_policy()
+    removes = flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
     return {
         "toggle": {field: value},
         "loss": [base.update.loss, flipped.update.loss],
@@ -221,8 +285,13 @@ def counterfactual(
         "update_norm": [base_update.norm().item(), moved.norm().item()],
         "dlogp_moved": dlogp_moved,
         "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
+        "removes_gradient": removes,
         "held_out_reward": reward,
     }
+
+
+def change_key(changes: dict) -> tuple:
+    return tuple(sorted(changes.items(), key=lambda kv: kv[0]))
 
 
 def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
@@ -240,17 +309,23 @@ def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
 
 
 def _moves(f: Finding) -> float:
-    """How far the finding's flip moves the update (1 - cosine); -1 where it was not flipped."""
-    return 1 - f.effect["update_cosine"] if f.effect and "update_cosine" in f.effect else -1.0
+    """How far the finding's flip moves the update (1 - cosine); -1 where it was not flipped, or where the flip
+    takes the gradient away (it deletes the update rather than correcting it)."""
+    if not f.effect or "update_cosine" not in f.effect or f.effect.get("removes_gradient"):
+        return -1.0
+    return 1 - f.effect["update_cosine"]
 
 
-def rank(findings: list[Finding]) -> tuple[Finding, ...]:
-    return tuple(sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), -_moves(f))))
+def rank(findings: list[Finding], chained: list[str] = ()) -> tuple[Finding, ...]:
+    return order(list(findings), list(chained), _moves)
 
 
-def _flippable(f: Finding, config) -> bool:
+def _flippable(f: Finding, config, vllm: bool = False) -> bool:
+    """A present finding whose switch is not yet set; vLLM's switches only on a run that sampled with vLLM."""
     toggle = PITFALLS[f.id].toggle
-    return f.severity != "absent" and toggle is not None and getattr(config, toggle[0]) != toggle[1]
+    if toggle is None or f.severity == "absent" or getattr(config, toggle[0]) == toggle[1]:
+        return False
+    return vllm or not toggle[0].startswith("vllm_")
 
 
 def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> Report:
@@ -261,15 +336,56 @@ def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> 
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
     base = facts.run
-    if facts.reward_error:
-        findings = [bad_reward(facts)]
-    else:
-        findings = [detect(facts) for detect in DETECTORS]
+    findings = detect(facts)
+    chained: list[str] = []
     if flip and delta is not None:
-        flips = [i for i, f in enumerate(findings) if _flippable(f, base.config)]
+        flips = [i for i, f in enumerate(findings) if _flippable(f, base.config, facts.uses_vllm)]
         paired = after and HeldOut(prompts, after, eval_sampling_of(base.config), bonferroni_level(len(flips)))
+        detected: dict[tuple, dict[str, Finding]] = {}
         for i in flips:
             toggle = PITFALLS[findings[i].id].toggle
-            findings[i] = dataclasses.replace(findings[i], effect=counterfactual(step, base, delta, *toggle, paired))
+            effect = counterfactual(step, base, delta, *toggle, paired, detected)
+            findings[i] = dataclasses.replace(findings[i], effect=effect)
+        fixes = {  # a flip that takes the gradient away is no fix: it clears findings by scoring nothing
+            findings[i].id: _fix_changes(step, findings[i].id)
+            for i in flips
+            if "error" not in findings[i].effect
+            and (not findings[i].effect["removes_gradient"] or _resampled(step, findings[i].id))
+        }
+        findings, chained = differential(findings, fixes, _detect_under(step, base, detected))
     step.restore_policy()
-    return Report(rank(findings), base.config.settings(), time.perf_counter() - start)
+    return Report(rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm)
+
+
+def _fix_changes(step: GRPOStep, pitfall_id: str) -> dict:
+    """The config changes the pitfall's fix makes, as the differential applies them: its toggle, and what the
+    fix changes beside it where the step can sample anew (the bundled step; a capture's rollout is the trainer's)."""
+    p = PITFALLS[pitfall_id]
+    if _resampled(step, pitfall_id):
+        field, factor = p.fix_by_resampling
+        return {field: getattr(step.cfg, field) * factor}
+    return {p.toggle[0]: p.toggle[1], **({} if step.capture is not None else dict(p.fix_also))}
+
+
+def _resampled(step: GRPOStep, pitfall_id: str) -> bool:
+    """The differential fixes this pitfall by sampling anew (the bundled step, never a capture)."""
+    return step.capture is None and PITFALLS[pitfall_id].fix_by_resampling is not None
+
+
+def _detect_under(step: GRPOStep, base: StepRun, detected: dict):
+    """Every detector on the step with config changes applied (the same completions and weights, unless a
+    change is a rollout field), remembered in `detected` by `change_key`; None where the step refuses them."""
+
+    def detect_under(changes: dict) -> dict[str, Finding] | None:
+        key = change_key(changes)
+        if key not in detected:
+            try:
+                run = step.run(base.config.replace(**changes), until="update", base=base, remember=False)
+            except ValueError:  # a fix this step cannot take (a length past the model's positions)
+                detected[key] = None
+            else:
+                detected[key] = {f.id: f for f in detect(_facts(step, run))}
+            step.restore_policy()
+        return detected[key]
+
+    return detect_under

@@ -169,6 +169,12 @@ def truncation(f: StepFacts) -> Finding:
     if cut == 0:
         return _finding("truncation", "absent", "every completion ended with an EOS", **evidence)
     masked = " (masked from the loss: mask_truncated_completions)" if cfg.mask_truncated_completions else ""
+    if cut == 1.0:
+        return _finding(
+            "truncation", "problem",
+            f"every completion hit max_completion_length={cfg.max_new_tokens} without an EOS{masked}: raise it "
+            "(masking them would leave nothing to learn from)", **evidence,
+        )  # fmt: skip
     severity = "warning" if cut >= TRUNCATED_WARNING else "info"
     return _finding(
         "truncation", severity,
@@ -238,7 +244,8 @@ def clip_inactive(f: StepFacts) -> Finding:
     if f.run.config.num_iterations == 1 and on_policy:
         return _finding(
             "clip_inactive", "info",
-            "num_iterations = 1 and no dropout: the ratio is 1 on this pass, so every clip_ratio is 0 by design",
+            "num_iterations = 1: the old log-probs are this pass's own, so the ratio is 1 and every clip_ratio is 0 "
+            "by design",
             clip_ratio_region_mean=region,
         )  # fmt: skip
     return _finding("clip_inactive", "absent", f"clip_ratio/region_mean {region:.3g}", clip_ratio_region_mean=region)

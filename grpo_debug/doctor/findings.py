@@ -11,6 +11,7 @@ import torch
 from ..step import StepRun
 
 SEVERITIES = ("problem", "warning", "info", "absent")
+LOUD = ("problem", "warning")  # what a run should act on; info is by design, or worth knowing
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class Finding:
     summary: str  # one line, with the numbers that decided it
     evidence: dict = field(default_factory=dict)
     effect: dict | None = None  # what flipping its toggle on this step does to the update (`counterfactual`)
+    symptom_of: tuple[str, ...] = ()  # the causes whose fix clears it (`chain.differential`): no fix of its own
+    clears: tuple[str, ...] = ()  # a cause: the loud findings its fix cleared in the differential
+    fixed_with: tuple[tuple[str, object], ...] = ()  # a cause: the config changes the differential fixed it with
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,9 @@ class StepFacts:
     kl_against_exact: dict[str, float] | None  # the KL estimator against the exact KL (`exact_kl`); None: beta 0
     weight_norm: float  # ||theta|| before the step, over the trained parameters (a tied embedding counted once)
     reward_error: str = ""  # the rewards phase refused the step (an infinite reward, a row of all-None)
+    uses_vllm: bool = False  # the run sampled with vLLM (a capture's use_vllm): vLLM's settings apply to it
+    step_kl: float | None = None  # KL(before || after) per scored token that the update made (`moved_kl`)
+    logged_kl: float | None = None  # the kl TRL logged at the captured step (k3 to the reference), if any
 
 
 def _finding(id: str, severity: str, summary: str, **evidence) -> Finding:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from ..pitfalls import PITFALLS
-from . import Report
+from . import Report, fix_of
 from .findings import Finding
 
 
@@ -27,6 +27,8 @@ def effect_line(f: Finding) -> str:
         return f"flip {field}={value}: not possible here ({e['error']})"
     moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
+    if e.get("removes_gradient"):
+        verdict = "removes the update (the gradient is gone): no fix on this step"
     line = (
         f"flip {field}={value}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
         f"update cosine {e['update_cosine']:+.3f}{norms(e)}{moved}: {verdict}"
@@ -40,16 +42,32 @@ def effect_line(f: Finding) -> str:
     return line
 
 
+def chain_line(f: Finding) -> str:
+    """What the differential said of a finding: the symptoms its fix cleared, or the causes it is a symptom of."""
+    if f.symptom_of:
+        return f"a symptom of {' + '.join(f.symptom_of)}: fixing {'it' if len(f.symptom_of) == 1 else 'them'} clears it"
+    if f.clears:
+        fixed = ", ".join(f"{k}={v}" for k, v in f.fixed_with)
+        return f"fixing it ({fixed} on this step) also clears: {', '.join(f.clears)}"
+    return ""
+
+
 def text(report: Report, at_least: str = "info") -> str:
     shown = report.present(at_least)
-    lines = [f"the doctor: {len(shown)} findings at {at_least} or above, most severe and most moving first"]
+    causes = sum(not f.symptom_of for f in shown)
+    lines = [
+        f"the doctor: {len(shown)} findings at {at_least} or above ({causes} causes, {len(shown) - causes} "
+        "symptoms), causes first, each symptom after its cause"
+    ]
     for rank, f in enumerate(shown, start=1):
         p = PITFALLS[f.id]
         lines.append(f"{rank:2d}. [{f.severity}] {f.id}: {f.summary}")
-        if f.effect:
-            lines.append(f"    {effect_line(f)}")
-        if f.severity in ("problem", "warning"):
-            lines.append(f"    fix: {p.fix}")
+        for line in (chain_line(f), effect_line(f)):
+            if line:
+                lines.append(f"    {line}")
+        if fix_of(f, report.uses_vllm):
+            lines.append(f"    fix: {fix_of(f, report.uses_vllm)}")
+        if not f.symptom_of:
             lines.append(f"    learn: notebooks/{p.teach}")
     absent = [f.id for f in report.findings if f.severity == "absent"]
     lines.append(f"absent ({len(absent)}): {', '.join(absent)}")
@@ -66,8 +84,9 @@ def table(report: Report, at_least: str = "absent"):
             "severity": f.severity,
             "finding": f.id,
             "what": f.summary,
+            "cause or symptom": chain_line(f) or ("cause" if f.severity in ("problem", "warning") else ""),
             "flip on this step": effect_line(f),
-            "fix": PITFALLS[f.id].fix if f.severity in ("problem", "warning") else "",
+            "fix": fix_of(f, report.uses_vllm),
             "learn": PITFALLS[f.id].teach,
         }
         for f in report.present(at_least)
@@ -90,21 +109,21 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{len(report.present('info'))} findings at info or above; {len(report.findings)} checks in "
-             f"{report.seconds:.1f} s. Ranked by severity, then by how far flipping the cause on this step moves "
-             "the update.</p>"]  # fmt: skip
+             f"{report.seconds:.1f} s. Causes first, by severity, then by how far flipping the cause on this step "
+             "moves the update; each symptom (a finding that fixing an earlier cause clears) after its cause.</p>"]  # fmt: skip
     for rank, f in enumerate(report.findings, start=1):
         p = PITFALLS[f.id]
         parts.append(
             f"<div class='finding {f.severity}' id='{html.escape(f.id)}'><span class='sev'>{rank}. {f.severity}"
             f"</span> <b>{html.escape(f.id)}</b>: {html.escape(f.summary)}<br><small>{html.escape(p.title)}</small>"
         )
-        if f.effect:
-            parts.append(f"<br>{html.escape(effect_line(f))}")
+        for line in (chain_line(f), effect_line(f)):
+            if line:
+                parts.append(f"<br>{html.escape(line)}")
+        if fix_of(f, report.uses_vllm):
+            parts.append(f"<br>fix: <code>{html.escape(fix_of(f, report.uses_vllm))}</code>")
         if f.severity != "absent":
-            parts.append(
-                f"<br>fix: <code>{html.escape(p.fix)}</code><br>learn: {html.escape(p.teach)}"
-                f"<br><small>from: {html.escape(p.origin)}</small>"
-            )
+            parts.append(f"<br>learn: {html.escape(p.teach)}<br><small>from: {html.escape(p.origin)}</small>")
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)

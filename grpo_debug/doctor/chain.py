@@ -1,0 +1,95 @@
+"""The differential diagnosis: which loud findings are causes, and which are symptoms of them.
+
+A loud finding (problem or warning) whose pitfall has a switch on the step is a candidate cause. Each round,
+every candidate's fix is applied on the step (the same completions and weights, the earlier rounds' fixes kept)
+and every detector runs again; the candidate whose fix quiets the most other loud findings is kept, the most
+severe first where that ties. What its fix quieted is marked its symptom: no fix of its own. A finding that
+goes quiet only once several causes are fixed is a symptom of all of them, unless the last one alone quiets it.
+The rounds stop when no loud candidate is left, or after `ROUNDS`.
+
+    findings, causes = differential(findings, toggles, detect_under)
+    ranked = order(findings, causes, moves)
+
+`detect_under(changes)`: every detector on the step with `changes` (config field -> value) applied, {id: Finding};
+None where the step cannot take them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .findings import LOUD, SEVERITIES, Finding
+
+ROUNDS = 4
+
+Detect = Callable[[dict], dict[str, Finding] | None]
+
+
+def loud(f: Finding) -> bool:
+    return f.severity in LOUD
+
+
+def quieted(before: dict[str, Finding], after: dict[str, Finding]) -> list[str]:
+    """The findings loud in `before` and not in `after`."""
+    return [i for i, f in before.items() if loud(f) and i in after and not loud(after[i])]
+
+
+def differential(
+    findings: list[Finding], toggles: dict[str, dict], detect_under: Detect, rounds: int = ROUNDS
+) -> tuple[list[Finding], list[str]]:
+    """`findings` (one per detector) with `clears` set on each cause the chain fixed and `symptom_of` on what
+    those fixes quieted, and the causes in the order they were fixed. `toggles`: the finding ids that can be
+    fixed on this step, each with the config changes its fix makes."""
+    current = {f.id: f for f in findings}
+    position = {f.id: k for k, f in enumerate(findings)}
+    changes: dict = {}
+    causes: list[str] = []
+    clears: dict[str, tuple[str, ...]] = {}
+    symptom_of: dict[str, tuple[str, ...]] = {}
+    for _ in range(rounds):
+        candidates = [i for i in toggles if i not in causes and i not in symptom_of and loud(current[i])]
+        if not candidates:
+            break
+        after = {i: detect_under({**changes, **toggles[i]}) for i in candidates}
+        candidates = [i for i in candidates if after[i] is not None]  # a fix the step refused
+        if not candidates:
+            break
+        others = {i: [j for j in quieted(current, after[i]) if j != i and j not in symptom_of] for i in candidates}
+        cause = min(candidates, key=lambda i: (-len(others[i]), SEVERITIES.index(current[i].severity), position[i]))
+        alone = detect_under(toggles[cause]) if changes else after[cause]
+        for j in others[cause]:
+            symptom_of[j] = (cause,) if alone is not None and not loud(alone[j]) else (*causes, cause)
+        clears[cause] = tuple(others[cause])
+        causes.append(cause)
+        changes.update(toggles[cause])
+        current = after[cause]
+    marked = [
+        dataclasses.replace(
+            f,
+            clears=clears.get(f.id, ()),
+            symptom_of=symptom_of.get(f.id, ()),
+            fixed_with=tuple(toggles[f.id].items()) if f.id in causes else (),
+        )
+        for f in findings
+    ]
+    return marked, causes
+
+
+def order(findings: list[Finding], chained: list[str], moves: Callable[[Finding], float]) -> tuple[Finding, ...]:
+    """Causes first, most severe, then in the order the chain fixed them (`chained`), then by how far their flip
+    moves the update (`moves`); each symptom right after the last of its causes to be ranked."""
+    heads = sorted(
+        (f for f in findings if not f.symptom_of),
+        key=lambda f: (
+            SEVERITIES.index(f.severity),
+            chained.index(f.id) if f.id in chained else len(chained),
+            -moves(f),
+        ),
+    )
+    out: list[Finding] = []
+    for f in heads:
+        out.append(f)
+        shown = {g.id for g in out}
+        out.extend(s for s in findings if f.id in s.symptom_of and set(s.symptom_of) <= shown)
+    return tuple(out)

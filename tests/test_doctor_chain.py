@@ -1,0 +1,87 @@
+"""The doctor's differential (`doctor.chain`): a cause's fix quiets its symptoms, which are then ranked after it
+with no fix of their own; a symptom of two causes needs both; a clean step has no chain. The detectors here are
+planted: `detect_under` answers what each finding's severity would be with a set of fixes applied."""
+
+from grpo_debug.doctor import Report, rank
+from grpo_debug.doctor.chain import differential
+from grpo_debug.doctor.findings import Finding
+from grpo_debug.doctor.present import text
+
+
+def planted(severities: dict[str, str]) -> list[Finding]:
+    return [Finding(i, s, f"{i} planted") for i, s in severities.items()]
+
+
+def world(base: dict[str, str], quiet_when: dict[str, set[str]]):
+    """`detect_under(changes)`: each finding as in `base`, but `absent` once every field in its quiet_when set
+    is among the changes' fields (a finding quiets when its causes are fixed); and counts the calls."""
+    calls = []
+
+    def detect_under(changes: dict) -> dict[str, Finding]:
+        calls.append(dict(changes))
+        fixed = set(changes)
+        return {
+            i: Finding(i, "absent" if i in quiet_when and quiet_when[i] <= fixed else s, i) for i, s in base.items()
+        }
+
+    return detect_under, calls
+
+
+def test_a_symptom_is_ranked_after_its_cause_and_shows_no_fix():
+    base = {"sampler_mismatch": "problem", "dropout": "warning", "length_reward": "info"}
+    detect_under, _ = world(base, {"dropout": {"dropout"}, "sampler_mismatch": {"dropout"}})
+    toggles = {"dropout": {"dropout": False}, "sampler_mismatch": {"vllm_importance_sampling_correction": True}}
+    findings, causes = differential(planted(base), toggles, detect_under)
+    by_id = {f.id: f for f in findings}
+    assert causes == ["dropout"], f"the chain fixed {causes}, not dropout (whose fix quiets the mismatch) alone"
+    assert by_id["sampler_mismatch"].symptom_of == ("dropout",), by_id["sampler_mismatch"]
+    assert by_id["dropout"].clears == ("sampler_mismatch",), by_id["dropout"]
+    ranked = [f.id for f in rank(findings, causes)]
+    assert ranked[:2] == ["dropout", "sampler_mismatch"], f"the problem-level symptom outranks its cause: {ranked}"
+    shown = text(Report(rank(findings, causes), {}, 0.0))
+    mismatch = shown.split("sampler_mismatch:")[1].split("\n 3.")[0]
+    assert "a symptom of dropout" in mismatch and "fix:" not in mismatch, f"the symptom's lines:\n{mismatch}"
+
+
+def test_a_symptom_of_two_causes_names_both_and_one_of_one_cause_names_it_alone():
+    base = {"position_ids": "problem", "dropout": "warning", "sampler_mismatch": "warning", "clip_saturated": "warning"}
+    quiet = {
+        "position_ids": {"position_ids"},
+        "dropout": {"dropout"},
+        "sampler_mismatch": {"position_ids", "dropout"},  # needs both fixes
+        "clip_saturated": {"dropout"},  # the second cause's alone
+    }
+    detect_under, _ = world(base, quiet)
+    toggles = {"position_ids": {"position_ids": True}, "dropout": {"dropout": False, "sample_dropout": False}}
+    findings, causes = differential(planted(base), toggles, detect_under)
+    by_id = {f.id: f for f in findings}
+    assert causes == ["dropout", "position_ids"], f"dropout quiets another finding: it goes first, not {causes}"
+    assert by_id["sampler_mismatch"].symptom_of == ("dropout", "position_ids"), by_id["sampler_mismatch"]
+    assert by_id["clip_saturated"].symptom_of == ("dropout",), by_id["clip_saturated"]
+    ranked = [f.id for f in rank(findings, causes)]
+    assert ranked[:2] == ["position_ids", "dropout"], f"causes not ranked by severity: {ranked}"
+    assert ranked.index("sampler_mismatch") > ranked.index("dropout"), f"a symptom above one of its causes: {ranked}"
+
+
+def test_a_cause_that_clears_more_goes_first_among_equals_and_a_quiet_step_has_no_chain():
+    base = {"truncation": "warning", "dropout": "warning", "sampler_mismatch": "warning"}
+    detect_under, _ = world(base, {"dropout": {"dropout"}, "sampler_mismatch": {"dropout"}})
+    toggles = {"truncation": {"mask_truncated_completions": True}, "dropout": {"dropout": False}}
+    findings, causes = differential(planted(base), toggles, detect_under)
+    assert causes[0] == "dropout", f"the fix that quiets another finding was not tried first: {causes}"
+    assert causes == ["dropout", "truncation"], causes
+    quiet = {"kl_off": "info", "dropout": "absent"}
+    detect_under, calls = world(quiet, {})
+    findings, causes = differential(planted(quiet), {"dropout": {"dropout": False}}, detect_under)
+    assert causes == [] and not calls, f"a step with nothing loud ran the chain: {causes}, {calls}"
+    assert all(not f.symptom_of and not f.clears for f in findings)
+
+
+def test_the_rounds_stop_and_every_fix_is_kept_in_the_next_round():
+    base = {f"cause_{k}": "warning" for k in range(6)}
+    detect_under, calls = world(base, {f"cause_{k}": {f"field_{k}"} for k in range(6)})
+    toggles = {f"cause_{k}": {f"field_{k}": True} for k in range(6)}
+    findings, causes = differential(planted(base), toggles, detect_under, rounds=3)
+    assert len(causes) == 3, causes
+    kept = {f"field_{k}" for k in range(3)}
+    assert any(kept <= set(c) for c in calls), f"the third round did not keep the first two fixes: {calls}"
