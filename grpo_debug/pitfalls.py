@@ -25,7 +25,7 @@ class Pitfall:
     panel: str | None = None  # the widget panel that offers the toggle: "pitfalls" or "off_policy"
     fix_without_vllm: str | None = None  # the fix for a run that did not sample with vLLM, where `fix` is vLLM's
     fix_also: tuple[tuple[str, object], ...] = ()  # what `fix` also changes (rollout fields: a new rollout)
-    fix_by_resampling: tuple[str, int] | None = None  # (field, factor): the fix multiplies a rollout field instead
+    fix_scales: tuple[str, float] | None = None  # (field, factor): the differential's fix multiplies this field
 
     def fix_for(self, uses_vllm: bool) -> str:
         """The fix that applies to a run: vLLM's settings only where it sampled with vLLM."""
@@ -81,7 +81,7 @@ PITFALLS: dict[str, Pitfall] = {
             "DAPO; TRL's mask_truncated_completions",
             "01_rollout; 02_logprobs",
             ("mask_truncated_completions", True),
-            fix_by_resampling=("max_new_tokens", 4),  # the differential's fix where the step can sample anew
+            fix_scales=("max_new_tokens", 4),  # a rollout field: where the step can sample anew
         ),
         _p(
             "eos_masked",
@@ -212,10 +212,18 @@ PITFALLS: dict[str, Pitfall] = {
         ),
         _p(
             "update_size",
-            "the update is large against the weights it changes",
+            "one update moves the policy far on its own completions (KL per token between before and after)",
             "lower learning_rate, or keep max_grad_norm on",
-            "PPO/GRPO practice: a step that moves weights by more than ~1% leaves the trust region",
+            "PPO/GRPO practice (a trust region per step); the tiers: data/experiments/update_size.json",
             "06_update",
+            fix_scales=("learning_rate", 0.1),  # an update field: on the same completions, a capture's too
+        ),
+        _p(
+            "kl_blowup",
+            "the policy has moved far from its reference (KL per token), over the steps before this one",
+            "lower learning_rate or raise beta, and resume from a checkpoint before the KL grew",
+            "TRL logs kl every step; a run at learning_rate 0.1 went 0 -> 0.16 -> 1.36 nats in three steps",
+            "05_loss: KL estimators",
         ),
         _p(
             "loss_normaliser",

@@ -177,6 +177,7 @@ class FlightRecorder(CaptureCallback):
             health.truncation(metrics.get("completions/clipped_ratio")),
             health.entropy_collapse(metrics.get("entropy")),
             health.clip_saturated(metrics.get("clip_ratio/region_mean")),
+            health.kl_blowup(metrics.get("kl")),
         ]
         out += self._run_signals(metrics, g)
         return out, metrics

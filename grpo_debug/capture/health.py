@@ -21,6 +21,8 @@ import torch
 from ..doctor.detectors import (
     CLIP_SATURATED,
     ENTROPY_COLLAPSE,
+    KL_BLOWUP_PROBLEM,
+    KL_BLOWUP_WARNING,
     LENGTH_ALPHA,
     LENGTH_CORRELATION,
     NO_SIGNAL_WARNING,
@@ -171,6 +173,15 @@ def clip_saturated(region_mean: float | None) -> Signal:
     severity = "warning" if region_mean >= CLIP_SATURATED else "ok"
     summary = f"{region_mean:.1%} of tokens clipped: their gradient is cut"
     return Signal("clip_saturated", severity, region_mean, summary, CLIP_SATURATED)
+
+
+def kl_blowup(kl: float | None) -> Signal:
+    """The doctor's kl_blowup, from TRL's logged kl (k3 to the reference, mean per token; logged where beta > 0)."""
+    if kl is None:
+        return Signal("kl_blowup", "ok", None, "TRL logged no kl (beta = 0)", KL_BLOWUP_WARNING, KL_BLOWUP_PROBLEM)
+    severity = "problem" if kl >= KL_BLOWUP_PROBLEM else "warning" if kl >= KL_BLOWUP_WARNING else "ok"
+    summary = f"kl to the reference {kl:.3g} nats per token"
+    return Signal("kl_blowup", severity, kl, summary, KL_BLOWUP_WARNING, KL_BLOWUP_PROBLEM)
 
 
 def sampler_mismatch(metrics: dict[str, float] | None) -> Signal | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import StepConfig
 from ..evaluation import EvalSide, eval_side
 from ..model import absolute_positions, dropout_sources
 from ..pitfalls import PITFALLS
@@ -346,30 +347,30 @@ def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> 
             toggle = PITFALLS[findings[i].id].toggle
             effect = counterfactual(step, base, delta, *toggle, paired, detected)
             findings[i] = dataclasses.replace(findings[i], effect=effect)
-        fixes = {  # a flip that takes the gradient away is no fix: it clears findings by scoring nothing
-            findings[i].id: _fix_changes(step, findings[i].id)
-            for i in flips
-            if "error" not in findings[i].effect
-            and (not findings[i].effect["removes_gradient"] or _resampled(step, findings[i].id))
-        }
+        fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected))
     step.restore_policy()
     return Report(rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm)
 
 
-def _fix_changes(step: GRPOStep, pitfall_id: str) -> dict:
-    """The config changes the pitfall's fix makes, as the differential applies them: its toggle, and what the
-    fix changes beside it where the step can sample anew (the bundled step; a capture's rollout is the trainer's)."""
-    p = PITFALLS[pitfall_id]
-    if _resampled(step, pitfall_id):
-        field, factor = p.fix_by_resampling
-        return {field: getattr(step.cfg, field) * factor}
-    return {p.toggle[0]: p.toggle[1], **({} if step.capture is not None else dict(p.fix_also))}
-
-
-def _resampled(step: GRPOStep, pitfall_id: str) -> bool:
-    """The differential fixes this pitfall by sampling anew (the bundled step, never a capture)."""
-    return step.capture is None and PITFALLS[pitfall_id].fix_by_resampling is not None
+def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
+    """The config changes the differential fixes a loud finding with: its scaled field (`fix_scales`: a rollout
+    field only where the step can sample anew, the bundled step; a capture's rollout is the trainer's), else its
+    toggle and what the fix changes beside it (`fix_also`, rollout fields likewise). None: no fix on this step
+    (no switch, already set, vLLM's on a run without vLLM, a flip refused, or one that takes the gradient away:
+    it would clear findings by scoring nothing)."""
+    p = PITFALLS[f.id]
+    if f.severity not in ("problem", "warning"):
+        return None
+    if p.fix_scales is not None:
+        field, factor = p.fix_scales
+        if step.capture is None or StepConfig.phase_of(field) != "rollout":
+            value = getattr(config, field)
+            return {field: type(value)(value * factor)}
+    if not _flippable(f, config, vllm) or f.effect is None or "error" in f.effect or f.effect["removes_gradient"]:
+        return None
+    also = {k: v for k, v in p.fix_also if step.capture is None or StepConfig.phase_of(k) != "rollout"}
+    return {p.toggle[0]: p.toggle[1], **also}
 
 
 def _detect_under(step: GRPOStep, base: StepRun, detected: dict):

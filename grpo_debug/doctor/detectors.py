@@ -304,7 +304,14 @@ def advantage_scale(f: StepFacts) -> Finding:
                     **evidence)  # fmt: skip
 
 
-UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||
+UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||: the recorder's signal (it has no second scoring), and the
+# doctor's where the update's KL was not measured
+# KL(pi_before || pi_after) per token that one update makes on its own completions (`moved_kl`). Measured in
+# data/experiments/update_size.json (`python -m grpo_debug.doctor.calibration`): one step of the bundled task at
+# learning rates 1e-5 to 1e-1, 3 seeds. At 1e-4 (KL about 0.02) the held-out reward does not move; at 1e-3
+# (0.35 to 0.43) it falls a little; from 3e-3 (1.3 and up) every seed lost 0.4 or more of it.
+MOVED_KL_WARNING = 0.1  # nats per token: five times the quiet rate's, below where the reward began to fall
+MOVED_KL_PROBLEM = 1.0  # nats per token: every calibration step past it lost the held-out reward
 
 
 def update_size(f: StepFacts) -> Finding:
@@ -312,11 +319,43 @@ def update_size(f: StepFacts) -> Finding:
     rate = upd.learning_rates[0] if upd.learning_rates else cfg.learning_rate  # as applied (a capture: scheduled)
     relative = upd.update_norm / f.weight_norm if f.weight_norm else math.inf
     evidence = dict(update_norm=upd.update_norm, weight_norm=f.weight_norm, relative=relative,
-                    learning_rate=rate, grad_norm=upd.grad_norm)  # fmt: skip
-    if relative > UPDATE_WARNING:
-        return _finding("update_size", "warning", f"the step moves the weights by {relative:.2%} of their norm "
-                        f"(learning_rate {rate:g})", **evidence)  # fmt: skip
-    return _finding("update_size", "absent", f"the step moves the weights by {relative:.2g} of their norm", **evidence)
+                    learning_rate=rate, grad_norm=upd.grad_norm, moved_kl=f.step_kl)  # fmt: skip
+    moved = f"{relative:.2%} of the weights' norm, learning_rate {rate:g}"
+    if f.step_kl is None:
+        if relative > UPDATE_WARNING:
+            return _finding("update_size", "warning", f"the step moves the weights by {moved}", **evidence)
+        return _finding("update_size", "absent", f"the step moves the weights by {relative:.2g} of their norm",
+                        **evidence)  # fmt: skip
+    said = f"one update moved the policy by KL {f.step_kl:.3g} nats per token on its own completions ({moved})"
+    if f.step_kl >= MOVED_KL_PROBLEM:
+        return _finding("update_size", "problem", f"{said}: past {MOVED_KL_PROBLEM:g}, one step cost the held-out "
+                        "reward on every seed of the calibration", **evidence)  # fmt: skip
+    if f.step_kl >= MOVED_KL_WARNING:
+        return _finding("update_size", "warning", f"{said}: past {MOVED_KL_WARNING:g}, the held-out reward began "
+                        "to fall in the calibration", **evidence)  # fmt: skip
+    return _finding("update_size", "absent", said, **evidence)
+
+
+KL_BLOWUP_WARNING = MOVED_KL_WARNING  # the same distance, however many steps it took
+KL_BLOWUP_PROBLEM = MOVED_KL_PROBLEM
+
+
+def kl_blowup(f: StepFacts) -> Finding:
+    """How far the policy is from its reference at the step's start: the exact KL(pi || ref) per token over the
+    vocabulary where measured (beta > 0), else the kl TRL logged at the captured step (k3 on the sampled tokens)."""
+    cfg, exact = f.run.config, f.kl_against_exact
+    kl, source = (exact["exact_kl"], "exact KL(pi || ref)") if exact else (f.logged_kl, "TRL's logged kl")
+    evidence = dict(kl=kl, source=source, beta=cfg.beta, logged_kl=f.logged_kl)
+    if kl is None or not math.isfinite(kl):
+        return _finding("kl_blowup", "absent", "no reference (beta = 0): the KL to it is not measured", **evidence)
+    said = f"{source} {kl:.3g} nats per token at the step's start"
+    if kl >= KL_BLOWUP_PROBLEM:
+        return _finding("kl_blowup", "problem", f"{said}: the steps before this one moved the policy past "
+                        f"{KL_BLOWUP_PROBLEM:g} nat, where one step cost the held-out reward in the calibration",
+                        **evidence)  # fmt: skip
+    if kl >= KL_BLOWUP_WARNING:
+        return _finding("kl_blowup", "warning", f"{said}: past {KL_BLOWUP_WARNING:g}", **evidence)
+    return _finding("kl_blowup", "absent", said, **evidence)
 
 
 NORMALISER_RATIO = 4.0  # max_completion_length over the mean scored length

@@ -28,6 +28,7 @@ ORDER = (  # the signals in the order a reader checks them: the rewards, the rol
     "sampler_mismatch",
     "entropy_collapse",
     "clip_saturated",
+    "kl_blowup",
     "update_size",
     "grad_norm_spike",
     "reward_collapse",
