@@ -31,6 +31,17 @@ def longer(completions, **kwargs):
     return [len(text(c)) / 40 for c in completions]
 
 
+def vowels_x1000(completions, **kwargs):
+    """A graded reward on another scale: 1000 times the share of vowels (unrelated to length)."""
+    return [1000 * sum(ch in "aeiou" for ch in text(c)) / max(len(text(c)), 1) for c in completions]
+
+
+def digits_or_none(completions, **kwargs):
+    """The share of digits, but None (does not apply) for every completion of odd length: about half."""
+    return [None if len(text(c)) % 2 else sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1)
+            for c in completions]  # fmt: skip
+
+
 def starts_low(completions, **kwargs):
     """Binary and rare: 1 when the completion starts with 1 or 2."""
     return [1.0 if text(c)[:1] in ("1", "2") else 0.0 for c in completions]
@@ -49,6 +60,36 @@ DEFECTS = {
     "short_completions": ("llama", [digits], {"max_completion_length": 4}, SAME_LENGTH),
     "length_reward": ("llama", [longer], {}, SAME_LENGTH),
     "binary_pairs": ("llama", [starts_low], {"num_generations": 2}, SAME_LENGTH),
+    # a learning rate that breaks the model in two steps (captured at the third), with a KL term that logs it
+    "learning_rate": ("llama", [digits], {"learning_rate": 0.1, "beta": 0.04, "max_steps": 3}, SAME_LENGTH),
+    "reward_1000x": ("llama", [digits, vowels_x1000], {"scale_rewards": "none"}, SAME_LENGTH),
+    "dr_grpo": ("llama", [digits], {"loss_type": "dr_grpo", "max_completion_length": 256}, SAME_LENGTH),
+    "reward_none_half": ("llama", [digits_or_none], {}, SAME_LENGTH),
+}
+
+# two defects at once: each must be named, the causes above their symptoms
+DOUBLE_DEFECTS = {
+    "top_p+constant_reward": ("llama", [digits, always_one], {"top_p": 0.8}, SAME_LENGTH),
+    "position_ids+short_completions": (
+        "gpt2",
+        [digits],
+        {"disable_dropout": True, "max_completion_length": 4},
+        MIXED_LENGTH,
+    ),  # fmt: skip
+    "attention_dropout+length_reward": ("qwen2-dropout", [longer], {}, SAME_LENGTH),
+    "learning_rate+attention_dropout": (
+        "qwen2-dropout",
+        [digits],
+        {"learning_rate": 0.1, "beta": 0.04, "max_steps": 3},
+        SAME_LENGTH,
+    ),  # fmt: skip
+}
+
+# nothing planted, and nothing may be said above info: other shapes of a clean run
+CLEAN_RUNS = {
+    "clean_gpt2_fixed": ("gpt2", [digits], {"disable_dropout": True, "_positions": True}, MIXED_LENGTH),
+    "clean_lora": ("llama", [digits], {"_lora": True}, SAME_LENGTH),
+    "clean_conversational": ("llama-chat", [digits], {}, [[{"role": "user", "content": p}] for p in SAME_LENGTH]),
 }
 
 # Nothing planted, other shapes of run a user brings: TRL's defaults on GPT-2 (its dropout stays on), a
@@ -61,7 +102,9 @@ USER_RUNS = {
 
 if __name__ == "__main__":
     defect, out = sys.argv[1], sys.argv[2]
-    model, reward_funcs, changes, prompts = {**DEFECTS, **USER_RUNS}[defect]
+    model, reward_funcs, changes, prompts = {**DEFECTS, **DOUBLE_DEFECTS, **CLEAN_RUNS, **USER_RUNS}[defect]
+    changes = dict(changes)
+    lora, positions = changes.pop("_lora", False), changes.pop("_positions", False)
     args = GRPOConfig(
         **{
             "output_dir": out,
@@ -74,8 +117,19 @@ if __name__ == "__main__":
             **changes,
         }
     )
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    if positions:
+        from grpo_debug.capture.trl_bridge import PositionIdsGRPOTrainer as GRPOTrainer  # noqa: F811
     trainer = GRPOTrainer(
-        model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_dict({"prompt": prompts * 2})
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts * 2 * args.max_steps}),
+        peft_config=peft_config,
     )
-    trainer.add_callback(CaptureCallback(f"{out}/captures", steps=[1]))
+    trainer.add_callback(CaptureCallback(f"{out}/captures", steps=[args.max_steps]))
     trainer.train()

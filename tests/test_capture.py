@@ -414,3 +414,47 @@ def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows():
         callback._on_micro_batch(inputs, micro)
     picked = [mb["rows"] for mb in callback.current["micro_batches"]]
     assert sorted(r for rows in picked for r in rows) == [0, 1, 2, 3], f"a row was taken twice: {picked}"
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (("format", 99), "format 99: this release reads capture formats 3 to"),
+        (("format", "3"), "format '3': this release reads"),
+        (("format", None), "format None: this release reads"),
+        (("forwards", -1), r"schedule.forwards = -1 is not a positive integer"),
+        (("num_iterations", -2), r"schedule.num_iterations = -2 is not a positive integer"),
+        (("steps_per_generation", 0), r"schedule.steps_per_generation = 0 is not a positive integer"),
+        (("pass", -1), "a schedule micro-batch's pass = -1 is outside 0 to 0"),
+        (("pass", 99), "a schedule micro-batch's pass = 99 is outside"),
+        (("index", -3), "a schedule micro-batch's index = -3 is outside"),
+        (("skip a row", None), r"schedule micro-batches of \[\d+\] rows: each is \d+"),
+        (("drop a micro-batch", None), "micro-batches for gradient_accumulation_steps"),
+    ],
+)
+def test_a_capture_of_another_format_or_a_schedule_out_of_bounds_is_refused(bundled, tmp_path, damage, problem):
+    """Every field the replay reads is checked: the format this release reads, the schedule's counts positive,
+    each micro-batch's pass and index in range, each a full share of the batch (resealed: the checksums pass)."""
+    import shutil
+
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError
+
+    path = Path(shutil.copytree(bundled, tmp_path / "damaged"))
+    meta = json.loads((path / "capture.json").read_text())
+    schedule, (key, value) = meta["schedule"], damage
+    if key == "format":
+        meta.pop("format") if value is None else meta.update(format=value)
+    elif key in ("pass", "index"):
+        schedule["micro_batches"][0][key] = value
+    elif key == "skip a row":
+        assert len(schedule["micro_batches"][0]["rows"]) > 1, "the fixture's micro-batches hold one row"
+        schedule["micro_batches"][0]["rows"].pop()
+    elif key == "drop a micro-batch":
+        schedule["gradient_accumulation_steps"] += 1
+    else:
+        schedule[key] = value
+    (path / "capture.json").write_text(json.dumps(meta))
+    write_checksums(path)
+    with pytest.raises(CaptureError, match=problem):
+        load_capture(path)

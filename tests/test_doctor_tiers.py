@@ -90,3 +90,36 @@ def test_the_calibration_runs(tmp_path):
     out = json.loads((tmp_path / "out.json").read_text())
     assert {"command", "date", "commit", "records", "by_learning_rate"} <= out.keys(), sorted(out)
     assert len(out["records"]) == 3 and all(r["moved_kl"] >= 0 for r in out["records"]), out["records"]
+
+
+def with_rewards(facts, per_function: dict, weights=None):
+    """The facts with other reward functions (each (N,), NaN where None); the total as TRL sums them."""
+
+    weights = weights or (1.0,) * len(per_function)
+    total = sum(w * v.nan_to_num(0.0) for w, v in zip(weights, per_function.values()))
+    rewards = dataclasses.replace(facts.run.rewards, per_function=per_function, total=total)
+    return dataclasses.replace(facts, run=dataclasses.replace(facts.run, rewards=rewards), reward_weights=weights)
+
+
+def test_a_function_erased_by_another_is_a_warning_and_one_that_counts_is_not(facts):
+    import torch
+
+    n = len(facts.run.rewards.total)
+    torch.manual_seed(0)
+    small, large = torch.rand(n), torch.rand(n)
+    erased = d.dominant_reward(with_rewards(facts, {"small": small, "large": 1000 * large}))
+    assert erased.severity == "warning" and erased.evidence["erased"] == ["small"], erased
+    kept = d.dominant_reward(with_rewards(facts, {"small": small, "large": 5 * large}))
+    assert kept.severity in ("info", "absent") and "erased" not in kept.evidence, kept
+
+
+def test_none_rewards_for_a_quarter_of_the_completions_is_a_warning(facts):
+    import torch
+
+    n = len(facts.run.rewards.total)
+    at = int(n * d.NONE_WARNING)
+    for nones, severity in ((at, "warning"), (at - 1, "info")):
+        values = torch.rand(n)
+        values[:nones] = float("nan")
+        finding = d.bad_reward(with_rewards(facts, {"sometimes": values}))
+        assert finding.severity == severity, f"{nones} of {n} None rewards: {finding.severity}, not {severity}"

@@ -34,6 +34,7 @@ from . import optimizer_state
 from .checksums import checksum_problem
 from .lora import check_adapter_capture, load_adapter_capture
 from .model_folder import check_model_folder
+from .trainer_state import FORMAT
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
 # batch layout and optimiser fields it sets explicitly
@@ -164,6 +165,12 @@ def check_capture(capture: Capture) -> None:
 def _check_meta(meta, js: Path) -> tuple[dict, int]:
     """capture.json's entries and their types; its grpo_config and num_generations."""
     _need(isinstance(meta, dict), js, "not a JSON object")
+    version = meta.get("format")
+    _need(
+        type(version) is int and 3 <= version <= FORMAT,
+        js,
+        f"format {version!r}: this release reads capture formats 3 to {FORMAT} (the format with checksums.json on)",
+    )
     for key in ("step", "grpo_config", "prompts", "completions", "rewards", "reward_weights", "policy", "reference"):
         _need(key in meta, js, f"no {key!r} entry")
     kinds = {"grpo_config": dict, "prompts": list, "completions": list, "rewards": dict, "reward_weights": dict}
@@ -253,17 +260,45 @@ def _check_rows_and_schedule(meta: dict, b: dict, js: Path, pt: Path, N: int) ->
     _need(isinstance(schedule, dict), js, "'schedule' is not a JSON object")
     first = schedule.get("generation_first_step")
     _need(isinstance(first, int) and not isinstance(first, bool), js, "schedule.generation_first_step is not a step")
+    for key in ("steps_per_generation", "num_iterations", "gradient_accumulation_steps", "forwards"):
+        value = schedule.get(key, 1)
+        _need(_count(value), js, f"schedule.{key} = {value!r} is not a positive integer")
     if "ranks" in schedule:
         _check_ranks(schedule["ranks"], meta, js, N, (b["prompt_ids"].shape[1], b["completion_ids"].shape[1]))
     else:
         _need(_micro_batches_shaped(schedule.get("micro_batches")), js, _SHAPE)
         rows = [r for mb in schedule["micro_batches"] for r in mb["rows"]]
         _need(bool(rows) and _distinct_rows(rows, 0, N), js, "schedule rows are not distinct rows of the batch")
+        _check_layout(schedule, js, N)
     if "rng_states" in b:
         _check_random_states(b["rng_states"], schedule, pt)
 
 
 _SHAPE = "'schedule' is not {micro_batches: [{rows: [...]}, ...]}"
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_layout(schedule: dict, js: Path, N: int) -> None:
+    """One process: the optimizer step is `gradient_accumulation_steps` micro-batches, each a 1/S share of the
+    generation batch (TRL splits its N rows into S = steps_per_generation equal micro-batches per pass), with its
+    pass in [0, num_iterations) and its index in [0, S): a micro-batch that skips a row is refused."""
+    S = schedule.get("steps_per_generation")
+    mu, GA = schedule.get("num_iterations"), schedule.get("gradient_accumulation_steps")
+    micro = schedule["micro_batches"]
+    if S is None or GA is None:  # written before the layout was recorded
+        return
+    _need(len(micro) == GA, js, f"the schedule has {len(micro)} micro-batches for gradient_accumulation_steps {GA}")
+    if N % S == 0:
+        sizes = sorted({len(mb["rows"]) for mb in micro})
+        _need(sizes == [N // S], js, f"schedule micro-batches of {sizes} rows: each is {N // S} ({N} rows / S = {S})")
+    for mb in micro:
+        for key, high in (("pass", mu or 1), ("index", S)):
+            value = mb.get(key, 0)
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < high
+            _need(ok, js, f"a schedule micro-batch's {key} = {value!r} is outside 0 to {high - 1}")
 
 
 def _micro_batches_shaped(micro) -> bool:

@@ -3,10 +3,20 @@ the prompts the task holds, and `--set` on a capture (never a model or a task: a
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 
 from ..config import StepConfig
 from ..overrides import parse_overrides
+
+
+def ascii_int(text: str) -> int:
+    """An option's integer, in ASCII digits only (`int` would also read other scripts' digits, as the rest of
+    the command line does not)."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (ASCII digits)")
+    return int(text)
 
 
 def check_outputs(parser, args, reads: str | None = None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..choices import ARM_NAMES
 from ..config import PRESETS, StepConfig
 from ..overrides import describe_fields, parse_overrides
-from .checks import capture_overrides, check_not_the_runs, check_outputs, check_prompts, check_writable
+from .checks import ascii_int, capture_overrides, check_not_the_runs, check_outputs, check_prompts, check_writable
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
@@ -108,10 +108,14 @@ def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None
 
 
 def write_json(path: str, value) -> None:
-    """Strict JSON (no NaN: None), written to a temporary file beside `path` and moved over it."""
+    """Strict JSON (RFC 8259: no NaN), written to a temporary file beside `path` and moved over it. A non-finite
+    number is written as null, and an object says where: `non_finite_as_null` lists their paths."""
     from ..files import write_atomically
-    from ..runs.results import strict_json
+    from ..runs.results import non_finite_paths, strict_json
 
+    where = non_finite_paths(value)
+    if where and isinstance(value, dict):
+        value = {**value, "non_finite_as_null": where}
     write_atomically(path, lambda f: json.dump(strict_json(value), f, indent=1, allow_nan=False))
 
 
@@ -165,10 +169,8 @@ def replay_command(parser, args) -> int:
     print(f"{'kernels':14s} {out['kernels']['note']}")
     print(f"{'update':14s} {out['optimizer']}")
     if args.json:
-        from ..files import write_atomically
-
         try:
-            write_atomically(args.json, lambda f: json.dump(out, f, indent=1))
+            write_json(args.json, out)
         except OSError as e:
             parser.error(str(e))
     if args.html:
@@ -318,7 +320,7 @@ def add_step_parser(sub) -> None:
     add_set(step, "StepConfig overrides on top of the preset, e.g. --set mask=drop_eos_and_pad beta=0.1")
     step.add_argument("--json", help="write every number to this file")
     step.add_argument("--html", help=HTML_HELP)
-    step.add_argument("--threads", type=int, default=1)
+    step.add_argument("--threads", type=ascii_int, default=1)
 
 
 def add_train_parser(sub) -> None:
@@ -329,7 +331,7 @@ def add_train_parser(sub) -> None:
         epilog="named arms: " + ", ".join(ARM_NAMES) + "\nStepConfig keys for --set and arm changes "
         "(KEY=VALUE):\n" + describe_fields(),
     )
-    tr.add_argument("--steps", type=int, required=True, help="K, GRPO steps per arm and seed")
+    tr.add_argument("--steps", type=ascii_int, required=True, help="K, GRPO steps per arm and seed")
     tr.add_argument(
         "--arm",
         action="append",
@@ -338,26 +340,26 @@ def add_train_parser(sub) -> None:
         help="an arm (repeat): a named arm or fixed, with StepConfig changes, preset=NAME, and the TracIn "
         "keys select=, val_source=, val_size=, val_kind=, flip_sign=, score=",
     )
-    tr.add_argument("--seeds", type=int, default=1, help="S, seeds per arm (paired across arms)")
+    tr.add_argument("--seeds", type=ascii_int, default=1, help="S, seeds per arm (paired across arms)")
     tr.add_argument(
         "--first-seed",
-        type=int,
+        type=ascii_int,
         default=0,
         help="the first seed (seeds first..first+S-1): a confirmatory run takes seeds no other run used",
     )
     add_set(tr, "StepConfig changes for every arm")
-    tr.add_argument("--eval-every", type=int, default=5, help="E: held-out test reward every E steps (and at 0)")
-    tr.add_argument("--eval-prompts", type=int, default=32, help="test prompts per evaluation")
+    tr.add_argument("--eval-every", type=ascii_int, default=5, help="E: held-out test reward every E steps (and at 0)")
+    tr.add_argument("--eval-prompts", type=ascii_int, default=32, help="test prompts per evaluation")
     tr.add_argument(
         "--train-prompts",
-        type=int,
+        type=ascii_int,
         default=128,
         help="training prompts cycled through, B per step (the bundled chess tasks have 128)",
     )
     tr.add_argument(
         "--json", required=True, help="the results; the progress file is PATH.progress.jsonl, resumed when it exists"
     )
-    tr.add_argument("--threads", type=int, default=1)
+    tr.add_argument("--threads", type=ascii_int, default=1)
     tr.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     tr.add_argument(
         "--keep-progress",
@@ -385,7 +387,7 @@ def add_analyze_and_replay_parsers(sub) -> None:
     rp.add_argument("--task", help=TASK_HELP)
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
-    rp.add_argument("--threads", type=int, default=1)
+    rp.add_argument("--threads", type=ascii_int, default=1)
 
 
 def add_doctor_parser(sub) -> None:
@@ -401,12 +403,12 @@ def add_doctor_parser(sub) -> None:
     dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
     dr.add_argument(
         "--held-out",
-        type=int,
+        type=ascii_int,
         metavar="N",
         help="score each flip's update on N held-out test prompts, paired with the update as run (default: 16, "
         "at most the config's eval_prompts, where the task has a held-out set; 0: skip)",
     )
-    dr.add_argument("--threads", type=int, default=1)
+    dr.add_argument("--threads", type=ascii_int, default=1)
 
 
 def add_timeline_parser(sub) -> None:
@@ -423,7 +425,7 @@ def add_timeline_parser(sub) -> None:
     )
     tl.add_argument("--task", help=TASK_HELP + " (with --doctor)")
     tl.add_argument("--no-flip", action="store_true", help="with --doctor: detect only, no counterfactual flips")
-    tl.add_argument("--threads", type=int, default=1)
+    tl.add_argument("--threads", type=ascii_int, default=1)
 
 
 def step_command(parser, args) -> int:

@@ -71,6 +71,7 @@ def constant_reward(f: StepFacts) -> Finding:
 
 
 DOMINANT_SHARE = 0.9
+ERASED_SHARE = 0.01  # a function with under 1% of the variance it shares: its signal is lost in the sum
 
 
 def dominant_reward(f: StepFacts) -> Finding:
@@ -84,6 +85,16 @@ def dominant_reward(f: StepFacts) -> Finding:
     shares = {name: (p * total).sum().item() / variance for name, p in parts.items()}
     top = max(shares, key=shares.get)
     evidence = dict(variance_shares=shares)
+    varied = [n for n, p in parts.items() if p.abs().max().item() > 0]  # a constant one is constant_reward's
+    erased = [n for n in varied if n != top and abs(shares[n]) < ERASED_SHARE]
+    if erased and shares[top] >= DOMINANT_SHARE:
+        return _finding(
+            "dominant_reward", "warning",
+            f"{', '.join(erased)} {'varies' if len(erased) == 1 else 'vary'} within groups but "
+            f"{'carries' if len(erased) == 1 else 'carry'} under {ERASED_SHARE:.0%} of the advantages' variance "
+            f"({', '.join(f'{n} {shares[n]:.2%}' for n in erased)}): {top} ({shares[top]:.0%}) erases "
+            f"{'it' if len(erased) == 1 else 'them'}", erased=erased, **evidence,
+        )  # fmt: skip
     if shares[top] < DOMINANT_SHARE:
         return _finding("dominant_reward", "absent", f"largest share of the advantage variance {shares[top]:.0%}",
                         **evidence)  # fmt: skip
@@ -139,6 +150,9 @@ def length_reward(f: StepFacts) -> Finding:
                     **evidence)  # fmt: skip
 
 
+NONE_WARNING = 0.25  # a function that does not apply to a quarter of the completions: their signal from it is gone
+
+
 def bad_reward(f: StepFacts) -> Finding:
     if f.reward_error:
         return _finding("bad_reward", "problem", f.reward_error)
@@ -146,8 +160,9 @@ def bad_reward(f: StepFacts) -> Finding:
     none = {name: int(v.isnan().sum()) for name, v in per.items()}
     if not any(none.values()):
         return _finding("bad_reward", "absent", "every reward is a finite number", none_rewards=none)
+    share = max(none.values()) / len(f.run.rewards.total)
     return _finding(
-        "bad_reward", "info",
+        "bad_reward", "warning" if share >= NONE_WARNING else "info",
         "None rewards (skipped in the sum, as TRL does): "
         + ", ".join(f"{k} {n}/{len(f.run.rewards.total)}" for k, n in none.items() if n),
         none_rewards=none,

@@ -203,6 +203,17 @@ def strict_json(value):
     return value
 
 
+def non_finite_paths(value, at: str = "") -> list[str]:
+    """The paths ("a.b[2]") of every non-finite float in `value`, which `strict_json` writes as null."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [at or "."]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite_paths(v, f"{at}.{k}" if at else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in non_finite_paths(v, f"{at}[{i}]")]
+    return []
+
+
 NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
 
 
