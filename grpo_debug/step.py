@@ -7,6 +7,7 @@ bottom, is `reference_step.grpo_step` (tested equal); `specs` turns the config i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import resource
@@ -121,6 +122,22 @@ class GRPOStep:
     def policy_moved(self) -> None:
         """The policy's weights were changed outside the update phase: `restore_policy` brings back the start."""
         self._policy_dirty = True
+
+    @contextlib.contextmanager
+    def trial(self):
+        """Steps taken inside (`advance` included) are undone on leaving: the start weights, the optimizer, the
+        last run and its config come back (the doctor continues a step with and without a fix, `doctor.horizon`)."""
+        saved = (self.initial_state, self.at_reference, self.optimizer, self._last_optimizer, self.result, self.cfg)
+        try:
+            yield self
+        finally:
+            self.initial_state, self.at_reference, self.optimizer, self._last_optimizer, self.result, self.cfg = saved
+            self._policy_dirty = True
+            self.restore_policy()
+
+    def carry_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer an update phase of its own stepped (a capture's: the trainer's): `advance` carries it on."""
+        self._last_optimizer = optimizer
 
     def advance(self) -> None:
         """Training: the weights the last run's update left become the next step's start (the reference

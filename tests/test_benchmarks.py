@@ -34,7 +34,7 @@ EXPECTED = {  # script, extra arguments -> the report's keys that the README's t
         "panel_mu2",
     },
     ("capture.py", ()): {"runs", "median_overhead", "capture_mb"},
-    ("doctor.py", ()): {"bundled", "capture_2_layers"},
+    ("doctor.py", ()): {"bundled", "capture_2_layers", "capture_2_layers_horizon_8"},
     ("train.py", ("--arm", "fixed", "tracin")): {"seconds_per_step"},
 }
 

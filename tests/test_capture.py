@@ -1,6 +1,7 @@
 """Capture a step of a real TRL GRPOTrainer run and replay it: our recomputation against what TRL logged."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -458,3 +459,29 @@ def test_a_capture_of_another_format_or_a_schedule_out_of_bounds_is_refused(bund
     write_checksums(path)
     with pytest.raises(CaptureError, match=problem):
         load_capture(path)
+
+
+def test_a_fix_is_followed_over_steps_only_with_reward_functions_for_new_completions(bundled):
+    """Without your task, the stored rewards score the captured completions alone: the doctor says it keeps to
+    the one-step effects. With it, a continuation samples anew and carries the trainer's optimizer on."""
+    from grpo_debug.doctor import diagnose
+    from grpo_debug.doctor.horizon import continuations
+
+    report = diagnose(open_capture(bundled), held_out=0, horizon=2)
+    assert report.horizon["steps"] == 0 and "one-step effects only" in report.horizon["why"], report.horizon
+    assert not any(f.learning for f in report.findings)
+    step = open_capture(bundled, task=StepConfig().task)
+    step.run(until="update")
+    carried = []
+    original = step.advance
+
+    def advance():
+        original()
+        state = next(iter(step.optimizer.state.values()))  # the trainer's moments: stepped before this capture
+        carried.append((len(step.optimizer.param_groups), float(state["step"])))
+
+    step.advance = advance
+    continued = continuations(step, {}, steps=2, seeds=[0])
+    assert len(continued[0].rewards) == 2 and all(math.isfinite(r) for r in continued[0].rewards), continued
+    groups = len(load_capture(bundled).meta["optimizer"]["groups"])
+    assert carried[0] == (groups, 2.0), f"not the trainer's optimizer carried on (groups, Adam's step): {carried}"

@@ -143,6 +143,7 @@ def captured_update(step, run) -> StepResult | None:
     before = [p.detach().clone() for p in params]
     replay = replay_trl_step(step, run, optimizer)
     step.policy_moved()
+    step.carry_optimizer(optimizer)  # training on from here (`advance`) steps the trainer's optimizer
     tokens = replay.tokens
     pass_record = Iteration(
         logps=replay.logps,

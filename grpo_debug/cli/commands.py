@@ -193,13 +193,15 @@ def doctor_command(parser, args) -> int:
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..doctor import diagnose
+    from ..doctor.horizon import HORIZON
     from ..doctor.present import page, text
     from ..model import ModelUnavailable
     from ..step import GRPOStep
 
     try:
         step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
-        report = diagnose(step, flip=not args.no_flip, held_out=args.held_out)
+        horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
+        report = diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     report = dataclasses.replace(report, seconds=time.perf_counter() - start)  # the command's, loading included
@@ -408,6 +410,14 @@ def add_doctor_parser(sub) -> None:
         help="score each flip's update on N held-out test prompts, paired with the update as run (default: 16, "
         "at most the config's eval_prompts, where the task has a held-out set; 0: skip)",
     )
+    dr.add_argument(
+        "--horizon",
+        type=ascii_int,
+        metavar="K",
+        help="follow each cause's fix for K steps against the run continued alike, same seeds (default: 8 with "
+        "--task, whose reward functions score the new completions; 0: the one-step effect only)",
+    )
+    dr.add_argument("--horizon-seeds", type=ascii_int, default=3, metavar="N", help="seeds per arm (default 3)")
     dr.add_argument("--threads", type=ascii_int, default=1)
 
 
@@ -472,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--threads {args.threads}: at least 1")
     if (getattr(args, "held_out", None) or 0) < 0:
         parser.error(f"--held-out {args.held_out}: at least 0")
+    if (getattr(args, "horizon", None) or 0) < 0 or getattr(args, "horizon_seeds", 2) < 2:
+        parser.error("--horizon must be at least 0 and --horizon-seeds at least 2 (the seed is the unit)")
     if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
         parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
     commands = {

@@ -39,6 +39,7 @@ from .chain import differential, order
 from .detectors import DETECTORS, bad_reward
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import SEVERITIES, Finding, StepFacts  # noqa: F401 (Finding: the type a report holds)
+from .horizon import SEEDS, compare, continuations
 
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
 REMOVES_GRADIENT = 0.01  # a flip that leaves less than this share of grad_norm takes the update away
@@ -50,6 +51,7 @@ class Report:
     config: dict
     seconds: float
     uses_vllm: bool = False  # the run sampled with vLLM: vLLM's settings are advice that applies to it
+    horizon: dict | None = None  # how the fixes were followed over steps (`horizon`), or why they were not
 
     def causes(self, at_least: str = "warning") -> list[Finding]:
         """The findings at `at_least` or more severe that are no symptom of another."""
@@ -65,6 +67,7 @@ class Report:
             "config": self.config,
             "seconds": self.seconds,
             "uses_vllm": self.uses_vllm,
+            "horizon": self.horizon,
         }
 
 
@@ -317,8 +320,13 @@ def _moves(f: Finding) -> float:
     return 1 - f.effect["update_cosine"]
 
 
+def _gain(f: Finding) -> float | None:
+    """What the finding's fix did to learning over the horizon (the fixed arm's batch reward minus the run's)."""
+    return f.learning["difference"]["mean"] if f.learning else None
+
+
 def rank(findings: list[Finding], chained: list[str] = ()) -> tuple[Finding, ...]:
-    return order(list(findings), list(chained), _moves)
+    return order(list(findings), list(chained), _moves, _gain)
 
 
 def _flippable(f: Finding, config, vllm: bool = False) -> bool:
@@ -329,10 +337,14 @@ def _flippable(f: Finding, config, vllm: bool = False) -> bool:
     return vllm or not toggle[0].startswith("vllm_")
 
 
-def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> Report:
-    """Every detector on the step, each present finding with a toggle flipped on it (`flip`), ranked. Where
-    the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of them
-    (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run."""
+def diagnose(
+    step: GRPOStep, flip: bool = True, held_out: int | None = None, horizon: int = 0, horizon_seeds: int = SEEDS
+) -> Report:
+    """Every detector on the step, each present finding with a toggle flipped on it (`flip`), the differential,
+    ranked. Where the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of
+    them (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run. `horizon` K > 0: each cause's fix is
+    followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
+    reward functions can score new completions."""
     start = time.perf_counter()
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
@@ -350,7 +362,32 @@ def diagnose(step: GRPOStep, flip: bool = True, held_out: int | None = None) -> 
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected))
     step.restore_policy()
-    return Report(rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm)
+    followed = None
+    if horizon > 0:
+        findings, followed = _follow(
+            step, findings, fixes if flip and delta is not None else {}, horizon, horizon_seeds
+        )
+    return Report(
+        rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm, followed
+    )
+
+
+def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, seeds: int):
+    """Each cause's fix followed for `steps` steps against the run (`horizon`); the findings with `learning` set,
+    and what was done, or why nothing was (no reward functions for new completions, no fix to follow)."""
+    if step.stored_rewards:
+        why = "one-step effects only: the capture's stored rewards score its own completions, not new ones (--task)"
+        return findings, {"steps": 0, "why": why}
+    causes = [f for f in findings if f.id in fixes and not f.symptom_of]
+    if not causes:
+        return findings, {"steps": 0, "why": "no cause with a fix on this step to follow"}
+    runs = range(seeds)
+    as_run = continuations(step, {}, steps, runs)
+    level = bonferroni_level(len(causes))
+    learned = {f.id: compare(as_run, continuations(step, fixes[f.id], steps, runs), level) for f in causes}
+    findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
+    by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
+    return findings, {"steps": steps, "seeds": seeds, "level": level, "as_run_rewards_by_step": by_step}
 
 
 def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:

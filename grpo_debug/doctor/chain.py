@@ -76,17 +76,23 @@ def differential(
     return marked, causes
 
 
-def order(findings: list[Finding], chained: list[str], moves: Callable[[Finding], float]) -> tuple[Finding, ...]:
-    """Causes first, most severe, then in the order the chain fixed them (`chained`), then by how far their flip
-    moves the update (`moves`); each symptom right after the last of its causes to be ranked."""
-    heads = sorted(
-        (f for f in findings if not f.symptom_of),
-        key=lambda f: (
+def order(
+    findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
+) -> tuple[Finding, ...]:
+    """Causes first, most severe, then by what their fix did to learning over a few steps (`gain`, where it was
+    followed: larger first), then in the order the chain fixed them (`chained`), then by how far their flip moves
+    the update (`moves`); each symptom right after the last of its causes to be ranked."""
+
+    def key(f: Finding):
+        g = gain(f)
+        return (
             SEVERITIES.index(f.severity),
+            (0, -g) if g is not None else (1, 0.0),
             chained.index(f.id) if f.id in chained else len(chained),
             -moves(f),
-        ),
-    )
+        )
+
+    heads = sorted((f for f in findings if not f.symptom_of), key=key)
     out: list[Finding] = []
     for f in heads:
         out.append(f)

@@ -24,6 +24,7 @@ class Finding:
     symptom_of: tuple[str, ...] = ()  # the causes whose fix clears it (`chain.differential`): no fix of its own
     clears: tuple[str, ...] = ()  # a cause: the loud findings its fix cleared in the differential
     fixed_with: tuple[tuple[str, object], ...] = ()  # a cause: the config changes the differential fixed it with
+    learning: dict | None = None  # its fix followed for a few steps against the run (`horizon.compare`)
 
 
 @dataclass(frozen=True)

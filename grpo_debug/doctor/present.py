@@ -52,6 +52,27 @@ def chain_line(f: Finding) -> str:
     return ""
 
 
+def learning_line(f: Finding) -> str:
+    """What the finding's fix did over the horizon, against the run continued alike (same seeds)."""
+    e = f.learning
+    if not e:
+        return ""
+    return (
+        f"followed {e['steps']} steps x {len(e['seeds'])} seeds: {e['verdict']}; KL to the start "
+        f"{e['kl_to_start'][0]:.3g} -> {e['kl_to_start'][1]:.3g} nats per token; mean update norm "
+        f"{e['update_norm'][0]:.3g} -> {e['update_norm'][1]:.3g}"
+    )
+
+
+def horizon_line(report: Report) -> str:
+    h = report.horizon
+    if not h:
+        return "one-step effects only (--horizon K follows each fix for K steps, with --task)"
+    if not h["steps"]:
+        return f"not followed over steps: {h['why']}"
+    return f"each cause's fix followed {h['steps']} steps x {h['seeds']} seeds ({h['level']:.2%} intervals)"
+
+
 def text(report: Report, at_least: str = "info") -> str:
     shown = report.present(at_least)
     causes = sum(not f.symptom_of for f in shown)
@@ -62,7 +83,7 @@ def text(report: Report, at_least: str = "info") -> str:
     for rank, f in enumerate(shown, start=1):
         p = PITFALLS[f.id]
         lines.append(f"{rank:2d}. [{f.severity}] {f.id}: {f.summary}")
-        for line in (chain_line(f), effect_line(f)):
+        for line in (chain_line(f), effect_line(f), learning_line(f)):
             if line:
                 lines.append(f"    {line}")
         if fix_of(f, report.uses_vllm):
@@ -71,6 +92,7 @@ def text(report: Report, at_least: str = "info") -> str:
             lines.append(f"    learn: notebooks/{p.teach}")
     absent = [f.id for f in report.findings if f.severity == "absent"]
     lines.append(f"absent ({len(absent)}): {', '.join(absent)}")
+    lines.append(horizon_line(report))
     lines.append(f"({report.seconds:.1f} s)")
     return "\n".join(lines)
 
@@ -86,6 +108,7 @@ def table(report: Report, at_least: str = "absent"):
             "what": f.summary,
             "cause or symptom": chain_line(f) or ("cause" if f.severity in ("problem", "warning") else ""),
             "flip on this step": effect_line(f),
+            "over steps": learning_line(f),
             "fix": fix_of(f, report.uses_vllm),
             "learn": PITFALLS[f.id].teach,
         }
@@ -117,7 +140,7 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
             f"<div class='finding {f.severity}' id='{html.escape(f.id)}'><span class='sev'>{rank}. {f.severity}"
             f"</span> <b>{html.escape(f.id)}</b>: {html.escape(f.summary)}<br><small>{html.escape(p.title)}</small>"
         )
-        for line in (chain_line(f), effect_line(f)):
+        for line in (chain_line(f), effect_line(f), learning_line(f)):
             if line:
                 parts.append(f"<br>{html.escape(line)}")
         if fix_of(f, report.uses_vllm):

@@ -1,0 +1,121 @@
+"""What a fix does to learning: the step continued for a few steps with and without the fix, from the same seeds.
+
+    baseline = continuations(step, {}, steps=8, seeds=(0, 1, 2))
+    fixed = continuations(step, {"dropout": False}, steps=8, seeds=(0, 1, 2))
+    effect = compare(baseline, fixed)
+
+A continuation takes the step itself (on a capture: the trainer's batch and optimizer), then samples steps 2..K
+anew from the task's train prompts (a capture's: its own prompts), each from the weights and the optimizer the
+last one left (a capture's: the trainer's AdamW carried on at the captured step's rate); seed s draws the same
+prompts' samples in both arms. Per continuation: each step's mean batch reward, its update norm, and the KL the
+K steps made, KL(start || end) per token on the step's own completions (k3, dropout off). The effect is the fixed
+arm's mean batch reward over steps 2..K (those sampled from the moved policy) minus the run's, one difference per
+seed, with Student's t over the seeds: the seed is the unit. Nothing of the step changes (`GRPOStep.trial`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..scoring import per_token_logps
+from ..specs import scoring_of
+from ..stats import seed_interval, verdict
+from ..step import GRPOStep
+
+HORIZON = 8  # steps a fix is followed for (`doctor --horizon K`)
+SEEDS = 3  # continuations per arm (`doctor --horizon-seeds N`)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    seed: int
+    rewards: tuple[float, ...]  # (K,) each step's mean batch reward
+    update_norms: tuple[float, ...]  # (K,) ||theta_after - theta_before|| of each step
+    kl_to_start: float  # KL(start || end) per token on the step's own completions
+
+    @property
+    def learning(self) -> float:
+        """The mean batch reward of steps 2..K: what the moved policy earned."""
+        later = self.rewards[1:] or self.rewards
+        return sum(later) / len(later)
+
+
+def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Continuation:
+    """The step with `changes`, then steps - 1 more sampled at seeds derived from `seed`; the step is left as it
+    was."""
+    start_state = step.initial_state
+    cfg = step.cfg.replace(**changes)
+    rewards, norms = [], []
+    with step.trial():  # the update taken anew (a cached one is not on the weights), from the step's start
+        first = step.run(cfg, until="update", base=dataclasses.replace(step.result, update=None, evaluation=None))
+        for k in range(steps):
+            run = (
+                first
+                if k == 0
+                else step.run(cfg.replace(seed=_seed(seed, k)), until="update", base=_fresh(cfg, seed, k))
+            )
+            rewards.append(run.rewards.total.nan_to_num(0.0).mean().item())
+            norms.append(run.update.update_norm)
+            step.advance()
+        kl = _kl_to_start(step, first, start_state)
+    return Continuation(seed, tuple(rewards), tuple(norms), kl)
+
+
+def _seed(seed: int, k: int) -> int:
+    return 1_000_003 * (seed + 1) + k  # steps of one continuation, and continuations, never share a seed
+
+
+def _fresh(cfg, seed: int, k: int):
+    from ..step import StepRun
+
+    return StepRun(cfg.replace(seed=_seed(seed, k)))  # nothing cached: the step samples anew
+
+
+def _kl_to_start(step: GRPOStep, first, start_state: dict) -> float:
+    """KL(start || now) per token, k3 on the first step's completions, dropout off; the policy is left at the start
+    (the trial brings back what it should hold)."""
+    scoring = scoring_of(first.config).without_dropout()
+    with torch.no_grad():
+        now = per_token_logps(step.policy, first.rollout, scoring)
+        step.policy.load_state_dict(start_state)
+        start = per_token_logps(step.policy, first.rollout, scoring)
+    log_ratio = (now - start).clamp(-20, 20)
+    mask = first.logprobs.mask
+    return ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum().item() / max(mask.sum().item(), 1.0)
+
+
+def continuations(step: GRPOStep, changes: dict, steps: int = HORIZON, seeds=range(SEEDS)) -> list[Continuation]:
+    return [continue_step(step, changes, steps, s) for s in seeds]
+
+
+def compare(as_run: list[Continuation], fixed: list[Continuation], level: float = 0.95) -> dict:
+    """The fixed arm against the run, paired by seed: the difference in what the moved policy earned, its interval
+    over seeds at `level` (the family's), and both arms' KL to the start and mean update norm."""
+    assert [c.seed for c in as_run] == [c.seed for c in fixed], "the arms are paired by seed"
+    differences = torch.tensor([f.learning - r.learning for r, f in zip(as_run, fixed)])
+    interval = seed_interval(differences, level)
+
+    def mean(values) -> float:
+        values = list(values)
+        return sum(values) / len(values)
+
+    return {
+        "steps": len(as_run[0].rewards),
+        "seeds": [c.seed for c in as_run],
+        "reward_as_run": [c.learning for c in as_run],
+        "reward_fixed": [c.learning for c in fixed],
+        "difference": interval.as_dict(),
+        "verdict": verdict(interval, "batch reward of steps 2..K with the fix"),
+        "kl_to_start": [mean(c.kl_to_start for c in as_run), mean(c.kl_to_start for c in fixed)],
+        "update_norm": [
+            mean(n for c in as_run for n in c.update_norms),
+            mean(n for c in fixed for n in c.update_norms),
+        ],
+        "rewards_by_step": {
+            "as_run": [mean(c.rewards[k] for c in as_run) for k in range(len(as_run[0].rewards))],
+            "fixed": [mean(c.rewards[k] for c in fixed) for k in range(len(fixed[0].rewards))],
+        },
+    }

@@ -1,0 +1,67 @@
+"""What a fix does to learning (`doctor.horizon`): the step continued for a few steps with and without a fix, from
+the same seeds. A continuation leaves the step as it was; the same seed continues alike, so a fix that changes
+nothing differs by exactly 0; the doctor follows each cause's fix and ranks by it; a capture without reward
+functions for new completions says it cannot."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from grpo_debug.config import StepConfig
+from grpo_debug.doctor import diagnose
+from grpo_debug.doctor.horizon import compare, continuations
+from grpo_debug.doctor.present import text
+from grpo_debug.step import GRPOStep
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def step():
+    return GRPOStep(StepConfig(**SMALL, position_ids=False))
+
+
+def test_a_continuation_leaves_the_step_as_it_was(step):
+    run = step.run(until="update")
+    start = {k: v.clone() for k, v in step.initial_state.items()}
+    before = (step.result, step.cfg, step.optimizer, step.at_reference)
+    continued = continuations(step, {}, steps=3, seeds=[0])
+    assert len(continued[0].rewards) == 3 and continued[0].kl_to_start > 0, continued
+    assert (step.result, step.cfg, step.optimizer, step.at_reference) == before, "the trial left the step changed"
+    assert step.result is run and all(torch.equal(start[k], v) for k, v in step.initial_state.items())
+    weights = step.policy.state_dict()
+    assert all(torch.equal(start[k], weights[k]) for k in start), "the policy is not back at the step's start"
+
+
+def test_the_same_seed_continues_alike_and_a_fix_that_changes_nothing_differs_by_zero(step):
+    first, again = (continuations(step, {}, steps=2, seeds=[0, 1]) for _ in range(2))
+    assert [c.rewards for c in first] == [c.rewards for c in again], "the same seeds gave other continuations"
+    nothing = continuations(step, {"kl_estimator": "k1"}, steps=2, seeds=[0, 1])  # beta 0: no KL term at all
+    effect = compare(first, nothing)
+    assert effect["difference"]["mean"] == 0.0 and effect["reward_as_run"] == effect["reward_fixed"], effect
+    assert "not detected" in effect["verdict"], effect["verdict"]
+
+
+def test_the_doctor_follows_each_cause_and_says_so(step):
+    report = diagnose(step, held_out=0, horizon=2, horizon_seeds=2)
+    followed = [f for f in report.findings if f.learning]
+    causes = [f.id for f in report.causes() if f.fixed_with or f.effect]
+    assert followed and {f.id for f in followed} <= set(causes), (followed, causes)
+    assert all(f.learning["steps"] == 2 and f.learning["seeds"] == [0, 1] for f in followed), followed
+    for severity in ("problem", "warning"):  # within a severity, the larger gain first
+        gains = [f.learning["difference"]["mean"] for f in report.causes() if f.severity == severity and f.learning]
+        assert gains == sorted(gains, reverse=True), f"{severity} causes not ranked by their fix's gain: {gains}"
+    shown = text(report)
+    assert "followed 2 steps x 2 seeds" in shown and "each cause's fix followed 2 steps" in shown, shown
+    assert report.horizon == {**report.horizon, "steps": 2, "seeds": 2}, report.horizon
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the report's JSON")
+
+    from grpo_debug.runs.results import strict_json
+
+    out = json.loads(json.dumps(strict_json(report.to_json()), allow_nan=False), parse_constant=refuse)
+    assert out["horizon"]["steps"] == 2 and all(math.isfinite(v) for v in out["horizon"]["as_run_rewards_by_step"])
