@@ -25,7 +25,7 @@ def measure(seeds: int, quick: bool) -> list[dict]:
     from ..config import StepConfig
     from ..specs import eval_sampling_of
     from ..step import GRPOStep
-    from . import _held_out, held_out_prompts, moved_kl, update_vector
+    from .facts import held_out_prompts, held_out_side, moved_kl, update_vector
 
     shape = dict(num_prompts=2, num_generations=4, max_new_tokens=16) if quick else {}
     step = GRPOStep(StepConfig(**shape))
@@ -34,11 +34,11 @@ def measure(seeds: int, quick: bool) -> list[dict]:
     records = []
     for seed in range(seeds):
         cfg = step.cfg.replace(seed=seed)
-        start = _held_out(step, eval_sampling_of(cfg), prompts)
+        start = held_out_side(step, eval_sampling_of(cfg), prompts)
         for lr in LEARNING_RATES[::3] if quick else LEARNING_RATES:
             run = step.run(cfg.replace(learning_rate=lr), until="update")
             relative = update_vector(step).norm().item() / weight_norm
-            after = _held_out(step, eval_sampling_of(cfg), prompts)
+            after = held_out_side(step, eval_sampling_of(cfg), prompts)
             kl = moved_kl(step, run)
             records.append(
                 dict(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 
 from ..pitfalls import PITFALLS
-from . import Report, fix_of
 from .findings import Finding
+from .report import Report, fix_of
 
 
 def norms(effect: dict) -> str:

@@ -1,0 +1,173 @@
+"""What the detectors read, measured once on a step: `examine` runs the step up to its update under its own config
+and measures beside it what the detectors need (two train-mode scorings where dropout is on, the mass top_p/top_k
+kept, the exact KL to the reference, the KL the update made, the weights' norm); `detect` runs every detector on
+those facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..evaluation import EvalSide, eval_side
+from ..model import absolute_positions, dropout_sources
+from ..rollout import Sampling
+from ..sampler import mismatch_metrics
+from ..scoring import completion_logits, next_token_logps, per_token_logps
+from ..specs import eval_sampling_of, scoring_of
+from ..speed import kernels
+from ..step import GRPOStep, StepRun
+from .detectors import DETECTORS, bad_reward
+from .exact_kl import at_reference, estimator_against_exact
+from .findings import Finding, StepFacts
+
+
+def _trained(step: GRPOStep):
+    """(each trained parameter now, its value before the step): `named_parameters` lists a tied weight once."""
+    return [(p.detach(), step.initial_state[name]) for name, p in step.policy.named_parameters() if p.requires_grad]
+
+
+def update_vector(step: GRPOStep) -> torch.Tensor:
+    """theta_after - theta_before over every trained parameter, flattened: what the last update did."""
+    return torch.cat([(now - before).flatten() for now, before in _trained(step)])
+
+
+def _dropout_gap(step: GRPOStep, run: StepRun) -> float | None:
+    """max |logp - logp'| over two train-mode scorings of the same tokens (None: the step scores in eval mode)."""
+    if not run.config.dropout:
+        return None
+    step.restore_policy()
+    scoring = scoring_of(run.config)
+    with torch.no_grad():
+        first, second = (per_token_logps(step.policy, run.rollout, scoring) for _ in range(2))
+    return ((first - second).abs() * run.logprobs.mask).max().item()
+
+
+def _kept_mass(step: GRPOStep, run: StepRun) -> torch.Tensor | None:
+    cfg = run.config
+    if cfg.top_p >= 1.0 and cfg.top_k == 0 and not cfg.min_p:
+        return None
+
+    def scored_over(support: str) -> torch.Tensor:  # the run's own log-probs where it already scores so
+        if cfg.logprob_support == support:
+            return run.logprobs.policy
+        return step.run(
+            cfg.replace(logprob_support=support), until="logprobs", base=run, remember=False
+        ).logprobs.policy
+
+    return torch.exp(scored_over("full_vocabulary") - scored_over("sampler_support")) * run.logprobs.mask
+
+
+def _kl_against_exact(step: GRPOStep, run: StepRun) -> dict | None:
+    """The run's KL estimator against the exact KL(pi || ref) over the full vocabulary (`exact_kl`); None at
+    beta 0 (no reference, no KL term). At the reference (the first step) both are 0 by construction."""
+    cfg = run.config
+    if cfg.beta == 0:
+        return None
+    if step.at_reference:
+        return at_reference()
+    step.restore_policy()
+    scoring = dataclasses.replace(scoring_of(cfg).without_dropout(), support="full_vocabulary")
+    rollout = run.rollout
+
+    def score_rows(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return tuple(
+                next_token_logps(completion_logits(model, rollout.rows(rows), scoring), scoring)
+                for model in (step.policy, step.loaded.reference)
+            )
+
+    return estimator_against_exact(score_rows, rollout.completion_ids, run.logprobs.mask, cfg.kl_estimator)
+
+
+HELD_OUT_PROMPTS = 16  # per flip: ~4 s of sampling on the bundled model (4 samples each, the config's eval_samples)
+
+
+def held_out_prompts(step: GRPOStep, n: int | None = None) -> list[str]:
+    """The task's first `n` (default: HELD_OUT_PROMPTS, at most the config's eval_prompts) held-out test
+    prompts; none where the task has no held-out set (a capture opened with your reward functions only, or
+    its stored rewards)."""
+    n = min(HELD_OUT_PROMPTS, step.cfg.eval_prompts) if n is None else n
+    return step.task.prompts("test", n) if step.task.held_out and n > 0 else []
+
+
+def held_out_side(step: GRPOStep, sampling: Sampling, prompts: list[str]) -> EvalSide | None:
+    """The policy as it stands (after an update) on the held-out prompts, the same sampling seeds every time."""
+    if not prompts:
+        return None
+    return eval_side(step.policy, step.loaded.tokenizer, prompts, sampling, step.task, kernels(step.cfg.fast).generate)
+
+
+def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.Tensor | None, EvalSide | None]:
+    """The step run up to its update under its own config, the facts the detectors read, the update it made
+    and the updated policy's reward on the held-out `prompts`."""
+    cfg = step.cfg.replace(per_sample_grad_norms=False)  # the same update, without the norms' extra work
+    try:
+        run = step.run(cfg, until="update")
+    except ValueError as e:
+        if "reward" not in str(e):
+            raise
+        run = step.run(cfg, until="logprobs")
+        return facts_of(step, run, reward_error=str(e)), None, None
+    delta = update_vector(step)
+    after = held_out_side(step, eval_sampling_of(cfg), list(prompts))
+    return facts_of(step, run), delta, after
+
+
+def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
+    """How far the update moved the policy on the step's own completions: KL(pi_before || pi_after) per scored
+    token, k3 on the sampled tokens (E[rho - 1 - log rho], rho = pi_after / pi_before; dropout off); None
+    where no update ran. Called while the policy holds the updated weights; leaves it at the step's start."""
+    if run.update is None or not step.updated or not bool(run.logprobs.mask.any()):
+        return None
+    scoring = scoring_of(run.config).without_dropout()
+    with torch.no_grad():
+        after = per_token_logps(step.policy, run.rollout, scoring)
+        step.restore_policy()
+        before = per_token_logps(step.policy, run.rollout, scoring)
+    log_ratio = (after - before).clamp(-20, 20)
+    k3 = torch.exp(log_ratio) - 1 - log_ratio
+    mask = run.logprobs.mask
+    return ((k3 * mask).sum() / mask.sum()).item()
+
+
+def facts_of(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
+    step_kl = moved_kl(step, run)
+    weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
+    capture, r, lp = step.capture, run.rollout, run.logprobs
+    sampler_known = capture is None or "sampling_per_token_logps" in capture.batch  # our sampler, or vLLM's
+    sampler_known = sampler_known and bool(lp.mask.any())  # a flip that masks every token scores none
+    return StepFacts(
+        run=run,
+        reward_weights=step.task.weights,
+        absolute_positions=absolute_positions(step.policy),
+        left_padded=bool((run.rollout.prompt_mask[:, 0] == 0).any()),
+        dropout_sources=tuple(dropout_sources(step.policy)),
+        dropout_gap=_dropout_gap(step, run),
+        sampler_metrics=mismatch_metrics(lp.policy, r.sampler_logps_temperature_only, lp.mask)
+        if sampler_known
+        else None,
+        kept_mass=_kept_mass(step, run),
+        kl_against_exact=_kl_against_exact(step, run),
+        weight_norm=weight_norm,
+        reward_error=reward_error,
+        uses_vllm=uses_vllm(step),
+        step_kl=step_kl,
+        logged_kl=step.capture.step_metrics.get("kl") if step.capture is not None else None,
+    )
+
+
+def uses_vllm(step: GRPOStep) -> bool:
+    """Whether the run sampled with vLLM: a capture's `use_vllm`; the bundled step where its config stands for a
+    vLLM run (its sampler correction on), else it samples with the trained model itself."""
+    if step.capture is not None:
+        return bool(step.capture.meta["grpo_config"].get("use_vllm"))
+    return step.cfg.vllm_importance_sampling_correction
+
+
+def detect(facts: StepFacts) -> list[Finding]:
+    """Every detector on the facts, in catalogue order; a step whose rewards were refused: `bad_reward` alone."""
+    if facts.reward_error:
+        return [bad_reward(facts)]
+    return [detector(facts) for detector in DETECTORS]

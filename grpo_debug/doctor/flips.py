@@ -1,0 +1,105 @@
+"""Each present finding's switch flipped on the step itself (the same completions and weights, as the dashboard
+does): what it does to loss, grad_norm, the update's direction and size, d loss / d logp and, where the task has
+held-out prompts, the held-out reward after one step, paired with the update as run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..evaluation import EvalSide
+from ..pitfalls import PITFALLS
+from ..rollout import Sampling
+from ..show.loss_gradients import gradient_of_loss_wrt_logps
+from ..stats import prompt_interval, verdict
+from ..step import GRPOStep, StepRun
+from .facts import detect, facts_of, held_out_side, update_vector
+from .findings import Finding
+
+COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
+
+
+REMOVES_GRADIENT = 0.01  # a flip that leaves less than this share of grad_norm takes the update away
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out reward after the step's update as run (`as_run`), which each flip's is paired with:
+    same prompts, same sampling seeds, the config's sampling; `level` is each flip's interval level (the
+    family of flips, Bonferroni)."""
+
+    prompts: list[str]
+    as_run: EvalSide
+    sampling: Sampling
+    level: float
+
+
+def counterfactual(
+    step: GRPOStep,
+    base: StepRun,
+    base_update: torch.Tensor,
+    field: str,
+    value,
+    held_out: HeldOut | None = None,
+    detected: dict | None = None,
+) -> dict:
+    """The step's update with `field` set to `value` against the update as run: loss, grad_norm, the cosine
+    between the two updates (theta_after - theta_before) and their norms (both stepped by the same optimizer,
+    on a capture the trainer's: Adam divides a constant gradient scale out), the share of d loss / d logp that moved
+    (sum |g' - g| / sum |g| over every token) and, given `held_out`, the held-out reward after each update,
+    paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only).
+    `detected` (a dict): every detector's finding on the flipped step is stored in it under `change_key`."""
+    try:
+        flipped = step.run(base.config.replace(**{field: value}), until="update", base=base, remember=False)
+    except ValueError as e:
+        return {"toggle": {field: value}, "error": str(e)}
+    moved = update_vector(step)
+    cosine = torch.nn.functional.cosine_similarity(moved, base_update, dim=0).item()
+    g0 = gradient_of_loss_wrt_logps(base, base.config)
+    g1 = gradient_of_loss_wrt_logps(flipped, flipped.config)
+    dlogp_moved = (g1 - g0).abs().sum().item() / max(g0.abs().sum().item(), 1e-30) if g0.shape == g1.shape else None
+    grad_change = abs(flipped.update.grad_norm - base.update.grad_norm) / max(base.update.grad_norm, 1e-30)
+    reward = _held_out_effect(step, held_out) if held_out else None
+    if detected is not None:
+        detected[change_key({field: value})] = {f.id: f for f in detect(facts_of(step, flipped))}
+    step.restore_policy()
+    removes = flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
+    return {
+        "toggle": {field: value},
+        "loss": [base.update.loss, flipped.update.loss],
+        "grad_norm": [base.update.grad_norm, flipped.update.grad_norm],
+        "update_cosine": cosine,
+        "update_norm": [base_update.norm().item(), moved.norm().item()],
+        "dlogp_moved": dlogp_moved,
+        "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
+        "removes_gradient": removes,
+        "held_out_reward": reward,
+    }
+
+
+def change_key(changes: dict) -> tuple:
+    return tuple(sorted(changes.items(), key=lambda kv: kv[0]))
+
+
+def _held_out_effect(step: GRPOStep, held_out: HeldOut) -> dict:
+    flipped = held_out_side(step, held_out.sampling, held_out.prompts)
+    paired = prompt_interval(flipped.per_prompt - held_out.as_run.per_prompt, held_out.level)
+    return {
+        "as_run": held_out.as_run.reward,
+        "flipped": flipped.reward,
+        "difference": paired.as_dict(),
+        "verdict": verdict(paired, "held-out reward with the flip"),
+        "completions_changed": sum(a != b for a, b in zip(flipped.completions, held_out.as_run.completions)),
+        "prompts": len(held_out.prompts),
+        "samples_per_prompt": held_out.sampling.num_generations,
+    }
+
+
+def _flippable(f: Finding, config, vllm: bool = False) -> bool:
+    """A present finding whose switch is not yet set; vLLM's switches only on a run that sampled with vLLM."""
+    toggle = PITFALLS[f.id].toggle
+    if toggle is None or f.severity == "absent" or getattr(config, toggle[0]) == toggle[1]:
+        return False
+    return vllm or not toggle[0].startswith("vllm_")

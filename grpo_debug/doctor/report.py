@@ -1,0 +1,73 @@
+"""The doctor's report: its findings ranked (causes first, each symptom after its cause), the fix that applies to
+the run, and the report as strict-JSON-ready data. `present` shows it as text, a table and a page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..pitfalls import PITFALLS
+from .chain import order
+from .findings import SEVERITIES, Finding
+
+
+@dataclass(frozen=True)
+class Report:
+    findings: tuple[Finding, ...]  # ranked: causes (most severe, then most moving) first, each symptom after its cause
+    config: dict
+    seconds: float
+    uses_vllm: bool = False  # the run sampled with vLLM: vLLM's settings are advice that applies to it
+    horizon: dict | None = None  # how the fixes were followed over steps (`horizon`), or why they were not
+
+    def causes(self, at_least: str = "warning") -> list[Finding]:
+        """The findings at `at_least` or more severe that are no symptom of another."""
+        return [f for f in self.present(at_least) if not f.symptom_of]
+
+    def present(self, at_least: str = "info") -> list[Finding]:
+        """The findings at `at_least` or more severe."""
+        return [f for f in self.findings if SEVERITIES.index(f.severity) <= SEVERITIES.index(at_least)]
+
+    def to_json(self) -> dict:
+        return {
+            "findings": [_finding_json(f, self.uses_vllm) for f in self.findings],
+            "config": self.config,
+            "seconds": self.seconds,
+            "uses_vllm": self.uses_vllm,
+            "horizon": self.horizon,
+        }
+
+
+def fix_of(f: Finding, uses_vllm: bool) -> str:
+    """The fix shown for a finding: none for a symptom (fix its causes) or an absent one; vLLM's settings only
+    for a run that sampled with vLLM."""
+    return "" if f.symptom_of or f.severity == "absent" else PITFALLS[f.id].fix_for(uses_vllm)
+
+
+def _finding_json(f: Finding, uses_vllm: bool) -> dict:
+    p = PITFALLS[f.id]
+    return {
+        **dataclasses.asdict(f),
+        "title": p.title,
+        "fix": fix_of(f, uses_vllm),
+        "origin": p.origin,
+        "teach": p.teach,
+        "toggle": None if p.toggle is None else {"field": p.toggle[0], "value": p.toggle[1]},
+    }
+
+
+def _moves(f: Finding) -> float:
+    """How far the finding's flip moves the update (1 - cosine); -1 where it was not flipped, or where the flip
+    takes the gradient away (it deletes the update rather than correcting it)."""
+    if not f.effect or "update_cosine" not in f.effect or f.effect.get("removes_gradient"):
+        return -1.0
+    return 1 - f.effect["update_cosine"]
+
+
+def _gain(f: Finding) -> float | None:
+    """What the finding's fix did to learning over the horizon (the fixed arm's batch reward minus the run's)."""
+    return f.learning["difference"]["mean"] if f.learning else None
+
+
+def rank(findings: list[Finding], chained: list[str] = ()) -> tuple[Finding, ...]:
+    return order(list(findings), list(chained), _moves, _gain)
