@@ -36,6 +36,14 @@ def test_a_continuation_leaves_the_step_as_it_was(step):
     assert all(torch.equal(start[k], weights[k]) for k in start), "the policy is not back at the step's start"
 
 
+def test_with_dropout_on_the_same_seed_still_continues_alike():
+    """Dropout masks are drawn per step from the continuation's seed: the same numbers every time."""
+    dropout = GRPOStep(StepConfig(**SMALL, dropout=True, sample_dropout=True))
+    dropout.run(until="update")
+    first, again = (continuations(dropout, {}, steps=2, seeds=[0]) for _ in range(2))
+    assert first == again, f"dropout on: the same seed continued otherwise ({first} against {again})"
+
+
 def test_the_same_seed_continues_alike_and_a_fix_that_changes_nothing_differs_by_zero(step):
     first, again = (continuations(step, {}, steps=2, seeds=[0, 1]) for _ in range(2))
     assert [c.rewards for c in first] == [c.rewards for c in again], "the same seeds gave other continuations"

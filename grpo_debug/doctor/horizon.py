@@ -49,9 +49,12 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
     start_state = step.initial_state
     cfg = step.cfg.replace(**changes)
     rewards, norms = [], []
-    with step.trial():  # the update taken anew (a cached one is not on the weights), from the step's start
+    with step.trial(), torch.random.fork_rng(devices=[]):  # dropout masks seeded per step, the caller's RNG kept
+        torch.manual_seed(_seed(seed, 0))  # the update taken anew (a cached one is not on the weights)
         first = step.run(cfg, until="update", base=dataclasses.replace(step.result, update=None, evaluation=None))
         for k in range(steps):
+            if k:
+                torch.manual_seed(_seed(seed, k))
             run = (
                 first
                 if k == 0
