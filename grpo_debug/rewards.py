@@ -13,6 +13,7 @@ its name; a component name two functions report is prefixed with the function's 
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -31,10 +32,37 @@ class Rewards:
 
 
 def _as_floats(values, what: str, n: int) -> torch.Tensor:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(f"{what} returned {type(values).__name__}, not a list of one number per completion")
     values = list(values)
     if len(values) != n:
         raise ValueError(f"{what} returned {len(values)} values, but {n} were expected (one per completion)")
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, numbers.Real) and not (isinstance(v, torch.Tensor) and v.numel() == 1):
+            raise ValueError(f"{what} returned {v!r} for row {i}: not a number or None")
     return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+
+
+def _called(func, name: str, prompts: list, completions: list):
+    """`func` called as TRL calls it; an exception (or a sys.exit) of the user's becomes one line naming the
+    function and the first row it fails on (found by calling it row by row, only once it failed)."""
+    try:
+        return func(prompts=prompts, completions=completions)
+    except (Exception, SystemExit) as e:
+        row = next(
+            (i for i in range(len(completions)) if _fails(func, prompts[i : i + 1], completions[i : i + 1])), None
+        )
+        where = f" on row {row} ({str(completions[row])[:60]!r})" if row is not None else ""
+        what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
+        raise ValueError(f"reward function {name!r} {what}{where}") from None
+
+
+def _fails(func, prompts: list, completions: list) -> bool:
+    try:
+        func(prompts=prompts, completions=completions)
+    except (Exception, SystemExit):
+        return True
+    return False
 
 
 def call_reward(func, name: str, prompts: list[str], completions: list[str]):
@@ -48,7 +76,7 @@ def call_reward(func, name: str, prompts: list[str], completions: list[str]):
             raise ValueError(f"reward function {name!r} gave {len(errors)} errors for {n} completions")
         components = {k: _as_floats(v, f"component {k!r} of {name!r}", n) for k, v in components.items()}
         return _as_floats(rewards, f"reward function {name!r}", n), components, list(errors)
-    rewards = _as_floats(func(prompts=prompts, completions=completions), f"reward function {name!r}", n)
+    rewards = _as_floats(_called(func, name, prompts, completions), f"reward function {name!r}", n)
     return rewards, {name: rewards}, [""] * n
 
 

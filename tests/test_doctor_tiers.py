@@ -83,6 +83,7 @@ def test_the_tiers_are_what_the_calibration_measured():
     assert not kept, f"steps past MOVED_KL_PROBLEM kept the held-out reward: {kept}"
 
 
+@pytest.mark.slow  # `make test-slow`: the calibration script end to end in its quick mode
 def test_the_calibration_runs(tmp_path):
     from grpo_debug.doctor.calibration import main
 

@@ -5,6 +5,7 @@ tests/test_observer_failures.py."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -37,3 +38,56 @@ def test_json_outputs_are_strict_and_say_where_a_number_was_not_finite(tmp_path)
     assert out["non_finite_as_null"] == ["loss", "grad_norm[1]", "kl.exact"], out
     write_json(str(tmp_path / "finite.json"), {"loss": 1.0})
     assert "non_finite_as_null" not in json.loads((tmp_path / "finite.json").read_text())
+
+
+TASKS = {  # a --task file of the user's, and the one line it must give (exit 2, no traceback, no model loaded)
+    "syntax": ("def digits(completions, **kw):\n    return [1.0 for c in completions\n", r"tasks\.py, line \d+"),
+    "raises_at_import": ("raise RuntimeError('no GPU here')\n", "importing .*tasks.py raised RuntimeError: no GPU"),
+    "exits_at_import": ("import sys\nsys.exit(0)\n", r"called sys.exit\(0\) when imported"),
+    "raises_in_a_call": (
+        "def digits(completions, **kw):\n    return [1 / 0 for c in completions]\n",
+        "'.*tasks.py:digits' raised ZeroDivisionError: division by zero on row 0",
+    ),
+    "exits_in_a_call": (
+        "import sys\ndef digits(completions, **kw):\n    sys.exit(3)\n",
+        r"'.*tasks.py:digits' called sys.exit\(3\) on row 0",
+    ),
+    "returns_none": ("def digits(completions, **kw):\n    return None\n", "returned NoneType, not a list"),
+    "returns_words": ("def digits(completions, **kw):\n    return ['high' for c in completions]\n", "'high' for row 0"),
+    "no_such_name": ("def other(completions, **kw):\n    return [0.0 for c in completions]\n", "defines no 'digits'"),
+}
+
+
+@pytest.mark.parametrize("case", list(TASKS))
+@pytest.mark.parametrize("command", ["doctor", "replay"])
+def test_a_task_file_that_fails_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, case, command):
+    """In process (the command line's own `main`): exit 2 with one line, the capture never opened, no model."""
+    from grpo_debug.cli.commands import main
+
+    source, expected = TASKS[case]
+    (tmp_path / "tasks.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    capture = tmp_path / "no-capture-needed"  # the task is checked first: its capture is never opened
+    args = [str(capture)] if command == "replay" else []
+    with pytest.raises(SystemExit) as exited:
+        main([command, *args, "--task", f"{tmp_path / 'tasks.py'}:digits"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert exited.value.code == 2 and len(errors) == 1, f"{case}: exit {exited.value.code}\n{err[-2000:]}"
+    assert re.search(expected, errors[0]), f"{case}: {errors[0]!r} does not say {expected!r}"
+
+
+def test_a_task_file_is_checked_from_the_command_line_too(tmp_path):
+    """The same refusal from a fresh process, as a user meets it: no traceback, no model loaded."""
+    source, expected = TASKS["raises_in_a_call"]
+    (tmp_path / "tasks.py").write_text(source)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "doctor", "--task", f"{tmp_path / 'tasks.py'}:digits"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and len(errors) == 1 and re.search(expected, errors[0]), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Loading weights" not in done.stderr, done.stderr[-2000:]

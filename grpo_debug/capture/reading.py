@@ -506,7 +506,14 @@ def reward_functions(spec) -> list:
             raise ValueError(f"task {spec!r}: no file {file}")
         module_spec = importlib.util.spec_from_file_location(Path(file).stem, file)
         module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except SyntaxError as e:
+            raise ValueError(f"task {spec!r}: {file}, line {e.lineno}: {e.msg}") from None
+        except SystemExit as e:
+            raise ValueError(f"task {spec!r}: {file} called sys.exit({e.code!r}) when imported") from None
+        except Exception as e:  # the user's module, whatever it raises
+            raise ValueError(f"task {spec!r}: importing {file} raised {type(e).__name__}: {e}") from None
         if not hasattr(module, name):
             raise ValueError(f"task {spec!r}: {file} defines no {name!r}")
         return reward_functions(getattr(module, name))

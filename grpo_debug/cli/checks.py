@@ -4,8 +4,10 @@ the prompts the task holds, and `--set` on a capture (never a model or a task: a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+from pathlib import Path
 
 from ..config import StepConfig
 from ..overrides import parse_overrides
@@ -92,3 +94,35 @@ def check_writable(parser, path: str, flag: str = "--json") -> None:
         tempfile.TemporaryFile(dir=folder).close()  # a file can really be made there (/proc passes os.access)
     except OSError:
         parser.error(f"{flag} {path or repr(path)}: not a writable file path (its folder must exist and be writable)")
+
+
+def check_task(parser, task: str | None, capture: str | None) -> None:
+    """A --task file imported and each of its reward functions called on the capture's first completion, as TRL
+    calls it, before any model loads: an import that fails, a function that raises, exits or returns something
+    other than one number (or None) per completion is one line naming the file, the function and the row."""
+    if not task or ".py:" not in task:
+        return
+    from ..capture.reading import reward_functions
+    from ..rewards import call_reward
+    from ..task import callable_name
+
+    try:
+        funcs = reward_functions(task)
+        prompt, completion = _first_row(capture)
+        for func in funcs:
+            call_reward(func, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _first_row(capture: str | None) -> tuple:
+    """The capture's first prompt and completion as TRL gave them to reward functions (message lists in a
+    conversational run); a stand-in pair without a readable capture (its own checks refuse it later)."""
+    try:
+        meta = json.loads((Path(capture) / "capture.json").read_text()) if capture else {}
+        prompt, completion = meta["prompts"][0], meta["completions"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "What is 1+1? ", "2"
+    if isinstance(prompt, list):
+        return prompt, [{"role": "assistant", "content": str(completion)}]
+    return str(prompt), str(completion)

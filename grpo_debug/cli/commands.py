@@ -22,7 +22,15 @@ from pathlib import Path
 from ..choices import ARM_NAMES
 from ..config import PRESETS, StepConfig
 from ..overrides import describe_fields, parse_overrides
-from .checks import ascii_int, capture_overrides, check_not_the_runs, check_outputs, check_prompts, check_writable
+from .checks import (
+    ascii_int,
+    capture_overrides,
+    check_not_the_runs,
+    check_outputs,
+    check_prompts,
+    check_task,
+    check_writable,
+)
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
@@ -140,6 +148,7 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
+    check_task(parser, args.task, args.path)
     overrides = capture_overrides(parser, args)
     check_outputs(parser, args, reads=args.path)
     _threads(args.threads)
@@ -149,10 +158,10 @@ def replay_command(parser, args) -> int:
 
     try:
         step = open_capture(args.path, args.task, **overrides)
+        run = step.run(until="update")
+        out = reproduction(run, step.capture, step.policy, step)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
-    run = step.run(until="update")
-    out = reproduction(run, step.capture, step.policy, step)
     print(f"step {out['step']} of the captured run, replayed ({', '.join(args.set) or 'as captured'})")
     print(f"{'metric':26s} {out['logged_source']:>22s} {'replayed':>14s} {'difference':>12s}")
     for k in out["logged"]:
@@ -190,6 +199,7 @@ def doctor_command(parser, args) -> int:
     except ValueError as e:
         parser.error(str(e))
     check_outputs(parser, args, reads=args.path or None)
+    check_task(parser, args.task, args.path)
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..doctor import diagnose
@@ -225,6 +235,7 @@ def timeline_command(parser, args) -> int:
         parser.error("--task and --no-flip are the doctor's: add --doctor")
     check_writable(parser, args.html, "--html")
     check_not_the_runs(parser, args.html, "--html", args.path)
+    check_task(parser, args.task, None)
     from ..files import write_text_atomically
     from ..show.timeline import page, read_run, report_path
 
