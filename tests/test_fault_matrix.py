@@ -91,3 +91,72 @@ def test_a_task_file_is_checked_from_the_command_line_too(tmp_path):
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode == 2 and len(errors) == 1 and re.search(expected, errors[0]), done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "Loading weights" not in done.stderr, done.stderr[-2000:]
+
+
+def health_line(step: int, severity: str = "ok") -> str:
+    return json.dumps({"step": step, "metrics": {"loss": 0.1}, "findings": {"truncation": {"severity": severity}}})
+
+
+def a_run(folder, steps=(1, 2, 3), index=None, lines=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "health.jsonl").write_text("\n".join(lines or [health_line(s) for s in steps]) + "\n")
+    if index is not None:
+        (folder / "captures.json").write_text(json.dumps(index))
+    return folder
+
+
+RUNS = {  # a FlightRecorder folder damaged or mixed, and the one line `timeline` gives
+    "two runs into one log": (dict(steps=(1, 2, 3, 1, 2)), "line 4 goes from step 3 back to step 1: two runs"),
+    "a capture outside the run": (
+        dict(index={"captured": {"1": {"folder": "../../other/step-1", "trigger": []}}}),
+        "captured step '1' is not step-<k> inside the run",
+    ),
+    "an absolute capture folder": (
+        dict(index={"captured": {"1": {"folder": "/etc", "trigger": []}}}),
+        "is not step-<k> inside the run",
+    ),
+    "a list for captured": (dict(index={"captured": ["step-1"]}), "'captured' and 'not_captured' are not JSON objects"),
+    "a string trigger": (
+        dict(index={"captured": {"1": {"folder": "step-1", "trigger": "truncation"}}}),
+        "step 1's trigger is not a list of",
+    ),
+    "an unknown severity": (
+        dict(lines=[health_line(1), health_line(2, "catastrophic")]),
+        r"line 2: findings \['truncation'\] are not",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RUNS))
+def test_timeline_refuses_a_damaged_or_mixed_run_in_one_line(tmp_path, capsys, case):
+    from grpo_debug.cli.commands import main
+
+    shape, expected = RUNS[case]
+    run = a_run(tmp_path / "run", **shape)
+    (run / "step-1").mkdir(exist_ok=True)
+    with pytest.raises(SystemExit) as exited:
+        main(["timeline", str(run), "--html", str(tmp_path / "page.html")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exited.value.code == 2 and len(errors) == 1 and re.search(expected, errors[0]), (case, errors)
+    assert not (tmp_path / "page.html").exists(), "a page was written for a run that was refused"
+
+
+def test_a_health_log_past_its_bound_is_refused_before_it_is_read(tmp_path, capsys):
+    from grpo_debug.cli.commands import main
+    from grpo_debug.show.timeline import MAX_FILE_BYTES
+
+    run = a_run(tmp_path / "run")
+    with open(run / "health.jsonl", "r+b") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: nothing is written, the size is what is read first
+    with pytest.raises(SystemExit):
+        main(["timeline", str(run), "--html", str(tmp_path / "page.html")])
+    assert "MB: over the 256 MB this reads" in capsys.readouterr().err
+
+
+def test_a_recorder_refuses_a_folder_that_holds_another_runs_log(tmp_path):
+    from grpo_debug.capture import FlightRecorder
+
+    run = a_run(tmp_path / "run")
+    with pytest.raises(ValueError, match="holds another run's health.jsonl: a FlightRecorder writes one run per"):
+        FlightRecorder(run)
+    FlightRecorder(tmp_path / "fresh")  # a new folder is taken

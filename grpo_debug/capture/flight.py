@@ -104,6 +104,11 @@ class FlightRecorder(CaptureCallback):
         optimizer_state: bool = True,
     ):
         _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample)
+        if str(out_dir) and (Path(out_dir) / HEALTH_FILE).exists():
+            raise ValueError(
+                f"{out_dir} holds another run's {HEALTH_FILE}: a FlightRecorder writes one run per folder "
+                "(give this run a new out_dir)"
+            )
         self._setup(out_dir, max_weight_bytes, optimizer_state)
         self.max_captures, self.grad_spike, self.reward_drop = max_captures, grad_spike, reward_drop
         self.min_history, self.trigger_on, self.update_sample = min_history, set(trigger_on), update_sample

@@ -34,6 +34,7 @@ ORDER = (  # the signals in the order a reader checks them: the rewards, the rol
     "reward_collapse",
 )
 COLOURS = {"ok": "#5b7fa6", "warning": "#ef6c00", "problem": "#c62828"}
+SEVERITY_NAMES = tuple(COLOURS)  # as grpo_debug.capture.health writes them
 
 
 @dataclass
@@ -56,16 +57,34 @@ def read_run(folder: str | Path) -> Run:
     lines, unfinished = read_health(path)
     run = Run(folder, lines, unfinished=unfinished)
     index = _read_index(folder)
-    for key, entry in index.get("captured", {}).items():
-        if str(key).isdigit() and isinstance(entry, dict) and (folder / str(entry.get("folder"))).is_dir():
-            run.captures[int(key)] = {"folder": folder / entry["folder"], "trigger": entry.get("trigger") or []}
-    run.not_captured = {int(k): str(v) for k, v in index.get("not_captured", {}).items() if str(k).isdigit()}
+    captured, not_captured = index.get("captured", {}), index.get("not_captured", {})
+    if not isinstance(captured, dict) or not isinstance(not_captured, dict):
+        raise ValueError(f"{folder / INDEX_FILE}: 'captured' and 'not_captured' are not JSON objects")
+    for key, entry in captured.items():
+        name = entry.get("folder") if isinstance(entry, dict) else None
+        if not (str(key).isdigit() and name == f"step-{int(key)}"):  # step-<k> inside the run, nothing else
+            raise ValueError(f"{folder / INDEX_FILE}: captured step {key!r} is not step-<k> inside the run: {entry!r}")
+        if (folder / name).is_dir():
+            run.captures[int(key)] = {"folder": folder / name, "trigger": _trigger(folder, key, entry.get("trigger"))}
+    run.not_captured = {int(k): str(v) for k, v in not_captured.items() if str(k).isdigit()}
     return run
+
+
+def _trigger(folder: Path, key, trigger) -> list[dict]:
+    """A captured step's reasons, each {id, severity, ...} with a known severity; None: none recorded."""
+    trigger = trigger or []
+    ok = isinstance(trigger, list) and all(
+        isinstance(r, dict) and isinstance(r.get("id"), str) and r.get("severity") in SEVERITY_NAMES for r in trigger
+    )
+    if not ok:
+        raise ValueError(f"{folder / INDEX_FILE}: step {key}'s trigger is not a list of {{id, severity}}: {trigger!r}")
+    return trigger
 
 
 def read_health(path: Path) -> tuple[list[dict], bool]:
     """Every line of health.jsonl, checked; a last line without its newline that does not parse is a line the
     run was killed while writing: left out, and said (True)."""
+    _bounded(path)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -79,7 +98,23 @@ def read_health(path: Path) -> tuple[list[dict], bool]:
         unfinished = True
     if not raw:
         raise ValueError(f"{path} is empty: no step finished" + (" (its only line was cut)" if unfinished else ""))
-    return [_record(path, i, line) for i, line in enumerate(raw, start=1)], unfinished
+    records = [_record(path, i, line) for i, line in enumerate(raw, start=1)]
+    for i, (a, b) in enumerate(zip(records, records[1:]), start=2):
+        if b["step"] <= a["step"]:
+            raise ValueError(
+                f"{path} line {i} goes from step {a['step']} back to step {b['step']}: two runs wrote this log "
+                "(a FlightRecorder writes one run per folder)"
+            )
+    return records, unfinished
+
+
+MAX_FILE_BYTES = 256 * 2**20  # a health log or captures index larger than this is not one FlightRecorder wrote
+
+
+def _bounded(path: Path) -> None:
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"{path} is {size / 2**20:.0f} MB: over the {MAX_FILE_BYTES // 2**20} MB this reads")
 
 
 def _parses(line: str) -> bool:
@@ -105,12 +140,18 @@ def _record(path: Path, number: int, line: str) -> dict:
     )
     if not ok:
         raise ValueError(f"{path} line {number} is not a health record (it needs step, metrics and findings)")
+    bad = [
+        k for k, v in record["findings"].items() if not isinstance(v, dict) or v.get("severity") not in SEVERITY_NAMES
+    ]
+    if bad:
+        raise ValueError(f"{path} line {number}: findings {bad} are not {{severity: ok, warning or problem, ...}}")
     return record
 
 
 def _read_index(folder: Path) -> dict:
     """captures.json; where it is missing or damaged, the step-<k> folders that hold a capture."""
     try:
+        _bounded(folder / INDEX_FILE)
         index = json.loads((folder / INDEX_FILE).read_text())
         if isinstance(index, dict):
             return index
