@@ -160,3 +160,27 @@ def test_a_recorder_refuses_a_folder_that_holds_another_runs_log(tmp_path):
     with pytest.raises(ValueError, match="holds another run's health.jsonl: a FlightRecorder writes one run per"):
         FlightRecorder(run)
     FlightRecorder(tmp_path / "fresh")  # a new folder is taken
+
+
+def test_bidi_controls_and_nul_never_reach_a_page_raw(tmp_path):
+    """A finding, a reward name or a trigger holding U+202E or NUL: the doctor's and the timeline's pages show
+    their escapes (`\\u202e`, `\\x00`), as the token page does."""
+    from grpo_debug.doctor import Finding, Report
+    from grpo_debug.doctor.present import page as doctor_page
+    from grpo_debug.show.timeline import page as timeline_page
+    from grpo_debug.show.timeline import read_run
+
+    hostile = "gpj.\u202eexe\x00"
+    report = Report((Finding("truncation", "warning", hostile),), {}, 0.0)
+    run = a_run(
+        tmp_path / "run",
+        index={"captured": {"1": {"folder": "step-1", "trigger": [{"id": hostile, "severity": "warning"}]}}},
+    )
+    (run / "step-1").mkdir()
+    pages = {
+        "doctor": doctor_page(report, f"title {hostile}"),
+        "timeline": timeline_page(read_run(run), tmp_path / "page.html"),
+    }
+    for name, text in pages.items():
+        assert "\u202e" not in text and "\x00" not in text, f"the {name} page holds a raw control character"
+        assert "\\u202e" in text and "\\x00" in text, f"the {name} page does not show the escapes"

@@ -5,8 +5,14 @@ from __future__ import annotations
 import html
 
 from ..pitfalls import PITFALLS
+from ..show.text import visible
 from .findings import Finding
 from .report import Report, fix_of
+
+
+def _h(text) -> str:
+    """Text of the run on the page: markup escaped, control characters shown as their escapes."""
+    return html.escape(visible(str(text)))
 
 
 def norms(effect: dict) -> str:
@@ -129,24 +135,24 @@ code { background: #eee; padding: 0 .2em; }
 
 def page(report: Report, title: str = "grpo-debug doctor") -> str:
     """A standalone HTML page (no script, no outside resource): every finding, ranked, with its fix and effect."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_h(title)}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{_h(title)}</h1>",
              f"<p>{len(report.present('info'))} findings at info or above; {len(report.findings)} checks in "
              f"{report.seconds:.1f} s. Causes first, by severity, then by how far flipping the cause on this step "
              "moves the update; each symptom (a finding that fixing an earlier cause clears) after its cause.</p>"]  # fmt: skip
     for rank, f in enumerate(report.findings, start=1):
         p = PITFALLS[f.id]
         parts.append(
-            f"<div class='finding {f.severity}' id='{html.escape(f.id)}'><span class='sev'>{rank}. {f.severity}"
-            f"</span> <b>{html.escape(f.id)}</b>: {html.escape(f.summary)}<br><small>{html.escape(p.title)}</small>"
+            f"<div class='finding {f.severity}' id='{_h(f.id)}'><span class='sev'>{rank}. {f.severity}"
+            f"</span> <b>{_h(f.id)}</b>: {_h(f.summary)}<br><small>{_h(p.title)}</small>"
         )
         for line in (chain_line(f), effect_line(f), learning_line(f)):
             if line:
-                parts.append(f"<br>{html.escape(line)}")
+                parts.append(f"<br>{_h(line)}")
         if fix_of(f, report.uses_vllm):
-            parts.append(f"<br>fix: <code>{html.escape(fix_of(f, report.uses_vllm))}</code>")
+            parts.append(f"<br>fix: <code>{_h(fix_of(f, report.uses_vllm))}</code>")
         if f.severity != "absent":
-            parts.append(f"<br>learn: {html.escape(p.teach)}<br><small>from: {html.escape(p.origin)}</small>")
+            parts.append(f"<br>learn: {_h(p.teach)}<br><small>from: {_h(p.origin)}</small>")
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from .text import visible
+
 HEALTH_FILE = "health.jsonl"  # as grpo_debug.capture.flight writes them (not imported: that module loads torch)
 INDEX_FILE = "captures.json"
 REPORTS = "reports"
@@ -165,6 +167,11 @@ def report_path(run: Run, step: int) -> Path:
     return run.folder / REPORTS / f"step-{step}.html"
 
 
+def _h(text) -> str:
+    """Text of the run on the page: markup escaped, control characters shown as their escapes."""
+    return html.escape(visible(str(text)))
+
+
 # ---- drawing
 
 
@@ -217,7 +224,7 @@ def chart(s: Series, steps: tuple[int, int], marks: dict[int, str | None], dropp
     x = lambda k: LEFT + (W - LEFT - RIGHT) * ((k - lo) / (hi - lo) if hi > lo else 0.5)
     y = lambda v: TOP + (H - TOP - BOTTOM) * (1 - (v - y0) / (y1 - y0))
     parts = [
-        f"<svg class='series' data-id='{html.escape(s.id)}' width='{W}' height='{H}' viewBox='0 0 {W} {H}' "
+        f"<svg class='series' data-id='{_h(s.id)}' width='{W}' height='{H}' viewBox='0 0 {W} {H}' "
         "xmlns='http://www.w3.org/2000/svg' role='img'>",
         f"<rect x='{LEFT}' y='{TOP}' width='{W - LEFT - RIGHT}' height='{H - TOP - BOTTOM}' fill='#fcfcfc' "
         "stroke='#ddd'/>",
@@ -232,7 +239,7 @@ def chart(s: Series, steps: tuple[int, int], marks: dict[int, str | None], dropp
     for k, href in sorted(marks.items()):
         line = (f"<line class='captured' x1='{x(k):.1f}' x2='{x(k):.1f}' y1='{TOP}' y2='{H - BOTTOM}' "
                 f"stroke='#7b1fa2' stroke-width='2'><title>step {k} captured</title></line>")  # fmt: skip
-        parts.append(f"<a href='{html.escape(href)}'>{line}</a>" if href else line)
+        parts.append(f"<a href='{_h(href)}'>{line}</a>" if href else line)
     for name, t in (("warning", s.warning_at), ("problem", s.problem_at)):
         if _finite(t):
             parts.append(f"<line class='threshold {name}' x1='{LEFT}' x2='{W - RIGHT}' y1='{y(t):.1f}' "
@@ -249,10 +256,7 @@ def chart(s: Series, steps: tuple[int, int], marks: dict[int, str | None], dropp
 
 
 def _label(x: float, y: float, text: str, anchor: str, colour: str = "#555") -> str:
-    return (
-        f"<text x='{x:.1f}' y='{y:.1f}' font-size='11' text-anchor='{anchor}' fill='{colour}'>"
-        f"{html.escape(text)}</text>"
-    )
+    return f"<text x='{x:.1f}' y='{y:.1f}' font-size='11' text-anchor='{anchor}' fill='{colour}'>{_h(text)}</text>"
 
 
 def href(target: Path, page: Path) -> str:
@@ -281,8 +285,8 @@ def page(run: Run, page_path: Path) -> str:
     dropped = set(run.not_captured) - set(run.captures)
     title = f"grpo-debug run: {run.folder}"
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_h(title)}</title>",
+        f"<style>{STYLE}</style></head><body><h1>{_h(title)}</h1>",
         f"<p>{len(steps)} optimizer steps ({bounds[0]} to {bounds[1]}), {len(run.captures)} captured "
         f"(purple lines; a grey dashed line: triggered, not kept). Points: "
         + ", ".join(f"<span class='{k}'>{k}</span>" for k in COLOURS)
@@ -293,7 +297,7 @@ def page(run: Run, page_path: Path) -> str:
                      "it is left out.</p>")  # fmt: skip
     parts.append(_captures_table(run, page_path))
     for s in series_of(run):
-        parts.append(f"<h2>{html.escape(s.title)}</h2>{chart(s, bounds, links, dropped)}")
+        parts.append(f"<h2>{_h(s.title)}</h2>{chart(s, bounds, links, dropped)}")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -310,22 +314,21 @@ def _captures_table(run: Run, page_path: Path) -> str:
         if k in run.captures:
             c = run.captures[k]
             why = "<br>".join(
-                f"<span class='{html.escape(str(r.get('severity')))}'>{html.escape(str(r.get('id')))}</span>: "
-                f"{html.escape(str(r.get('summary')))}"
+                f"<span class='{_h(str(r.get('severity')))}'>{_h(str(r.get('id')))}</span>: {_h(str(r.get('summary')))}"
                 for r in c["trigger"]
             )
             report = report_path(run, k)
             doctor = (
-                f"<a class='report' href='{html.escape(href(report, page_path))}'>the doctor's report</a>"
+                f"<a class='report' href='{_h(href(report, page_path))}'>the doctor's report</a>"
                 if report.is_file()
                 else "no report yet: <code>python -m grpo_debug timeline "
-                f"{html.escape(str(run.folder))} --doctor --html ...</code> writes it"
+                f"{_h(str(run.folder))} --doctor --html ...</code> writes it"
             )
-            capture = f"<a class='capture' href='{html.escape(href(c['folder'] / 'README.md', page_path))}'>"
-            rows.append(f"<tr><td>{k}</td><td>{why}</td><td>{capture}{html.escape(c['folder'].name)}</a>"
+            capture = f"<a class='capture' href='{_h(href(c['folder'] / 'README.md', page_path))}'>"
+            rows.append(f"<tr><td>{k}</td><td>{why}</td><td>{capture}{_h(c['folder'].name)}</a>"
                         f"<br>{doctor}</td></tr>")  # fmt: skip
         else:
-            rows.append(f"<tr><td>{k}</td><td colspan='2'>not captured: {html.escape(run.not_captured[k])}</td></tr>")
+            rows.append(f"<tr><td>{k}</td><td colspan='2'>not captured: {_h(run.not_captured[k])}</td></tr>")
     if not rows:
         return "<p id='captures'>No step triggered: nothing was captured.</p>"
     return "<table id='captures'><tr><th>step</th><th>why</th><th>capture</th></tr>" + "".join(rows) + "</table>"

@@ -25,13 +25,13 @@ import hashlib
 import html
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 
 from ..step import StepRun
 from .loss_gradients import gradient_of_loss_wrt_logps
+from .text import CONTROL, escape_code
 
 
 @dataclass(frozen=True)
@@ -241,23 +241,12 @@ def _shown(token: str) -> str:
     return token.replace("\r", "\u240d").replace("\t", "\u2192").replace("\n", "\u21b5\n") or "\u2205"
 
 
-# C0 controls but tab and newline, DEL, C1 controls, and the bidi embeddings, overrides, isolates and marks: invisible
-# on a page, and a bidi one reorders the text after it (a completion could make itself read as another)
-CONTROL = re.compile(r"([\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])")
-
-
-def _escape_code(char: str) -> str:
-    """`\\x00`, `\\u202e`: the character as Python's repr writes it."""
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
 def _text_html(text: str) -> str:
     """Text the run holds (a token, a prompt) as HTML: markup escaped, each control character (`CONTROL`) shown
     as its escape in a styled `<kbd class="gd-esc">`, so none reaches the page raw."""
     parts = CONTROL.split(text)  # text, control, text, control, ..., text
     return "".join(
-        html.escape(part) if i % 2 == 0 else f'<kbd class="gd-esc" style="{ESCAPE_STYLE}">{_escape_code(part)}</kbd>'
+        html.escape(part) if i % 2 == 0 else f'<kbd class="gd-esc" style="{ESCAPE_STYLE}">{escape_code(part)}</kbd>'
         for i, part in enumerate(parts)
     )
 
