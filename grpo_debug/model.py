@@ -58,8 +58,12 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_files_only: bool):
     return tokenizer, policy
 
 
-def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Policy (train mode off, as after `from_pretrained`), a frozen deep copy as reference, tokenizer.
+def load_model(
+    name_or_path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32, hub: bool = True
+) -> LoadedModel:
+    """Policy (train mode off, as after `from_pretrained`), a frozen deep copy as reference, tokenizer. A hub id
+    is read from the local cache first, then from the hub where it is reachable; `hub=False`: never from the hub
+    (a name read from an untrusted file must not make this machine download what it names).
 
     GPT-2 tokenizers have no pad token: the EOS is used as pad, which is exactly the pad == eos
     situation the completion-mask pitfall is about.
@@ -80,7 +84,7 @@ def load_model(name_or_path: str | os.PathLike | None = None, dtype: torch.dtype
     except OSError as e:
         if Path(name).exists():
             raise ModelUnavailable(f"{name} is not a loadable model folder: {str(e).splitlines()[0]}") from None
-        if not hub_reachable():
+        if not hub or not hub_reachable():
             raise ModelUnavailable(_how_to_get(name)) from None
         try:
             tokenizer, policy = _from_pretrained(name, dtype, local_files_only=False)

@@ -485,3 +485,34 @@ def test_a_fix_is_followed_over_steps_only_with_reward_functions_for_new_complet
     assert len(continued[0].rewards) == 2 and all(math.isfinite(r) for r in continued[0].rewards), continued
     groups = len(load_capture(bundled).meta["optimizer"]["groups"])
     assert carried[0] == (groups, 2.0), f"not the trainer's optimizer carried on (groups, Adam's step): {carried}"
+
+
+def test_a_reference_named_by_a_hub_id_is_refused_without_the_network_and_a_reseal_points_it_elsewhere(
+    bundled, tmp_path, monkeypatch, capsys
+):
+    """A name read from a capture never makes this machine download what it names: the refusal says how to point
+    the capture at a folder, and `python -m grpo_debug reseal` makes the edit one the checksums accept."""
+    import shutil
+
+    import grpo_debug.model as model_module
+    from grpo_debug.capture.reading import CaptureError
+    from grpo_debug.cli.commands import main
+
+    def no_network():
+        raise AssertionError("the hub was asked for a name read from a capture")
+
+    monkeypatch.setattr(model_module, "hub_reachable", no_network)
+    path = Path(shutil.copytree(bundled, tmp_path / "moved"))
+    meta = json.loads((path / "capture.json").read_text())
+    folder = meta["reference"]["name_or_path"]
+    meta["reference"]["name_or_path"] = "someone/not-a-model-here"
+    (path / "capture.json").write_text(json.dumps(meta))
+    assert main(["reseal", str(path)]) == 0 and "resealed" in capsys.readouterr().out
+    with pytest.raises(CaptureError, match="is not here .*python -m grpo_debug reseal"):
+        open_capture(path)
+    meta["reference"]["name_or_path"] = folder  # pointed back at the folder that holds it, and resealed
+    (path / "capture.json").write_text(json.dumps(meta))
+    with pytest.raises(CaptureError, match="checksums"):
+        load_capture(path)
+    main(["reseal", str(path)])
+    assert open_capture(path).capture.meta["reference"]["name_or_path"] == folder

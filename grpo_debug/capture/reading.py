@@ -688,12 +688,14 @@ def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
     if Path(str(reference_name)).is_dir():  # a local folder from outside the capture: checked like the policy's
         check_model_folder(reference_name, CaptureError)
     try:
-        reference = load_model(reference_name).policy.eval()
+        reference = load_model(reference_name, hub=False).policy.eval()  # a name from a file: never downloaded
     except ModelUnavailable as e:
+        reason = str(e).splitlines()[0]
         raise CaptureError(
-            f"{capture.path / 'capture.json'}: the run's reference model {reference_name!r} "
-            f"cannot be loaded here ({e}); copy it to that path, or edit reference.name_or_path "
-            "to a folder holding it"
+            f"{capture.path / 'capture.json'}: the run's reference model {reference_name!r} is not here "
+            f"({reason}); copy it to that path, or point the capture at the folder holding it: set "
+            f"reference.name_or_path in capture.json, then reseal the capture (python -m grpo_debug reseal "
+            f"{capture.path}: its checksums then trust the capture as you edited it)"
         ) from None
     reference.requires_grad_(False)
     return LoadedModel(loaded.policy, reference, loaded.tokenizer, loaded.name), False

@@ -432,6 +432,31 @@ def add_doctor_parser(sub) -> None:
     dr.add_argument("--threads", type=ascii_int, default=1)
 
 
+def add_reseal_parser(sub) -> None:
+    rs = sub.add_parser(
+        "reseal",
+        help="record a capture's files as they are now (after you edited capture.json: a moved reference model)",
+    )
+    rs.add_argument("path", help="a capture folder, e.g. captures/step-2")
+
+
+def reseal_command(parser, args) -> int:
+    """checksums.json written anew: the capture's files, as they are now, are what the readers will trust."""
+    from ..capture.checksums import checksum_problem, write_checksums
+
+    folder = Path(args.path)
+    if not (folder / "capture.json").is_file():
+        parser.error(f"{folder} is not a capture: no capture.json (CaptureCallback writes step-<k>/ folders)")
+    before = checksum_problem(folder)
+    try:
+        write_checksums(folder)
+    except OSError as e:
+        parser.error(str(e))
+    print(f"{folder}: resealed; before, {before or 'every file was as recorded'}")
+    print("its checksums now trust every file as it is: reseal only a capture whose edits you made yourself")
+    return 0
+
+
 def add_timeline_parser(sub) -> None:
     tl = sub.add_parser(
         "timeline",
@@ -486,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         add_analyze_and_replay_parsers,
         add_doctor_parser,
         add_timeline_parser,
+        add_reseal_parser,
     ):
         add(sub)
     args = parser.parse_args(argv)
@@ -504,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         "replay": replay_command,
         "doctor": doctor_command,
         "timeline": timeline_command,
+        "reseal": reseal_command,
     }
     return commands[args.command](parser, args)
 
