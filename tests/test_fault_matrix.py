@@ -184,3 +184,14 @@ def test_bidi_controls_and_nul_never_reach_a_page_raw(tmp_path):
     for name, text in pages.items():
         assert "\u202e" not in text and "\x00" not in text, f"the {name} page holds a raw control character"
         assert "\\u202e" in text and "\\x00" in text, f"the {name} page does not show the escapes"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("min_history", True), ("window", True), ("max_captures", True), ("update_sample", True), ("grad_spike", "3")],
+)
+def test_a_recorder_setting_follows_one_rule_for_booleans_and_numbers(tmp_path, setting, value):
+    from grpo_debug.capture import FlightRecorder
+
+    with pytest.raises(ValueError, match=setting):
+        FlightRecorder(tmp_path / "run", **{setting: value})

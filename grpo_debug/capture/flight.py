@@ -313,17 +313,27 @@ def append_line(path: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+def _integer(value) -> bool:
+    """An int and not a bool (True is an int in Python; no setting here means 1 by it)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample) -> None:
-    if not isinstance(max_captures, int) or isinstance(max_captures, bool) or max_captures < 1:
+    """One rule for every setting: integers are ints (no bools), thresholds are numbers, each in its range."""
+    if not _integer(max_captures) or max_captures < 1:
         raise ValueError(f"max_captures must be an integer >= 1, got {max_captures!r}")
-    if not grad_spike > 1:
+    if not (_number(grad_spike) and grad_spike > 1):
         raise ValueError(f"grad_spike must be above 1 (a multiple of the running median), got {grad_spike!r}")
-    if not reward_drop > 0:
+    if not (_number(reward_drop) and reward_drop > 0):
         raise ValueError(f"reward_drop must be above 0 (in reward_std), got {reward_drop!r}")
-    if not (isinstance(window, int) and isinstance(min_history, int) and 1 <= min_history <= window):
+    if not (_integer(window) and _integer(min_history) and 1 <= min_history <= window):
         raise ValueError(f"need 1 <= min_history <= window (integers), got {min_history!r} and {window!r}")
     unknown = sorted(set(trigger_on) - set(TRIGGERS))
     if unknown or isinstance(trigger_on, str):
         raise ValueError(f"trigger_on takes ids among {TRIGGERS}, got {trigger_on!r}")
-    if not isinstance(update_sample, int) or update_sample < 1:
+    if not _integer(update_sample) or update_sample < 1:
         raise ValueError(f"update_sample must be an integer >= 1, got {update_sample!r}")
