@@ -214,7 +214,7 @@ PITFALLS: dict[str, Pitfall] = {
             "update_size",
             "one update moves the policy far on its own completions (KL per token between before and after)",
             "lower learning_rate, or keep max_grad_norm on",
-            "PPO/GRPO practice (a trust region per step); the tiers: data/experiments/update_size.json",
+            "PPO/GRPO practice (a trust region per step); the tiers: data/calibration/update_size.json",
             "06_update",
             fix_scales=("learning_rate", 0.1),  # an update field: on the same completions, a capture's too
         ),

@@ -1,7 +1,7 @@
 """The doctor's tiers, on both sides of each threshold: `update_size` by the KL one update makes on its own
 completions, `kl_blowup` by the KL to the reference (exact where measured, else TRL's logged kl), and the
 recorder's kl signal with the same thresholds. The thresholds are tied to the committed calibration
-(data/experiments/update_size.json): the test fails if the constants and the measurement part."""
+(data/calibration/update_size.json): the test fails if the constants and the measurement part."""
 
 import dataclasses
 import json
@@ -15,7 +15,7 @@ from grpo_debug.doctor import detectors as d
 from grpo_debug.doctor import examine
 from grpo_debug.step import GRPOStep
 
-CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "experiments" / "update_size.json"
+CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "calibration" / "update_size.json"
 
 
 @pytest.fixture(scope="module")

@@ -168,6 +168,11 @@ def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_r
     write_checksums(moved)  # resealed: the checksums pass, the adapter's shapes do not
     with pytest.raises(CaptureError, match="not those its config gives on the base"):
         load_capture(moved)
+    (moved / "policy" / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["no_such_proj"]}))
+    write_checksums(moved)  # resealed: peft refuses the config, in one line (its message can hold the model)
+    with pytest.raises(CaptureError, match="is not a LoRA config for this base") as refused:
+        load_capture(moved)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 600, str(refused.value)
     (moved / "policy" / "adapter_config.json").write_text(json.dumps(config))
     weights = load_file(moved / "policy" / "adapter_model.safetensors")
     first = sorted(weights)[0]

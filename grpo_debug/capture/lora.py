@@ -199,7 +199,8 @@ def _expected_adapter_shapes(folder: Path, config, error) -> dict[str, tuple[int
         with torch.device("meta"), _quiet_peft():
             model = get_peft_model(AutoModelForCausalLM.from_config(config), lora)
     except Exception as e:
-        raise error(f"{file} is not a LoRA config for this base ({type(e).__name__}: {e})") from None
+        said = (str(e).strip().splitlines() or [""])[0][:300]  # peft's message can carry the whole model's printout
+        raise error(f"{file} is not a LoRA config for this base ({type(e).__name__}: {said})") from None
     return {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
 
 

@@ -3,7 +3,7 @@ learning rates from 1e-5 to 1e-1, on several seeds. Each step's `moved_kl` (KL(p
 its own completions) is paired with what the step did to the held-out reward (the same prompts and sampling
 seeds before and after).
 
-    python -m grpo_debug.doctor.calibration --json data/experiments/update_size.json [--seeds 3] [--quick]
+    python -m grpo_debug.doctor.calibration --json data/calibration/update_size.json [--seeds 3] [--quick]
 
 The JSON holds the command, the date, the commit, every record and, per learning rate, the seeds' KLs and reward
 changes; `detectors.MOVED_KL_WARNING` and `MOVED_KL_PROBLEM` cite it.

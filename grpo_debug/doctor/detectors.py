@@ -322,7 +322,7 @@ def advantage_scale(f: StepFacts) -> Finding:
 UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||: the recorder's signal (it has no second scoring), and the
 # doctor's where the update's KL was not measured
 # KL(pi_before || pi_after) per token that one update makes on its own completions (`moved_kl`). Measured in
-# data/experiments/update_size.json (`python -m grpo_debug.doctor.calibration`): one step of the bundled task at
+# data/calibration/update_size.json (`python -m grpo_debug.doctor.calibration`): one step of the bundled task at
 # learning rates 1e-5 to 1e-1, 3 seeds. At 1e-4 (KL about 0.02) the held-out reward does not move; at 1e-3
 # (0.35 to 0.43) it falls a little; from 3e-3 (1.3 and up) every seed lost 0.4 or more of it.
 MOVED_KL_WARNING = 0.1  # nats per token: five times the quiet rate's, below where the reward began to fall
