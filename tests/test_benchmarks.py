@@ -80,6 +80,18 @@ def test_step_benchmark_runs_in_quick_mode_and_compares_with_trl_on_one_run(tmp_
     assert vs["readable_over_trl"] == round(vs["readable_seconds"] / vs["trl_seconds"], 2), vs
 
 
+def real_size_table(report: dict, path: Path) -> subprocess.CompletedProcess:
+    """`real_size.py --table` of `report`, written to `path`."""
+    path.write_text(json.dumps(report))
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+        timeout=600,
+    )
+
+
 def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path):
     """benchmarks/real_size.py --quick: both runs captured (the LoRA one as its adapter) and replayed to TRL's
     numbers, every number the README's table reads present."""
@@ -101,14 +113,7 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
         assert 4 * count <= stored <= 4 * count + 2**16, f"the {name} capture stores {stored} bytes for {count} floats"
         moments = run["capture"]["optimizer_mb"] * 2**20  # AdamW's two float32 moments per trained parameter
         assert 8 * count <= moments <= 8 * count + 2**20, f"the {name} optimizer state is {moments} bytes for {count}"
-    (tmp_path / "report.json").write_text(json.dumps(report))
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(tmp_path / "report.json")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
-        timeout=600,
-    )
+    done = real_size_table(report, tmp_path / "report.json")
     assert done.returncode == 0 and "| of which the optimizer's state (MB) |" in done.stdout, (
         f"--table failed: {done.stderr[-2000:]}"
     )
@@ -117,14 +122,7 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
     for run in (full, lora):
         del run["replay"]
         run["capture"]["peak_gpu_mb"] = 1024.0
-    (tmp_path / "captures_only.json").write_text(json.dumps({**report, "device": "cuda"}))
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "real_size.py"), "--table", str(tmp_path / "captures_only.json")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
-        timeout=600,
-    )
+    done = real_size_table({**report, "device": "cuda"}, tmp_path / "captures_only.json")
     assert done.returncode == 0, f"--table of a captures-only report failed: {done.stderr[-2000:]}"
     assert "| peak GPU memory, TRL run with the capture (GB) | 1.0 | 1.0 |" in done.stdout, done.stdout
     assert "replay" not in done.stdout.split("7B (")[0], f"a captures-only table shows replay rows:\n{done.stdout}"

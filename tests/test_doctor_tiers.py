@@ -31,29 +31,18 @@ def test_the_update_is_measured_as_the_kl_it_makes(facts):
     assert finding.evidence["moved_kl"] == facts.step_kl and "nats per token" in finding.summary, finding
 
 
-@pytest.mark.parametrize(
-    ("kl", "severity"),
-    [
-        (d.MOVED_KL_WARNING * 0.99, "absent"),
-        (d.MOVED_KL_WARNING, "warning"),
-        (d.MOVED_KL_PROBLEM * 0.99, "warning"),
-        (d.MOVED_KL_PROBLEM, "problem"),
-    ],
-)
+def both_sides(warning: float, problem: float) -> list[tuple[float, str]]:
+    """Each threshold and just below it, with the severity expected there."""
+    return [(warning * 0.99, "absent"), (warning, "warning"), (problem * 0.99, "warning"), (problem, "problem")]
+
+
+@pytest.mark.parametrize(("kl", "severity"), both_sides(d.MOVED_KL_WARNING, d.MOVED_KL_PROBLEM))
 def test_update_size_tiers(facts, kl, severity):
     finding = d.update_size(dataclasses.replace(facts, step_kl=kl))
     assert finding.severity == severity, f"an update KL of {kl} is {finding.severity}, not {severity}: {finding}"
 
 
-@pytest.mark.parametrize(
-    ("kl", "severity"),
-    [
-        (d.KL_BLOWUP_WARNING * 0.99, "absent"),
-        (d.KL_BLOWUP_WARNING, "warning"),
-        (d.KL_BLOWUP_PROBLEM * 0.99, "warning"),
-        (d.KL_BLOWUP_PROBLEM, "problem"),
-    ],
-)
+@pytest.mark.parametrize(("kl", "severity"), both_sides(d.KL_BLOWUP_WARNING, d.KL_BLOWUP_PROBLEM))
 def test_kl_blowup_tiers_exact_logged_and_the_recorder(facts, kl, severity):
     exact = d.kl_blowup(dataclasses.replace(facts, kl_against_exact={"exact_kl": kl}))
     logged = d.kl_blowup(dataclasses.replace(facts, kl_against_exact=None, logged_kl=kl))

@@ -26,6 +26,7 @@ from ..doctor.detectors import (
     LENGTH_ALPHA,
     LENGTH_CORRELATION,
     NO_SIGNAL_WARNING,
+    TRUNCATED_PROBLEM,
     TRUNCATED_WARNING,
     UPDATE_WARNING,
     paid_for_length,
@@ -152,7 +153,9 @@ def truncation(clipped_ratio: float | None) -> Signal:
     """The doctor's truncation, from TRL's completions/clipped_ratio (completions without an EOS)."""
     if clipped_ratio is None:
         return Signal("truncation", "ok", None, "TRL logged no completions/clipped_ratio", TRUNCATED_WARNING)
-    severity = "problem" if clipped_ratio >= 1.0 else "warning" if clipped_ratio >= TRUNCATED_WARNING else "ok"
+    severity = (
+        "problem" if clipped_ratio >= TRUNCATED_PROBLEM else "warning" if clipped_ratio >= TRUNCATED_WARNING else "ok"
+    )
     summary = f"{clipped_ratio:.0%} of completions hit max_completion_length without an EOS"
     return Signal("truncation", severity, clipped_ratio, summary, TRUNCATED_WARNING)
 

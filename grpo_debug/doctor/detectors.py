@@ -170,6 +170,7 @@ def bad_reward(f: StepFacts) -> Finding:
 
 
 TRUNCATED_WARNING = 0.25  # a quarter of the completions cut: their rewards judge unfinished text
+TRUNCATED_PROBLEM = 1.0  # every completion cut: nothing finished to learn from
 
 
 def truncation(f: StepFacts) -> Finding:
@@ -184,7 +185,7 @@ def truncation(f: StepFacts) -> Finding:
     if cut == 0:
         return _finding("truncation", "absent", "every completion ended with an EOS", **evidence)
     masked = " (masked from the loss: mask_truncated_completions)" if cfg.mask_truncated_completions else ""
-    if cut == 1.0:
+    if cut >= TRUNCATED_PROBLEM:
         return _finding(
             "truncation", "problem",
             f"every completion hit max_completion_length={cfg.max_new_tokens} without an EOS{masked}: raise it "

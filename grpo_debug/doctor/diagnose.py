@@ -14,7 +14,7 @@ from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
-from .findings import Finding
+from .findings import LOUD, Finding
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .horizon import SEEDS, compare, continuations
 from .report import Report, rank
@@ -80,7 +80,7 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     (no switch, already set, vLLM's on a run without vLLM, a flip refused, or one that takes the gradient away:
     it would clear findings by scoring nothing)."""
     p = PITFALLS[f.id]
-    if f.severity not in ("problem", "warning"):
+    if f.severity not in LOUD:
         return None
     if p.fix_scales is not None:
         field, factor = p.fix_scales

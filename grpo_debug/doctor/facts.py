@@ -126,10 +126,14 @@ def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
         after = per_token_logps(step.policy, run.rollout, scoring)
         step.restore_policy()
         before = per_token_logps(step.policy, run.rollout, scoring)
-    log_ratio = (after - before).clamp(-20, 20)
-    k3 = torch.exp(log_ratio) - 1 - log_ratio
-    mask = run.logprobs.mask
-    return ((k3 * mask).sum() / mask.sum()).item()
+    return k3_per_token(after - before, run.logprobs.mask)
+
+
+def k3_per_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """KL(pi_start || pi_now) per masked token from (N, C) log(pi_now / pi_start) on tokens sampled from pi_start:
+    k3, E[rho - 1 - log rho] (the log-ratio clamped to +-20 so that a broken model gives a number, not inf)."""
+    log_ratio = log_ratio.clamp(-20, 20)
+    return ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum().item() / max(mask.sum().item(), 1.0)
 
 
 def facts_of(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:

@@ -24,6 +24,7 @@ from ..scoring import per_token_logps
 from ..specs import scoring_of
 from ..stats import seed_interval, verdict
 from ..step import GRPOStep
+from .facts import k3_per_token
 
 HORIZON = 8  # steps a fix is followed for (`doctor --horizon K`)
 SEEDS = 3  # continuations per arm (`doctor --horizon-seeds N`)
@@ -85,9 +86,7 @@ def _kl_to_start(step: GRPOStep, first, start_state: dict) -> float:
         now = per_token_logps(step.policy, first.rollout, scoring)
         step.policy.load_state_dict(start_state)
         start = per_token_logps(step.policy, first.rollout, scoring)
-    log_ratio = (now - start).clamp(-20, 20)
-    mask = first.logprobs.mask
-    return ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum().item() / max(mask.sum().item(), 1.0)
+    return k3_per_token(now - start, first.logprobs.mask)
 
 
 def continuations(step: GRPOStep, changes: dict, steps: int = HORIZON, seeds=range(SEEDS)) -> list[Continuation]:

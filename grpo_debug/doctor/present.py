@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 from ..pitfalls import PITFALLS
-from ..show.text import visible
+from ..show.text import page_text as _h
 from .findings import Finding
 from .report import Report, fix_of
-
-
-def _h(text) -> str:
-    """Text of the run on the page: markup escaped, control characters shown as their escapes."""
-    return html.escape(visible(str(text)))
 
 
 def norms(effect: dict) -> str:

@@ -4,6 +4,7 @@ shown as its escape instead (`\\x00`, `\\u202e`)."""
 
 from __future__ import annotations
 
+import html
 import re
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidi embeddings, overrides, isolates and marks: invisible
@@ -20,3 +21,8 @@ def escape_code(char: str) -> str:
 def visible(text: str) -> str:
     """`text` with each control character (`CONTROL`) replaced by its escape; html.escape it after."""
     return CONTROL.sub(lambda m: escape_code(m.group(1)), str(text))
+
+
+def page_text(text) -> str:
+    """Text of the run on a page: markup escaped, control characters shown as their escapes (`visible`)."""
+    return html.escape(visible(str(text)))

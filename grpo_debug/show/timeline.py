@@ -9,7 +9,6 @@ Torch-free: reading a run and drawing it loads no model.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from .text import visible
+from .text import page_text as _h
 
 HEALTH_FILE = "health.jsonl"  # as grpo_debug.capture.flight writes them (not imported: that module loads torch)
 INDEX_FILE = "captures.json"
@@ -165,11 +164,6 @@ def _read_index(folder: Path) -> dict:
 
 def report_path(run: Run, step: int) -> Path:
     return run.folder / REPORTS / f"step-{step}.html"
-
-
-def _h(text) -> str:
-    """Text of the run on the page: markup escaped, control characters shown as their escapes."""
-    return html.escape(visible(str(text)))
 
 
 # ---- drawing
