@@ -76,6 +76,30 @@ def compute_advantages(
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+def normalised_sum(per_function: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """(N,) the weighted sum over functions of each function's reward normalised within its group,
+    (r_k - mean_k) / (std_k + 1e-4), from per_function (N, F) rewards (NaN: None) and weights (F,); NaN where no
+    function scored the completion."""
+    per_function = per_function.float()
+    grouped = per_function.view(-1, num_generations, per_function.shape[1])  # (B, G, F)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = _nanstd(grouped, dim=1).unsqueeze(1)
+    normalised = ((grouped - mean) / (std + TRL_EPS)).view_as(per_function)
+    summed = (normalised * weights.float()).nansum(1)
+    summed[torch.isnan(per_function).all(1)] = float("nan")
+    return summed
+
+
+def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """TRL 1.16's `multi_objective_aggregation="normalize_then_sum"`: each function normalised within its group,
+    the weighted sum over functions (`normalised_sum`), that sum normalised over the batch. Each function carries
+    the same within-group scale whatever its units; `scale_rewards` does not act. Unscorable: advantage 0."""
+    check_rewards(per_function.nansum(1), num_generations)
+    summed = normalised_sum(per_function, weights, num_generations)
+    advantages = (summed - torch.nanmean(summed)) / (_nanstd(summed) + TRL_EPS)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
 def normalize_over_set(rewards: torch.Tensor, scale_rewards: str = "group", std_floor: float = 0.0) -> torch.Tensor:
     """Advantages of a set of rewards taken as one group (at least two of them): the set's mean and std."""
     return compute_advantages(rewards.flatten(), rewards.numel(), scale_rewards, std_floor)
@@ -97,22 +121,39 @@ class Advantages:
 
 
 def summarize_advantages(
-    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", std_floor: float = 0.0
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    std_floor: float = 0.0,
+    per_function: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Advantages:
-    values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
+    """The advantages of the summed `rewards` (N,), and what shapes them. `per_function` ((N, F) rewards, (F,)
+    weights): TRL's normalize_then_sum from them instead (its groups and their stds are still the sum's)."""
+    values = (
+        normalize_then_sum(*per_function, num_generations)
+        if per_function is not None
+        else compute_advantages(rewards, num_generations, scale_rewards, std_floor)
+    )
     std = group_std(rewards, num_generations)
     zero = torch.isclose(std, torch.zeros_like(std))  # TRL's test of a zero std: advantage 0 under every scaling
     grouped = rewards.view(-1, num_generations)
     rounding = (grouped == grouped[:, :1]).all(1) & ~zero  # e.g. eight float32 copies of 0.7314: std 6.4e-8
     trl_zero = zero  # TRL's frac_reward_zero_std reads the std it divides by: the batch's under "batch"
     divisor = std
-    if scale_rewards == "batch":
-        batch_std = _nanstd(rewards.float())
+    if per_function is not None:  # each function's group std divides its own rewards; the sum's batch std, the sum
+        per_std = _nanstd(per_function[0].float().view(-1, num_generations, per_function[0].shape[1]), dim=1)
+        batch_std = _nanstd(normalised_sum(*per_function, num_generations))
         trl_zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
-        divisor = batch_std.expand_as(std)
-    divisor = divisor.clamp(min=std_floor)
-    amplifies = scale_rewards != "none"
-    phantom = ~zero & (divisor > 0) & (divisor < PHANTOM_STD) & amplifies
+        per_zero = torch.isclose(per_std, torch.zeros_like(per_std))
+        phantom = (~per_zero & (per_std < PHANTOM_STD)).any(1)
+    else:
+        if scale_rewards == "batch":
+            batch_std = _nanstd(rewards.float())
+            trl_zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
+            divisor = batch_std.expand_as(std)
+        divisor = divisor.clamp(min=std_floor)
+        amplifies = scale_rewards != "none"
+        phantom = ~zero & (divisor > 0) & (divisor < PHANTOM_STD) & amplifies
     return Advantages(
         values=values,
         group_mean=torch.nanmean(rewards.view(-1, num_generations).float(), dim=1),
@@ -125,3 +166,11 @@ def summarize_advantages(
         phantom_groups=phantom.nonzero().flatten().tolist(),
         max_abs_advantage=values.abs().max().item(),
     )
+
+
+def advantages_of(cfg, rewards, weights: tuple[float, ...]) -> Advantages:
+    """The advantages a `StepConfig` computes from the rewards phase's `Rewards` and the task's reward weights."""
+    per_function = None
+    if cfg.multi_objective_aggregation == "normalize_then_sum":
+        per_function = (torch.stack(list(rewards.per_function.values()), dim=1), torch.tensor(weights))
+    return summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor, per_function)

@@ -16,6 +16,7 @@ Generation = Literal["batched", "loop"]
 Dtype = Literal["float32", "bfloat16"]
 SamplerDtype = Literal["float32", "bfloat16", "float16"]
 ScaleRewards = Literal["group", "batch", "none"]
+Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 Support = Literal["full_vocabulary", "sampler_support"]
 
 MASKS = get_args(Mask)
@@ -30,6 +31,7 @@ GENERATIONS = get_args(Generation)
 DTYPES = get_args(Dtype)
 SAMPLER_DTYPES = get_args(SamplerDtype)
 SCALE_REWARDS = get_args(ScaleRewards)
+AGGREGATIONS = get_args(Aggregation)
 SUPPORTS = get_args(Support)
 ARM_NAMES = (
     "fixed",
@@ -55,6 +57,7 @@ SAME_NAME = (
     "loss_type",
     "epsilon_high",
     "scale_rewards",
+    "multi_objective_aggregation",
     "delta",
     "importance_sampling_level",
     "top_entropy_quantile",

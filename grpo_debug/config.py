@@ -152,6 +152,13 @@ class StepConfig:
         "TRL's scale_rewards: divide by the group's std, the batch's, or not at all",
         choices=choices.SCALE_REWARDS,
     )
+    multi_objective_aggregation: choices.Aggregation = _in(
+        "advantages",
+        "sum_then_normalize",
+        "TRL's multi_objective_aggregation: sum the reward functions, then normalise the sum (TRL's default); or "
+        "normalise each function within its group, then sum (each function counts whatever its units)",
+        choices=choices.AGGREGATIONS,
+    )
     std_floor: float = _in("advantages", 0.0, "clamp the std from below before dividing (0: off, as TRL)", low=0)
     # --- loss
     loss_type: choices.LossType = _in(

@@ -56,9 +56,11 @@ PITFALLS: dict[str, Pitfall] = {
         _p(
             "dominant_reward",
             "one reward function carries most of the advantages' within-group variance",
-            "rescale reward_weights if the other functions were meant to count",
+            "multi_objective_aggregation='normalize_then_sum' (each function normalised within its group before the "
+            "sum), or rescale reward_weights, if the other functions were meant to count",
             "multi-reward runs where one graded term drowns binary ones",
             "03_rewards",
+            ("multi_objective_aggregation", "normalize_then_sum"),
         ),
         _p(
             "length_reward",
@@ -211,12 +213,29 @@ PITFALLS: dict[str, Pitfall] = {
             panel="pitfalls",
         ),
         _p(
+            "large_advantages",
+            "advantages far above the unit scale group normalisation gives: rewards in their own units, undivided",
+            "scale_rewards='group' or 'batch', or rescale the rewards (reward_weights) toward unit size",
+            "scale_rewards='none' (Dr. GRPO) with rewards in the hundreds: the loss, its gradient and its clipping grow "
+            "with them",
+            "04_advantages",
+            ("scale_rewards", "group"),
+        ),
+        _p(
             "update_size",
             "one update moves the policy far on its own completions (KL per token between before and after)",
             "lower learning_rate, or keep max_grad_norm on",
             "PPO/GRPO practice (a trust region per step); the tiers: data/calibration/update_size.json",
             "06_update",
             fix_scales=("learning_rate", 0.1),  # an update field: on the same completions, a capture's too
+        ),
+        _p(
+            "grad_clipped",
+            "grad_norm far above max_grad_norm: most of the gradient's length is clipped away every step",
+            "find what makes the gradient large (the causes ranked above it: advantages, learning rate); a clip that "
+            "always acts sets the step's size, not the loss",
+            "TRL logs grad_norm before clipping; max_grad_norm=1.0 is its default",
+            "06_update",
         ),
         _p(
             "kl_blowup",

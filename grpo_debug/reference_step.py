@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .advantages import Advantages, summarize_advantages
+from .advantages import Advantages, advantages_of
 from .config import StepConfig
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import Batch, LossBreakdown, batch_loss, needs_old_logps
@@ -40,7 +40,7 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
 
     rewards = compute_rewards(samples.prompts, samples.completions, cfg.num_generations, task)
 
-    advantages = summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
+    advantages = advantages_of(cfg, rewards, task.weights)
 
     loss_spec = loss_spec_of(cfg)
     correction = sampler_correction_of(cfg)  # None unless TRL's vLLM importance-sampling correction is on

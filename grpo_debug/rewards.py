@@ -3,9 +3,10 @@
 Sample i belongs to prompt i // G. Each reward function gets the prompts repeated once per completion, as
 in TRL's `_calculate_rewards`; a None reward becomes NaN. The total is TRL 1.16's default
 `multi_objective_aggregation="sum_then_normalize"` before its normalisation: the NaN-skipping sum over
-functions of weight * reward. What TRL only warns about is refused here, naming the sample and its prompt:
-an infinite reward, and a completion for which every function returned None (TRL gives it reward NaN
-and advantage 0; the advantages phase wants a number).
+functions of weight * reward. A completion for which every function returned None is unscorable: its total is
+NaN, as TRL 1.16 marks it (left out of its group's mean and std; advantage 0). An infinite reward, which TRL only
+warns about (it turns its group's advantages into 0, or into -3.4e38 under `scale_rewards="none"`), is refused
+here, naming the sample and its prompt.
 
 Components, for the tables: what each function's `details` reports, else the function's own reward under
 its name; a component name two functions report is prefixed with the function's name (`name/component`).
@@ -24,11 +25,12 @@ from .task import Task, as_task
 
 @dataclass(frozen=True)
 class Rewards:
-    total: torch.Tensor  # (N,) float32, what the advantages see
+    total: torch.Tensor  # (N,) float32, what the advantages see; NaN: unscorable (no function scored it)
     components: dict[str, torch.Tensor]  # name -> (N,), NaN where a component does not apply to a sample
     errors: list[str]  # why a completion was malformed ("" when it parsed)
     seconds: float
     per_function: dict[str, torch.Tensor] = field(default_factory=dict)  # reward function -> (N,), NaN: None
+    infinite: dict[str, list[int]] = field(default_factory=dict)  # function -> rows read as None (`infinite_as_none`)
 
 
 def _as_floats(values, what: str, n: int) -> torch.Tensor:
@@ -101,18 +103,16 @@ def _merge_errors(per_function: dict[str, list[str]]) -> list[str]:
     ]
 
 
-def _refuse_unusable(values: torch.Tensor, names: tuple[str, ...], prompts: list[str], G: int) -> None:
-    """values (N, F): an infinite reward, or a sample with no reward at all, is the task's bug: name it."""
+def _refuse_infinite(values: torch.Tensor, names: tuple[str, ...], prompts: list[str], G: int) -> None:
+    """values (N, F): an infinite reward is the task's bug: name it."""
     infinite = torch.isinf(values).any(1).nonzero().flatten().tolist()
-    missing = torch.isnan(values).all(1).nonzero().flatten().tolist()
-    for bad, what in ((infinite, "an infinite reward"), (missing, "no reward (every reward function returned None)")):
-        if bad:
-            i = bad[0]
-            row = ", ".join(f"{name}={v:g}" for name, v in zip(names, values[i].tolist()))
-            raise ValueError(
-                f"{what} for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
-                f"{len(bad) - 1} more samples: every completion must get a finite score"
-            )
+    if infinite:
+        i = infinite[0]
+        row = ", ".join(f"{name}={v:g}" for name, v in zip(names, values[i].tolist()))
+        raise ValueError(
+            f"an infinite reward for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
+            f"{len(infinite) - 1} more samples: a reward must be a finite number, or None where it does not apply"
+        )
 
 
 def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, task: Task | str) -> Rewards:
@@ -126,14 +126,22 @@ def compute_rewards(prompts: list[str], completions: list[str], num_generations:
     for name, func in zip(task.reward_names, task.reward_funcs):
         per_function[name], reported[name], errors[name] = call_reward(func, name, repeated, completions)
     values = torch.stack(list(per_function.values()), dim=1)  # (N, F)
-    _refuse_unusable(values, task.reward_names, prompts, G)
+    infinite = {
+        name: torch.isinf(values[:, k]).nonzero().flatten().tolist() for k, name in enumerate(task.reward_names)
+    }
+    if not task.infinite_as_none:
+        _refuse_infinite(values, task.reward_names, prompts, G)
+    values = torch.where(torch.isinf(values), float("nan"), values)
+    per_function = {name: values[:, k] for k, name in enumerate(task.reward_names)}
     total = (values * torch.tensor(task.weights, dtype=torch.float32)).nansum(dim=1)
+    total[torch.isnan(values).all(1)] = float("nan")  # unscorable, as TRL 1.16 marks it
     return Rewards(
         total=total,
         components=_merge_components(reported),
         errors=_merge_errors(errors),
         seconds=time.perf_counter() - start,
         per_function=per_function,
+        infinite={name: rows for name, rows in infinite.items() if rows},
     )
 
 

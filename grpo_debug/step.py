@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .advantages import Advantages, summarize_advantages
+from .advantages import Advantages, advantages_of
 from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
@@ -277,7 +277,7 @@ class GRPOStep:
         return compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
 
     def _advantages(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:
-        return summarize_advantages(done["rewards"].total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
+        return advantages_of(cfg, done["rewards"], self.task.weights)
 
     def _loss(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> LossBreakdown:
         r, advantages = done["rollout"], done["advantages"].values

@@ -23,6 +23,7 @@ task's included) until that task is used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -39,6 +40,7 @@ class Task:
     reward_funcs: tuple[Callable, ...]  # TRL-style f(prompts, completions, **kwargs) -> list[float | None]
     reward_weights: tuple[float, ...] | None = None  # TRL's reward_weights; None: all 1
     held_out: bool = True  # prompts("test", n) are prompts no step trains on (a capture's repeats are not)
+    infinite_as_none: bool = False  # an infinite reward is refused; True: read as None, and its rows recorded
 
     def __post_init__(self):
         object.__setattr__(self, "reward_funcs", tuple(self.reward_funcs))
@@ -57,6 +59,11 @@ class Task:
     @property
     def weights(self) -> tuple[float, ...]:
         return self.reward_weights if self.reward_weights is not None else (1.0,) * len(self.reward_funcs)
+
+    def without_infinite(self) -> Task:
+        """The task with an infinite reward read as None (the function does not apply there): what the doctor
+        scores a step with once it has named the infinite reward, so that every other detector still runs."""
+        return dataclasses.replace(self, infinite_as_none=True)
 
     @property
     def reward_names(self) -> tuple[str, ...]:

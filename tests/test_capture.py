@@ -30,7 +30,9 @@ def captured_run(cfg: StepConfig, out: Path, task=None, **overrides) -> Path:
     callback = CaptureCallback(out / "captures", steps=[2])
     trainer.add_callback(callback)
     trainer.train()
-    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2]
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["step"] for h in logged] == [1, 2]
+    (out / "log_history.json").write_text(json.dumps([{"step": h["step"], "kl": h.get("kl")} for h in logged]))
     return out / "captures" / "step-2"
 
 
@@ -62,6 +64,8 @@ def test_a_capture_is_a_self_contained_folder(bundled):
         and batch["trainer_per_token_logps"].shape == batch["completion_ids"].shape
     )
     assert torch.allclose(torch.tensor(meta["advantages"]), batch["advantages"])
+    logged = [(h["step"], h["kl"]) for h in json.loads((bundled.parent.parent / "log_history.json").read_text())]
+    assert capture.logged_kl == logged, f"the capture's kl history is not TRL's log: {capture.logged_kl} {logged}"
 
 
 def test_the_replay_reproduces_what_trl_logged(bundled):
@@ -431,6 +435,8 @@ def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows():
         (("index", -3), "a schedule micro-batch's index = -3 is outside"),
         (("skip a row", None), r"schedule micro-batches of \[\d+\] rows: each is \d+"),
         (("drop a micro-batch", None), "micro-batches for gradient_accumulation_steps"),
+        (("logged_kl", [[1, "high"]]), "logged_kl is not a list of"),
+        (("logged_kl", {"1": 0.1}), "logged_kl is not a list of"),
     ],
 )
 def test_a_capture_of_another_format_or_a_schedule_out_of_bounds_is_refused(bundled, tmp_path, damage, problem):
@@ -453,6 +459,8 @@ def test_a_capture_of_another_format_or_a_schedule_out_of_bounds_is_refused(bund
         schedule["micro_batches"][0]["rows"].pop()
     elif key == "drop a micro-batch":
         schedule["gradient_accumulation_steps"] += 1
+    elif key == "logged_kl":
+        meta["logged_kl"] = value
     else:
         schedule[key] = value
     (path / "capture.json").write_text(json.dumps(meta))

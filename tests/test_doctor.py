@@ -114,6 +114,9 @@ def test_every_planted_defect_is_named_within_the_top_two(reports):
     assert set(found[:2]) == {"update_size", "kl_blowup"}, f"learning_rate 0.1: the update and the KL first: {found}"
     erased = next(f for f in reports["reward_1000x"].findings if f.id == "dominant_reward")
     assert erased.evidence["erased"] == ["digits"], f"the 1000x reward erases digits: {erased}"
+    assert erased.severity in ("warning", "problem") and erased.effect and "error" not in erased.effect, (
+        f"the erased function is not named at warning or above with a flip (normalize_then_sum): {erased}"
+    )
 
 
 @pytest.mark.slow  # `make test-slow`: the planted runs

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_debug.capture import health
 from grpo_debug.config import StepConfig
@@ -87,13 +88,12 @@ def with_rewards(facts, per_function: dict, weights=None):
 
     weights = weights or (1.0,) * len(per_function)
     total = sum(w * v.nan_to_num(0.0) for w, v in zip(weights, per_function.values()))
+    total[torch.stack(list(per_function.values())).isnan().all(0)] = float("nan")  # unscorable, as TRL marks it
     rewards = dataclasses.replace(facts.run.rewards, per_function=per_function, total=total)
     return dataclasses.replace(facts, run=dataclasses.replace(facts.run, rewards=rewards), reward_weights=weights)
 
 
 def test_a_function_erased_by_another_is_a_warning_and_one_that_counts_is_not(facts):
-    import torch
-
     n = len(facts.run.rewards.total)
     torch.manual_seed(0)
     small, large = torch.rand(n), torch.rand(n)
@@ -101,11 +101,15 @@ def test_a_function_erased_by_another_is_a_warning_and_one_that_counts_is_not(fa
     assert erased.severity == "warning" and erased.evidence["erased"] == ["small"], erased
     kept = d.dominant_reward(with_rewards(facts, {"small": small, "large": 5 * large}))
     assert kept.severity in ("info", "absent") and "erased" not in kept.evidence, kept
+    normalised = facts.run.config.replace(multi_objective_aggregation="normalize_then_sum")
+    erased_facts = with_rewards(facts, {"small": small, "large": 1000 * large})
+    cured = d.dominant_reward(
+        dataclasses.replace(erased_facts, run=dataclasses.replace(erased_facts.run, config=normalised))
+    )
+    assert cured.severity in ("info", "absent"), f"normalize_then_sum still erases a function: {cured}"
 
 
 def test_none_rewards_for_a_quarter_of_the_completions_is_a_warning(facts):
-    import torch
-
     n = len(facts.run.rewards.total)
     at = int(n * d.NONE_WARNING)
     for nones, severity in ((at, "warning"), (at - 1, "info")):
@@ -113,3 +117,97 @@ def test_none_rewards_for_a_quarter_of_the_completions_is_a_warning(facts):
         values[:nones] = float("nan")
         finding = d.bad_reward(with_rewards(facts, {"sometimes": values}))
         assert finding.severity == severity, f"{nones} of {n} None rewards: {finding.severity}, not {severity}"
+
+
+def test_completions_no_function_scored_are_a_problem_only_when_all_are(facts):
+    n = len(facts.run.rewards.total)
+    everywhere = d.bad_reward(with_rewards(facts, {"never": torch.full((n,), float("nan"))}))
+    assert everywhere.severity == "problem" and everywhere.evidence["unscorable"] == n, everywhere
+    values = torch.rand(n)
+    values[: n - 1] = float("nan")
+    but_one = d.bad_reward(with_rewards(facts, {"rarely": values}))
+    assert but_one.severity == "warning" and but_one.evidence["unscorable"] == n - 1, but_one
+
+
+def odd_rows_none(prompts, completions, **kwargs):
+    return [None if i % 2 else float(len(c) % 3) for i, c in enumerate(completions)]
+
+
+def odd_rows_infinite(prompts, completions, **kwargs):
+    return [float("inf") if i % 2 else float(len(c) % 3) for i, c in enumerate(completions)]
+
+
+def always_none(prompts, completions, **kwargs):
+    return [None] * len(completions)
+
+
+@pytest.mark.parametrize("funcs", [(odd_rows_none, always_none), (odd_rows_infinite,)], ids=["none", "infinite"])
+def test_bad_rewards_are_named_beside_every_other_detector(funcs):
+    """Rows no function scored (TRL 1.16: reward NaN, advantage 0) and infinite rewards (read as None by the
+    doctor, a problem) are named by bad_reward while every other detector still runs on the step: the cut
+    completions of max_new_tokens 4 among them."""
+    from grpo_debug.doctor import diagnose
+    from grpo_debug.task import Task, load_task
+
+    bundled = load_task(StepConfig().task)
+    task = Task("bad-rewards", bundled.prompts, funcs)
+    step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=4), task=task)
+    report = diagnose(step, flip=False)
+    found = {f.id: f for f in report.findings}
+    assert len(found) == len(d.DETECTORS), f"some detectors did not run: {sorted(found)}"
+    assert found["truncation"].severity != "absent", f"the cut completions went unseen: {found['truncation']}"
+    bad = found["bad_reward"]
+    if funcs[0] is odd_rows_infinite:
+        assert bad.severity == "problem" and bad.evidence["infinite_rewards"] == {"odd_rows_infinite": 4}, bad
+    else:
+        assert bad.evidence["unscorable"] == 4 and bad.severity == "warning", bad
+    assert step.task is task, "the doctor left its finite-only reading of the task on the step"
+
+
+@pytest.mark.parametrize(
+    ("history", "severity"),
+    [
+        (((1, 0.01), (2, 0.03)), "warning"),  # x3 per step from 0.03: past 1 nat in about 4 steps
+        (((1, 0.001), (2, 0.002), (3, 0.004)), "warning"),  # x2 from 0.004 (0.001 is noise): 1 nat in 7.97 steps
+        (((1, 0.0015), (2, 0.003)), "absent"),  # x2 from 0.003: 8.4 steps to 1 nat, past the horizon
+        (((1, 0.01), (3, 0.03)), "absent"),  # x1.73 per step
+        (((1, 0.0001), (2, 0.03)), "absent"),  # the first below the estimator's noise: no growth measured
+    ],
+)
+def test_kl_growth_from_the_logged_history(facts, history, severity):
+    """Below the level's warning, a logged kl that doubles per step and would pass 1 nat within the horizon is a
+    warning; slower growth, growth that needs longer, or growth measured from noise, is not."""
+    kl = history[-1][1]
+    finding = d.kl_blowup(dataclasses.replace(facts, kl_against_exact=None, logged_kl=kl, kl_history=history))
+    assert finding.severity == severity, f"logged kl {history}: {finding.severity}, not {severity}: {finding}"
+
+
+def test_kl_growth_tiers_on_both_sides():
+    assert d.kl_growth(((1, 0.01), (2, 0.03))) == pytest.approx(3.0)
+    assert d.kl_growth(((1, 0.01), (3, 0.04))) == pytest.approx(2.0)
+    assert d.kl_growth(((1, 0.0005), (2, 0.03))) is None, "a kl below the noise floor is no base to grow from"
+    assert d.kl_growth(((2, 0.01),)) is None
+
+
+@pytest.mark.parametrize(("value", "severity"), both_sides(d.LARGE_ADVANTAGE_WARNING, d.LARGE_ADVANTAGE_PROBLEM))
+def test_large_advantages_tiers(facts, value, severity):
+    adv = dataclasses.replace(facts.run.advantages, max_abs_advantage=value)
+    finding = d.large_advantages(dataclasses.replace(facts, run=dataclasses.replace(facts.run, advantages=adv)))
+    assert finding.severity == severity, f"max |A| {value}: {finding.severity}, not {severity}: {finding}"
+
+
+@pytest.mark.parametrize(("ratio", "severity"), both_sides(d.CLIPPED_INFO, d.CLIPPED_WARNING))
+def test_grad_clipped_tiers(facts, ratio, severity):
+    """grad_norm / max_grad_norm: info from 2 (half the length cut), warning from 10; never a problem."""
+    severity = {"warning": "info", "problem": "warning"}[severity] if severity != "absent" else "absent"
+    cfg = facts.run.config.replace(max_grad_norm=0.5)
+    update = dataclasses.replace(facts.run.update, grad_norm=0.5 * ratio)
+    run = dataclasses.replace(facts.run, config=cfg, update=update)
+    finding = d.grad_clipped(dataclasses.replace(facts, run=run))
+    assert finding.severity == severity, f"grad_norm {ratio}x max_grad_norm: {finding.severity}, not {severity}"
+    unclipped = d.grad_clipped(
+        dataclasses.replace(facts, run=dataclasses.replace(run, config=cfg.replace(max_grad_norm=0)))
+    )
+    assert unclipped.severity == "absent", unclipped
+    no_gradient = dataclasses.replace(run, update=dataclasses.replace(update, grad_norm=0.0))
+    assert d.grad_clipped(dataclasses.replace(facts, run=no_gradient)).severity == "absent"

@@ -338,10 +338,18 @@ class ConstantScorer(RewardScorer):
         return [Score("P", next(self.totals), {}) for _ in completions]
 
 
-@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
-def test_non_finite_reward_is_refused_naming_the_sample(bad):
-    with pytest.raises(ValueError, match=r"sample 3 \(prompt 1: 'P: b'\)"):
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf")])
+def test_infinite_reward_is_refused_naming_the_sample(bad):
+    with pytest.raises(ValueError, match=r"an infinite reward for sample 3 \(prompt 1: 'P: b'\)"):
         compute_rewards(["P: a", "P: b"], ["x"] * 4, 2, rookworld_task("policy", ConstantScorer([0.0, 1.0, 0.5, bad])))
+
+
+def test_a_completion_no_function_scored_is_unscorable_as_in_trl():
+    """Its total is NaN (TRL 1.16 marks it so), left out of its group's mean, and its advantage is 0."""
+    task = rookworld_task("policy", ConstantScorer([0.0, 1.0, 0.5, float("nan")]))
+    rewards = compute_rewards(["P: a", "P: b"], ["x"] * 4, 2, task)
+    assert rewards.total[:3].tolist() == [0.0, 1.0, 0.5] and rewards.total[3].isnan(), rewards.total
+    assert compute_advantages(rewards.total, 2)[3] == 0.0
 
 
 def test_infinite_reward_is_refused_by_the_advantages_but_nan_is_ignored():

@@ -67,14 +67,20 @@ def test_a_component_two_functions_report_is_prefixed_with_the_function_name():
     assert rewards.errors == ["first: bad; second: bad"] * 2
 
 
-@pytest.mark.parametrize("bad, what", [(float("inf"), "an infinite reward"), (None, "no reward")])
-def test_an_unusable_reward_is_refused_naming_the_sample_and_prompt(bad, what):
+def test_an_infinite_reward_is_refused_naming_the_sample_and_prompt_and_a_none_row_is_unscorable():
     def reward(prompts, completions, **kwargs):
         return [0.0, 1.0, 0.5, bad]
 
-    task = Task("bad", lambda s, n: [], (reward, lambda prompts, completions, **kw: [None] * len(completions)))
-    with pytest.raises(ValueError, match=rf"{what} .*sample 3 \(prompt 1: 'b'\)"):
+    never = lambda prompts, completions, **kw: [None] * len(completions)  # noqa: E731
+    bad = float("inf")
+    task = Task("bad", lambda s, n: [], (reward, never))
+    with pytest.raises(ValueError, match=r"an infinite reward for sample 3 \(prompt 1: 'b'\)"):
         compute_rewards(["a", "b"], ["x"] * 4, 2, task)
+    read_as_none = compute_rewards(["a", "b"], ["x"] * 4, 2, task.without_infinite())
+    assert read_as_none.infinite == {"reward": [3]} and read_as_none.total[3].isnan(), read_as_none
+    bad = None
+    rewards = compute_rewards(["a", "b"], ["x"] * 4, 2, task)
+    assert rewards.total[3].isnan() and rewards.total[:3].tolist() == [0.0, 1.0, 0.5], rewards.total
 
 
 def test_task_and_registry_errors_are_named(arithmetic):

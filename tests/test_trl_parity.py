@@ -4,7 +4,7 @@ import pytest
 import torch
 from trl_probes import AdvProbe, LossProbe
 
-from grpo_debug.advantages import compute_advantages, summarize_advantages
+from grpo_debug.advantages import advantages_of, compute_advantages, summarize_advantages
 from grpo_debug.config import StepConfig
 from grpo_debug.loss import compute_loss
 
@@ -87,6 +87,43 @@ def test_nan_rewards_follow_trl():
     trl_adv, _ = AdvProbe(rewards, 4).advantages()
     assert torch.allclose(compute_advantages(rewards, 4), trl_adv, atol=1e-6)
     assert compute_advantages(rewards, 4)[1] == 0.0
+
+
+NAN = float("nan")
+PER_FUNCTION = [  # (N, F) per-function rewards, NaN where a function returned None
+    torch.tensor(
+        [[1.0, 900.0], [0.0, 1000.0], [1.0, 1100.0], [0.0, 950.0], [0.5, 3.0], [0.5, 4.0], [0.2, 4.0], [0.9, 3.0]]
+    ),  # fmt: skip
+    torch.tensor([[1.0, NAN], [NAN, NAN], [0.0, 2.0], [1.0, 2.0], [0.2, 0.0], [0.4, NAN], [0.6, 1.0], [0.8, 1.0]]),
+    torch.randn(16, 3, generator=torch.Generator().manual_seed(2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PER_FUNCTION)))
+@pytest.mark.parametrize("weights", [None, [1.0, 0.25, 2.0]])
+def test_normalize_then_sum_and_unscorable_rows_match_trl(case, weights):
+    """TRL's multi_objective_aggregation="normalize_then_sum", and a completion every function returned None for
+    (its reward NaN, out of its group's baseline, advantage 0) under both aggregations, on TRL's own code."""
+    from grpo_debug.advantages import normalize_then_sum
+    from grpo_debug.config import StepConfig
+    from grpo_debug.rewards import Rewards
+
+    per_function, G = PER_FUNCTION[case], 4
+    w = torch.ones(per_function.shape[1]) if weights is None else torch.tensor(weights[: per_function.shape[1]])
+    total = (per_function * w).nansum(1)
+    total[per_function.isnan().all(1)] = NAN  # what compute_rewards hands the advantages
+    rewards = Rewards(total, {}, [], 0.0, {f"f{k}": per_function[:, k] for k in range(per_function.shape[1])})
+    for aggregation in ("sum_then_normalize", "normalize_then_sum"):
+        trl_adv, trl_metrics = AdvProbe(
+            per_function, G, reward_weights=w.tolist(), multi_objective_aggregation=aggregation
+        ).advantages()
+        cfg = StepConfig(num_generations=G, multi_objective_aggregation=aggregation)
+        ours = advantages_of(cfg, rewards, tuple(w.tolist()))
+        assert torch.allclose(ours.values, trl_adv, atol=1e-5, rtol=1e-5), f"{aggregation}: advantages differ"
+        for name in ["reward", "reward_std", "frac_reward_zero_std"]:
+            assert getattr(ours, name) == pytest.approx(trl_metrics[name], abs=1e-5), f"{aggregation}: {name}"
+    if per_function.isnan().all(1).any():
+        assert (normalize_then_sum(per_function, w, G)[per_function.isnan().all(1)] == 0).all()
 
 
 def test_std_floor_tames_phantom_advantages():

@@ -60,6 +60,7 @@ from .trainer_state import (
     gathered,
     gathered_batch_tensor,
     jsonable,
+    logged_kl,
     resolved_name,
     resolved_settings,
 )
@@ -332,6 +333,7 @@ class CaptureCallback(TrainerCallback):
                 meta = json.loads((path / "capture.json").read_text())
                 meta["logged"] = jsonable(dict(logs))
                 meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
+                meta["logged_kl"] = logged_kl(state.log_history)
                 write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
                 write_checksums(path)
             except Exception as e:  # the capture stands as written, without TRL's log of the step
@@ -602,6 +604,7 @@ class CaptureCallback(TrainerCallback):
             "schedule": schedule,
             "step_metrics": jsonable(capture["step_metrics"]),
             "logged": None,
+            "logged_kl": logged_kl(t.state.log_history),  # the steps before this one: on_log adds its own
             "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
             "kernels": kernels_in_use(),
         }

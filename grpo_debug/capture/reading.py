@@ -82,6 +82,12 @@ class Capture:
         return self.meta.get("step_metrics") or self.meta.get("logged") or {}
 
     @property
+    def logged_kl(self) -> list[tuple[int, float]]:
+        """[(step, kl)] as TRL logged them up to the captured step (the last 50; empty before this was recorded,
+        or where beta = 0)."""
+        return [(int(step), float(kl)) for step, kl in self.meta.get("logged_kl", [])]
+
+    @property
     def step_metrics_source(self) -> str:
         """What `step_metrics` are: the trainer's own numbers for this one step, or what TRL logged (an
         average over its logging window, `logging_steps` defaults to 10)."""
@@ -186,6 +192,12 @@ def _check_meta(meta, js: Path) -> tuple[dict, int]:
         _need(
             isinstance(w, number) and not isinstance(w, bool), js, f"reward weight of {name!r} = {w!r} is not a number"
         )
+    history = meta.get("logged_kl", [])
+    ok = isinstance(history, list) and all(
+        isinstance(h, list) and len(h) == 2 and type(h[0]) is int and isinstance(h[1], number) and math.isfinite(h[1])
+        for h in history
+    )
+    _need(ok, js, "logged_kl is not a list of [step, kl] pairs")
     g = meta["grpo_config"]
     for key in ("num_generations", "max_completion_length", "epsilon", "disable_dropout", "loss_type", "beta"):
         _need(key in g, js, f"grpo_config has no {key!r}")

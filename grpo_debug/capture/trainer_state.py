@@ -70,6 +70,20 @@ def jsonable(value):
     return repr(value)
 
 
+LOGGED_KL_STEPS = 50  # the most recent logged kl values a capture keeps
+
+
+def logged_kl(log_history: list[dict]) -> list[list[float]]:
+    """[[step, kl], ...] of TRL's training logs up to now (the last LOGGED_KL_STEPS with a finite kl): how the KL
+    to the reference grew before the captured step (`kl_blowup`)."""
+    kept = [
+        [h["step"], float(h["kl"])]
+        for h in log_history
+        if "loss" in h and isinstance(h.get("kl"), (int, float)) and math.isfinite(h["kl"])
+    ]
+    return kept[-LOGGED_KL_STEPS:]
+
+
 def resolved_settings(trainer) -> dict:
     """The values the trainer resolved from its GRPOConfig at run time (the saved config keeps None for some)."""
     args = trainer.args

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from ..advantages import TRL_EPS
 from ..pitfalls import PITFALLS
 from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from ..stats import holm, within_group_correlation
@@ -74,10 +75,20 @@ DOMINANT_SHARE = 0.9
 ERASED_SHARE = 0.01  # a function with under 1% of the variance it shares: its signal is lost in the sum
 
 
+def _normalised_within_group(values: torch.Tensor, G: int) -> torch.Tensor:
+    """(N,) `_within_group` divided by its group's std (+ TRL's 1e-4): what normalize_then_sum adds up."""
+    centred = _groups(_within_group(values, G), G)
+    return (centred / (centred.std(1, keepdim=True) + TRL_EPS)).flatten()
+
+
 def dominant_reward(f: StepFacts) -> Finding:
-    """Each function's share of the weighted total's within-group variance: cov(w_k r_k, total) / var(total)."""
-    per, G = f.run.rewards.per_function, f.run.config.num_generations
-    parts = {name: w * _within_group(v, G) for (name, v), w in zip(per.items(), f.reward_weights)}
+    """Each function's share of the advantages' within-group variance: cov(part_k, total) / var(total), where
+    part_k is w_k r_k centred in its group (sum_then_normalize), or also divided by its group's std
+    (normalize_then_sum: each function counts alike whatever its units)."""
+    per, cfg = f.run.rewards.per_function, f.run.config
+    G = cfg.num_generations
+    centre = _normalised_within_group if cfg.multi_objective_aggregation == "normalize_then_sum" else _within_group
+    parts = {name: w * centre(v, G) for (name, v), w in zip(per.items(), f.reward_weights)}
     total = sum(parts.values())
     variance = (total * total).sum().item()
     if len(parts) < 2 or variance == 0:
@@ -151,22 +162,36 @@ def length_reward(f: StepFacts) -> Finding:
 
 
 NONE_WARNING = 0.25  # a function that does not apply to a quarter of the completions: their signal from it is gone
+UNSCORABLE_PROBLEM = 1.0  # no completion scored by any function: every advantage is 0
 
 
 def bad_reward(f: StepFacts) -> Finding:
-    if f.reward_error:
-        return _finding("bad_reward", "problem", f.reward_error)
-    per = f.run.rewards.per_function
-    none = {name: int(v.isnan().sum()) for name, v in per.items()}
-    if not any(none.values()):
-        return _finding("bad_reward", "absent", "every reward is a finite number", none_rewards=none)
-    share = max(none.values()) / len(f.run.rewards.total)
-    return _finding(
-        "bad_reward", "warning" if share >= NONE_WARNING else "info",
-        "None rewards (skipped in the sum, as TRL does): "
-        + ", ".join(f"{k} {n}/{len(f.run.rewards.total)}" for k, n in none.items() if n),
-        none_rewards=none,
-    )  # fmt: skip
+    rewards, n = f.run.rewards, len(f.run.rewards.total)
+    none = {
+        name: int(v.isnan().sum()) - len(rewards.infinite.get(name, ())) for name, v in rewards.per_function.items()
+    }
+    unscorable = int(rewards.total.isnan().sum())
+    evidence = dict(none_rewards=none, infinite_rewards={k: len(v) for k, v in rewards.infinite.items()},
+                    unscorable=unscorable, completions=n)  # fmt: skip
+    said = []
+    if rewards.infinite:
+        said.append("infinite rewards (read as None here; TRL 1.16 zeroes such a group's advantages, or sets them "
+                     "to -3.4e38 under scale_rewards='none'): "
+                     + ", ".join(f"{k} {len(v)}/{n} (first at sample {v[0]})" for k, v in rewards.infinite.items()))  # fmt: skip
+    if any(none.values()):
+        said.append("None rewards (skipped in the sum, as TRL does): "
+                    + ", ".join(f"{k} {c}/{n}" for k, c in none.items() if c))  # fmt: skip
+    if unscorable:
+        said.append(f"{unscorable}/{n} completions no function scored (reward NaN and advantage 0, as in TRL 1.16)")
+    if not said:
+        return _finding("bad_reward", "absent", "every reward is a finite number", **evidence)
+    if rewards.infinite or unscorable >= UNSCORABLE_PROBLEM * n:
+        severity = "problem"
+    elif max(none.values()) >= NONE_WARNING * n:
+        severity = "warning"
+    else:
+        severity = "info"
+    return _finding("bad_reward", severity, "; ".join(said), **evidence)
 
 
 TRUNCATED_WARNING = 0.25  # a quarter of the completions cut: their rewards judge unfinished text
@@ -320,6 +345,49 @@ def advantage_scale(f: StepFacts) -> Finding:
                     **evidence)  # fmt: skip
 
 
+# max |A| that a group normalised by its own std can reach is (G - 1) / sqrt(G) (2.5 at G = 8): these are far past it
+LARGE_ADVANTAGE_WARNING = 10.0  # the policy term outweighs a unit-scale one tenfold (and beta's KL term with it)
+LARGE_ADVANTAGE_PROBLEM = 100.0  # a hundredfold: the rewards' units, not their ranking, set the step
+
+
+def large_advantages(f: StepFacts) -> Finding:
+    adv, cfg = f.run.advantages, f.run.config
+    G = cfg.num_generations
+    bound = (G - 1) / math.sqrt(G)
+    evidence = dict(max_abs_advantage=adv.max_abs_advantage, group_normalised_bound=bound,
+                    scale_rewards=cfg.scale_rewards, beta=cfg.beta)  # fmt: skip
+    said = f"max |A| {adv.max_abs_advantage:.3g} (a group normalised by its std reaches at most {bound:.2g} at G={G})"
+    if adv.max_abs_advantage >= LARGE_ADVANTAGE_PROBLEM:
+        return _finding("large_advantages", "problem", f"{said}: past {LARGE_ADVANTAGE_PROBLEM:g}, the rewards' "
+                        f"units set the step (scale_rewards={cfg.scale_rewards!r})", **evidence)  # fmt: skip
+    if adv.max_abs_advantage >= LARGE_ADVANTAGE_WARNING:
+        return _finding("large_advantages", "warning", f"{said}: past {LARGE_ADVANTAGE_WARNING:g}, the policy term "
+                        "outweighs a unit-scale one (and beta's KL term) tenfold", **evidence)  # fmt: skip
+    return _finding("large_advantages", "absent", said, **evidence)
+
+
+CLIPPED_INFO = 2.0  # grad_norm / max_grad_norm: half the gradient's length cut
+CLIPPED_WARNING = 10.0  # nine tenths cut: the clip, not the loss, sets how far the step goes
+
+
+def grad_clipped(f: StepFacts) -> Finding:
+    """How much of the gradient's length max_grad_norm cuts (TRL's grad_norm is the norm before clipping). Capped at
+    warning: the clip protects the run; what makes the gradient large is the cause."""
+    upd, cfg = f.run.update, f.run.config
+    evidence = dict(grad_norm=upd.grad_norm, max_grad_norm=cfg.max_grad_norm)
+    if not cfg.max_grad_norm or upd.grad_norm is None or not math.isfinite(upd.grad_norm):
+        return _finding("grad_clipped", "absent", f"max_grad_norm {cfg.max_grad_norm:g}: no clipping", **evidence)
+    ratio = upd.grad_norm / cfg.max_grad_norm
+    evidence["ratio"] = ratio
+    cut = max(0.0, 1 - cfg.max_grad_norm / upd.grad_norm) if upd.grad_norm > 0 else 0.0
+    said = f"grad_norm {upd.grad_norm:.3g} against max_grad_norm {cfg.max_grad_norm:g}: {cut:.0%} of its length cut"
+    if ratio >= CLIPPED_WARNING:
+        return _finding("grad_clipped", "warning", f"{said}; the clip, not the loss, sets the step", **evidence)
+    if ratio >= CLIPPED_INFO:
+        return _finding("grad_clipped", "info", said, **evidence)
+    return _finding("grad_clipped", "absent", said, **evidence)
+
+
 UPDATE_WARNING = 0.01  # ||delta theta|| / ||theta||: the recorder's signal (it has no second scoring), and the
 # doctor's where the update's KL was not measured
 # KL(pi_before || pi_after) per token that one update makes on its own completions (`moved_kl`). Measured in
@@ -356,21 +424,47 @@ KL_BLOWUP_WARNING = MOVED_KL_WARNING  # the same distance, however many steps it
 KL_BLOWUP_PROBLEM = MOVED_KL_PROBLEM
 
 
+KL_NOISE = 1e-3  # nats per token: a logged kl below this is the estimator's noise, not a level to grow from
+KL_GROWTH_WARNING = 2.0  # the logged kl doubling (or more) per step...
+KL_GROWTH_STEPS = 8  # ...and past KL_BLOWUP_PROBLEM within this many steps at that rate (the doctor's horizon)
+
+
+def kl_growth(history: tuple[tuple[int, float], ...]) -> float | None:
+    """The logged kl's growth per step over its last two values above KL_NOISE: (kl_b / kl_a) ** (1 / (b - a));
+    None with fewer than two."""
+    points = [(s, kl) for s, kl in history if kl > KL_NOISE]
+    if len(points) < 2 or points[-1][0] <= points[-2][0]:
+        return None
+    (a, kl_a), (b, kl_b) = points[-2:]
+    return (kl_b / kl_a) ** (1 / (b - a))
+
+
 def kl_blowup(f: StepFacts) -> Finding:
     """How far the policy is from its reference at the step's start: the exact KL(pi || ref) per token over the
-    vocabulary where measured (beta > 0), else the kl TRL logged at the captured step (k3 on the sampled tokens)."""
+    vocabulary where measured (beta > 0), else the kl TRL logged at the captured step (k3 on the sampled tokens);
+    and how fast TRL's logged kl grew over the steps before (a capture's `logged_kl`)."""
     cfg, exact = f.run.config, f.kl_against_exact
     kl, source = (exact["exact_kl"], "exact KL(pi || ref)") if exact else (f.logged_kl, "TRL's logged kl")
-    evidence = dict(kl=kl, source=source, beta=cfg.beta, logged_kl=f.logged_kl)
+    growth = kl_growth(f.kl_history)
+    evidence = dict(kl=kl, source=source, beta=cfg.beta, logged_kl=f.logged_kl, growth_per_step=growth,
+                    logged_history=[list(h) for h in f.kl_history[-8:]])  # fmt: skip
     if kl is None or not math.isfinite(kl):
         return _finding("kl_blowup", "absent", "no reference (beta = 0): the KL to it is not measured", **evidence)
     said = f"{source} {kl:.3g} nats per token at the step's start"
+    if growth is not None and growth > 1:
+        said += f", the logged kl growing x{growth:.2g} per step"
     if kl >= KL_BLOWUP_PROBLEM:
         return _finding("kl_blowup", "problem", f"{said}: the steps before this one moved the policy past "
                         f"{KL_BLOWUP_PROBLEM:g} nat, where one step cost the held-out reward in the calibration",
                         **evidence)  # fmt: skip
     if kl >= KL_BLOWUP_WARNING:
         return _finding("kl_blowup", "warning", f"{said}: past {KL_BLOWUP_WARNING:g}", **evidence)
+    if growth is not None and growth >= KL_GROWTH_WARNING and kl > KL_NOISE:
+        steps = math.log(KL_BLOWUP_PROBLEM / kl) / math.log(growth)
+        evidence["steps_to_problem"] = steps
+        if steps <= KL_GROWTH_STEPS:
+            return _finding("kl_blowup", "warning", f"{said}: at that rate past {KL_BLOWUP_PROBLEM:g} nat in about "
+                            f"{math.ceil(steps)} steps", **evidence)  # fmt: skip
     return _finding("kl_blowup", "absent", said, **evidence)
 
 

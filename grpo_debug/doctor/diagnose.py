@@ -28,6 +28,14 @@ def diagnose(
     them (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run. `horizon` K > 0: each cause's fix is
     followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
     reward functions can score new completions."""
+    task = step.task
+    try:
+        return _diagnose(step, flip, held_out, horizon, horizon_seeds)
+    finally:
+        step.task = task  # `examine` reads an infinite reward as None for the diagnosis alone
+
+
+def _diagnose(step: GRPOStep, flip: bool, held_out: int | None, horizon: int, horizon_seeds: int) -> Report:
     start = time.perf_counter()
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)

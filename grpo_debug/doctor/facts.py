@@ -18,7 +18,7 @@ from ..scoring import completion_logits, next_token_logps, per_token_logps
 from ..specs import eval_sampling_of, scoring_of
 from ..speed import kernels
 from ..step import GRPOStep, StepRun
-from .detectors import DETECTORS, bad_reward
+from .detectors import DETECTORS
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import Finding, StepFacts
 
@@ -106,10 +106,10 @@ def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.T
     try:
         run = step.run(cfg, until="update")
     except ValueError as e:
-        if "reward" not in str(e):
+        if "an infinite reward" not in str(e):
             raise
-        run = step.run(cfg, until="logprobs")
-        return facts_of(step, run, reward_error=str(e)), None, None
+        step.task = step.task.without_infinite()  # read as None, named by bad_reward; `diagnose` gives it back
+        run = step.run(cfg, until="update")
     delta = update_vector(step)
     after = held_out_side(step, eval_sampling_of(cfg), list(prompts))
     return facts_of(step, run), delta, after
@@ -136,7 +136,7 @@ def k3_per_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
     return ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum().item() / max(mask.sum().item(), 1.0)
 
 
-def facts_of(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
+def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
     step_kl = moved_kl(step, run)
     weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
     capture, r, lp = step.capture, run.rollout, run.logprobs
@@ -155,10 +155,10 @@ def facts_of(step: GRPOStep, run: StepRun, reward_error: str = "") -> StepFacts:
         kept_mass=_kept_mass(step, run),
         kl_against_exact=_kl_against_exact(step, run),
         weight_norm=weight_norm,
-        reward_error=reward_error,
         uses_vllm=uses_vllm(step),
         step_kl=step_kl,
         logged_kl=step.capture.step_metrics.get("kl") if step.capture is not None else None,
+        kl_history=tuple(step.capture.logged_kl) if step.capture is not None else (),
     )
 
 
@@ -171,7 +171,5 @@ def uses_vllm(step: GRPOStep) -> bool:
 
 
 def detect(facts: StepFacts) -> list[Finding]:
-    """Every detector on the facts, in catalogue order; a step whose rewards were refused: `bad_reward` alone."""
-    if facts.reward_error:
-        return [bad_reward(facts)]
+    """Every detector on the facts, in catalogue order."""
     return [detector(facts) for detector in DETECTORS]

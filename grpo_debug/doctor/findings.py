@@ -41,10 +41,10 @@ class StepFacts:
     kept_mass: torch.Tensor | None  # (N, C) mass top_p/top_k/min_p kept at each scored token; None: no truncation
     kl_against_exact: dict[str, float] | None  # the KL estimator against the exact KL (`exact_kl`); None: beta 0
     weight_norm: float  # ||theta|| before the step, over the trained parameters (a tied embedding counted once)
-    reward_error: str = ""  # the rewards phase refused the step (an infinite reward, a row of all-None)
     uses_vllm: bool = False  # the run sampled with vLLM (a capture's use_vllm): vLLM's settings apply to it
     step_kl: float | None = None  # KL(before || after) per scored token that the update made (`moved_kl`)
     logged_kl: float | None = None  # the kl TRL logged at the captured step (k3 to the reference), if any
+    kl_history: tuple[tuple[int, float], ...] = ()  # (step, kl) TRL logged up to the captured step, oldest first
 
 
 def _finding(id: str, severity: str, summary: str, **evidence) -> Finding:
