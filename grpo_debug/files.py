@@ -11,6 +11,7 @@ DATA_DIR = ROOT / "data"
 DEFAULT_MODEL_DIR = DATA_DIR / "models" / "rookworld-tiny"
 DEFAULT_MODEL = os.environ.get("GRPO_DEBUG_MODEL", str(DEFAULT_MODEL_DIR))
 HUB_MODEL = "jrahn/RookWorld-LM-124M"
+MAX_READ_BYTES = 256 * 2**20  # a JSON file or log of this package's past this size was not written by it
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:
@@ -35,3 +36,12 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binar
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     write_atomically(path, lambda f: f.write(text))
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> str:
+    """The text of `path`, its size checked before a byte is read: ValueError naming the file past `limit` bytes
+    (a file this large was not written by this package, and reading it whole could exhaust the memory)."""
+    size = os.stat(path).st_size
+    if size > limit:
+        raise ValueError(f"{path} is {size / 2**20:.0f} MB: over the {limit / 2**20:.0f} MB this reads")
+    return Path(path).read_text()

@@ -2,6 +2,7 @@
 folder, a bug of ours), training runs to its end, a warning names the step and the cause, and no half-written
 capture is left where a reader would open it."""
 
+import json
 import warnings
 from pathlib import Path
 
@@ -118,3 +119,67 @@ def test_no_output_overwrites_what_the_command_reads(tmp_path, capsys):
         said = capsys.readouterr().err.strip().splitlines()[-1]
         assert done.value.code == 2 and "which this command reads" in said, (argv, said)
     assert (capture / "capture.json").read_text() == "{}" and not (capture / "tokens.html").exists()
+
+
+def test_no_output_overwrites_any_input_of_any_command(tmp_path, capsys):
+    """Every command's --json and --html against every input it reads beyond a capture or a run: the --task file,
+    the reference and LoRA base model folders a capture names (through a link too), the model a step or a train
+    run loads; and both outputs naming one file. One line, exit 2, before any work; every input unchanged."""
+    from grpo_debug.cli.commands import main
+
+    reference, base = tmp_path / "reference", tmp_path / "base"
+    for model in (reference, base):
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "gpt2"}')
+    (tmp_path / "ref-link").symlink_to(reference)
+    capture = tmp_path / "run" / "step-1"
+    capture.mkdir(parents=True)
+    meta = {"reference": {"name_or_path": str(tmp_path / "ref-link")}, "policy": {"base": {"folder": str(base)}}}
+    (capture / "capture.json").write_text(json.dumps(meta))
+    (tmp_path / "run" / "health.jsonl").write_text("")
+    task = tmp_path / "tasks.py"
+    task.write_text("def digits(completions, **kw):\n    return [0.0 for c in completions]\n")
+    with_task = ["--task", f"{task}:digits"]
+    refused = {
+        "doctor --json over the --task file": ["doctor", str(capture), *with_task, "--json", str(task)],
+        "replay --html over the --task file": ["replay", str(capture), *with_task, "--html", str(task)],
+        "timeline --html over the --task file": [
+            "timeline",
+            str(tmp_path / "run"),
+            "--doctor",
+            *with_task,
+            "--html",
+            str(task),
+        ],  # fmt: skip
+        "doctor --json into the reference": ["doctor", str(capture), "--json", str(reference / "config.json")],
+        "replay --json into the LoRA base": ["replay", str(capture), "--json", str(base / "report.json")],
+        "timeline --doctor into a capture's reference": [
+            "timeline",
+            str(tmp_path / "run"),
+            "--doctor",
+            "--html",
+            str(reference / "run.html"),
+        ],  # fmt: skip
+        "step --json into its model": ["step", "--set", f"model={reference}", "--json", str(reference / "config.json")],
+        "doctor --html into its model": ["doctor", "--set", f"model={reference}", "--html", str(reference / "a.html")],
+        "train --json into its model": [
+            "train",
+            "--steps",
+            "1",
+            "--arm",
+            "fixed",
+            "--set",
+            f"model={reference}",
+            "--json",
+            str(reference / "config.json"),
+        ],  # fmt: skip
+        "doctor --json and --html one file": ["doctor", "--json", str(tmp_path / "r"), "--html", str(tmp_path / "r")],
+    }
+    for case, argv in refused.items():
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert done.value.code == 2 and len(errors) == 1, (case, errors)
+        assert "which this command reads" in errors[0] or "give each its own file" in errors[0], (case, errors[0])
+    assert task.read_text().startswith("def digits") and (reference / "config.json").read_text().startswith("{")
+    assert [p.name for p in reference.iterdir()] == ["config.json"] == [p.name for p in base.iterdir()]

@@ -21,35 +21,75 @@ def ascii_int(text: str) -> int:
     return int(text)
 
 
-def check_outputs(parser, args, reads: str | None = None) -> None:
-    """`--json` and `--html`, where given, refused before any work starts unless writable, and inside `reads`
-    (the capture the command reads: every file of it is checksummed, so one more file makes it unreadable)."""
-    for path, flag in ((args.json, "--json"), (args.html, "--html")):
-        if path is not None:  # "" too: refused, not silently skipped
-            check_writable(parser, path, flag)
-            if reads is not None:
-                check_outside(parser, path, flag, reads)
+def check_outputs(parser, args, reads: list[str]) -> None:
+    """`--json` and `--html`, where given, refused in one line before any work starts: a path no file can be made
+    at, both naming one file, or one that is, or lies inside, a file or folder the command reads (`reads`: a
+    capture's files are checksummed, so even one more file there makes it unreadable)."""
+    given = (("--json", getattr(args, "json", None)), ("--html", getattr(args, "html", None)))
+    outputs = [(flag, path) for flag, path in given if path is not None]
+    for flag, path in outputs:  # "" too: refused, not silently skipped
+        check_writable(parser, path, flag)
+        for read in reads:
+            if covers(read, path):
+                what = "that is" if same_file(read, path) else "inside"
+                parser.error(f"{flag} {path}: {what} {read}, which this command reads; write it elsewhere")
+    if len(outputs) == 2 and same_file(outputs[0][1], outputs[1][1]):
+        parser.error(f"--json and --html both name {outputs[0][1]}: give each its own file")
 
 
-def check_outside(parser, path: str, flag: str, folder: str) -> None:
-    """Refuse an output inside `folder`, which the command reads (one line, before any work)."""
-    out, inside = os.path.realpath(path), os.path.realpath(folder)
-    if out == inside or out.startswith(inside + os.sep):
-        parser.error(f"{flag} {path}: inside {folder}, which this command reads; write it elsewhere")
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_not_the_runs(parser, path: str, flag: str, run: str) -> None:
-    """A run folder's page may sit beside its files but not replace one: not its health log or captures index,
-    and not inside a capture folder (`step-<k>/`) or the doctor's reports."""
-    from pathlib import Path
+def covers(read: str, out: str) -> bool:
+    """Writing `out` would change `read`: the same file, or a file inside the folder `read` (links followed)."""
+    out, read = os.path.realpath(out), os.path.realpath(read)
+    return out == read or out.startswith(read.rstrip(os.sep) + os.sep)
 
-    out = os.path.realpath(path)
-    for name in ("health.jsonl", "captures.json"):
-        if out == os.path.realpath(os.path.join(run, name)):
-            parser.error(f"{flag} {path}: that is the run's {name}, which this command reads; write it elsewhere")
-    for folder in [*Path(run).glob("step-*"), Path(run) / "reports"]:
-        if folder.is_dir():
-            check_outside(parser, path, flag, str(folder))
+
+def task_reads(task: str | None) -> list[str]:
+    """The file a `--task FILE.py:NAME` imports (a registered task's name reads none)."""
+    return [task.rpartition(":")[0]] if task and ".py:" in task else []
+
+
+def capture_reads(capture: str) -> list[str]:
+    """A capture folder and the local model folders its capture.json names, which the replay and the doctor load:
+    the reference model, a LoRA run's base."""
+    meta = capture_meta(capture)
+    named = [_field(meta, "reference", "name_or_path"), _field(meta, "policy", "base", "folder")]
+    return [capture, *(name for name in named if isinstance(name, str) and name and os.path.isdir(name))]
+
+
+def run_reads(run: str, doctor: bool) -> list[str]:
+    """What `timeline` reads in a FlightRecorder folder: its health log, its captures index, each capture, the
+    doctor's reports (a page may sit beside them, not replace one); with `--doctor`, each capture's models too."""
+    captures = sorted(str(p) for p in Path(run).glob("step-*") if p.is_dir())
+    reads = [os.path.join(run, "health.jsonl"), os.path.join(run, "captures.json"), os.path.join(run, "reports")]
+    for capture in captures:
+        reads += capture_reads(capture) if doctor else [capture]
+    return reads
+
+
+def model_reads(configs) -> list[str]:
+    """The local model folders these StepConfigs load (a hub id reads the cache: not checked)."""
+    return sorted({cfg.model for cfg in configs if os.path.isdir(cfg.model)})
+
+
+def capture_meta(capture: str | None) -> dict:
+    """capture.json as an object, size-bounded; {} where it cannot be read (the capture's own checks refuse it later)."""
+    from ..files import MAX_READ_BYTES, read_bounded
+
+    try:
+        meta = json.loads(read_bounded(Path(capture) / "capture.json", MAX_READ_BYTES)) if capture else {}
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _field(value, *keys):
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def check_prompts(cfg: StepConfig) -> None:
@@ -118,10 +158,10 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
 def _first_row(capture: str | None) -> tuple:
     """The capture's first prompt and completion as TRL gave them to reward functions (message lists in a
     conversational run); a stand-in pair without a readable capture (its own checks refuse it later)."""
+    meta = capture_meta(capture)
     try:
-        meta = json.loads((Path(capture) / "capture.json").read_text()) if capture else {}
         prompt, completion = meta["prompts"][0], meta["completions"][0]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    except (KeyError, IndexError, TypeError):
         return "What is 1+1? ", "2"
     if isinstance(prompt, list):
         return prompt, [{"role": "assistant", "content": str(completion)}]

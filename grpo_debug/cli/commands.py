@@ -25,11 +25,13 @@ from ..overrides import describe_fields, parse_overrides
 from .checks import (
     ascii_int,
     capture_overrides,
-    check_not_the_runs,
+    capture_reads,
     check_outputs,
     check_prompts,
     check_task,
-    check_writable,
+    model_reads,
+    run_reads,
+    task_reads,
 )
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
@@ -66,7 +68,7 @@ def train_command(parser, args) -> int:
         )
     except ValueError as e:
         parser.error(str(e))
-    check_writable(parser, args.json)
+    check_outputs(parser, args, model_reads([arm.config(base) for arm in arms]))
     _threads(args.threads)
     from ..runs.progress import remove_progress
     from ..runs.train import train
@@ -150,7 +152,7 @@ def analyze_command(parser, args) -> int:
 def replay_command(parser, args) -> int:
     check_task(parser, args.task, args.path)
     overrides = capture_overrides(parser, args)
-    check_outputs(parser, args, reads=args.path)
+    check_outputs(parser, args, capture_reads(args.path) + task_reads(args.task))
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..capture.replay import reproduction
@@ -198,7 +200,8 @@ def doctor_command(parser, args) -> int:
             check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
-    check_outputs(parser, args, reads=args.path or None)
+    reads = capture_reads(args.path) if args.path else model_reads([cfg])
+    check_outputs(parser, args, reads + task_reads(args.task))
     check_task(parser, args.task, args.path)
     _threads(args.threads)
     from ..capture.opening import open_capture
@@ -233,8 +236,7 @@ def timeline_command(parser, args) -> int:
     that has none (RUN_DIR/reports/step-<k>.html), which the page links to."""
     if (args.task or args.no_flip) and not args.doctor:
         parser.error("--task and --no-flip are the doctor's: add --doctor")
-    check_writable(parser, args.html, "--html")
-    check_not_the_runs(parser, args.html, "--html", args.path)
+    check_outputs(parser, args, run_reads(args.path, args.doctor) + task_reads(args.task))
     check_task(parser, args.task, None)
     from ..files import write_text_atomically
     from ..show.timeline import page, read_run, report_path
@@ -480,7 +482,7 @@ def step_command(parser, args) -> int:
         check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
-    check_outputs(parser, args)
+    check_outputs(parser, args, model_reads([cfg]))
     _threads(args.threads)
     from ..model import ModelUnavailable
     from ..show.report import report, step_json
