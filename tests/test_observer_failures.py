@@ -150,7 +150,7 @@ def test_no_output_overwrites_any_input_of_any_command(tmp_path, capsys):
             *with_task,
             "--html",
             str(task),
-        ],  # fmt: skip
+        ],
         "doctor --json into the reference": ["doctor", str(capture), "--json", str(reference / "config.json")],
         "replay --json into the LoRA base": ["replay", str(capture), "--json", str(base / "report.json")],
         "timeline --doctor into a capture's reference": [
@@ -159,7 +159,7 @@ def test_no_output_overwrites_any_input_of_any_command(tmp_path, capsys):
             "--doctor",
             "--html",
             str(reference / "run.html"),
-        ],  # fmt: skip
+        ],
         "step --json into its model": ["step", "--set", f"model={reference}", "--json", str(reference / "config.json")],
         "doctor --html into its model": ["doctor", "--set", f"model={reference}", "--html", str(reference / "a.html")],
         "train --json into its model": [
@@ -172,7 +172,7 @@ def test_no_output_overwrites_any_input_of_any_command(tmp_path, capsys):
             f"model={reference}",
             "--json",
             str(reference / "config.json"),
-        ],  # fmt: skip
+        ],
         "doctor --json and --html one file": ["doctor", "--json", str(tmp_path / "r"), "--html", str(tmp_path / "r")],
     }
     for case, argv in refused.items():
