@@ -195,3 +195,36 @@ def test_a_recorder_setting_follows_one_rule_for_booleans_and_numbers(tmp_path, 
 
     with pytest.raises(ValueError, match=setting):
         FlightRecorder(tmp_path / "run", **{setting: value})
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    """Step 2 of a real 2-step TRL run of the bundled model (CaptureCallback), its reward function `rookworld`."""
+    from grpo_debug.capture import CaptureCallback
+    from grpo_debug.capture.trl_bridge import trl_trainer
+    from grpo_debug.config import StepConfig
+
+    out = tmp_path_factory.mktemp("capture")
+    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=16, beta=0.04)
+    trainer = trl_trainer(cfg, str(out / "trl"), max_steps=2, disable_dropout=True, save_strategy="no")
+    trainer.add_callback(CaptureCallback(out / "captures", steps=[2]))
+    trainer.train()
+    return out / "captures" / "step-2"
+
+
+@pytest.mark.usefixtures("task_registry_restored")
+def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(capture, tmp_path, capsys):
+    """Your reward functions return None for every completion where the run scored them: every advantage would
+    be 0 (TRL 1.16), so the replay compares nothing with the trainer's step. One line naming --task, exit 2,
+    before the update, no output written; where the run scored none either, the replay goes on."""
+    from grpo_debug.cli.commands import main, unscorable
+
+    (tmp_path / "tasks.py").write_text("def rookworld(completions, **kw):\n    return [None for c in completions]\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(capture), "--task", f"{tmp_path / 'tasks.py'}:rookworld", "--json", str(tmp_path / "o")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exited.value.code == 2 and len(errors) == 1, errors
+    assert "tasks.py:rookworld: no reward function scored any of the 8 completions" in errors[0], errors[0]
+    assert not (tmp_path / "o").exists()
+    assert unscorable([True, True], {"f": [None, None]}, "t.py:f") is None  # the run scored none either
+    assert unscorable([True, False], {"f": [1.0, 0.0]}, "t.py:f") is None  # one scored: a replay to compare
