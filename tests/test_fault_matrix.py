@@ -159,7 +159,16 @@ def test_a_recorder_refuses_a_folder_that_holds_another_runs_log(tmp_path):
     run = a_run(tmp_path / "run")
     with pytest.raises(ValueError, match="holds another run's health.jsonl: a FlightRecorder writes one run per"):
         FlightRecorder(run)
-    FlightRecorder(tmp_path / "fresh")  # a new folder is taken
+    (tmp_path / "index-only").mkdir()
+    (tmp_path / "index-only" / "captures.json").write_text("{}")  # a run killed before its first health line
+    (tmp_path / "capture-only" / "step-3").mkdir(parents=True)
+    for folder, held in (("index-only", "captures.json"), ("capture-only", "step-3")):
+        with pytest.raises(ValueError, match=f"holds another run's {held}"):
+            FlightRecorder(tmp_path / folder)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "notes.txt").write_text("")
+    FlightRecorder(tmp_path / "fresh")  # a folder holding no run is taken
+    FlightRecorder(tmp_path / "new")  # a new one too
 
 
 def test_bidi_controls_and_nul_never_reach_a_page_raw(tmp_path):

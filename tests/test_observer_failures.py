@@ -1,14 +1,21 @@
-"""The observer never stops the observed: whatever fails in CaptureCallback or FlightRecorder (a full disk, a bad
-folder, a bug of ours), training runs to its end, a warning names the step and the cause, and no half-written
-capture is left where a reader would open it."""
+"""The observer never stops the observed: whatever fails in CaptureCallback or FlightRecorder (a full disk, a
+read-only folder, a bad folder, a bug of ours anywhere in it), training runs to its end with the losses of a run
+without it, one warning names each failed step and the cause, the health line records the failure, and no
+half-written capture is left where a reader would open it."""
 
+import builtins
+import errno
+import io
 import json
+import os
+import re
 import warnings
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback
 
-from grpo_debug.capture import CaptureCallback, FlightRecorder
+from grpo_debug.capture import CaptureCallback, FlightRecorder, flight
 from grpo_debug.capture import callback as callback_module
 from grpo_debug.capture.reading import load_capture
 from grpo_debug.capture.trl_bridge import trl_trainer
@@ -18,30 +25,84 @@ pytestmark = pytest.mark.usefixtures("task_registry_restored")
 STEPS = 2
 
 
-def train_with(recorder, out: Path) -> tuple[int, list[str]]:
-    """A 2-step TRL run of the bundled model with `recorder` added: the steps it trained, the warnings it gave."""
+def train_with(recorder, out: Path, steps: int = STEPS, *more) -> tuple[int, list[str], list]:
+    """A TRL run of the bundled model with `recorder` (and `more` callbacks) added: the steps it trained, the
+    recorder's warnings, and each step's logged loss and grad_norm."""
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=8)
-    trainer = trl_trainer(cfg, str(out / "trl"), max_steps=STEPS)
-    trainer.add_callback(recorder)
+    trainer = trl_trainer(cfg, str(out / "trl"), max_steps=steps, save_strategy="no")
+    for callback in (*more, recorder):
+        if callback is not None:
+            trainer.add_callback(callback)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
-    return trainer.state.global_step, [str(w.message) for w in caught]
+    said = [str(w.message) for w in caught if str(w.message).startswith(("CaptureCallback", "FlightRecorder"))]
+    losses = [(h["step"], h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h]
+    return trainer.state.global_step, said, losses
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory) -> dict[int, list]:
+    """Each step's loss and grad_norm of the same runs without any recorder, by their number of steps."""
+    out = tmp_path_factory.mktemp("untouched")
+    return {steps: train_with(None, out / str(steps), steps)[2] for steps in (STEPS, 3)}
+
+
+def warnings_per_step(said: list[str]) -> dict[int, int]:
+    """How many warnings name each step ("step 2 ...", "steps 2, 3 ...")."""
+    count: dict[int, int] = {}
+    for text in said:
+        named = re.match(r"\w+: steps? ([0-9, ]+)", text)
+        for step in map(int, re.findall(r"[0-9]+", named.group(1))) if named else []:
+            count[step] = count.get(step, 0) + 1
+    return count
 
 
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.glob(".step-*")) if folder.is_dir() else []
 
 
-def test_a_full_disk_skips_the_capture_and_training_goes_on(tmp_path, monkeypatch):
+def health_lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "health.jsonl").read_text().splitlines()]
+
+
+class ReadOnlyFrom(TrainerCallback):
+    """From the start of optimizer step `step`, `folder` is on a read-only file system: every file opened for
+    writing and every folder made under it fails with EROFS, as the kernel answers."""
+
+    def __init__(self, folder: Path, step: int, monkeypatch):
+        self.folder, self.step, self.on = os.path.realpath(folder), step, False
+        real_open, real_mkdir = io.open, os.mkdir
+
+        def opened(file, mode="r", *args, **kwargs):
+            if any(c in mode for c in "wax+"):
+                self.refuse(file)
+            return real_open(file, mode, *args, **kwargs)
+
+        def made(path, *args, **kwargs):
+            self.refuse(path)
+            return real_mkdir(path, *args, **kwargs)
+
+        for module, name, fake in ((builtins, "open", opened), (io, "open", opened), (os, "mkdir", made)):
+            monkeypatch.setattr(module, name, fake)
+
+    def refuse(self, path) -> None:
+        if self.on and isinstance(path, (str, os.PathLike)) and os.path.realpath(path).startswith(self.folder):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.on = self.on or state.global_step + 1 >= self.step
+
+
+def test_a_full_disk_skips_the_capture_and_training_goes_on(tmp_path, monkeypatch, untouched):
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(callback_module.torch, "save", no_space)
     recorder = CaptureCallback(tmp_path / "captures", steps=[2])
-    trained, said = train_with(recorder, tmp_path)
-    assert trained == STEPS, f"training stopped at step {trained}"
-    assert any("step 2 was not captured" in w and "No space left on device" in w for w in said), said
+    trained, said, losses = train_with(recorder, tmp_path)
+    assert trained == STEPS and losses == untouched[STEPS], "training's own numbers changed"
+    assert len(said) == 1 and "step 2 was not captured" in said[0] and "No space left on device" in said[0], said
     assert not (tmp_path / "captures" / "step-2").exists() and not leftovers(tmp_path / "captures")
     assert "No space left" in recorder.skipped[2]
 
@@ -52,7 +113,7 @@ def test_a_capture_the_disk_has_no_room_for_is_refused_before_writing(tmp_path, 
 
     monkeypatch.setattr(callback_module.shutil, "disk_usage", lambda path: Usage())
     recorder = CaptureCallback(tmp_path / "captures", steps=[1])
-    trained, said = train_with(recorder, tmp_path)
+    trained, said, _ = train_with(recorder, tmp_path)
     assert trained == STEPS and "MB free" in recorder.skipped[1], recorder.skipped
     assert not list((tmp_path / "captures").iterdir()), "something was written for a capture with no room"
 
@@ -63,21 +124,88 @@ def test_a_bug_of_ours_while_recording_leaves_training_alone(tmp_path, monkeypat
 
     monkeypatch.setattr(CaptureCallback, "_keep_loss", broken)
     recorder = CaptureCallback(tmp_path / "captures", steps=[1, 2])
-    trained, said = train_with(recorder, tmp_path)
+    trained, said, _ = train_with(recorder, tmp_path)
     assert trained == STEPS
     assert set(recorder.skipped) == {1, 2} and all("a bug of ours" in r for r in recorder.skipped.values())
-    assert any("step 1 will not be captured" in w for w in said), said
+    assert warnings_per_step(said) == {1: 1, 2: 1} and "step 1 was not captured" in said[0], said
 
 
-def test_a_flight_recorders_full_disk_is_its_health_lines_loss_not_the_runs(tmp_path, monkeypatch):
-    from grpo_debug.capture import flight
-
+def test_a_flight_recorders_full_disk_is_its_health_lines_loss_not_the_runs(tmp_path, monkeypatch, untouched):
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(flight, "append_line", no_space)
-    trained, said = train_with(FlightRecorder(tmp_path / "recorder"), tmp_path)
-    assert trained == STEPS and any("record was not written" in w for w in said), said
+    trained, said, losses = train_with(FlightRecorder(tmp_path / "recorder"), tmp_path)
+    assert trained == STEPS and losses == untouched[STEPS]
+    assert warnings_per_step(said) == {1: 1, 2: 1} and all("left no health line" in w for w in said), said
+
+
+@pytest.mark.parametrize("recorder", ["CaptureCallback", "FlightRecorder"])
+def test_a_folder_that_turns_read_only_mid_run_leaves_training_and_its_losses_alone(
+    tmp_path, monkeypatch, untouched, recorder
+):
+    """Step 1 is written; from step 2 the folder is read-only. The run trains its 3 steps with the losses of a
+    run without the recorder; steps 2 and 3 are each warned once, naming the cause; nothing half-written."""
+    out = tmp_path / "out"
+    ours = CaptureCallback(out, steps=[1, 2, 3]) if recorder == "CaptureCallback" else FlightRecorder(out)
+    trained, said, losses = train_with(ours, tmp_path, 3, ReadOnlyFrom(out, 2, monkeypatch))
+    assert trained == 3 and losses == untouched[3], "training's own numbers changed"
+    assert warnings_per_step(said) == {2: 1, 3: 1}, said
+    assert all("Read-only file system" in w for w in said), said
+    assert not leftovers(out)
+    if recorder == "CaptureCallback":
+        assert load_capture(out / "step-1").meta["logged"]["loss"] == losses[0][1]
+        assert sorted(ours.skipped) == [2, 3] and not (out / "step-2").exists()
+    else:
+        assert [line["step"] for line in health_lines(out)] == [1]
+
+
+def test_a_flight_recorders_failed_capture_is_named_on_its_health_line(tmp_path, monkeypatch, untouched):
+    """The disk is full when the triggered step 1 is written: the run goes on with its own losses, step 1 is warned
+    once, its health line and captures.json say it was not captured and why, and no folder is left."""
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(callback_module.torch, "save", no_space)
+    trained, said, losses = train_with(FlightRecorder(tmp_path / "run"), tmp_path)
+    assert trained == STEPS and losses == untouched[STEPS]
+    first = health_lines(tmp_path / "run")[0]
+    assert first["trigger"] and first["capture"] is None, first
+    assert "writing it failed (OSError: [Errno 28] No space left on device)" in first["not_captured"], first
+    index = json.loads((tmp_path / "run" / "captures.json").read_text())
+    assert index["captured"] == {} and "No space left" in index["not_captured"]["1"], index
+    assert warnings_per_step(said)[1] == 1 and not list((tmp_path / "run").glob("*step-*")), said
+
+
+BUGS = {  # a bug of ours in each part of the recorder, and whether the step's health line can still say so
+    "_kept_generation": True,  # the wrapper around the trainer's generation
+    "_kept_micro_batch": True,  # around _prepare_inputs
+    "_kept_scores": True,  # around the loss's log-probs
+    "_kept_loss": True,  # around training_step
+    "_kept_grad_norm": True,  # around _get_grad_norm
+    "_keep_random_state": True,  # the forward pre-hook
+    "_records": True,  # on_step_begin
+    "_step_metrics": True,  # on_pre_optimizer_step
+    "_line": False,  # the health line itself
+    "_close": False,  # on_log, on_step_begin, on_train_end
+    "attach": False,  # on_train_begin
+}
+
+
+@pytest.mark.parametrize("part", list(BUGS))
+def test_a_bug_of_ours_anywhere_leaves_training_and_its_losses_alone(tmp_path, monkeypatch, untouched, part):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(FlightRecorder, part, broken)
+    trained, said, losses = train_with(FlightRecorder(tmp_path / "run"), tmp_path)
+    assert trained == STEPS and losses == untouched[STEPS], "training's own numbers changed"
+    assert said and all("a bug of ours" in w for w in said), said
+    assert all(n == 1 for n in warnings_per_step(said).values()), said
+    if BUGS[part]:
+        lines = health_lines(tmp_path / "run")
+        assert [line["step"] for line in lines] == [1, 2] and all("a bug of ours" in line["failed"] for line in lines)
 
 
 def test_a_capture_is_whole_or_absent(tmp_path):
@@ -87,14 +215,15 @@ def test_a_capture_is_whole_or_absent(tmp_path):
     assert not leftovers(tmp_path / "captures"), "a partial folder was left beside the capture"
 
 
-@pytest.mark.parametrize("bad", ["file", "empty"])
+@pytest.mark.parametrize("bad", ["file", "empty", "under a file"])
 def test_an_out_dir_that_is_no_folder_is_refused_before_training(tmp_path, bad):
-    out = tmp_path / "captures.txt"
-    out.write_text("not a folder")
+    file = tmp_path / "captures.txt"
+    file.write_text("not a folder")
+    out = {"file": file, "empty": "", "under a file": file / "run"}[bad]
     with pytest.raises(ValueError, match="is not a folder"):
-        CaptureCallback(out if bad == "file" else "", steps=[1])
+        CaptureCallback(out, steps=[1])
     with pytest.raises(ValueError, match="is not a folder"):
-        FlightRecorder(out if bad == "file" else "")
+        FlightRecorder(out)
 
 
 def test_no_output_overwrites_what_the_command_reads(tmp_path, capsys):

@@ -14,8 +14,8 @@ micro-batch (TRL shuffles them) and which pass it is; the random state each trai
 (so that a replay draws the trainer's own dropout masks); the log-probs the loss took
 (`trainer_per_token_logps`); step k's own metrics (`step_metrics`, averaged as TRL's log averages them with
 logging_steps=1) and what TRL logged at step k (`logged`); the `GRPOConfig` and what the trainer resolved
-from it (`resolved`). A requested step that cannot be written (training ended first, or it spans two
-generation batches) gets a warning at the end of training naming it and the reason.
+from it (`resolved`). A requested step that cannot be written (it spans two generation batches, training
+ended first) gets one warning naming it and the reason.
 
 A callback is handed the model, not the trainer. So at `on_train_begin` the callback finds the
 `GRPOTrainer` whose `train()` is running: it is the nearest caller frame whose `self` is one. It then wraps
@@ -29,14 +29,18 @@ that the replay takes each process's micro-batches as that process took them.
 A capture is a folder holding `README.md`, `capture.json` (the config, texts, rewards, metrics), `batch.pt`
 (the tensors), `policy/` (weights and tokenizer, `save_pretrained`), `optimizer.safetensors` (the trainer's
 optimizer state before the step, `optimizer_state.py`) and `checksums.json` (the SHA-256 of every other file, which
-reading the capture verifies first). It is written into a hidden folder beside its place and renamed when whole;
-a failure of ours (a full disk, a bug) is warned and the run goes on without it. The reference model (TRL has one
+reading the capture verifies first). It is written into a hidden folder beside its place, TRL's log of the step
+in it where TRL logs the step, and renamed into place when whole, checksums last; nothing in it changes after, so
+no reader, even after a kill, sees a capture.json its checksums do not match. Whatever of ours fails (a full disk,
+a read-only folder, a bug anywhere in the callback or the wrappers) stops at the callback's edge: the run goes on
+with its own numbers, one warning names the step and the cause. The reference model (TRL has one
 when beta != 0) is named, not copied: TRL loads it frozen from the policy's own name, recorded here as an
 absolute path where it is a local folder.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -68,6 +72,35 @@ from .trl_bridge import PositionIdsGRPOTrainer
 from .trl_step import mean_like_trl_log
 
 MAX_WEIGHT_BYTES = 2 * 1024**3
+WRAPPED = (  # the trainer's methods whose arguments and results a capture keeps
+    "_generate_and_score_completions",
+    "_prepare_inputs",
+    "_get_per_token_logps_and_entropies",
+    "training_step",
+    "_get_grad_norm",
+)
+
+
+def at_the_edge(event):
+    """A callback event of ours, guarded: whatever it raises never reaches the trainer. Inside a step it fails that
+    step (warned once, when the step closes); outside one it is warned at once (each cause once). Nothing runs
+    while the callback is off (its trainer could not be found or wrapped)."""
+
+    @functools.wraps(event)
+    def guarded(self, args, state, control, **kwargs):
+        if self.off is not None:
+            return None
+        try:
+            event(self, args, state, control, **kwargs)
+        except Exception as e:
+            reason = f"{event.__name__} failed ({type(e).__name__}: {e})"
+            if self.current is not None:
+                self.current.setdefault("failed", reason)
+            else:
+                self._say_once(reason)
+        return None
+
+    return guarded
 
 
 class CaptureCallback(TrainerCallback):
@@ -95,7 +128,7 @@ class CaptureCallback(TrainerCallback):
         a replay's update starts from a fresh AdamW and says so."""
         if not isinstance(optimizer_state, bool):
             raise ValueError(f"optimizer_state must be True or False, got {optimizer_state!r}")
-        if str(out_dir) == "" or Path(out_dir).exists() and not Path(out_dir).is_dir():
+        if str(out_dir) == "" or not could_be_folder(Path(out_dir)):
             raise ValueError(f"out_dir {str(out_dir)!r} is not a folder: captures are folders inside it")
         self.out_dir, self.max_weight_bytes, self.steps = Path(out_dir), max_weight_bytes, []
         self.optimizer_state = optimizer_state
@@ -107,86 +140,105 @@ class CaptureCallback(TrainerCallback):
         ] = {}  # identities and lengths of the trainer's metric lists at the step's start
         self.written: dict[int, Path] = {}
         self.skipped: dict[int, str] = {}
+        self.open_step: dict | None = None  # a step that ended, closed once TRL logged it (its log goes in whole)
+        self.off: str | None = None  # why nothing is recorded in this run (no trainer found, or not wrapped)
+        self.warned: set[int] = set()  # steps already warned about: one warning per step
+        self.said: set[str] = set()  # warnings outside any step, each given once
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
 
     # ---- wrapping the trainer
 
     def attach(self, trainer) -> None:
+        """Wrap the trainer's methods whose arguments and results a capture keeps: each wrapper calls the trainer's
+        own method as it is, then ours, whose failures never reach the trainer (`_timed`)."""
         if self.trainer is trainer:
             return
+        originals = {name: getattr(trainer, name) for name in WRAPPED}  # all found before any is replaced
         self.trainer = trainer
-        generate, prepare = trainer._generate_and_score_completions, trainer._prepare_inputs
-        score, training_step, grad_norm = (
-            trainer._get_per_token_logps_and_entropies,
-            trainer.training_step,
-            trainer._get_grad_norm,
-        )
-
-        def generate_and_capture(inputs):
-            output = generate(inputs)
-            if trainer.model.training:
-                self._timed(self._on_generation, output)
-            return output
-
-        def prepare_and_capture(inputs):
-            micro = trainer._step  # the micro-batch about to train (TRL counts it up after training_step)
-            out = prepare(inputs)
-            if self.current is not None and trainer.model.training:
-                self._timed(self._on_micro_batch, out, micro)
-            return out
-
-        def score_and_keep(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-            out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-            if (
-                self.current is not None
-                and torch.is_grad_enabled()
-                and trainer.accelerator.unwrap_model(model) is self._model()
-            ):  # the loss's forward
-                self._timed(self._keep_scored, input_ids, out[0])
-            return out
-
-        def step_and_keep(model, inputs, *args, **kwargs):
-            loss = training_step(model, inputs, *args, **kwargs)
-            if self.current is not None:
-                self._timed(self._keep_loss, loss)
-            return loss
-
-        def grad_norm_and_keep(*args, **kwargs):
-            norm = grad_norm(*args, **kwargs)
-            if self.current is not None:
-                self.current["grad_norm"] = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
-            return norm
-
-        trainer._generate_and_score_completions = generate_and_capture
-        trainer._prepare_inputs = prepare_and_capture
-        trainer._get_per_token_logps_and_entropies = score_and_keep
-        trainer.training_step = step_and_keep
-        trainer._get_grad_norm = grad_norm_and_keep
+        keep = {
+            "_generate_and_score_completions": self._kept_generation,
+            "_prepare_inputs": self._kept_micro_batch,
+            "_get_per_token_logps_and_entropies": self._kept_scores,
+            "training_step": self._kept_loss,
+            "_get_grad_norm": self._kept_grad_norm,
+        }
+        for name, original in originals.items():
+            setattr(trainer, name, self._then(original, keep[name]))
         self._model().register_forward_pre_hook(self._random_state)
 
-    def _timed(self, fn, *args):
+    def _then(self, original, keep):
+        """`original` (the trainer's method) called as it is, then `keep(result, *its arguments)` (ours), guarded."""
+
+        def wrapped(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if self.off is None:
+                self._timed(keep, out, *args, **kwargs)
+            return out
+
+        return wrapped
+
+    def _kept_generation(self, output: dict, *args, **kwargs) -> None:
+        if self.trainer.model.training:
+            self._on_generation(output)
+
+    def _kept_micro_batch(self, inputs: dict, *args, **kwargs) -> None:
+        """The micro-batch TRL just prepared (TRL counts `_step` up after training_step: it is this one's)."""
+        if self.current is not None and self.trainer.model.training:
+            self._on_micro_batch(inputs, self.trainer._step)
+
+    def _kept_scores(self, out, model, input_ids, *args, **kwargs) -> None:
+        """The log-probs of the loss's forward (the policy's, with gradients) of the step being recorded."""
+        t = self.trainer
+        if self.current is not None and torch.is_grad_enabled() and t.accelerator.unwrap_model(model) is self._model():
+            self._keep_scored(input_ids, out[0])
+
+    def _kept_loss(self, loss, *args, **kwargs) -> None:
+        if self.current is not None:
+            self._keep_loss(loss)
+
+    def _kept_grad_norm(self, norm, *args, **kwargs) -> None:
+        if self.current is not None:
+            self.current["grad_norm"] = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+
+    def _timed(self, fn, *args, **kwargs):
         """One of our recording steps, timed; a failure of ours never reaches the trainer (`_failed`)."""
         start = time.perf_counter()
         try:
-            fn(*args)
+            fn(*args, **kwargs)
         except Exception as e:  # a bug of ours, or a batch we did not foresee: the run goes on without the capture
-            self._failed(f"recording it failed in {fn.__name__} ({type(e).__name__}: {e})")
+            self._failed(f"recording it failed in {getattr(fn, '__name__', fn)} ({type(e).__name__}: {e})")
         self.seconds += time.perf_counter() - start
 
     def _failed(self, reason: str) -> None:
-        """What this callback was doing failed: the step being recorded (or the generation batch kept for the next
-        ones) is not written, with the reason, warned once; training is not touched. The step's collective parts
-        still run (every process takes them together), only its write is dropped."""
+        """What this callback was doing failed: the step being recorded is not written, with the reason, warned once
+        when the step ends (`_say`); outside a step, the generation batch kept for the next ones is dropped and the
+        reason warned at once (each reason once). Training is not touched. The step's collective parts still run
+        (every process takes them together), only its write is dropped."""
         if self.current is not None:
             self.current.setdefault("failed", reason)
-            step = self.current["step"]
         else:
-            self.generation, step = None, None
-        warnings.warn(
-            f"{type(self).__name__}: {'step ' + str(step) if step else 'a generation batch'} will not be captured: "
-            f"{reason}; training goes on",
-            stacklevel=2,
-        )
+            self.generation = None
+            self._say_once(f"{reason}; the generation batch kept for the next steps is dropped")
+
+    def _say_once(self, text: str) -> None:
+        """A warning outside any step, given once however often its cause comes back."""
+        if text not in self.said:
+            self.said.add(text)
+            warnings.warn(f"{type(self).__name__}: {text}; training goes on", stacklevel=3)
+
+    def _say(self, capture: dict, problems: list[str]) -> None:
+        """The one warning of a step that failed: why it was not captured (or was recorded in part), then
+        `problems` (what else of it was not written); nothing for a step that went well."""
+        step = capture["step"]
+        head = []
+        if step in self.skipped and step not in self.written:
+            head = [f"was not captured: {self.skipped[step]}"]
+        elif capture.get("failed"):
+            head = [f"was recorded in part: {capture['failed']}"]
+        if (head or problems) and step not in self.warned:
+            self.warned.add(step)
+            warnings.warn(f"{type(self).__name__}: step {step} {'; '.join(head + problems)}; training goes on",
+                          stacklevel=3)  # fmt: skip
 
     def _keep_scored(self, input_ids: torch.Tensor, logps: torch.Tensor) -> None:
         self.current["scored"].append((input_ids.detach().cpu(), logps.detach().float().cpu()))
@@ -196,8 +248,11 @@ class CaptureCallback(TrainerCallback):
 
     def _random_state(self, module, args):
         """Forward pre-hook: the random state a training forward of the captured step starts from (its dropout)."""
-        if self.current is not None and module.training and torch.is_grad_enabled():
-            self.current["rng"].append(torch.get_rng_state())
+        if self.off is None and self.current is not None and module.training and torch.is_grad_enabled():
+            self._timed(self._keep_random_state)
+
+    def _keep_random_state(self) -> None:
+        self.current["rng"].append(torch.get_rng_state())
 
     def _model(self):
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
@@ -222,39 +277,41 @@ class CaptureCallback(TrainerCallback):
         `trigger`. The weights are copied only when it is written: they are still those of before the step."""
         return []
 
-    def _after_step(self, capture: dict, state) -> None:
-        """After the optimizer stepped and the step was written or skipped (nothing here)."""
+    def _after_step(self, capture: dict, state) -> list[str]:
+        """After the optimizer stepped and the step was written or skipped: what of it was not written, for its
+        warning (nothing here)."""
+        return []
 
     def _captured(self, step: int, path: Path, capture: dict) -> None:
         """Step `step` was just written to `path` (nothing more here)."""
 
-    # ---- callback events
+    # ---- callback events, each at the edge: nothing of ours reaches the trainer (`at_the_edge`)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer is None:
+        """The trainer whose train() runs, found and wrapped; where it cannot be, this run records nothing, warned."""
+        if self.trainer is not None or self.off is not None:
+            return
+        try:
             trainer = find_trainer()
             if trainer is None:
-                raise RuntimeError(
-                    "CaptureCallback found no GRPOTrainer running train(); call "
-                    "callback.attach(trainer) before trainer.train()"
-                )
-            self.attach(trainer)
+                self.off = "it found no GRPOTrainer running train() (call callback.attach(trainer) before train())"
+            else:
+                self.attach(trainer)
+        except Exception as e:  # a trainer of another shape (a TRL that renamed a method): the run goes on
+            self.off = f"the trainer could not be wrapped ({type(e).__name__}: {e})"
+        if self.off is not None:
+            self._say_once(f"nothing is recorded in this run: {self.off}")
 
+    @at_the_edge
     def on_step_begin(self, args, state, control, **kwargs):
-        self.marks = {k: (id(v), len(v)) for k, v in self.trainer._metrics["train"].items()}
+        self._close(state)  # a step TRL did not log after all
         step = state.global_step + 1
-        if self._records(step):
-            self.current = {
-                "step": step,
-                "weights": None,
-                "trigger": None,
-                "micro_batches": [],
-                "rng": [],
-                "scored": [],
-                "losses": [],
-                "grad_norm": None,
-            }
+        self.current = new_record(step)  # what fails from here on fails this step
+        if not self._records(step):
+            self.current = None
+        self.marks = {k: (id(v), len(v)) for k, v in self.trainer._metrics["train"].items()}
 
+    @at_the_edge
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         """Every number of the step is known (TRL computed grad_norm) and the weights are still those of before
         it: decide whether to write it, and copy the weights only then."""
@@ -283,18 +340,36 @@ class CaptureCallback(TrainerCallback):
                     capture["optimizer"] = optimizer_state.snapshot(self.trainer, self._model())
         capture["trigger"] = trigger
 
+    @at_the_edge
     def on_step_end(self, args, state, control, **kwargs):
+        """The step stays open while TRL logs it right after (`control.should_log`): it is closed with that log
+        (`on_log`), so that a capture is renamed into place once, whole, TRL's log in it; else closed now."""
         capture, self.current = self.current, None
         if capture is None:
             return
+        self.open_step = capture
+        if not control.should_log:
+            self._close(state)
+
+    @at_the_edge
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.open_step is not None and self.open_step["step"] == state.global_step and logs and "loss" in logs:
+            self._close(state, logs)
+
+    def _close(self, state, logs: dict | None = None) -> None:
+        """The step that ended: written where it triggered (with `logs`, TRL's log of it, where TRL logged it), what
+        follows it (`_after_step`), then its one warning if any of it failed."""
+        capture, self.open_step = self.open_step, None
+        if capture is None:
+            return
         start = time.perf_counter()
-        if capture["trigger"] is not None:
-            self._capture(capture, state)
         try:
-            self._after_step(capture, state)
-        except Exception as e:  # the recorder's health line (a full disk, a bad folder): the run goes on
-            warnings.warn(f"{type(self).__name__}: step {capture['step']}'s record was not written "
-                          f"({type(e).__name__}: {e}); training goes on", stacklevel=2)  # fmt: skip
+            if capture["trigger"] is not None:
+                self._capture(capture, state, logs)
+            problems = self._after_step(capture, state)
+        except Exception as e:  # a bug of ours: the run goes on
+            problems = [f"failed once it ended ({type(e).__name__}: {e})"]
+        self._say(capture, problems)
         self.seconds += time.perf_counter() - start
 
     def _cannot_write(self, step: int) -> str | None:
@@ -309,43 +384,31 @@ class CaptureCallback(TrainerCallback):
             )
         return no_base_reason(self._model()) if is_adapter_model(self._model()) else None
 
-    def _capture(self, capture: dict, state) -> None:
+    def _capture(self, capture: dict, state, logs: dict | None) -> None:
         step = capture["step"]
-        capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
-        capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
-        if not state.is_world_process_zero:
-            self.written[step] = self.out_dir / f"step-{step}"
-        else:
-            try:
-                self.written[step] = self._write(step, capture, self.generation)
-            except Exception as e:  # a full disk, a bad folder, a bug of ours: the run goes on, without this capture
-                self.skipped[step] = f"writing it failed ({type(e).__name__}: {e})"
-                warnings.warn(f"{type(self).__name__}: step {step} was not captured: {self.skipped[step]}; "
-                              "training goes on", stacklevel=2)  # fmt: skip
-                return
+        try:
+            capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
+            capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
+            if state.is_world_process_zero:
+                self.written[step] = self._write(step, capture, self.generation, logged_fields(step, logs, state))
+            else:
+                self.written[step] = self.out_dir / f"step-{step}"
+        except Exception as e:  # a full disk, a bad folder, a bug of ours: the run goes on, without this capture
+            self.skipped[step] = f"writing it failed ({type(e).__name__}: {e})"
+            return
         self._captured(step, self.written[step], capture)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        step = state.global_step
-        path = self.written.get(step)
-        if path is not None and logs and "loss" in logs and state.is_world_process_zero:
-            try:
-                meta = json.loads((path / "capture.json").read_text())
-                meta["logged"] = jsonable(dict(logs))
-                meta["logged_window"] = step - max([h["step"] for h in state.log_history[:-1] if "loss" in h] + [0])
-                meta["logged_kl"] = logged_kl(state.log_history)
-                write_text_atomically(path / "capture.json", json.dumps(meta, indent=1))
-                write_checksums(path)
-            except Exception as e:  # the capture stands as written, without TRL's log of the step
-                warnings.warn(f"{type(self).__name__}: step {step}'s log was not added to its capture "
-                              f"({type(e).__name__}: {e}); training goes on", stacklevel=2)  # fmt: skip
-
+    @at_the_edge
     def on_train_end(self, args, state, control, **kwargs):
+        """The last step closed; each requested step not captured and not yet warned about, named."""
+        self._close(state)
         for step in self.steps:
             if step not in self.written and step not in self.skipped:
                 self.skipped[step] = f"training ended at step {state.global_step}"
         for step, reason in sorted(self.skipped.items()):
-            warnings.warn(f"CaptureCallback: step {step} was not captured: {reason}", stacklevel=2)
+            if step not in self.warned:
+                self.warned.add(step)
+                warnings.warn(f"{type(self).__name__}: step {step} was not captured: {reason}", stacklevel=2)
 
     # ---- what is kept
 
@@ -476,7 +539,7 @@ class CaptureCallback(TrainerCallback):
         }
         return rows_in_generation_order(gather_object([mine]))
 
-    def _write(self, step: int, capture: dict, generation: dict) -> Path:
+    def _write(self, step: int, capture: dict, generation: dict, logged: dict) -> Path:
         """out_dir/step-<k>: written whole into a hidden folder beside it, then renamed into place; a disk without
         room for it is refused before anything is written (OSError)."""
         final = self.out_dir / f"step-{step}"
@@ -485,10 +548,8 @@ class CaptureCallback(TrainerCallback):
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         try:
-            self._write_into(path, final, step, capture, generation)
-            if final.exists():  # an earlier capture of this step number (a run resumed into the same folder)
-                shutil.rmtree(final)
-            os.replace(path, final)
+            self._write_into(path, final, step, capture, generation, logged)
+            replace_folder(path, final)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -508,7 +569,7 @@ class CaptureCallback(TrainerCallback):
                 f"{free / 1e6:.0f} MB free in {self.out_dir}, the capture needs about {expected / 1e6:.0f} MB"
             )
 
-    def _write_into(self, path: Path, final: Path, step: int, capture: dict, generation: dict) -> None:
+    def _write_into(self, path: Path, final: Path, step: int, capture: dict, generation: dict, logged: dict) -> None:
         """Every file of the capture in `path` (the folder it will be renamed to: `final`), checksums last."""
         import trl
 
@@ -520,7 +581,7 @@ class CaptureCallback(TrainerCallback):
             tensors["rng_states"] = states
         torch.save(tensors, path / "batch.pt")
         policy, note = self._write_policy(path, step, capture["weights"])
-        meta = self._meta(step, capture, generation, policy, trl.__version__)
+        meta = {**self._meta(step, capture, generation, policy, trl.__version__), **logged}
         optimizer = capture.get("optimizer")
         if optimizer is not None:
             optimizer_state.write(path, optimizer[1])
@@ -603,11 +664,44 @@ class CaptureCallback(TrainerCallback):
             "processes": generation["processes"],
             "schedule": schedule,
             "step_metrics": jsonable(capture["step_metrics"]),
-            "logged": None,
-            "logged_kl": logged_kl(t.state.log_history),  # the steps before this one: on_log adds its own
             "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
             "kernels": kernels_in_use(),
         }
+
+
+def could_be_folder(path: Path) -> bool:
+    """`path` is a folder, or could be made one: the nearest part of it that exists is a folder (not a file)."""
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    return existing is None or existing.is_dir()
+
+
+def new_record(step: int) -> dict:
+    """What a step being recorded collects as it trains."""
+    return {"step": step, "weights": None, "trigger": None, "micro_batches": [], "rng": [], "scored": [],
+            "losses": [], "grad_norm": None}  # fmt: skip
+
+
+def logged_fields(step: int, logs: dict | None, state) -> dict:
+    """capture.json's record of TRL's log: what TRL logged at the step (`logged`, None where it did not log it)
+    and how many steps its numbers average (`logged_window`), and the kl it logged up to the step."""
+    history = state.log_history  # TRL's log of this step is in it already (appended before on_log)
+    if not logs or "loss" not in logs:
+        return {"logged": None, "logged_kl": logged_kl(history)}
+    earlier = [h["step"] for h in history[:-1] if "loss" in h]
+    return {"logged": jsonable(dict(logs)), "logged_window": step - max(earlier + [0]), "logged_kl": logged_kl(history)}
+
+
+def replace_folder(new: Path, final: Path) -> None:
+    """`new` renamed to `final`; an earlier `final` (a run resumed into the same folder) is first renamed out of
+    sight whole, then removed: a reader finds the old folder, or none, or the new one, never a half of one."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, final)
 
 
 def optimizer_note(optimizer: dict | None) -> str:

@@ -12,7 +12,8 @@ completions/clipped_ratio, ...; the step's loss, entropy, clip_ratio/*, sampling
 `rewards/<f>/length_correlation` and its one-sided `rewards/<f>/length_p`, `update/relative_norm` and
 `grad_norm/running_median`; `findings`, each
 signal of `health` under the doctor's finding id with its severity (ok, warning, problem), value and thresholds;
-`trigger`, the signals that fired; `capture`, the folder the step was written to, or `not_captured` and why.
+`trigger`, the signals that fired; `capture`, the folder the step was written to, or `not_captured` and why;
+`failed`, where something of the recorder's own failed on the step (the run went on; its line says what).
 
 A step triggers when a finding's severity rises (ok -> warning -> problem: a condition that persists triggers
 once, when it starts), when grad_norm exceeds `grad_spike` x its median over the last `window` steps, or when
@@ -57,7 +58,7 @@ import torch
 
 from ..files import write_text_atomically
 from . import health
-from .callback import MAX_WEIGHT_BYTES, CaptureCallback
+from .callback import MAX_WEIGHT_BYTES, CaptureCallback, at_the_edge
 from .trainer_state import jsonable
 
 HEALTH_FILE = "health.jsonl"
@@ -104,9 +105,10 @@ class FlightRecorder(CaptureCallback):
         optimizer_state: bool = True,
     ):
         _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample)
-        if str(out_dir) and (Path(out_dir) / HEALTH_FILE).exists():
+        held = another_runs_file(Path(out_dir)) if str(out_dir) else None
+        if held:
             raise ValueError(
-                f"{out_dir} holds another run's {HEALTH_FILE}: a FlightRecorder writes one run per folder "
+                f"{out_dir} holds another run's {held}: a FlightRecorder writes one run per folder "
                 "(give this run a new out_dir)"
             )
         self._setup(out_dir, max_weight_bytes, optimizer_state)
@@ -118,6 +120,7 @@ class FlightRecorder(CaptureCallback):
         self.last: tuple[int, tuple] | None = None  # (step, badness) in the last place
         self.triggered: dict[int, list[dict]] = {}
         self.not_captured: dict[int, str] = {}
+        self.index = "never"  # captures.json: never written, written (up to date), or its last write failed
         self.sample: list[tuple[torch.nn.Parameter, torch.Tensor | None, float]] | None = None
 
     # ---- CaptureCallback, with every step recorded
@@ -236,17 +239,32 @@ class FlightRecorder(CaptureCallback):
 
     # ---- after the step: its line, the budget
 
-    def _after_step(self, capture: dict, state) -> None:
-        if "signals" not in capture:  # the trainer never reached its optimizer step
-            return
+    def _after_step(self, capture: dict, state) -> list[str]:
+        """The step's health line, then captures.json where it triggered; what of them was not written."""
+        if "signals" not in capture and "failed" not in capture:  # the trainer never reached its optimizer step
+            return []
+        line = self._line(capture) if "signals" in capture else failed_line(capture["step"], capture["failed"])
+        if not state.is_world_process_zero:
+            return []
+        problems = []
+        try:
+            append_line(self.out_dir / HEALTH_FILE, jsonable(line))
+        except Exception as e:  # a full disk, a read-only folder: the run goes on
+            problems.append(f"left no health line ({type(e).__name__}: {e})")
+        if capture.get("reasons"):
+            problems += self._index_problems()
+        return problems
+
+    def _line(self, capture: dict) -> dict:
+        """The step's health line: its metrics, every signal, what triggered, where it was captured or why not,
+        and what of ours failed on it (`failed`)."""
         step = capture["step"]
         relative = self._update_size(capture["before"])
         signals = [*capture["signals"], health.update_size(relative)]
-        metrics = {**capture["metrics"], "update/relative_norm": relative}
         line = {
             "step": step,
             "time": time.time(),
-            "metrics": metrics,
+            "metrics": {**capture["metrics"], "update/relative_norm": relative},
             "findings": {s.id: s.as_json() for s in signals},
             "trigger": capture["reasons"],
             "capture": self.written[step].name if step in self.written else None,
@@ -254,10 +272,19 @@ class FlightRecorder(CaptureCallback):
         if capture["reasons"] and step not in self.written:
             self.not_captured.setdefault(step, self.skipped.get(step, "not written"))
             line["not_captured"] = self.not_captured[step]
-        if state.is_world_process_zero:
-            append_line(self.out_dir / HEALTH_FILE, jsonable(line))
-            if capture["reasons"]:
-                self._write_index()
+        if capture.get("failed"):
+            line["failed"] = capture["failed"]
+        return line
+
+    def _index_problems(self) -> list[str]:
+        """captures.json rewritten; [] or what kept it from being written (said once, with the step)."""
+        try:
+            self._write_index()
+        except Exception as e:
+            self.index = "failed"
+            return [f"left {INDEX_FILE} as it was ({type(e).__name__}: {e})"]
+        self.index = "written"
+        return []
 
     def _captured(self, step: int, path: Path, capture: dict) -> None:
         """The step is on disk: it takes its place; the step it replaces in the last place is removed."""
@@ -269,7 +296,7 @@ class FlightRecorder(CaptureCallback):
                 self.written.pop(gone, None)
                 self.not_captured[gone] = f"replaced by step {step}, which triggered worse (max_captures reached)"
                 if self.trainer.accelerator.is_main_process:
-                    shutil.rmtree(self.out_dir / f"step-{gone}", ignore_errors=True)
+                    remove_folder(self.out_dir / f"step-{gone}")
             self.last = (step, health.badness(capture["reasons"]))
 
     def _write_index(self) -> None:
@@ -286,15 +313,19 @@ class FlightRecorder(CaptureCallback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.out_dir / INDEX_FILE, json.dumps(jsonable(index), indent=1))
 
+    @at_the_edge
     def on_train_end(self, args, state, control, **kwargs):
-        """Every triggered step that could not be captured, named (one warning per reason)."""
-        try:
-            self._write_index()
-        except Exception as e:  # the run has trained: its end is not ours to stop
-            warnings.warn(f"FlightRecorder: {INDEX_FILE} was not written ({type(e).__name__}: {e})", stacklevel=2)
+        """The last step closed; captures.json written if it is not up to date; each triggered step not captured
+        and not yet warned about, named (one warning per reason)."""
+        self._close(state)
+        if self.index != "written":
+            before, problems = self.index, self._index_problems()
+            if problems and before == "never":  # a failure already said with its step is not said again
+                self._say_once(problems[0])
         by_reason: dict[str, list[int]] = {}
         for step, reason in sorted(self.not_captured.items()):
-            by_reason.setdefault(reason, []).append(step)
+            if step not in self.warned:
+                by_reason.setdefault(reason, []).append(step)
         for reason, steps in by_reason.items():
             named = ", ".join(map(str, steps))
             warnings.warn(
@@ -302,6 +333,33 @@ class FlightRecorder(CaptureCallback):
                 f"{'were' if len(steps) > 1 else 'was'} not captured: {reason}",
                 stacklevel=2,
             )
+
+
+def another_runs_file(folder: Path) -> str | None:
+    """The first of what a FlightRecorder writes that `folder` already holds (a health log, a captures index, a
+    step-<k> capture), or None."""
+    if not folder.is_dir():
+        return None
+    if (folder / HEALTH_FILE).exists() or (folder / INDEX_FILE).exists():
+        return HEALTH_FILE if (folder / HEALTH_FILE).exists() else INDEX_FILE
+    return next((p.name for p in sorted(folder.glob("step-*")) if p.is_dir()), None)
+
+
+def failed_line(step: int, reason: str) -> dict:
+    """The health line of a step whose record failed before its signals were read: the failure, said."""
+    return {"step": step, "time": time.time(), "metrics": {}, "findings": {}, "trigger": [], "capture": None,
+            "failed": reason}  # fmt: skip
+
+
+def remove_folder(folder: Path) -> None:
+    """`folder` renamed out of sight whole, then removed: no reader finds half of it."""
+    gone = folder.with_name(f".{folder.name}.removed")
+    shutil.rmtree(gone, ignore_errors=True)
+    try:
+        os.replace(folder, gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def append_line(path: Path, record: dict) -> None:
