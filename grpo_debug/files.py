@@ -43,5 +43,9 @@ def read_bounded(path: str | os.PathLike, limit: int) -> str:
     (a file this large was not written by this package, and reading it whole could exhaust the memory)."""
     size = os.stat(path).st_size
     if size > limit:
-        raise ValueError(f"{path} is {size / 2**20:.0f} MB: over the {limit / 2**20:.0f} MB this reads")
+        raise ValueError(f"{path} is {_size(size)}: over the {_size(limit)} this reads")
     return Path(path).read_text()
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n} bytes"

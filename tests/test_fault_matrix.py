@@ -97,12 +97,16 @@ def health_line(step: int, severity: str = "ok") -> str:
     return json.dumps({"step": step, "metrics": {"loss": 0.1}, "findings": {"truncation": {"severity": severity}}})
 
 
-def a_run(folder, steps=(1, 2, 3), index=None, lines=None):
+def a_run(folder, steps=(1, 2, 3), index=None, lines=None, index_text=None):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "health.jsonl").write_text("\n".join(lines or [health_line(s) for s in steps]) + "\n")
-    if index is not None:
-        (folder / "captures.json").write_text(json.dumps(index))
+    if index is not None or index_text is not None:
+        (folder / "captures.json").write_text(json.dumps(index) if index_text is None else index_text)
     return folder
+
+
+def a_line(step, findings=None, **more) -> str:
+    return json.dumps({"step": step, "metrics": {}, "findings": findings or {}, **more})
 
 
 RUNS = {  # a FlightRecorder folder damaged or mixed, and the one line `timeline` gives
@@ -124,6 +128,19 @@ RUNS = {  # a FlightRecorder folder damaged or mixed, and the one line `timeline
         dict(lines=[health_line(1), health_line(2, "catastrophic")]),
         r"line 2: findings \['truncation'\] are not",
     ),
+    "a string finding": (dict(lines=[a_line(1, {"truncation": "warning"})]), r"line 1: findings \['truncation'\]"),
+    "a repeated step": (dict(steps=(1, 2, 2, 3)), "line 3 goes from step 2 back to step 2"),
+    "a step that is true": (dict(lines=[a_line(True)]), "line 1 is not a health record"),
+    "a superscript step": (
+        dict(index={"captured": {"²": {"folder": "step-²", "trigger": []}}}),
+        r"captures.json: captured step '²' is not step-<k> inside the run",
+    ),
+    "an Arabic-Indic step": (
+        dict(index={"captured": {}, "not_captured": {"١": "max_captures reached"}}),
+        r"captures.json: not_captured step '١' is not a step number \(ASCII digits\)",
+    ),
+    "a damaged index": (dict(index_text='{"captured": {"1": '), r"captures.json is not valid JSON \("),
+    "an index that is a list": (dict(index=["step-1"]), "captures.json is not a JSON object"),
 }
 
 
@@ -237,3 +254,130 @@ def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(captur
     assert not (tmp_path / "o").exists()
     assert unscorable([True, True], {"f": [None, None]}, "t.py:f") is None  # the run scored none either
     assert unscorable([True, False], {"f": [1.0, 0.0]}, "t.py:f") is None  # one scored: a replay to compare
+
+
+def test_a_captures_index_past_its_bound_is_refused_before_it_is_read(tmp_path, capsys):
+    from grpo_debug.cli.commands import main
+    from grpo_debug.show.timeline import MAX_FILE_BYTES
+
+    run = a_run(tmp_path / "run", index={"captured": {}})
+    with open(run / "captures.json", "r+b") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse
+    with pytest.raises(SystemExit) as exited:
+        main(["timeline", str(run), "--html", str(tmp_path / "page.html")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exited.value.code == 2 and len(errors) == 1 and "captures.json is 256 MB: over the 256 MB" in errors[0]
+
+
+def test_a_capture_json_or_manifest_past_its_bound_is_refused_before_it_is_read(capture, monkeypatch):
+    from grpo_debug.capture import checksums, reading
+    from grpo_debug.capture.reading import CaptureError, load_capture
+
+    monkeypatch.setattr(checksums, "MAX_MANIFEST_BYTES", 100)
+    assert re.search(r"checksums.json is \d+ bytes: over the 100 bytes this reads", checksums.checksum_problem(capture))
+    monkeypatch.undo()
+    monkeypatch.setattr(reading, "MAX_READ_BYTES", 100)
+    with pytest.raises(CaptureError, match=r"capture.json is \d+ bytes: over the 100 bytes this reads"):
+        load_capture(capture)
+
+
+def test_without_an_index_a_folder_not_named_in_ascii_digits_is_left_out_with_a_note(tmp_path):
+    from grpo_debug.show.timeline import page, read_run
+
+    run = a_run(tmp_path / "run")  # a run killed before captures.json was written
+    for name in ("step-²", "step-١"):
+        (run / name).mkdir()
+        (run / name / "capture.json").write_text("{}")
+    read = read_run(run)
+    assert not read.captures and not read.unopenable
+    assert read.notes == [f"{name} is not step-<k> in ASCII digits: left out" for name in ("step-²", "step-١")]
+    assert "step-² is not step-&lt;k&gt; in ASCII digits: left out" in page(read, tmp_path / "page.html")
+
+
+def test_non_finite_or_huge_health_values_are_gaps_with_a_note(tmp_path):
+    """±1e308, NaN, a word: no coordinate is NaN; each is a gap (the line breaks there) and named in a note."""
+    from grpo_debug.show.timeline import page, read_run
+
+    values = [0.1, 0.15, 1e308, 0.2, 0.25, math.nan, -1e308, "high", 0.3]
+    lines = [a_line(k, {"truncation": {"severity": "ok", "value": v}}, metrics={"grad_norm": v})
+             for k, v in enumerate(values, start=1)]  # fmt: skip
+    text = page(read_run(a_run(tmp_path / "run", lines=lines)), tmp_path / "page.html")
+    assert not re.search(r"(nan|inf)", " ".join(re.findall(r"(?:x|y|cx|cy|x1|x2|y1|y2|points)='[^']*'", text)))
+    assert text.count("<polyline") == 2 * 2, "each series: steps 1-2 and 4-5 joined, nothing across a gap"
+    note = "Not drawn, a gap in the line: step 3 (1e+308), step 6 (nan), step 7 (-1e+308), step 8 (&#x27;high&#x27;)"
+    assert text.count(note) == 2, re.findall(r"Not drawn[^<]*", text)
+
+
+def test_a_listed_capture_that_does_not_verify_is_shown_so_and_offers_no_command(capture, tmp_path, capsys):
+    """A capture whose capture.json no longer matches its checksums (what a kill between the two once left): the
+    page says it cannot be opened, offers no command that would refuse it, and --doctor names it and goes on."""
+    import shutil
+
+    from grpo_debug.cli.commands import main
+
+    trigger = [{"id": "truncation", "severity": "problem", "summary": "cut"}]
+    run = a_run(tmp_path / "run", index={"captured": {"2": {"folder": "step-2", "trigger": trigger}}})
+    shutil.copytree(capture, run / "step-2")
+    meta = json.loads((run / "step-2" / "capture.json").read_text())
+    (run / "step-2" / "capture.json").write_text(json.dumps({**meta, "logged": {"loss": 1.0}}))
+    main(["timeline", str(run), "--doctor", "--html", str(tmp_path / "page.html")])
+    text = (tmp_path / "page.html").read_text()
+    assert "step-2 cannot be opened: " in text and "does not match its checksum" in text
+    assert "--doctor" not in text and "truncation" in text
+    assert "no doctor's report on step 2: " in capsys.readouterr().err
+    assert not (run / "reports").exists()
+
+
+@pytest.mark.usefixtures("task_registry_restored")
+def test_at_every_rename_a_reader_finds_each_listed_capture_whole(tmp_path, monkeypatch):
+    """A FlightRecorder run read back at every moment something it wrote appears (each rename into place, each
+    health line): every capture captures.json lists verifies against its checksums, byte for byte, so a kill at
+    any of those moments leaves nothing timeline lists that doctor or replay would refuse."""
+    import os
+
+    from grpo_debug.capture import FlightRecorder, flight
+    from grpo_debug.capture.checksums import checksum_problem
+    from grpo_debug.capture.trl_bridge import trl_trainer
+    from grpo_debug.config import StepConfig
+    from grpo_debug.show.timeline import read_run
+
+    run, moments = tmp_path / "run", []
+
+    def read_back():
+        if (run / "health.jsonl").is_file():
+            read = read_run(run)
+            moments.append(sorted(read.captures))
+            assert not read.unopenable, read.unopenable
+            assert all(checksum_problem(c["folder"]) is None for c in read.captures.values())
+
+    real_replace, real_append = os.replace, flight.append_line
+
+    def replaced(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if str(dst).startswith(str(run)):
+            read_back()
+
+    def appended(path, record):
+        real_append(path, record)
+        read_back()
+
+    monkeypatch.setattr(os, "replace", replaced)
+    monkeypatch.setattr(flight, "append_line", appended)
+    cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=8)
+    trainer = trl_trainer(cfg, str(tmp_path / "trl"), max_steps=3, save_strategy="no")
+    trainer.add_callback(FlightRecorder(run))
+    trainer.train()
+    assert moments and moments[-1], "nothing was captured: the test saw no capture listed"
+    assert json.loads((run / f"step-{moments[-1][0]}" / "capture.json").read_text())["logged"], "TRL's log is in it"
+
+
+def test_a_capture_folder_that_links_outside_the_run_is_refused(tmp_path, capsys):
+    from grpo_debug.cli.commands import main
+
+    (tmp_path / "other" / "step-1").mkdir(parents=True)
+    run = a_run(tmp_path / "run", index={"captured": {"1": {"folder": "step-1", "trigger": []}}})
+    (run / "step-1").symlink_to(tmp_path / "other" / "step-1")
+    with pytest.raises(SystemExit) as exited:
+        main(["timeline", str(run), "--html", str(tmp_path / "page.html")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exited.value.code == 2 and len(errors) == 1 and "step-1 leads outside the run" in errors[0], errors

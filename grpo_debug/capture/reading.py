@@ -26,6 +26,7 @@ import torch
 
 from ..choices import SAME_NAME as TRL_SAME_NAME
 from ..config import StepConfig
+from ..files import MAX_READ_BYTES, read_bounded
 from ..model import LoadedModel, ModelUnavailable, load_model
 from ..rewards import StoredReward
 from ..rollout import Rollout
@@ -114,9 +115,11 @@ def load_capture(path: str | Path) -> Capture:
     if problem:
         raise CaptureError(problem)
     try:
-        meta = json.loads((path / "capture.json").read_text())
+        meta = json.loads(read_bounded(path / "capture.json", MAX_READ_BYTES))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CaptureError(f"{path / 'capture.json'} is not valid JSON: {e}") from None
+    except ValueError as e:  # past its bound
+        raise CaptureError(str(e)) from None
     try:
         with zipfile.ZipFile(path / "batch.pt") as archive:  # torch.save's format: the CRCs catch a corrupted byte
             bad = archive.testzip()

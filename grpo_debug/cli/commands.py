@@ -270,6 +270,8 @@ def timeline_command(parser, args) -> int:
         for step in sorted(run.captures):
             if not report_path(run, step).is_file():
                 write_doctor_page(run.captures[step]["folder"], report_path(run, step), args)
+        for step, entry in sorted(run.unopenable.items()):
+            print(f"no doctor's report on step {step}: {entry['problem']}", file=sys.stderr)
     try:
         write_text_atomically(args.html, page(run, Path(args.html)))
     except OSError as e:

@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import sys
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from ..files import MAX_READ_BYTES, read_bounded
 from .text import page_text as _h
 
 HEALTH_FILE = "health.jsonl"  # as grpo_debug.capture.flight writes them (not imported: that module loads torch)
@@ -45,6 +49,9 @@ class Run:
     captures: dict[int, dict] = field(default_factory=dict)  # step -> {"folder", "trigger"}, each on disk
     not_captured: dict[int, str] = field(default_factory=dict)
     unfinished: bool = False  # the last line was cut (the run was killed while writing it): left out
+    unopenable: dict[int, dict] = field(default_factory=dict)  # step -> {"folder", "trigger", "problem"}: listed,
+    # but the capture cannot be opened (missing, or its checksums do not hold): no command is offered for it
+    notes: list[str] = field(default_factory=list)  # what was read past, and why
 
 
 def read_run(folder: str | Path) -> Run:
@@ -57,18 +64,51 @@ def read_run(folder: str | Path) -> Run:
         raise ValueError(f"{folder} holds no {HEALTH_FILE}: not a FlightRecorder folder, or no step finished")
     lines, unfinished = read_health(path)
     run = Run(folder, lines, unfinished=unfinished)
-    index = _read_index(folder)
+    index = _read_index(folder, run.notes)
     captured, not_captured = index.get("captured", {}), index.get("not_captured", {})
     if not isinstance(captured, dict) or not isinstance(not_captured, dict):
         raise ValueError(f"{folder / INDEX_FILE}: 'captured' and 'not_captured' are not JSON objects")
     for key, entry in captured.items():
-        name = entry.get("folder") if isinstance(entry, dict) else None
-        if not (str(key).isdigit() and name == f"step-{int(key)}"):  # step-<k> inside the run, nothing else
+        step, name = step_number(key), entry.get("folder") if isinstance(entry, dict) else None
+        if step is None or name != f"step-{step}":  # step-<k> inside the run, nothing else
             raise ValueError(f"{folder / INDEX_FILE}: captured step {key!r} is not step-<k> inside the run: {entry!r}")
-        if (folder / name).is_dir():
-            run.captures[int(key)] = {"folder": folder / name, "trigger": _trigger(folder, key, entry.get("trigger"))}
-    run.not_captured = {int(k): str(v) for k, v in not_captured.items() if str(k).isdigit()}
+        if not _inside(folder / name, folder):
+            raise ValueError(f"{folder / INDEX_FILE}: captured step {key!r}: {folder / name} leads outside the run")
+        trigger = _trigger(folder, key, entry.get("trigger"))
+        problem = capture_problem(folder / name)
+        if problem:
+            run.unopenable[step] = {"folder": folder / name, "trigger": trigger, "problem": problem}
+        else:
+            run.captures[step] = {"folder": folder / name, "trigger": trigger}
+    for key, reason in not_captured.items():
+        step = step_number(key)
+        if step is None:
+            raise ValueError(f"{folder / INDEX_FILE}: not_captured step {key!r} is not a step number (ASCII digits)")
+        run.not_captured[step] = str(reason)
     return run
+
+
+def step_number(key) -> int | None:
+    """A step number written in ASCII digits (int() would also read '²' or '١'), else None."""
+    return int(key) if isinstance(key, str) and re.fullmatch(r"[0-9]+", key) else None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """`path`, its links followed, lies inside `folder` (a step-<k> that is a link elsewhere does not)."""
+    return path.resolve().is_relative_to(folder.resolve()) and path.resolve() != folder.resolve()
+
+
+HASHED_ON_THE_PAGE = 16 * 2**20  # larger files (weights, the batch) are checked to be there; the doctor hashes them
+
+
+def capture_problem(capture: Path) -> str | None:
+    """Why a listed capture cannot be opened, where a glance tells (the doctor verifies every byte): its folder is
+    missing, or its checksums do not hold (a file missing or added, a small file changed)."""
+    from ..capture.checksums import checksum_problem  # torch-free
+
+    if not capture.is_dir():
+        return f"{capture} is missing (listed in {INDEX_FILE})"
+    return checksum_problem(capture, hash_up_to=HASHED_ON_THE_PAGE)
 
 
 def _trigger(folder: Path, key, trigger) -> list[dict]:
@@ -85,9 +125,8 @@ def _trigger(folder: Path, key, trigger) -> list[dict]:
 def read_health(path: Path) -> tuple[list[dict], bool]:
     """Every line of health.jsonl, checked; a last line without its newline that does not parse is a line the
     run was killed while writing: left out, and said (True)."""
-    _bounded(path)
     try:
-        text = path.read_text()
+        text = read_bounded(path, MAX_FILE_BYTES)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot be read ({e})") from None
     raw = text.split("\n")
@@ -109,13 +148,7 @@ def read_health(path: Path) -> tuple[list[dict], bool]:
     return records, unfinished
 
 
-MAX_FILE_BYTES = 256 * 2**20  # a health log or captures index larger than this is not one FlightRecorder wrote
-
-
-def _bounded(path: Path) -> None:
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ValueError(f"{path} is {size / 2**20:.0f} MB: over the {MAX_FILE_BYTES // 2**20} MB this reads")
+MAX_FILE_BYTES = MAX_READ_BYTES  # a health log or captures index larger than this is not one FlightRecorder wrote
 
 
 def _parses(line: str) -> bool:
@@ -135,7 +168,7 @@ def _record(path: Path, number: int, line: str) -> dict:
         raise ValueError(f"{path} line {number} is not JSON ({e})") from None
     ok = (
         isinstance(record, dict)
-        and isinstance(record.get("step"), int)
+        and type(record.get("step")) is int  # not a bool
         and isinstance(record.get("findings"), dict)
         and isinstance(record.get("metrics"), dict)
     )
@@ -149,17 +182,25 @@ def _record(path: Path, number: int, line: str) -> dict:
     return record
 
 
-def _read_index(folder: Path) -> dict:
-    """captures.json; where it is missing or damaged, the step-<k> folders that hold a capture."""
+def _read_index(folder: Path, notes: list[str]) -> dict:
+    """captures.json, refused in one line where it is damaged or too large; where it is missing (a run killed
+    before it was written), the step-<k> folders that hold a capture, each other folder named in `notes`."""
+    path = folder / INDEX_FILE
+    if not path.exists():
+        found = [p for p in sorted(folder.glob("step-*")) if (p / "capture.json").is_file()]
+        notes += [
+            f"{p.name} is not step-<k> in ASCII digits: left out" for p in found if step_number(p.name[5:]) is None
+        ]
+        return {"captured": {p.name[5:]: {"folder": p.name} for p in found if step_number(p.name[5:]) is not None}}
     try:
-        _bounded(folder / INDEX_FILE)
-        index = json.loads((folder / INDEX_FILE).read_text())
-        if isinstance(index, dict):
-            return index
-    except (OSError, ValueError):
-        pass
-    found = [p for p in folder.glob("step-*") if (p / "capture.json").is_file() and p.name[5:].isdigit()]
-    return {"captured": {p.name[5:]: {"folder": p.name} for p in found}}
+        index = json.loads(read_bounded(path, MAX_FILE_BYTES))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): not as FlightRecorder wrote it") from None
+    if not isinstance(index, dict):
+        raise ValueError(f"{path} is not a JSON object: not as FlightRecorder wrote it")
+    return index
 
 
 def report_path(run: Run, step: int) -> Path:
@@ -173,9 +214,11 @@ def report_path(run: Run, step: int) -> Path:
 class Series:
     id: str
     title: str
-    points: list[tuple[int, float, str]]  # (step, value, severity)
+    points: list[tuple[int, float, str]]  # (step, value, severity), each drawn
     warning_at: float | None = None
     problem_at: float | None = None
+    gaps: tuple[int, ...] = ()  # the run's steps with no point drawn, in order: the line breaks there
+    not_drawn: tuple[tuple[int, str], ...] = ()  # (step, the value as written) of a value no chart can place
 
 
 def series_of(run: Run) -> list[Series]:
@@ -186,22 +229,43 @@ def series_of(run: Run) -> list[Series]:
     out = []
     for i in ids:
         held = [(r["step"], r["findings"][i]) for r in run.lines if i in r["findings"]]
-        points = [(k, f.get("value"), f.get("severity", "ok")) for k, f in held if _finite(f.get("value"))]
+        values = [(r["step"], r["findings"][i].get("value"), r["findings"][i].get("severity", "ok"))
+                  if i in r["findings"] else (r["step"], None, "ok") for r in run.lines]  # fmt: skip
         k, last = held[-1]
         warning_at, problem_at = last.get("warning_at"), last.get("problem_at")
         if warning_at == problem_at:  # one threshold only (one reward function: one constant is all of them)
             warning_at = None
-        out.append(Series(i, f"{i}: at step {k}, {last.get('summary', '')}", points, warning_at, problem_at))
+        out.append(_series(i, f"{i}: at step {k}, {last.get('summary', '')}", values, warning_at, problem_at))
     names = ["reward"] + sorted({k for r in run.lines for k in r["metrics"] if k.endswith("/mean")}) + ["grad_norm"]
     for name in names:
-        points = [(r["step"], r["metrics"][name], "ok") for r in run.lines if _finite(r["metrics"].get(name))]
-        if points:
-            out.append(Series(name, f"{name} (TRL's metric)", points))
+        values = [(r["step"], r["metrics"].get(name), "ok") for r in run.lines]
+        if any(_drawable(v) for _, v, _ in values):
+            out.append(_series(name, f"{name} (TRL's metric)", values))
     return out
+
+
+def _series(id: str, title: str, values: list[tuple[int, object, str]], *thresholds) -> Series:
+    """A series from each step's value as written: a number a chart can place is a point; anything else a gap,
+    and a value written that is not one (NaN, infinite, huge, not a number) is named in `not_drawn`."""
+    points = [(k, v, severity) for k, v, severity in values if _drawable(v)]
+    gaps = tuple(k for k, v, _ in values if not _drawable(v))
+    not_drawn = tuple((k, _shown(v)) for k, v, _ in values if v is not None and not _drawable(v))
+    return Series(id, title, points, *thresholds, gaps=gaps, not_drawn=not_drawn)
+
+
+DRAWABLE = sys.float_info.max / 4  # beyond this, a chart's range (a difference of two values) overflows
 
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _drawable(value) -> bool:
+    return _finite(value) and abs(value) <= DRAWABLE
+
+
+def _shown(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)[:40]
 
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 170, 56, 12, 14, 24
@@ -211,10 +275,11 @@ def chart(s: Series, steps: tuple[int, int], marks: dict[int, str | None], dropp
     """One series as inline SVG: its points coloured by severity, its thresholds dashed, a purple line at each
     captured step (a link to its report, or its capture, in `marks`), a grey one at each triggered step not kept."""
     lo, hi = steps
-    values = [v for _, v, _ in s.points] + [t for t in (s.warning_at, s.problem_at) if _finite(t)]
+    values = [v for _, v, _ in s.points] + [t for t in (s.warning_at, s.problem_at) if _drawable(t)]
     y0, y1 = (min(values), max(values)) if values else (0.0, 1.0)
-    if y1 - y0 < 1e-12:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+    if y1 - y0 < 1e-12 * max(1.0, abs(y0)):
+        pad = max(0.5, abs(y0) / 2)  # a flat series, drawn mid-height whatever its size
+        y0, y1 = y0 - pad, y1 + pad
     x = lambda k: LEFT + (W - LEFT - RIGHT) * ((k - lo) / (hi - lo) if hi > lo else 0.5)
     y = lambda v: TOP + (H - TOP - BOTTOM) * (1 - (v - y0) / (y1 - y0))
     parts = [
@@ -235,18 +300,40 @@ def chart(s: Series, steps: tuple[int, int], marks: dict[int, str | None], dropp
                 f"stroke='#7b1fa2' stroke-width='2'><title>step {k} captured</title></line>")  # fmt: skip
         parts.append(f"<a href='{_h(href)}'>{line}</a>" if href else line)
     for name, t in (("warning", s.warning_at), ("problem", s.problem_at)):
-        if _finite(t):
+        if _drawable(t):
             parts.append(f"<line class='threshold {name}' x1='{LEFT}' x2='{W - RIGHT}' y1='{y(t):.1f}' "
                          f"y2='{y(t):.1f}' stroke='{COLOURS[name]}' stroke-dasharray='6,4'/>")  # fmt: skip
             parts.append(_label(W - RIGHT - 2, y(t) - 3, f"{name} {t:.3g}", "end", COLOURS[name]))
-    if len(s.points) > 1:
-        path = " ".join(f"{x(k):.1f},{y(v):.1f}" for k, v, _ in s.points)
-        parts.append(f"<polyline points='{path}' fill='none' stroke='#90a4ae' stroke-width='1.2'/>")
+    for segment in segments(s.points, s.gaps):
+        if len(segment) > 1:
+            path = " ".join(f"{x(k):.1f},{y(v):.1f}" for k, v, _ in segment)
+            parts.append(f"<polyline points='{path}' fill='none' stroke='#90a4ae' stroke-width='1.2'/>")
     for k, v, severity in s.points:
         parts.append(f"<circle class='{severity}' cx='{x(k):.1f}' cy='{y(v):.1f}' r='3' fill='{COLOURS[severity]}'>"
                      f"<title>step {k}: {v:.4g} ({severity})</title></circle>")  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
+
+
+def segments(points: list[tuple], gaps: tuple[int, ...]) -> list[list[tuple]]:
+    """The points in runs that no gap step falls between: each run is one line, a gap breaks it."""
+    out: list[list[tuple]] = []
+    for point in points:
+        if out and bisect_right(gaps, out[-1][-1][0]) == bisect_right(gaps, point[0]):
+            out[-1].append(point)
+        else:
+            out.append([point])
+    return out
+
+
+def not_drawn_note(s: Series, shown: int = 8) -> str:
+    """The note under a chart whose line has gaps for values written that are no number it can place."""
+    if not s.not_drawn:
+        return ""
+    named = ", ".join(f"step {k} ({v})" for k, v in s.not_drawn[:shown])
+    more = f" and {len(s.not_drawn) - shown} more" if len(s.not_drawn) > shown else ""
+    return (f"<p class='note'>Not drawn, a gap in the line: {_h(named)}{more}: not a finite number within "
+            f"±{DRAWABLE:.2g}.</p>")  # fmt: skip
 
 
 def _label(x: float, y: float, text: str, anchor: str, colour: str = "#555") -> str:
@@ -276,7 +363,7 @@ def page(run: Run, page_path: Path) -> str:
     steps = [r["step"] for r in run.lines]
     bounds = (min(steps), max(steps))
     links = {k: _report_or_capture(run, k, page_path) for k in run.captures}
-    dropped = set(run.not_captured) - set(run.captures)
+    dropped = (set(run.not_captured) | set(run.unopenable)) - set(run.captures)
     title = f"grpo-debug run: {run.folder}"
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{_h(title)}</title>",
@@ -289,9 +376,14 @@ def page(run: Run, page_path: Path) -> str:
     if run.unfinished:
         parts.append("<p class='note'>The last line of health.jsonl was cut (the run was killed while writing it): "
                      "it is left out.</p>")  # fmt: skip
+    failed = [(r["step"], r["failed"]) for r in run.lines if isinstance(r.get("failed"), str)]
+    for k, why in failed:
+        parts.append(f"<p class='note failed'>The recorder failed on step {k} (the run went on): {_h(why)}</p>")
+    for note in run.notes:
+        parts.append(f"<p class='note'>{_h(note)}</p>")
     parts.append(_captures_table(run, page_path))
     for s in series_of(run):
-        parts.append(f"<h2>{_h(s.title)}</h2>{chart(s, bounds, links, dropped)}")
+        parts.append(f"<h2>{_h(s.title)}</h2>{chart(s, bounds, links, dropped)}{not_drawn_note(s)}")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -301,16 +393,24 @@ def _report_or_capture(run: Run, step: int, page_path: Path) -> str:
     return href(report if report.is_file() else run.captures[step]["folder"] / "README.md", page_path)
 
 
+def _reasons(trigger: list[dict]) -> str:
+    return "<br>".join(
+        f"<span class='{_h(str(r.get('severity')))}'>{_h(str(r.get('id')))}</span>: {_h(str(r.get('summary')))}"
+        for r in trigger
+    )
+
+
 def _captures_table(run: Run, page_path: Path) -> str:
     """Each triggered step: why, and its capture and report, or why it was not kept."""
     rows = []
-    for k in sorted(set(run.captures) | set(run.not_captured)):
-        if k in run.captures:
+    for k in sorted(set(run.captures) | set(run.not_captured) | set(run.unopenable)):
+        if k in run.unopenable:
+            c = run.unopenable[k]
+            rows.append(f"<tr><td>{k}</td><td>{_reasons(c['trigger'])}</td><td>{_h(c['folder'].name)} cannot be "
+                        f"opened: {_h(c['problem'])}</td></tr>")  # fmt: skip
+        elif k in run.captures:
             c = run.captures[k]
-            why = "<br>".join(
-                f"<span class='{_h(str(r.get('severity')))}'>{_h(str(r.get('id')))}</span>: {_h(str(r.get('summary')))}"
-                for r in c["trigger"]
-            )
+            why = _reasons(c["trigger"])
             report = report_path(run, k)
             doctor = (
                 f"<a class='report' href='{_h(href(report, page_path))}'>the doctor's report</a>"
