@@ -10,7 +10,7 @@ Each of the two runs is the user's plain `GRPOConfig` (TRL's defaults but for: 2
 tokens, two optimizer steps, beta 0.04 so that there is a reference) with `CaptureCallback(steps=[2])`, so that the capture holds the optimizer's state; the LoRA
 run adds `peft_config=LoraConfig(r=16, target_modules=every attention and MLP projection)`.
 
-Every phase runs in a fresh process of this script, so that its peak resident memory (`ru_maxrss`, imports
+Every phase runs in a fresh process of this script, so that its peak resident memory (VmHWM, imports
 included) is its own: the TRL run with the capture, then the replay (`open_capture`: the checks, the base's hash,
 loading; then `run(until="update")` and `reproduction`: the engine's step and TRL's step replayed).
 Prints JSON: per run, the capture's size on disk (and its parts), the callback's own seconds (`callback.seconds`),
@@ -53,6 +53,8 @@ QWEN2_05B = dict(
 )
 QUICK = {**QWEN2_05B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
 QUICK["vocab_size"] = 512  # the tokenizer's own: no token to suppress
+SMALL = {**QWEN2_05B, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 4}
+SHAPES = {"0.5b": QWEN2_05B, "50m": SMALL, "quick": QUICK}  # 50m: Qwen2's vocabulary, 45M parameters
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "P: 8/8/8/4k3/8/8/4K3/8 w - - 0 1"]
 
@@ -62,20 +64,27 @@ def reward(completions, **kwargs):
     return [sum(ch.isalpha() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def build_model(folder: Path, quick: bool) -> int:
+def build_model(folder: Path, shape: str) -> int:
     """The Qwen2 shape with random weights and the bundled tokenizer saved to `folder`; its parameter count."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**(QUICK if quick else QWEN2_05B), **ids, pad_token_id=tokenizer.pad_token_id))
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **ids, pad_token_id=tokenizer.pad_token_id))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory: Linux's VmHWM (its own, from its exec on: ru_maxrss would carry the
+    parent's peak across the fork), else ru_maxrss."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
@@ -95,6 +104,7 @@ def capture_phase(model: Path, out: Path, lora: bool, device: str = "cpu") -> di
 
     from grpo_debug.capture import CaptureCallback
 
+    imports = peak_rss_mb()
     vocab = AutoConfig.from_pretrained(model).vocab_size
     args = GRPOConfig(
         output_dir=str(out / "trl"),
@@ -133,15 +143,24 @@ def capture_phase(model: Path, out: Path, lora: bool, device: str = "cpu") -> di
         "optimizer_mb": (capture / "optimizer.safetensors").stat().st_size / 2**20,
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "peak_rss_mb": peak_rss_mb(),
+        "imports_rss_mb": imports,
         "logged": {k: logged[k] for k in ("loss", "grad_norm", "kl", "entropy", "reward")},
     }
 
 
 def replay_phase(capture: Path) -> dict:
     """The capture opened (checked, the base hashed, loaded), its step run and TRL's step replayed."""
+    # the TRL run's imports (trl's are lazy: GRPOTrainer itself loads most): what is above them is the replay's
+    from datasets import Dataset  # noqa: F401
+    from peft import LoraConfig  # noqa: F401
+    from trl import GRPOConfig, GRPOTrainer  # noqa: F401
+
     from grpo_debug.capture import open_capture
     from grpo_debug.capture.replay import reproduction
+    from grpo_debug.capture.sizes import replay_estimate
 
+    imports = peak_rss_mb()
+    estimate = replay_estimate(capture)
     start = time.perf_counter()
     step = open_capture(capture, task=[reward])
     opened = time.perf_counter()
@@ -152,6 +171,8 @@ def replay_phase(capture: Path) -> dict:
         "open_seconds": opened - start,
         "replay_seconds": done - opened,
         "peak_rss_mb": peak_rss_mb(),
+        "imports_rss_mb": imports,
+        "estimate": estimate,
         "max_abs_difference": max(abs(v) for v in out["difference"].values()),
         "difference": out["difference"],
         "logps_max_abs_difference": out["logps"]["max_abs_difference"],
@@ -179,12 +200,13 @@ def hash_throughput(folder: Path) -> dict:
     return {"base_mb": mb, "hash_seconds": seconds, "mb_per_second": mb / seconds}
 
 
-def measure(workdir: Path, threads: int, quick: bool, device: str = "cpu", phases=("capture", "replay")) -> dict:
-    model = workdir / "qwen2-0.5b-shape"
+def measure(workdir: Path, threads: int, shape: str, device: str = "cpu", phases=("capture", "replay")) -> dict:
+    model = workdir / f"qwen2-{shape}-shape"
     start = time.perf_counter()
-    parameters = build_model(model, quick)
+    parameters = build_model(model, shape)
     report = {
-        "quick": quick,
+        "quick": shape == "quick",
+        "shape": shape,
         "threads": threads,
         "device": device,
         "parameters": parameters,
@@ -229,8 +251,22 @@ def table(report: dict) -> str:
     row("open_capture: checks, hash, load (s)", lambda r: f"{r['replay']['open_seconds']:.1f}")
     row("replay: run(until='update') + TRL's step (s)", lambda r: f"{r['replay']['replay_seconds']:.1f}")
     row("peak RSS, replay (GB)", lambda r: f"{r['replay']['peak_rss_mb'] / 1024:.1f}")
+    row("peak RSS above the imports: replay / TRL run (target <= 1.1)", lambda r: f"{memory_ratio(r):.2f}")
+    row(
+        "replay's peak above the imports: estimated before opening / measured (GB)",
+        lambda r: (
+            f"{r['replay']['estimate']['replay_peak_mb'] / 1024:.2f} / "
+            f"{(r['replay']['peak_rss_mb'] - r['replay']['imports_rss_mb']) / 1024:.2f}"
+        ),
+    )
     row("largest abs(ours - TRL's) over the compared metrics", lambda r: f"{r['replay']['max_abs_difference']:.2g}")
     return "\n".join(rows) + "\n\n" + extrapolation(report)
+
+
+def memory_ratio(run: dict) -> float:
+    """The replay's peak RSS above its imports over the TRL run's (with the capture) above its own."""
+    replay, capture = run["replay"], run["capture"]
+    return (replay["peak_rss_mb"] - replay["imports_rss_mb"]) / (capture["peak_rss_mb"] - capture["imports_rss_mb"])
 
 
 def extrapolation(report: dict) -> str:
@@ -269,6 +305,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--quick", action="store_true", help="a 2-layer, 64-wide model: checks the script runs")
+    parser.add_argument("--shape", choices=list(SHAPES), default="0.5b", help="Qwen2-0.5B's (default), or 45M's")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     parser.add_argument("--table", type=Path, help="print the README's table of a report this script printed")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the TRL runs train")
@@ -283,6 +320,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     phases = tuple(args.phases.split(","))
+    shape = "quick" if args.quick else args.shape
     if not phases or set(phases) - {"capture", "replay"} or "capture" not in phases:
         parser.error(f"--phases {args.phases!r}: capture, or capture,replay")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -295,11 +333,11 @@ def main() -> None:
         print(json.dumps(replay_phase(args.capture)))
     elif args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(measure(args.keep, args.threads, args.quick, args.device, phases), indent=1))
+        print(json.dumps(measure(args.keep, args.threads, shape, args.device, phases), indent=1))
     else:
         workdir = Path(tempfile.mkdtemp(prefix="real_size-"))
         try:
-            print(json.dumps(measure(workdir, args.threads, args.quick, args.device, phases), indent=1))
+            print(json.dumps(measure(workdir, args.threads, shape, args.device, phases), indent=1))
         finally:
             shutil.rmtree(workdir)
 

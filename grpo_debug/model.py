@@ -22,7 +22,7 @@ class ModelUnavailable(RuntimeError):
 @dataclass
 class LoadedModel:
     policy: PreTrainedModel
-    reference: PreTrainedModel
+    reference: PreTrainedModel | None  # None: loaded without one (`load_model(reference=False)`), until given one
     tokenizer: PreTrainedTokenizerBase
     name: str
 
@@ -59,11 +59,15 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_files_only: bool):
 
 
 def load_model(
-    name_or_path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32, hub: bool = True
+    name_or_path: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+    hub: bool = True,
+    reference: bool = True,
 ) -> LoadedModel:
     """Policy (train mode off, as after `from_pretrained`), a frozen deep copy as reference, tokenizer. A hub id
     is read from the local cache first, then from the hub where it is reachable; `hub=False`: never from the hub
-    (a name read from an untrusted file must not make this machine download what it names).
+    (a name read from an untrusted file must not make this machine download what it names). `reference=False`:
+    no copy (`reference` is None) where the caller brings its own reference, or needs none.
 
     GPT-2 tokenizers have no pad token: the EOS is used as pad, which is exactly the pad == eos
     situation the completion-mask pitfall is about.
@@ -95,9 +99,11 @@ def load_model(
     tokenizer.padding_side = "left"
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.eval()
-    reference = copy.deepcopy(policy).eval()
-    reference.requires_grad_(False)
-    return LoadedModel(policy, reference, tokenizer, name)
+    if not reference:
+        return LoadedModel(policy, None, tokenizer, name)
+    copied = copy.deepcopy(policy).eval()
+    copied.requires_grad_(False)
+    return LoadedModel(policy, copied, tokenizer, name)
 
 
 # ---- what a model's architecture does that a step can get wrong

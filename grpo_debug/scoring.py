@@ -8,6 +8,7 @@ reference; `fast/scoring.py` is the same forward with less work, tested equal.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,8 +79,18 @@ def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor
     if scoring.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {scoring.dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    inputs = model_inputs(rollout, scoring.position_ids)
     with _mode(model, scoring.dropout), at_precision(scoring.dtype, "trainer"):
-        return model(**model_inputs(rollout, scoring.position_ids)).logits[:, P - 1 : P + C - 1]
+        if keeps_logits(model):  # the last C + 1 positions only (the same numbers, a fraction of the memory)
+            return model(**inputs, logits_to_keep=C + 1).logits[:, :-1]
+        return model(**inputs).logits[:, P - 1 : P + C - 1]
+
+
+def keeps_logits(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs: the LM head on the last
+    positions only); a peft model or an adapter-disabled view asks its base model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def within_sampler_support(logits: torch.Tensor, scoring: Scoring, chosen: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,10 +8,10 @@ bottom, is `reference_step.grpo_step` (tested equal); `specs` turns the config i
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import resource
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +57,20 @@ def _scoring_key(scoring: Scoring) -> Scoring:
     return dataclasses.replace(scoring, mask="all_positions" if scoring.score_after_eos else "keep_first_eos")
 
 
+def trained_state(model) -> dict[str, torch.Tensor]:
+    """A copy of what an update can change: each trained parameter by its `named_parameters` name (a LoRA policy:
+    its adapter alone; the frozen base and the buffers are never copied)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def put_trained(model, state: dict[str, torch.Tensor]) -> None:
+    """The trained parameters set to `state` (`trained_state`), in place."""
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            parameters[name].copy_(value)
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -77,16 +91,18 @@ class GRPOStep:
         rollout: Rollout | None = None,
         at_reference: bool = True,
         update_phase=None,
+        start: Mapping[str, torch.Tensor] | None = None,
     ):
         """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
         policy's starting weights are the reference's (False once trained). `update_phase(step, run)`: the
         update phase as the run that was captured took it (`capture.replay.captured_update`: the trainer's
-        micro-batches and optimizer), or None where it cannot be, for the engine's own."""
+        micro-batches and optimizer), or None where it cannot be, for the engine's own. `start`: the trained
+        parameters' starting values where they are kept outside memory (`capture.saved_weights`); None: copied."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
-        self.initial_state = copy.deepcopy(self.loaded.policy.state_dict())
+        self.initial_state = trained_state(self.loaded.policy) if start is None else start
         timings = {"rollout": PhaseTiming(0.0, 0.0)} if rollout is not None else {}
         self.result = StepRun(self.cfg, rollout=rollout, timings=timings)
         self._policy_dirty = False
@@ -111,7 +127,7 @@ class GRPOStep:
 
     def restore_policy(self) -> None:
         if self._policy_dirty:
-            self.policy.load_state_dict(self.initial_state)
+            put_trained(self.policy, self.initial_state)
             self._policy_dirty = False
 
     @property
@@ -149,7 +165,7 @@ class GRPOStep:
     def start_from_current_weights(self, optimizer_state: dict | None = None) -> None:
         """The policy's weights as they are now become the step's start (a resumed training run loads
         them from a checkpoint first), with an AdamW restored from `optimizer_state` where given."""
-        self.initial_state = copy.deepcopy(self.policy.state_dict())
+        self.initial_state = trained_state(self.policy)
         self._policy_dirty = False
         self.at_reference = False
         if optimizer_state is not None:
@@ -303,6 +319,7 @@ class GRPOStep:
             loss,
             optimization_of(cfg),
             optimizer=self._last_optimizer,
+            start=self.initial_state.values(),  # the weights it starts from, read as needed: no second copy
             num_iterations=cfg.num_iterations,
             per_sample_grad_norms=cfg.per_sample_grad_norms,
             score=kernels(cfg.fast).score,

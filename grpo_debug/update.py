@@ -224,15 +224,17 @@ def update(
     num_iterations: int = 1,
     per_sample_grad_norms: bool = True,
     optimizer: torch.optim.Optimizer | None = None,
+    start: list[torch.Tensor] | None = None,
     score=None,
     norms: SampleNorms | None = None,
 ) -> StepResult:
     """mu x S / GA AdamW steps on `batch`. `optimizer`: an AdamW over the model's parameters carried from
-    earlier steps (training); None: a fresh one (`new_optimizer`). `score` and `norms`: the readable
-    scoring and per-sample norms, or their fast twins (`speed.kernels`)."""
-    start = time.perf_counter()
+    earlier steps (training); None: a fresh one (`new_optimizer`). `start`: the trained parameters' values now,
+    where the caller keeps a copy (the update's norm is measured from it); None: copied here. `score` and
+    `norms`: the readable scoring and per-sample norms, or their fast twins (`speed.kernels`)."""
+    began = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in params]
+    before = start if start is not None else [p.detach().clone() for p in params]
     optimizer = optimizer or new_optimizer(model, optimization)
     learning_rates = tuple(float(g["lr"]) for g in optimizer.param_groups)
     max_norm = optimization.max_grad_norm if optimization.max_grad_norm > 0 else float("inf")
@@ -265,7 +267,7 @@ def update(
         clipped=first.grad_norms[0] > max_norm,
         per_sample_grad_norms=first_norms if per_sample_grad_norms else torch.tensor([]),
         update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - began,
         iterations=tuple(iterations),
         optimizer_steps=num_iterations * (S // GA),
         learning_rates=learning_rates,

@@ -13,8 +13,9 @@ base model. So a capture of such a run holds
 Reading such a capture (`check_adapter_capture`) recomputes the base's digest before anything is built and
 refuses a base that changed; then checks the base folder as `model_folder` checks a model, and the adapter's
 stored shapes against the LoRA its config describes on that base (built on the meta device). Replaying it
-(`load_adapter_capture`) loads the base and the adapter on it, trainable (`PeftModel.from_pretrained`), and a
-frozen copy of the base as the reference: the adapter-disabled model TRL scored the reference with.
+(`load_adapter_capture`) loads the base and the adapter on it, trainable (`PeftModel.from_pretrained`), and, as
+the reference, the same model with its adapters off (`AdapterDisabled`): what TRL scored the reference with, and
+no second copy of the base.
 """
 
 from __future__ import annotations
@@ -224,16 +225,51 @@ def _check_adapter_weights(file: Path, expected: dict[str, tuple[int, ...]], err
 # ---- replaying
 
 
+class AdapterDisabled(torch.nn.Module):
+    """The LoRA policy with its adapters off, as TRL scores the reference (`use_adapter(model, None)`): the base
+    model without a second copy of it. Not a submodule holder: its parameters are the policy's, never its own,
+    and its train/eval mode is its own (the policy takes it for the call, then gets its own back)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        object.__setattr__(self, "policy", policy)
+        self.train(False)
+
+    @contextmanager
+    def _adapters_off(self):
+        was = self.policy.training
+        self.policy.train(self.training)
+        try:
+            with self.policy.disable_adapter():
+                yield
+        finally:
+            self.policy.train(was)
+
+    def forward(self, *args, **kwargs):
+        with self._adapters_off():
+            return self.policy(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        with self._adapters_off():
+            return self.policy.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "policy"), name)  # config, device, generation_config
+
+
 def load_adapter_capture(capture_path: Path, policy: dict, beta: float):
-    """(LoadedModel, at_reference): the base with the captured adapter on it, trainable, as the policy; a frozen
-    copy of the base as the reference (TRL's adapter-disabled model); the capture's tokenizer. `at_reference`
-    as for a full capture: True when beta = 0 (TRL has no reference)."""
+    """(LoadedModel, at_reference): the base with the captured adapter on it, trainable, as the policy; the same
+    model with its adapters off as the reference (`AdapterDisabled`: TRL's reference, no copy of the base); the
+    capture's tokenizer. `at_reference` as for a full capture: True when beta = 0 (TRL has no reference)."""
     from peft import PeftModel
     from transformers import AutoTokenizer
 
     from ..model import LoadedModel, load_model
 
-    loaded = load_model(policy["base"]["folder"])
+    loaded = load_model(policy["base"]["folder"], reference=False)
     folder = capture_path.resolve() / policy["folder"]
     with _quiet_peft():
         policy_model = PeftModel.from_pretrained(loaded.policy, folder, is_trainable=True).eval()
@@ -241,4 +277,4 @@ def load_adapter_capture(capture_path: Path, policy: dict, beta: float):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return LoadedModel(policy_model, loaded.reference, tokenizer, str(folder)), beta == 0
+    return LoadedModel(policy_model, AdapterDisabled(policy_model), tokenizer, str(folder)), beta == 0

@@ -15,6 +15,7 @@ from ..step import GRPOStep
 from ..task import register_task
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
 from .replay import captured_update
+from .saved_weights import saved_start
 
 
 def open_capture(path, task=None, **changes) -> GRPOStep:
@@ -35,6 +36,8 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
     loaded, beta_zero = captured_models(capture)
     task = captured_task(capture, loaded.tokenizer, task)
     register_task(task.name, lambda: task)
+    policy = capture.meta["policy"]
+    start = None if policy.get("adapter") else saved_start(loaded.policy, capture.path / policy["folder"])
     return GRPOStep(
         cfg,
         task,
@@ -43,4 +46,5 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         rollout=captured_rollout(capture, loaded.tokenizer),
         at_reference=beta_zero,
         update_phase=captured_update,
+        start=start,  # the weights before the step, read back from the capture's files: no copy held
     )

@@ -126,7 +126,8 @@ def rebuild_problem(meta: dict | None) -> str | None:
 
 
 def trainer_optimizer(model, meta: dict, tensors: dict[str, torch.Tensor], lr: list[float] | None = None):
-    """The trainer's optimizer over `model`'s parameters, its groups and state as captured, each group at the
+    """The trainer's optimizer over `model`'s parameters, its groups and state as captured (`tensors`, a fresh read
+    the optimizer owns from here: it steps them in place), each group at the
     learning rate the scheduler set for the captured step (`lr`: other rates, one per group). Raises ValueError
     naming a grouped parameter the model lacks, or a state tensor whose shape is not its parameter's."""
     params = dict(model.named_parameters())
@@ -145,8 +146,7 @@ def trainer_optimizer(model, meta: dict, tensors: dict[str, torch.Tensor], lr: l
             raise ValueError(
                 f"optimizer state {key!r} has shape {tuple(value.shape)}, its parameter {tuple(params[name].shape)}"
             )
-        # a copy: the optimizer steps its state in place, and the capture's tensors must stay as captured
-        state.setdefault(index[name], {})[entry] = value.to(params[name].device, copy=True)
+        state.setdefault(index[name], {})[entry] = value.to(params[name].device)  # the optimizer's own from here
     groups, saved = [], []
     for i, g in enumerate(meta["groups"]):
         hyper = {k: (tuple(v) if k == "betas" else v) for k, v in g.items() if k != "params"}

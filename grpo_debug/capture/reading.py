@@ -63,7 +63,18 @@ class Capture:
     path: Path
     meta: dict  # capture.json
     batch: dict[str, torch.Tensor]  # batch.pt
-    optimizer_tensors: dict[str, torch.Tensor] | None = None  # optimizer.safetensors (`optimizer_state`), if written
+    optimizer_file: Path | None = None  # optimizer.safetensors (`optimizer_state`), if written
+
+    @property
+    def optimizer_tensors(self) -> dict[str, torch.Tensor] | None:
+        """The trainer's optimizer state, read from its file at each call (checked when the capture was read):
+        a fresh copy the caller owns, and no copy held between updates."""
+        if self.optimizer_file is None:
+            return None
+        try:
+            return optimizer_state.read(self.path, self.meta["optimizer"])
+        except Exception as e:  # safetensors refuses a damaged header in several ways
+            raise CaptureError(f"{self.optimizer_file} cannot be read as tensors ({type(e).__name__}: {e})") from None
 
     @property
     def num_samples(self) -> int:
@@ -131,13 +142,13 @@ def load_capture(path: str | Path) -> Capture:
         batch = torch.load(path / "batch.pt", weights_only=True, map_location="cpu")
     except Exception as e:  # a truncated or edited file fails in many ways inside torch
         raise CaptureError(f"{path / 'batch.pt'} cannot be read as tensors ({type(e).__name__}: {e})") from None
-    capture = Capture(path, meta, batch, _optimizer_tensors(path, meta))
+    capture = Capture(path, meta, batch, _optimizer_file(path, meta))
     check_capture(capture)
     return capture
 
 
-def _optimizer_tensors(path: Path, meta) -> dict[str, torch.Tensor] | None:
-    """optimizer.safetensors, read (after the checksums) where capture.json has an `optimizer` entry."""
+def _optimizer_file(path: Path, meta) -> Path | None:
+    """optimizer.safetensors, where capture.json has an `optimizer` entry (its tensors are checked with the rest)."""
     if not isinstance(meta, dict) or meta.get("optimizer") is None:
         return None
     entry = meta["optimizer"]
@@ -146,10 +157,7 @@ def _optimizer_tensors(path: Path, meta) -> dict[str, torch.Tensor] | None:
         name == optimizer_state.FILE, path / "capture.json", f"optimizer.file = {name!r}, not {optimizer_state.FILE!r}"
     )
     _need((path / name).is_file(), path / name, "missing (capture.json has an 'optimizer' entry)")
-    try:
-        return optimizer_state.read(path, entry)
-    except Exception as e:  # safetensors refuses a damaged header in several ways
-        raise CaptureError(f"{path / name} cannot be read as tensors ({type(e).__name__}: {e})") from None
+    return path / name
 
 
 def _need(ok: bool, where: Path, problem: str) -> None:
@@ -695,15 +703,16 @@ def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
         )
         _check_tokenizer(capture, loaded.tokenizer)
         return loaded, at_reference
-    loaded = load_model(str(capture.path.resolve() / capture.meta["policy"]["folder"]))
-    _check_tokenizer(capture, loaded.tokenizer)
     reference_name = capture.meta["reference"]["name_or_path"]
+    policy_folder = str(capture.path.resolve() / capture.meta["policy"]["folder"])
+    loaded = load_model(policy_folder, reference=reference_name is None)  # beta = 0: its start is the reference
+    _check_tokenizer(capture, loaded.tokenizer)
     if reference_name is None:
         return loaded, True
     if Path(str(reference_name)).is_dir():  # a local folder from outside the capture: checked like the policy's
         check_model_folder(reference_name, CaptureError)
     try:
-        reference = load_model(reference_name, hub=False).policy.eval()  # a name from a file: never downloaded
+        reference = load_model(reference_name, hub=False, reference=False).policy  # from a file: never downloaded
     except ModelUnavailable as e:
         reason = str(e).splitlines()[0]
         raise CaptureError(

@@ -140,7 +140,7 @@ def captured_update(step, run) -> StepResult | None:
     step.restore_policy()
     optimizer, what, _ = starting_optimizer(capture, step.policy, cfg, captured)
     params = [p for p in step.policy.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in params]
+    before = step.initial_state.values()  # restored: the weights now, kept by the step (no second copy)
     replay = replay_trl_step(step, run, optimizer)
     step.policy_moved()
     step.carry_optimizer(optimizer)  # training on from here (`advance`) steps the trainer's optimizer
@@ -181,7 +181,7 @@ def trainer_update(step, run) -> TrainerUpdate:
     step.restore_policy()
     optimizer, what, exact = starting_optimizer(capture, step.policy, run.config, config_from_capture(capture))
     trained = {n: p for n, p in step.policy.named_parameters() if p.requires_grad}
-    before = {n: p.detach().clone() for n, p in trained.items()}
+    before = step.initial_state  # restored: the weights now, kept by the step (no second copy)
     replay = replay_trl_step(step, run, optimizer)
     step.policy_moved()
     return TrainerUpdate(

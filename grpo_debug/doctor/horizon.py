@@ -23,7 +23,7 @@ import torch
 from ..scoring import per_token_logps
 from ..specs import scoring_of
 from ..stats import seed_interval, verdict
-from ..step import GRPOStep
+from ..step import GRPOStep, put_trained
 from .facts import k3_per_token
 
 HORIZON = 8  # steps a fix is followed for (`doctor --horizon K`)
@@ -84,7 +84,7 @@ def _kl_to_start(step: GRPOStep, first, start_state: dict) -> float:
     scoring = scoring_of(first.config).without_dropout()
     with torch.no_grad():
         now = per_token_logps(step.policy, first.rollout, scoring)
-        step.policy.load_state_dict(start_state)
+        put_trained(step.policy, start_state)
         start = per_token_logps(step.policy, first.rollout, scoring)
     return k3_per_token(now - start, first.logprobs.mask)
 
