@@ -14,7 +14,9 @@ Every phase runs in a fresh process of this script, so that its peak resident me
 included) is its own: the TRL run with the capture, then the replay (`open_capture`: the checks, the base's hash,
 loading; then `run(until="update")` and `reproduction`: the engine's step and TRL's step replayed).
 Prints JSON: per run, the capture's size on disk (and its parts), the callback's own seconds (`callback.seconds`),
-TRL's step_time, the replay's seconds, each phase's peak RSS, the replay's largest |ours - TRL's logged|, and the
+TRL's step_time, the replay's seconds, each phase's peak RSS (and above its imports: the replay's over the TRL run's,
+the issue-48 target 1.1), the replay's memory as `capture.sizes` estimates it before opening, the replay's largest
+|ours - TRL's logged|, `doctor --no-model`'s seconds (target: under 30), and the
 parameter counts and the SHA-256 throughput the README's extrapolation reads.
 `--quick`: a 2-layer, 64-wide model with the tokenizer's 512 tokens (run by `make test`; no number means anything).
 `--device cuda`: the TRL run trains on the GPU (`use_cpu=False`, so TRL's bfloat16 autocast there) and reports its
@@ -168,6 +170,7 @@ def replay_phase(capture: Path) -> dict:
     out = reproduction(run, step.capture, step.policy, step)
     done = time.perf_counter()
     return {
+        "no_model_doctor": no_model_seconds(capture),
         "open_seconds": opened - start,
         "replay_seconds": done - opened,
         "peak_rss_mb": peak_rss_mb(),
@@ -177,6 +180,20 @@ def replay_phase(capture: Path) -> dict:
         "difference": out["difference"],
         "logps_max_abs_difference": out["logps"]["max_abs_difference"],
     }
+
+
+def no_model_seconds(capture: Path) -> dict:
+    """`python -m grpo_debug doctor CAPTURE --no-model` from a fresh process: its wall seconds and findings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "doctor.json"
+        start = time.perf_counter()
+        command = [sys.executable, "-m", "grpo_debug", "doctor", str(capture), "--no-model", "--json", str(report)]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp)
+        wall = time.perf_counter() - start
+        if done.returncode:
+            raise RuntimeError(f"doctor --no-model failed:\n{done.stderr[-2000:]}")
+        written = json.loads(report.read_text())
+    return {"wall_seconds": wall, "checks": len(written["findings"]), "not_run": len(written["not_run"])}
 
 
 def in_fresh_process(threads: int, *args: str) -> dict:
@@ -260,6 +277,10 @@ def table(report: dict) -> str:
         ),
     )
     row("largest abs(ours - TRL's) over the compared metrics", lambda r: f"{r['replay']['max_abs_difference']:.2g}")
+    row(
+        "doctor --no-model, whole command (s; target < 30)",
+        lambda r: f"{r['replay']['no_model_doctor']['wall_seconds']:.1f}",
+    )
     return "\n".join(rows) + "\n\n" + extrapolation(report)
 
 

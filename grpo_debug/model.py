@@ -52,6 +52,19 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def padded_left(tokenizer):
+    """The tokenizer as the step uses it: left padding, and the EOS as pad where it has none."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_tokenizer(folder: str | os.PathLike):
+    """A local folder's tokenizer alone (`padded_left`), without its model."""
+    return padded_left(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
+
+
 def _from_pretrained(name: str, dtype: torch.dtype, local_files_only: bool):
     tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
     policy = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_files_only)
@@ -94,9 +107,7 @@ def load_model(
             tokenizer, policy = _from_pretrained(name, dtype, local_files_only=False)
         except OSError as e:
             raise ModelUnavailable(_how_to_get(name) + f"\n(underlying error: {str(e).splitlines()[0]})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer = padded_left(tokenizer)
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.eval()
     if not reference:

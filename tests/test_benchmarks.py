@@ -101,7 +101,10 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
     for name, run in (("full", full), ("lora", lora)):
         missing = {"capture_mb", "callback_seconds", "peak_rss_mb"} - run["capture"].keys()
         missing |= {"open_seconds", "replay_seconds", "peak_rss_mb", "max_abs_difference"} - run["replay"].keys()
+        missing |= {"imports_rss_mb", "estimate", "no_model_doctor"} - run["replay"].keys()
         assert not missing, f"the {name} run printed no {sorted(missing)}"
+        assert run["replay"]["estimate"] and run["replay"]["estimate"]["replay_peak_mb"] > 0, run["replay"]["estimate"]
+        assert run["replay"]["no_model_doctor"]["not_run"] > 0, run["replay"]["no_model_doctor"]
         assert run["replay"]["max_abs_difference"] < 1e-4, f"the {name} replay is off TRL's numbers: {run['replay']}"
     files = lora["capture"]["policy_files"]
     assert "adapter_model.safetensors" in files and "model.safetensors" not in files, f"LoRA capture's policy/: {files}"
@@ -118,6 +121,7 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
         f"--table failed: {done.stderr[-2000:]}"
     )
     assert "7B (Qwen2-7B" in done.stdout, f"--table printed no extrapolation:\n{done.stdout}"
+    assert "| peak RSS above the imports: replay / TRL run (target <= 1.1) |" in done.stdout, done.stdout
     # a report of `--device cuda --phases capture` (the TRL runs alone): the GPU's row, no replay rows
     for run in (full, lora):
         del run["replay"]

@@ -265,16 +265,12 @@ def load_adapter_capture(capture_path: Path, policy: dict, beta: float):
     model with its adapters off as the reference (`AdapterDisabled`: TRL's reference, no copy of the base); the
     capture's tokenizer. `at_reference` as for a full capture: True when beta = 0 (TRL has no reference)."""
     from peft import PeftModel
-    from transformers import AutoTokenizer
 
-    from ..model import LoadedModel, load_model
+    from ..model import LoadedModel, load_model, load_tokenizer
 
     loaded = load_model(policy["base"]["folder"], reference=False)
     folder = capture_path.resolve() / policy["folder"]
     with _quiet_peft():
         policy_model = PeftModel.from_pretrained(loaded.policy, folder, is_trainable=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer = load_tokenizer(folder)
     return LoadedModel(policy_model, AdapterDisabled(policy_model), tokenizer, str(folder)), beta == 0

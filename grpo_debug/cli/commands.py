@@ -156,8 +156,10 @@ def replay_command(parser, args) -> int:
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..capture.replay import reproduction
+    from ..capture.sizes import estimate_line, replay_estimate
     from ..model import ModelUnavailable
 
+    print(estimate_line(replay_estimate(args.path)))
     try:
         step = open_capture(args.path, args.task, **overrides)
         scored = step.run(until="rewards").rewards.total
@@ -220,21 +222,31 @@ def doctor_command(parser, args) -> int:
             check_prompts(cfg)
     except ValueError as e:
         parser.error(str(e))
+    if args.no_model and not args.path:
+        parser.error("--no-model reads a capture's own tensors: give the capture's folder")
+    if args.no_model and (args.horizon or args.set or args.held_out):
+        parser.error("--no-model runs no step: --horizon, --held-out and --set need the model")
     reads = capture_reads(args.path) if args.path else model_reads([cfg])
     check_outputs(parser, args, reads + task_reads(args.task))
     check_task(parser, args.task, args.path)
     _threads(args.threads)
     from ..capture.opening import open_capture
-    from ..doctor import diagnose
+    from ..capture.sizes import estimate_line, replay_estimate
+    from ..doctor import diagnose, diagnose_without_model
     from ..doctor.horizon import HORIZON
     from ..doctor.present import page, text
     from ..model import ModelUnavailable
     from ..step import GRPOStep
 
+    if args.path:
+        print(estimate_line(replay_estimate(args.path)))
     try:
-        step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
-        horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
-        report = diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds)
+        if args.no_model:
+            report = diagnose_without_model(args.path, args.task)
+        else:
+            step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
+            horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
+            report = diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     report = dataclasses.replace(report, seconds=time.perf_counter() - start)  # the command's, loading included
@@ -453,6 +465,12 @@ def add_doctor_parser(sub) -> None:
         "--task, whose reward functions score the new completions; 0: the one-step effect only)",
     )
     dr.add_argument("--horizon-seeds", type=ascii_int, default=3, metavar="N", help="seeds per arm (default 3)")
+    dr.add_argument(
+        "--no-model",
+        action="store_true",
+        help="a capture's own tensors only (rewards, advantages, truncation, the trainer's log-probs and logged "
+        "numbers): no model built, seconds at any size; the detectors that need the model are listed as not run",
+    )
     dr.add_argument("--threads", type=ascii_int, default=1)
 
 

@@ -15,6 +15,7 @@ One module per part, in the order a diagnosis runs; this file only hands their n
 5. `horizon`: each cause's fix followed over a few steps against the run continued alike, from the same seeds.
 6. `report` ranks them (causes first: severity, the fix's gain over steps, the chain's order, how far the flip
    moves the update; each symptom after its cause) and `present` shows the report; `diagnose` runs 1 to 6.
+7. `without_model`: the detectors a capture's own tensors answer, without building its model (`--no-model`).
 """
 
 from .diagnose import diagnose
@@ -22,11 +23,13 @@ from .facts import detect, examine, facts_of, held_out_prompts, held_out_side, m
 from .findings import SEVERITIES, Finding, StepFacts
 from .flips import COSMETIC, REMOVES_GRADIENT, counterfactual
 from .report import Report, fix_of, rank
+from .without_model import WITHOUT_MODEL, diagnose_without_model
 
 __all__ = [
     "COSMETIC",
     "REMOVES_GRADIENT",
     "SEVERITIES",
+    "WITHOUT_MODEL",
     "Finding",
     "Report",
     "StepFacts",
@@ -35,6 +38,7 @@ __all__ = [
     "counterfactual",
     "detect",
     "diagnose",
+    "diagnose_without_model",
     "examine",
     "fix_of",
     "held_out_prompts",

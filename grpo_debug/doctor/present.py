@@ -91,6 +91,8 @@ def text(report: Report, at_least: str = "info") -> str:
             lines.append(f"    learn: notebooks/{p.teach}")
     absent = [f.id for f in report.findings if f.severity == "absent"]
     lines.append(f"absent ({len(absent)}): {', '.join(absent)}")
+    if report.not_run:
+        lines.append(f"not run without the model ({len(report.not_run)}): {', '.join(report.not_run)}")
     lines.append(horizon_line(report))
     lines.append(f"({report.seconds:.1f} s)")
     return "\n".join(lines)
@@ -133,6 +135,8 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
              f"<p>{len(report.present('info'))} findings at info or above; {len(report.findings)} checks in "
              f"{report.seconds:.1f} s. Causes first, by severity, then by how far flipping the cause on this step "
              "moves the update; each symptom (a finding that fixing an earlier cause clears) after its cause.</p>"]  # fmt: skip
+    if report.not_run:
+        parts.append(f"<p>Not run without the model: {_h(', '.join(report.not_run))}.</p>")
     for rank, f in enumerate(report.findings, start=1):
         p = PITFALLS[f.id]
         parts.append(

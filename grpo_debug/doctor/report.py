@@ -19,6 +19,7 @@ class Report:
     seconds: float
     uses_vllm: bool = False  # the run sampled with vLLM: vLLM's settings are advice that applies to it
     horizon: dict | None = None  # how the fixes were followed over steps (`horizon`), or why they were not
+    not_run: tuple[str, ...] = ()  # detectors not run: they need the model (`doctor --no-model`)
 
     def causes(self, at_least: str = "warning") -> list[Finding]:
         """The findings at `at_least` or more severe that are no symptom of another."""
@@ -35,6 +36,7 @@ class Report:
             "seconds": self.seconds,
             "uses_vllm": self.uses_vllm,
             "horizon": self.horizon,
+            "not_run": list(self.not_run),
         }
 
 
