@@ -14,9 +14,11 @@ its name; a component name two functions report is prefixed with the function's 
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -56,7 +58,17 @@ def _called(func, name: str, prompts: list, completions: list):
         )
         where = f" on row {row} ({str(completions[row])[:60]!r})" if row is not None else ""
         what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
-        raise ValueError(f"reward function {name!r} {what}{where}") from None
+        defined = "" if ".py:" in name else _defined_in(func)  # a --task FILE.py:NAME names its file already
+        raise ValueError(f"reward function {name!r}{defined} {what}{where}") from None
+
+
+def _defined_in(func) -> str:
+    """' (file.py:line)' where the function's source file is known, else ''."""
+    try:
+        file, line = inspect.getsourcefile(func), inspect.getsourcelines(func)[1]
+    except (TypeError, OSError):  # a builtin, a class instance, a function typed in: no file to name
+        return ""
+    return f" ({Path(file).name}:{line})" if file else ""
 
 
 def _fails(func, prompts: list, completions: list) -> bool:
@@ -110,7 +122,8 @@ def _refuse_infinite(values: torch.Tensor, names: tuple[str, ...], prompts: list
         i = infinite[0]
         row = ", ".join(f"{name}={v:g}" for name, v in zip(names, values[i].tolist()))
         raise ValueError(
-            f"an infinite reward for sample {i} (prompt {i // G}: {prompts[i // G][:80]!r}): {row}; and "
+            f"an infinite reward (or one past float32's range, 3.4e38) for sample {i} (prompt {i // G}: "
+            f"{prompts[i // G][:80]!r}): {row}; and "
             f"{len(infinite) - 1} more samples: a reward must be a finite number, or None where it does not apply"
         )
 

@@ -74,7 +74,7 @@ def test_an_infinite_reward_is_refused_naming_the_sample_and_prompt_and_a_none_r
     never = lambda prompts, completions, **kw: [None] * len(completions)  # noqa: E731
     bad = float("inf")
     task = Task("bad", lambda s, n: [], (reward, never))
-    with pytest.raises(ValueError, match=r"an infinite reward for sample 3 \(prompt 1: 'b'\)"):
+    with pytest.raises(ValueError, match=r"an infinite reward .*for sample 3 \(prompt 1: 'b'\)"):
         compute_rewards(["a", "b"], ["x"] * 4, 2, task)
     read_as_none = compute_rewards(["a", "b"], ["x"] * 4, 2, task.without_infinite())
     assert read_as_none.infinite == {"reward": [3]} and read_as_none.total[3].isnan(), read_as_none
@@ -185,3 +185,12 @@ def test_no_engine_module_imports_the_chess_package():
     assert not offenders
     chess_task = _imported_modules(ROOT / "grpo_debug" / "chess" / "task.py")
     assert "grpo_debug.task" in chess_task and "grpo_debug.chess.rewards" in chess_task  # the resolver works
+
+
+def test_a_reward_that_fails_on_a_later_row_names_its_file_line_and_the_row():
+    def sometimes(prompts, completions, **kwargs):
+        return [1.0 / (len(c) - 2) for c in completions]
+
+    task = Task("later", lambda s, n: [], (sometimes,))
+    with pytest.raises(ValueError, match=r"'sometimes' \(test_task_seam.py:\d+\) raised ZeroDivisionError.* on row 2"):
+        compute_rewards(["p"], ["a", "bbb", "cc", "dddd"], 4, task)
