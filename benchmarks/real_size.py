@@ -313,10 +313,12 @@ def extrapolation(report: dict) -> str:
     )
     if "replay" not in full:
         return disk + "."
-    m_full, m_lora = (r["replay"]["peak_rss_mb"] / 1024 / base_gb for r in (full, lora))
+    m_full, m_lora = ((r["replay"]["peak_rss_mb"] - r["replay"].get("imports_rss_mb", 0)) / 1024 / base_gb
+                      for r in (full, lora))  # fmt: skip
     return disk + (
         ";\n"
-        f"- replay memory: peak RSS was {m_full:.1f} x the float32 weights (full) and {m_lora:.1f} x (LoRA) -> "
+        f"- replay memory: peak RSS above the imports was {m_full:.1f} x the float32 weights (full) and {m_lora:.1f} "
+        "x (LoRA) -> "
         f"{m_full:.1f} x {big_gb:.1f} = {m_full * big_gb:.0f} GB and {m_lora:.1f} x {big_gb:.1f} = "
         f"{m_lora * big_gb:.0f} GB (this batch of 4 x 8 tokens: activations add little here, more at real lengths)."
     )
