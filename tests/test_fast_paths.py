@@ -104,3 +104,34 @@ def test_fast_update_equals_the_readable_one():
     assert fast.update.grad_norm == pytest.approx(readable.update.grad_norm, rel=1e-5)
     assert fast.update.update_norm == pytest.approx(readable.update.update_norm, rel=1e-3)
     assert fast.loss.loss.item() == pytest.approx(readable.loss.loss.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_keeping_the_completions_logits_only_gives_the_same_logits(dtype, tmp_path):
+    """Without a gradient, `completion_logits` asks the model for the last C + 1 positions' logits alone
+    (`logits_to_keep`): bit for bit the slice of every position's, on GPT-2 and on a Qwen2 (its LM head's rows are
+    computed one by one, whatever the other rows)."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from arithmetic_task import build_tiny_qwen2
+
+    from grpo_debug.scoring import Scoring, completion_logits, keeps_logits
+
+    policy, r = _sample(True)
+    qwen2 = load_model(build_tiny_qwen2(tmp_path / "qwen2")).policy
+    spec = Scoring(temperature=0.7, dtype=dtype)
+    P, C = r.prompt_ids.shape[1], r.completion_ids.shape[1]
+    for model in (policy, qwen2):
+        assert keeps_logits(model), f"{type(model).__name__} takes no logits_to_keep"
+        V = model.config.vocab_size
+        rows = dataclasses.replace(r.rows(list(range(8))), prompt_ids=r.prompt_ids[:8] % V)
+        rows = dataclasses.replace(rows, completion_ids=rows.completion_ids % V)
+        with torch.no_grad():
+            kept = completion_logits(model, rows, spec)
+        with torch.enable_grad():
+            every = completion_logits(model, rows, spec).detach()  # with a gradient: every position's logits
+        assert kept.shape == every.shape == (8, C, model.config.vocab_size) and P > 0
+        assert torch.equal(kept, every), f"{type(model).__name__}: the kept logits differ from the slice"
