@@ -20,6 +20,7 @@ same backward), chosen by `speed.kernels`; tested equal in `tests/test_fast_path
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -224,7 +225,7 @@ def update(
     num_iterations: int = 1,
     per_sample_grad_norms: bool = True,
     optimizer: torch.optim.Optimizer | None = None,
-    start: list[torch.Tensor] | None = None,
+    start: Iterable[torch.Tensor] | None = None,
     score=None,
     norms: SampleNorms | None = None,
 ) -> StepResult:
