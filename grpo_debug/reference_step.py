@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .advantages import Advantages, advantages_of
 from .config import StepConfig
 from .logprobs import TokenLogProbs, compute_logprobs
-from .loss import Batch, LossBreakdown, batch_loss, needs_old_logps
+from .loss import LossBreakdown, batch_loss, batch_of
 from .rewards import Rewards, compute_rewards
 from .rollout import Rollout, rollout
 from .specs import loss_spec_of, optimization_of, sampler_correction_of, sampling_of, scoring_of
@@ -33,36 +33,22 @@ class ReferenceRun:
 
 
 def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg: StepConfig) -> ReferenceRun:
-    """One GRPO step of `policy` on `prompts` (the reference stays frozen), rewards from `task`'s functions."""
-    samples = rollout(policy, tokenizer, prompts, sampling_of(cfg))
-
-    logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg))
-
-    rewards = compute_rewards(samples.prompts, samples.completions, cfg.num_generations, task)
-
-    advantages = advantages_of(cfg, rewards, task.weights)
-
-    loss_spec = loss_spec_of(cfg)
-    correction = sampler_correction_of(cfg)  # None unless TRL's vLLM importance-sampling correction is on
-    loss = batch_loss(loss_spec, correction, logprobs, advantages.values, samples.sampler_logps)
-
-    on_policy = not needs_old_logps(loss_spec, cfg.num_iterations, correction)
-    batch = Batch(
-        samples,
-        logprobs,
-        advantages.values,
-        old_logps=None if on_policy else logprobs.policy,  # None: each pass's own log-probs, detached
-        sampler_ratio=loss.sampler_ratio,  # pi_old / pi_sampler, as the loss phase took it (None: off)
-        sampler_logps=samples.sampler_logps if correction else None,
-    )
-    result = update(
+    """One GRPO step of `policy` on `prompts` (the reference stays frozen), rewards from `task`'s functions. Each
+    line is one phase; its comment names the notebook that opens it."""
+    samples = rollout(policy, tokenizer, prompts, sampling_of(cfg))  # 01: G completions per prompt
+    logprobs = compute_logprobs(policy, reference, samples, scoring_of(cfg))  # 02: log pi, log pi_ref per token
+    rewards = compute_rewards(samples.prompts, samples.completions, cfg.num_generations, task)  # 03: a number each
+    advantages = advantages_of(cfg, rewards, task.weights)  # 04: each reward against its group's
+    spec, correction = loss_spec_of(cfg), sampler_correction_of(cfg)  # correction: None unless TRL's vLLM one is on
+    loss = batch_loss(spec, correction, logprobs, advantages.values, samples.sampler_logps)  # 05: the objective
+    batch = batch_of(samples, logprobs, advantages.values, spec, correction, cfg.num_iterations)
+    result = update(  # 06: AdamW steps on the batch; the policy's weights change in place
         policy,
         batch,
         scoring_of(cfg),
-        loss_spec,
+        spec,
         optimization_of(cfg),
         num_iterations=cfg.num_iterations,
         per_sample_grad_norms=cfg.per_sample_grad_norms,
     )
-
     return ReferenceRun(samples, logprobs, rewards, advantages, loss, result)

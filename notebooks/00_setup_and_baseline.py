@@ -16,6 +16,14 @@
 # %% [markdown]
 # # 00 · Set-up and baseline evaluation
 #
+# **GRPO in one paragraph.** Group Relative Policy Optimization (DeepSeekMath, 2024) trains a language model from
+# rewards without a value network. For each prompt it samples a group of G completions and scores each with reward
+# functions; a completion's advantage is its reward minus its group's mean (divided by the group's spread), and
+# every token of it shares that advantage. The loss raises the log-probability of the tokens of completions that
+# beat their group and lowers it for those below, through PPO's clipped probability ratio, which keeps the updated
+# policy near the one that sampled; an optional KL term (`beta`) keeps it near a frozen reference model. One step:
+# sample, score the log-probabilities, reward, advantage, loss, update.
+#
 # One GRPO step on a RookWorld chess model, phase by phase. This notebook loads the model and measures
 # where it starts: its mean reward on held-out prompts it never saw in training, per reward component.
 # Every notebook opens its step the same way (`open_step`): on the bundled model, on a model of yours
@@ -60,9 +68,10 @@ for prompt, truth in examples:
 # ## The whole step in one function
 #
 # Notebooks 01-06 take one GRPO step apart, one phase each. Here is the same step in one piece, the
-# function to keep open beside them: each line is one phase, called with tensors and the plain settings
-# `grpo_debug/specs.py` reads from the config. The `step` object the notebooks use computes the same
-# numbers bit for bit (`tests/test_reference_step.py`); it only keeps each phase's result and re-runs
+# function to keep open beside them: each line is one phase, its comment naming the notebook that opens it,
+# called with tensors and the plain settings `grpo_debug/specs.py` reads from the config (the sampler
+# correction is TRL's vLLM option, off here: notebook 05c). The `step` object the notebooks use computes the
+# same numbers bit for bit (`tests/test_reference_step.py`); it only keeps each phase's result and re-runs
 # just the phases a change touches.
 
 # %%

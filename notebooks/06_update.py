@@ -31,6 +31,8 @@ from grpo_debug.update import backward, per_sample_norms, update
 show_source(update, backward, per_sample_norms)
 
 # %%
+import torch
+
 from grpo_debug.ui.notebook import open_step
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
@@ -43,7 +45,10 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK, per_sample_grad_norms=True)
 run = step.run(cfg, until="update")
 u = run.update
-print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}), update norm {u.update_norm:.4f}")
+weight_norm = torch.cat([v.flatten() for v in step.initial_state.values()]).norm().item()  # the trained weights'
+print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}), update norm {u.update_norm:.4f}: "
+      f"{u.update_norm / weight_norm:.3%} of the weights' norm {weight_norm:.1f} (the doctor's update_size reads "
+      "this share, and the KL the update makes on the step's own completions)")
 
 # %%
 from grpo_debug.ui import plots
@@ -59,8 +64,10 @@ plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 zero = run.advantages.values == 0
 norms = u.per_sample_grad_norms
 if zero.any() and (~zero).any():
-    print(f"{int(zero.sum())} samples with advantage 0: max gradient norm {norms[zero].max():.2g}; "
-          f"the others: median {norms[~zero].median():.3g}")
+    in_flat_groups = len(run.advantages.zero_std_groups) * cfg.num_generations  # notebook 04's zero-std groups
+    print(f"{int(zero.sum())} samples with advantage 0 ({in_flat_groups} in groups whose rewards are all equal, "
+          f"{int(zero.sum()) - in_flat_groups} with a reward exactly at their group's mean): max gradient norm "
+          f"{norms[zero].max():.2g}; the others: median {norms[~zero].median():.3g}")
 
 # %%
 ev = step.run(cfg).evaluation  # samples anew on the test prompts: under CAPTURE, needs TASK
@@ -76,8 +83,11 @@ pd.DataFrame({"before": ev.before.components, "after": ev.after.components,
 
 # %% [markdown]
 # **What to notice.** One step moves the reward on the test prompts by the delta printed above; the interval
-# says whether that is more than sampling noise. Try a smaller `learning_rate` or `beta`, or a
-# pitfall from notebook 02, and re-run: the evaluation uses the same seeds, so the comparison is paired.
+# says whether that is more than sampling noise. Expect it not to be: one update at a learning rate that keeps
+# training stable moves the policy by a fraction of a percent of its weights (the share printed above), and what
+# a fix does to learning shows over many steps and seeds (notebook 06b; the doctor's `--horizon`), not in one.
+# Try a smaller `learning_rate` or `beta`, or a pitfall from notebook 02, and re-run: the evaluation uses the same
+# seeds, so the comparison is paired.
 
 # %% [markdown]
 # ## Checks
@@ -90,4 +100,5 @@ pd.DataFrame({"before": ev.before.components, "after": ev.after.components,
 if CAPTURE is None:  # the bundled step: grpo at ratio 1 with the policy at the reference
     assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3  # a loss of ~0, yet a gradient
     assert norms[zero].max() < 1e-3 * norms[~zero].median()  # zero-advantage samples send no gradient
+    assert u.update_norm / weight_norm < 0.01  # "a fraction of a percent of its weights"
 print("every claim above holds")
