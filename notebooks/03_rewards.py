@@ -60,6 +60,22 @@ from grpo_debug.ui import plots
 plots.rewards_per_group(run.rewards, cfg.num_generations)
 
 # %% [markdown]
+# Which components carry this step's signal: a component's spread within the groups (each value minus its
+# group's mean, squared and summed; unweighted), as a share of all the components' spread. One that every
+# completion of a group shares adds nothing to any advantage.
+
+# %%
+G = cfg.num_generations
+spread = {}
+for name, values in run.rewards.components.items():
+    grouped = values.view(-1, G)
+    spread[name] = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nansum().item()
+varying = dict(sorted(((k, v) for k, v in spread.items() if v > 0), key=lambda kv: -kv[1]))
+total = sum(varying.values())
+print("spread within groups:", ", ".join(f"{k} {v / total:.0%}" for k, v in varying.items()) or "none")
+print("the same in every group:", ", ".join(k for k, v in spread.items() if v == 0) or "none")
+
+# %% [markdown]
 # ## Malformed completions get documented scores, not exceptions
 
 # %%
@@ -109,8 +125,10 @@ print(f"{len(moves)} legal moves, the same set in both; best move: bundled {move
 engines.head(8).round(2)
 
 # %% [markdown]
-# **What to notice.** A weak model's signal comes mostly from format, legality and the A: flags; the
-# graded best-move rank is what separates two legal answers. The ground truth scores exactly 1.0.
+# **What to notice.** The step's signal is in the components that differ between the completions of a group
+# (the spread printed under the reward plot); a component the model always gets right, or always wrong, is the
+# same in every group and teaches nothing at this step. The graded best-move rank is what separates two legal
+# answers. The ground truth scores exactly 1.0.
 
 # %% [markdown]
 # ## Checks
@@ -121,4 +139,5 @@ engines.head(8).round(2)
 
 # %%
 assert set(live.evals) == set(analysis.evals)  # "the two agree on the legal moves"
+assert score_policy(analysis, truth).total == 1.0  # "the ground truth scores exactly 1.0"
 print("every claim above holds")
