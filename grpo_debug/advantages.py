@@ -95,9 +95,12 @@ def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, num_ge
     the weighted sum over functions (`normalised_sum`), that sum normalised over the batch. Each function carries
     the same within-group scale whatever its units; `scale_rewards` does not act. Unscorable: advantage 0."""
     check_rewards(per_function.nansum(1), num_generations)
-    summed = normalised_sum(per_function, weights, num_generations)
-    advantages = (summed - torch.nanmean(summed)) / (_nanstd(summed) + TRL_EPS)
-    return torch.nan_to_num(advantages, nan=0.0)
+    return over_the_batch(normalised_sum(per_function, weights, num_generations))
+
+
+def over_the_batch(summed: torch.Tensor) -> torch.Tensor:
+    """(N,) `normalised_sum` normalised over the batch: normalize_then_sum's advantages (NaN: 0)."""
+    return torch.nan_to_num((summed - torch.nanmean(summed)) / (_nanstd(summed) + TRL_EPS), nan=0.0)
 
 
 def normalize_over_set(rewards: torch.Tensor, scale_rewards: str = "group", std_floor: float = 0.0) -> torch.Tensor:
@@ -129,11 +132,12 @@ def summarize_advantages(
 ) -> Advantages:
     """The advantages of the summed `rewards` (N,), and what shapes them. `per_function` ((N, F) rewards, (F,)
     weights): TRL's normalize_then_sum from them instead (its groups and their stds are still the sum's)."""
-    values = (
-        normalize_then_sum(*per_function, num_generations)
-        if per_function is not None
-        else compute_advantages(rewards, num_generations, scale_rewards, std_floor)
-    )
+    if per_function is not None:
+        check_rewards(per_function[0].nansum(1), num_generations)
+        summed = normalised_sum(*per_function, num_generations)
+        values = over_the_batch(summed)
+    else:
+        values = compute_advantages(rewards, num_generations, scale_rewards, std_floor)
     std = group_std(rewards, num_generations)
     zero = torch.isclose(std, torch.zeros_like(std))  # TRL's test of a zero std: advantage 0 under every scaling
     grouped = rewards.view(-1, num_generations)
@@ -142,7 +146,7 @@ def summarize_advantages(
     divisor = std
     if per_function is not None:  # each function's group std divides its own rewards; the sum's batch std, the sum
         per_std = _nanstd(per_function[0].float().view(-1, num_generations, per_function[0].shape[1]), dim=1)
-        batch_std = _nanstd(normalised_sum(*per_function, num_generations))
+        batch_std = _nanstd(summed)
         trl_zero = torch.isclose(batch_std, torch.zeros_like(batch_std)).expand_as(std)
         per_zero = torch.isclose(per_std, torch.zeros_like(per_std))
         phantom = (~per_zero & (per_std < PHANTOM_STD)).any(1)

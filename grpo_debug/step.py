@@ -63,7 +63,7 @@ def trained_state(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def put_trained(model, state: dict[str, torch.Tensor]) -> None:
+def put_trained(model, state: Mapping[str, torch.Tensor]) -> None:
     """The trained parameters set to `state` (`trained_state`), in place."""
     parameters = dict(model.named_parameters())
     with torch.no_grad():

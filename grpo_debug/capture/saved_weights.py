@@ -35,12 +35,12 @@ class SavedWeights(Mapping):
         return len(self.files)
 
 
-def saved_start(model, folder: Path) -> dict[str, torch.Tensor] | SavedWeights:
+def saved_start(model, folder: Path) -> SavedWeights | None:
     """The trained parameters' values as `folder`'s weight files hold them, read on demand where each one is saved
-    under its parameter's name with its shape; where one is not (a tied weight saved under its twin's name, say),
-    every value is copied from the model instead."""
+    under its parameter's name with its shape; None where one is not (a tied weight saved under its twin's name,
+    say): the step then copies them (`step.trained_state`)."""
     stored = weight_headers(folder)
     trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if all(name in stored and stored[name][0] == tuple(p.shape) for name, p in trained.items()):
         return SavedWeights({name: stored[name][2] for name in trained})
-    return {name: p.detach().clone() for name, p in trained.items()}
+    return None

@@ -34,9 +34,8 @@ def _stored_bytes(file: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(file), framework="pt") as f:
-        return sum(
-            math.prod(f.get_slice(k).get_shape()) * DTYPE_BYTES.get(f.get_slice(k).get_dtype(), 4) for k in f.keys()
-        )
+        parts = [f.get_slice(k) for k in f.keys()]
+        return sum(math.prod(part.get_shape()) * DTYPE_BYTES.get(part.get_dtype(), 4) for part in parts)
 
 
 def replay_estimate(path: str | Path) -> dict | None:

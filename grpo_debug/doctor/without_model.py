@@ -48,7 +48,7 @@ def _tokenizer_folder(capture):
     return capture.path / policy["folder"]
 
 
-def trainer_logprobs(capture, rollout) -> TokenLogProbs:
+def trainer_logprobs(capture) -> TokenLogProbs:
     """The trainer's own per-token log-probs of the captured step as the log-prob phase's result: its mask, its
     policy log-probs (a row the step did not train on: 0), the reference's where captured. What only the model
     can give (entropies, the sampler gap over the scoring's support) is NaN: no detector here reads it."""
@@ -94,7 +94,7 @@ def facts_without_model(path, task=None) -> StepFacts:
     rollout = captured_rollout(capture, tokenizer)
     task = captured_task(capture, tokenizer, task)
     rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.num_generations, task)
-    logprobs = trainer_logprobs(capture, rollout)
+    logprobs = trainer_logprobs(capture)
     run = StepRun(
         cfg,
         rollout=rollout,
