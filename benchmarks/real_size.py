@@ -1,6 +1,6 @@
 """Real sizes: a Qwen2-0.5B-shaped model captured and replayed on this CPU, full fine-tuning and LoRA.
 
-    python benchmarks/real_size.py [--threads N] [--quick] [--keep DIR] [--device cuda] [--phases capture]
+    python benchmarks/real_size.py [--threads N] [--quick] [--keep DIR] [--device cuda] [--phases capture] [--runs lora]
 
 The model: Qwen2-0.5B's published config (hidden 896, intermediate 4864, 24 layers, 14 heads, 2 key-value heads,
 vocabulary 151936, 32768 positions, rope_theta 1e6, tied embeddings, rms_norm_eps 1e-6) with random weights,
@@ -21,7 +21,9 @@ parameter counts and the SHA-256 throughput the README's extrapolation reads.
 `--quick`: a 2-layer, 64-wide model with the tokenizer's 512 tokens (run by `make test`; no number means anything).
 `--device cuda`: the TRL run trains on the GPU (`use_cpu=False`, so TRL's bfloat16 autocast there) and reports its
 peak GPU memory (`torch.cuda.max_memory_allocated`); the capture's size does not depend on the device.
-`--phases capture`: the TRL runs and their captures only (the replay runs on the CPU today).
+`--device cuda` also replays each capture on the GPU (`open_capture(..., device="cuda")`), with its peak GPU memory
+and the replay's differences from the trainer's GPU step, then runs the doctor there (every cause flipped).
+`--phases capture`: the TRL runs and their captures only. `--runs lora` (or `full`): that run alone.
 """
 
 from __future__ import annotations
@@ -150,8 +152,9 @@ def capture_phase(model: Path, out: Path, lora: bool, device: str = "cpu") -> di
     }
 
 
-def replay_phase(capture: Path) -> dict:
-    """The capture opened (checked, the base hashed, loaded), its step run and TRL's step replayed."""
+def replay_phase(capture: Path, device: str = "cpu", doctor: bool = False) -> dict:
+    """The capture opened (checked, the base hashed, loaded) on `device`, its step run and TRL's step replayed; on
+    a GPU (and in quick mode: `doctor`) then the doctor on that step, every cause flipped (one-step effects)."""
     # the TRL run's imports (trl's are lazy: GRPOTrainer itself loads most): what is above them is the replay's
     from datasets import Dataset  # noqa: F401
     from peft import LoraConfig  # noqa: F401
@@ -164,12 +167,27 @@ def replay_phase(capture: Path) -> dict:
     imports = peak_rss_mb()
     estimate = replay_estimate(capture)
     start = time.perf_counter()
-    step = open_capture(capture, task=[reward])
+    step = open_capture(capture, task=[reward], device=device)
     opened = time.perf_counter()
     run = step.run(until="update")
     out = reproduction(run, step.capture, step.policy, step)
     done = time.perf_counter()
+    on_gpu = device.startswith("cuda")
+    gpu = {"replay_peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if on_gpu else {}
+    if doctor:
+        from grpo_debug.doctor import diagnose
+
+        began = time.perf_counter()
+        report = diagnose(step, flip=True, held_out=0, horizon=0)
+        gpu["doctor"] = {
+            "seconds": time.perf_counter() - began,
+            "findings": [f"{f.severity} {f.id}" for f in report.findings if f.severity != "absent"],
+        }
+        if on_gpu:
+            gpu["doctor"]["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return {
+        **gpu,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "no_model_doctor": no_model_seconds(capture),
         "open_seconds": opened - start,
         "replay_seconds": done - opened,
@@ -217,7 +235,9 @@ def hash_throughput(folder: Path) -> dict:
     return {"base_mb": mb, "hash_seconds": seconds, "mb_per_second": mb / seconds}
 
 
-def measure(workdir: Path, threads: int, shape: str, device: str = "cpu", phases=("capture", "replay")) -> dict:
+def measure(
+    workdir: Path, threads: int, shape: str, device: str = "cpu", phases=("capture", "replay"), runs=("full", "lora")
+) -> dict:
     model = workdir / f"qwen2-{shape}-shape"
     start = time.perf_counter()
     parameters = build_model(model, shape)
@@ -230,7 +250,8 @@ def measure(workdir: Path, threads: int, shape: str, device: str = "cpu", phases
         "build_seconds": time.perf_counter() - start,
     }
     report["base_hash"] = hash_throughput(model)
-    for name in ("full", "lora"):
+    quick = ["--quick"] if shape == "quick" else []
+    for name in runs:
         out = workdir / name
         captured = in_fresh_process(
             threads, "--phase", "capture", "--model", str(model), "--out", str(out), "--mode", name, "--device", device
@@ -238,7 +259,9 @@ def measure(workdir: Path, threads: int, shape: str, device: str = "cpu", phases
         report[name] = {"capture": captured}
         if "replay" in phases:
             capture = out / "captures" / "step-2"
-            report[name]["replay"] = in_fresh_process(threads, "--phase", "replay", "--capture", str(capture))
+            report[name]["replay"] = in_fresh_process(
+                threads, "--phase", "replay", "--capture", str(capture), "--device", device, *quick
+            )
     report["load_average_1min"] = os.getloadavg()[0]
     return report
 
@@ -335,6 +358,9 @@ def main() -> None:
     parser.add_argument(
         "--phases", default="capture,replay", help="capture,replay (default) or capture: the TRL runs alone"
     )
+    parser.add_argument(
+        "--runs", default="full,lora", help="full,lora (default), or one of them: the full or the LoRA run alone"
+    )
     parser.add_argument("--phase", choices=["capture", "replay"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -342,7 +368,9 @@ def main() -> None:
     parser.add_argument("--capture", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    phases = tuple(args.phases.split(","))
+    phases, runs = tuple(args.phases.split(",")), tuple(args.runs.split(","))
+    if not runs or set(runs) - {"full", "lora"}:
+        parser.error(f"--runs {args.runs!r}: full, lora, or full,lora")
     shape = "quick" if args.quick else args.shape
     if not phases or set(phases) - {"capture", "replay"} or "capture" not in phases:
         parser.error(f"--phases {args.phases!r}: capture, or capture,replay")
@@ -353,14 +381,14 @@ def main() -> None:
     elif args.phase == "capture":
         print(json.dumps(capture_phase(args.model, args.out, args.mode == "lora", args.device)))
     elif args.phase == "replay":
-        print(json.dumps(replay_phase(args.capture)))
+        print(json.dumps(replay_phase(args.capture, args.device, doctor=args.quick or args.device == "cuda")))
     elif args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(measure(args.keep, args.threads, shape, args.device, phases), indent=1))
+        print(json.dumps(measure(args.keep, args.threads, shape, args.device, phases, runs), indent=1))
     else:
         workdir = Path(tempfile.mkdtemp(prefix="real_size-"))
         try:
-            print(json.dumps(measure(workdir, args.threads, shape, args.device, phases), indent=1))
+            print(json.dumps(measure(workdir, args.threads, shape, args.device, phases, runs), indent=1))
         finally:
             shutil.rmtree(workdir)
 

@@ -176,5 +176,8 @@ def advantages_of(cfg, rewards, weights: tuple[float, ...]) -> Advantages:
     """The advantages a `StepConfig` computes from the rewards phase's `Rewards` and the task's reward weights."""
     per_function = None
     if cfg.multi_objective_aggregation == "normalize_then_sum":
-        per_function = (torch.stack(list(rewards.per_function.values()), dim=1), torch.tensor(weights))
+        per_function = (
+            torch.stack(list(rewards.per_function.values()), dim=1),
+            torch.tensor(weights, device=rewards.total.device),
+        )
     return summarize_advantages(rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor, per_function)

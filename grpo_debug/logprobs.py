@@ -53,7 +53,7 @@ def completion_mask(rollout: Rollout, mode: str = "keep_first_eos") -> torch.Ten
     all_positions     every position, PAD after the EOS included.
     """
     ids = rollout.completion_ids
-    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
     if mode == "keep_first_eos":
         return (positions < rollout.completion_lengths.unsqueeze(1)).float()
     if mode == "drop_eos_and_pad":

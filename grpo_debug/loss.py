@@ -359,7 +359,11 @@ def loss_weights(
     if loss_type == "luspo":
         return mask / N / GA
     if loss_type in ("dapo", "cispo", "vespo"):
-        items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
+        items = (
+            mask.sum()
+            if num_items_in_batch is None
+            else torch.as_tensor(num_items_in_batch, dtype=mask.dtype, device=mask.device)
+        )
         return mask / (items.clamp(min=1.0) * GA / steps_per_generation)
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 

@@ -29,6 +29,41 @@ class LoadedModel:
     def __iter__(self):  # `policy, reference, tokenizer = load_model()`
         return iter((self.policy, self.reference, self.tokenizer))
 
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> LoadedModel:
+        """The policy and the reference moved to `device` (and cast to `dtype` where given), in place: once,
+        before anything runs; every tensor of a step then lives where the policy does."""
+        for model in (self.policy, self.reference):
+            if model is not None:
+                model.to(device=device, dtype=dtype)
+        return self
+
+
+def pick_device(name: str | None = None) -> torch.device:
+    """`name` ("cpu", "cuda", "cuda:1"), or None: the GPU where torch sees one, else the CPU. A device this
+    machine does not have is refused in one line."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device torch knows (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch sees no GPU on this machine (use --device cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def pick_dtype(name: str | None) -> torch.dtype | None:
+    """The weights' dtype by name ("float32", "bfloat16", "float16"), or None: as they were saved (the run's own)."""
+    if name is None:
+        return None
+    if name not in PRECISIONS:
+        raise ValueError(f"--dtype must be one of {tuple(PRECISIONS)}, got {name!r}")
+    return PRECISIONS[name]
+
 
 def _how_to_get(name: str) -> str:
     return (
@@ -156,10 +191,10 @@ def has_dropout(model) -> bool:
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def at_precision(dtype: str, role: str):
+def at_precision(dtype: str, role: str, device_type: str = "cpu"):
     """The context a forward runs in, the sampler's (`rollout.sample`) and the trainer's (`completion_logits`)
-    alike: CPU autocast to `dtype` ("bfloat16", "float16"); "float32" is autocast off, the plain forward.
-    `role` ("sampler", "trainer") names whose precision a bad value was."""
+    alike: autocast to `dtype` ("bfloat16", "float16") on `device_type` (the model's: "cpu", "cuda"); "float32"
+    is autocast off, the plain forward. `role` ("sampler", "trainer") names whose precision a bad value was."""
     if dtype not in PRECISIONS:
         raise ValueError(f"{role} dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
-    return torch.autocast("cpu", dtype=PRECISIONS[dtype], enabled=dtype != "float32")
+    return torch.autocast(device_type, dtype=PRECISIONS[dtype], enabled=dtype != "float32")

@@ -14,6 +14,7 @@ its name; a component name two functions report is prefixed with the function's 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import numbers
 import time
@@ -33,6 +34,13 @@ class Rewards:
     seconds: float
     per_function: dict[str, torch.Tensor] = field(default_factory=dict)  # reward function -> (N,), NaN: None
     infinite: dict[str, list[int]] = field(default_factory=dict)  # function -> rows read as None (`infinite_as_none`)
+
+    def to(self, device: torch.device | str) -> Rewards:
+        """The same rewards on `device` (the policy's, where the step's other tensors live)."""
+        move = lambda named: {name: v.to(device) for name, v in named.items()}
+        return dataclasses.replace(
+            self, total=self.total.to(device), components=move(self.components), per_function=move(self.per_function)
+        )
 
 
 def _as_floats(values, what: str, n: int) -> torch.Tensor:

@@ -80,7 +80,7 @@ def completion_logits(model, rollout: Rollout, scoring: Scoring) -> torch.Tensor
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {scoring.dtype!r}")
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     inputs = model_inputs(rollout, scoring.position_ids)
-    with _mode(model, scoring.dropout), at_precision(scoring.dtype, "trainer"):
+    with _mode(model, scoring.dropout), at_precision(scoring.dtype, "trainer", inputs["input_ids"].device.type):
         if keeps_logits(model) and not torch.is_grad_enabled():  # the last C + 1 positions: the same numbers
             return model(**inputs, logits_to_keep=C + 1).logits[:, :-1]  # in a fraction of the memory
         # with a gradient, every position's logits: the backward's sums, and so the update's digits, stay as they were

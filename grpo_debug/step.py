@@ -21,7 +21,7 @@ from .config import PHASES, StepConfig
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, batch_loss, batch_of
-from .model import LoadedModel, load_model
+from .model import LoadedModel, load_model, pick_device, pick_dtype
 from .rewards import Rewards, StoredReward, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
@@ -92,16 +92,22 @@ class GRPOStep:
         at_reference: bool = True,
         update_phase=None,
         start: Mapping[str, torch.Tensor] | None = None,
+        device: str | None = None,
+        weights_dtype: str | None = None,
     ):
         """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
         policy's starting weights are the reference's (False once trained). `update_phase(step, run)`: the
         update phase as the run that was captured took it (`capture.replay.captured_update`: the trainer's
         micro-batches and optimizer), or None where it cannot be, for the engine's own. `start`: the trained
-        parameters' starting values where they are kept outside memory (`capture.saved_weights`); None: copied."""
+        parameters' starting values where they are kept outside memory (`capture.saved_weights`); None: copied.
+        `device` ("cpu", "cuda"; None: where the model is, the CPU when loaded here) and `weights_dtype`
+        ("bfloat16"...; None: as loaded): the models are moved there once, and every tensor of the step follows them."""
         self.cfg = cfg or StepConfig()
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
+        if device is not None or weights_dtype is not None:
+            self.loaded.to(pick_device(device) if device else self.loaded.policy.device, pick_dtype(weights_dtype))
         self.initial_state = trained_state(self.loaded.policy) if start is None else start
         timings = {"rollout": PhaseTiming(0.0, 0.0)} if rollout is not None else {}
         self.result = StepRun(self.cfg, rollout=rollout, timings=timings)
@@ -290,7 +296,8 @@ class GRPOStep:
 
     def _rewards(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
         r = done["rollout"]
-        return compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
+        rewards = compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
+        return rewards.to(r.completion_ids.device)  # scored from text; the step's tensors live with the policy
 
     def _advantages(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:
         return advantages_of(cfg, done["rewards"], self.task.weights)

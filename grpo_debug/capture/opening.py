@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import StepConfig
+from ..model import pick_device, pick_dtype
 from ..step import GRPOStep
 from ..task import register_task
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
@@ -18,11 +19,15 @@ from .replay import captured_update
 from .saved_weights import saved_start
 
 
-def open_capture(path, task=None, **changes) -> GRPOStep:
+def open_capture(path, task=None, *, device=None, weights_dtype=None, **changes) -> GRPOStep:
     """A step whose cached rollout is a step captured from a TRL run (`grpo_debug.capture`), under
     `config_from_capture` plus `changes` (not rollout fields: the capture's rollout is the trainer's).
     `task`: the run's reward functions (a list, "file.py:name") or a task plug-in (a registered name or a
-    Task), for the phases that sample new completions; without it the stored rewards are replayed."""
+    Task), for the phases that sample new completions; without it the stored rewards are replayed.
+    `device` ("cpu", "cuda", "cuda:1"; None: the GPU where torch sees one, else the CPU): where the models and the step's tensors live, moved there
+    once; `weights_dtype` ("float32", "bfloat16", "float16"; None: as saved, the run's own): the weights' dtype (the
+    config's `dtype`, a change like any other, is the precision the step scores at)."""
+    where, cast = pick_device(device), pick_dtype(weights_dtype)
     capture = load_capture(path)
     cfg = config_from_capture(capture, **changes)
     as_captured = config_from_capture(capture)
@@ -34,6 +39,8 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
     if changed:
         raise ValueError(f"{changed} are rollout fields: a capture's rollout is the trainer's, fixed")
     loaded, beta_zero = captured_models(capture)
+    loaded.to(where, cast)
+    capture = on_device(capture, where)
     task = captured_task(capture, loaded.tokenizer, task)
     register_task(task.name, lambda: task)
     policy = capture.meta["policy"]
@@ -43,8 +50,19 @@ def open_capture(path, task=None, **changes) -> GRPOStep:
         task,
         loaded,
         capture=capture,
-        rollout=captured_rollout(capture, loaded.tokenizer),
+        rollout=captured_rollout(capture, loaded.tokenizer).to(where),
         at_reference=beta_zero,
         update_phase=captured_update,
         start=start,  # the weights before the step, read back from the capture's files: no copy held
     )
+
+
+KEPT_ON_CPU = ("rng_states",)  # torch.set_rng_state reads a CPU byte tensor
+
+
+def on_device(capture, device):
+    """The capture with its batch's tensors on `device` (the random states it recorded stay on the CPU)."""
+    if all(v.device == device for k, v in capture.batch.items() if k not in KEPT_ON_CPU):
+        return capture
+    batch = {k: v if k in KEPT_ON_CPU else v.to(device) for k, v in capture.batch.items()}
+    return dataclasses.replace(capture, batch=batch)

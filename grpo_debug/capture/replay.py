@@ -19,7 +19,7 @@ from ..update import Iteration, StepResult, new_optimizer
 from . import optimizer_state
 from .lora import is_adapter_model
 from .reading import Capture, config_from_capture
-from .trl_step import RankSchedule, trl_step
+from .trl_step import RankSchedule, checkpointing_of, trl_step
 
 COMPARED = (
     "loss",
@@ -37,6 +37,24 @@ COMPARED = (
     "cispo_clip_ratio",
     "vespo/phi_seq_mean",
 )  # TRL's names
+
+
+# |ours - trainer's| <= relative x |trainer's| + absolute, by where the replay runs and its weights' dtype. The CPU in
+# float32 reruns the trainer's own kernels (a capture from the CPU: its digits); GPU kernels are not bit-reproducible
+# across batch shapes and machines; weights cast to 16 bits round every product (measured on the bundled capture,
+# bfloat16 weights on the CPU: loss 1.2%, kl 1.1%, grad_norm 0.14% off).
+TOLERANCES = {"float32": {"cpu": (1e-5, 1e-7), "cuda": (1e-3, 1e-6)}, "16-bit": (5e-2, 1e-4)}
+
+
+def tolerance(device_type: str, dtype: torch.dtype) -> tuple[float, float]:
+    """(relative, absolute): how close a replay on `device_type` with weights in `dtype` comes to the trainer."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return TOLERANCES["16-bit"]
+    return TOLERANCES["float32"].get(device_type, TOLERANCES["float32"]["cuda"])
+
+
+def within(ours: float, trainers: float, relative: float, absolute: float) -> bool:
+    return abs(ours - trainers) <= relative * abs(trainers) + absolute
 
 
 def replay_trl_step(step, run, optimizer=None):
@@ -71,6 +89,7 @@ def replay_trl_step(step, run, optimizer=None):
         max_grad_norm=cfg.max_grad_norm,
         fused=fused,
         optimizer=optimizer,
+        checkpointing=checkpointing_of(capture.meta["grpo_config"]),  # the trainer's memory, the same numbers
     )
 
 
@@ -163,7 +182,7 @@ def captured_update(step, run) -> StepResult | None:
         grad_norm=replay.grad_norm,
         clipped=replay.grad_norm > max_norm,
         per_sample_grad_norms=torch.tensor([]),
-        update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
+        update_norm=torch.sqrt(sum(((p.detach() - b.to(p.device)) ** 2).sum() for p, b in zip(params, before))).item(),
         seconds=time.perf_counter() - start,
         iterations=(pass_record,),
         optimizer_steps=1,
@@ -185,7 +204,7 @@ def trainer_update(step, run) -> TrainerUpdate:
     replay = replay_trl_step(step, run, optimizer)
     step.policy_moved()
     return TrainerUpdate(
-        delta={n: p.detach() - before[n] for n, p in trained.items()},
+        delta={n: p.detach() - before[n].to(p.device) for n, p in trained.items()},
         optimizer=what,
         exact=exact,
         learning_rate=tuple(g["lr"] for g in optimizer.param_groups),
@@ -276,7 +295,8 @@ def causes(capture: Capture, model, replayed_dropout: bool) -> dict[str, str]:
 def reproduction(run, capture: Capture, model, step=None) -> dict:
     """{"logged": the trainer's numbers for the step ("logged_source" says whether the trainer's own per-step
     metrics or what TRL logged), "replayed": ours, "difference": ours - the trainer's,
-    "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
+    "where": the device and weights' dtype it ran on, the tolerance stated for
+    them (`tolerance`) and the metrics outside it, "logps": our per-token log-probs against the trainer's, "rewards": per reward function, the largest
     |ours - captured|, "ranks": each process's loss, the trainer's and ours (None: one process, or not
     replayed), "pitfalls": `pitfalls`, "causes": `causes`, "kernels": `kernels_against`,
     "optimizer": what the update phase steps with}. With `step` (the GRPOStep) and a captured
@@ -300,6 +320,8 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         policy_logps = run.logprobs.policy
     logged = capture.step_metrics
     keys = [k for k in COMPARED if logged.get(k) is not None and k in ours]
+    parameter = next(model.parameters())
+    relative, absolute = tolerance(parameter.device.type, parameter.dtype)
     mask = capture.batch["completion_mask"].bool() & trainer_logps.isfinite() & policy_logps.isfinite()
     gap = (policy_logps - trainer_logps).abs()[mask]
     return {
@@ -309,6 +331,12 @@ def reproduction(run, capture: Capture, model, step=None) -> dict:
         "logged_source": capture.step_metrics_source,
         "replayed": {k: ours[k] for k in keys},
         "difference": {k: ours[k] - logged[k] for k in keys},
+        "where": {
+            "device": str(parameter.device),
+            "dtype": str(parameter.dtype).removeprefix("torch."),
+            "tolerance": {"relative": relative, "absolute": absolute},
+            "outside": [k for k in keys if not within(ours[k], logged[k], relative, absolute)],
+        },
         "logps": {
             "max_abs_difference": gap.max().item() if len(gap) else None,
             "mean_abs_difference": gap.mean().item() if len(gap) else None,
@@ -365,7 +393,7 @@ def reward_drift(rewards, capture: Capture) -> dict[str, float]:
     out = {}
     for name, values in capture.meta["rewards"].items():
         ours = rewards.per_function[name]
-        stored = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
+        stored = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32, device=ours.device)
         gap = (ours - stored).abs().nan_to_num(math.inf)
         out[name] = torch.where(ours.isnan() & stored.isnan(), 0.0, gap).max().item()
     return out

@@ -17,16 +17,20 @@ from .model_folder import weight_headers
 
 class SavedWeights(Mapping):
     """name -> the tensor saved under that name in `files[name]`, read each time it is asked for (safetensors: the
-    file is mapped for the read alone, so only the tensor being copied is in memory)."""
+    file is mapped for the read alone, so only the tensor being copied is in memory), on the device and in the
+    dtype of the parameter it starts (`like[name]`: the model's, wherever the model was moved)."""
 
-    def __init__(self, files: dict[str, Path]):
+    def __init__(self, files: dict[str, Path], like: dict[str, torch.Tensor] | None = None):
         self.files = files
+        self.like = like or {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
         with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_tensor(name)
+            value = f.get_tensor(name)
+        like = self.like.get(name)
+        return value if like is None else value.to(device=like.device, dtype=like.dtype)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.files)
@@ -42,5 +46,5 @@ def saved_start(model, folder: Path) -> SavedWeights | None:
     stored = weight_headers(folder)
     trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if all(name in stored and stored[name][0] == tuple(p.shape) for name, p in trained.items()):
-        return SavedWeights({name: stored[name][2] for name in trained})
+        return SavedWeights({name: stored[name][2] for name in trained}, trained)
     return None

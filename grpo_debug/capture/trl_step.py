@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -52,13 +53,46 @@ class TRLStep:
     # per_token_loss (as `update.Iteration` holds them)
 
 
+@contextmanager
+def as_trained(model, dropout: bool, checkpointing: dict | None):
+    """The model as the trainer's loop holds it through every forward and its backward: in train mode where dropout
+    is on (else eval), and with the run's activation checkpointing (TRL 1.16's default; `checkpointing`:
+    `torch.utils.checkpoint`'s kwargs as the run set them, {} for transformers' defaults, None: off): each decoder
+    layer's activations recomputed in the backward instead of kept, so that the replay holds what the trainer held,
+    with the same numbers. transformers checkpoints a layer in train mode only: the layers alone are flagged so,
+    their dropout left as `dropout` says."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+    with _mode(model, dropout):
+        if checkpointing is None or not layers or any(m.gradient_checkpointing for m in layers):
+            yield  # off, nothing to checkpoint, or already on (the caller's model, left as it is)
+            return
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing or None)
+        for m in layers:
+            m.training = True
+        try:
+            yield
+        finally:
+            base.activation_checkpointing_disable()  # the layers' modes come back with `_mode`'s
+
+
+def checkpointing_of(grpo_config: dict) -> dict | None:
+    """The kwargs the run checkpointed its activations with ({}: the defaults), or None where it did not."""
+    for name in ("activation_checkpointing", "gradient_checkpointing"):  # transformers 5.24's name, then the old
+        if grpo_config.get(name):
+            return dict(grpo_config.get(f"{name}_kwargs") or {})
+    return None
+
+
 def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(n, C) log-probs (differentiable) and entropies of a micro-batch, as TRL's loss forward takes them: one
     forward over prompt + completion, attending to the prompt mask and the completion mask (up to the first
     EOS), with position_ids from that mask only when `scoring.position_ids`. `fused`: through TRL's own fused
     LM head (`trl.trainer.utils.add_fused_lm_head`, already added to `model`), as the trainer computes them; the
     temperature is then the head's; else from the full logits (`token_logps`), which also takes the scoring
-    toggles the head has none for (the temperature left out, the gather)."""
+    toggles the head has none for (the temperature left out, the gather). The model in the mode `as_trained` set."""
     completion = completion_mask(rollout, "keep_first_eos").long()
     attention_mask = torch.cat([rollout.prompt_mask.long(), completion], dim=1)
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
@@ -66,10 +100,7 @@ def trl_forward(model, rollout: Rollout, scoring: Scoring, fused: bool = False) 
     if scoring.position_ids:
         inputs["position_ids"] = positions_from_mask(attention_mask)
     P, C = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    with (
-        _mode(model, scoring.dropout),
-        torch.autocast("cpu", dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"),
-    ):
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=scoring.dtype == "bfloat16"):
         if fused:
             labels = input_ids.masked_fill(attention_mask == 0, -100)
             labels[:, :-C] = -100
@@ -121,6 +152,7 @@ def trl_step(
     max_grad_norm: float = 1.0,
     fused: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
+    checkpointing: dict | None = None,
 ) -> TRLStep:
     """The optimizer step over each process's micro-batches (`ranks`, one per process, in process order). `mask`
     (N, C) is the loss mask, `advantages` (N,), `old_logps` (N, C) pi_old (None: each micro-batch's own,
@@ -129,19 +161,21 @@ def trl_step(
     processes divided by P; each process backpropagates its own micro-batches; DDP averages the P gradients (so
     each loss is backpropagated / P) before grad_norm; the loss logged is the mean over processes of each one's
     sum, and each metric the mean over micro-batch positions of its value over all processes' rows there.
-    `optimizer`: steps once on the clipped gradient, as the trainer's did (None: the weights stay)."""
+    `optimizer`: steps once on the clipped gradient, as the trainer's did (None: the weights stay). `checkpointing`:
+    the run's activation checkpointing (`as_trained`; None: off)."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.zero_grad(set_to_none=True)
     batch = _Batch(rollout, mask, advantages, old_logps, ref_logps, mask.sum() / len(ranks))
-    logps, raw, entropies = (torch.full(mask.shape, float("nan")) for _ in range(3))
+    logps, raw, entropies = (torch.full(mask.shape, float("nan"), device=mask.device) for _ in range(3))
     rank_losses, parts, tokens = [], [], {}
     for rank in ranks:
         value, rank_parts = 0.0, []
         for j, rows in enumerate(rank.micro_batches):
             if rank.rng_states is not None and scoring.dropout:
                 torch.set_rng_state(rank.rng_states[j].clone())  # a view with an offset is read from its start
-            part, lp, ent = _micro_batch_loss(model, batch, rows, rank, scoring, loss, fused)
-            (part.loss / len(ranks)).backward()  # DDP: the mean of the processes' gradients
+            with as_trained(model, scoring.dropout, checkpointing):  # through the backward, as the trainer's loop
+                part, lp, ent = _micro_batch_loss(model, batch, rows, rank, scoring, loss, fused)
+                (part.loss / len(ranks)).backward()  # DDP: the mean of the processes' gradients
             value += part.loss.item()
             rank_parts.append(part.metrics)
             logps[list(rows)], raw[list(rows)], entropies[list(rows)] = lp * mask[list(rows)], lp, ent
@@ -175,7 +209,7 @@ def _put_back(tokens: dict, part, rows: list[int], shape: tuple[int, int]) -> No
         if name not in tokens:
             sequence_level = value.shape[1] == 1 and part.ratio.shape[1] != 1
             width = 1 if sequence_level else shape[1]
-            tokens[name] = torch.zeros(shape[0], width, dtype=value.dtype)
+            tokens[name] = torch.zeros(shape[0], width, dtype=value.dtype, device=value.device)
         tokens[name][rows, : value.shape[1]] = value.to(tokens[name].dtype)
 
 
@@ -209,8 +243,8 @@ def _micro_batch_loss(model, batch: _Batch, rows, rank: RankSchedule, scoring: S
         entropy_tokens=batch.mask[rows].sum().clamp(min=1.0),
         **loss.kwargs(),
     )
-    wide = torch.zeros(len(rows), C)
-    wide_entropies = torch.zeros(len(rows), C)
+    wide = torch.zeros(len(rows), C, device=lp.device)
+    wide_entropies = torch.zeros(len(rows), C, device=lp.device)
     wide[:, :c], wide_entropies[:, :c] = lp.detach().float(), entropies.detach().float()
     return part, wide, wide_entropies
 

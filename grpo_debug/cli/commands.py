@@ -48,6 +48,34 @@ def add_set(parser, help: str) -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help=help)
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_device(parser) -> None:
+    """`--device` and `--dtype`: where the models and the step's tensors live, and the weights' dtype."""
+    parser.add_argument(
+        "--device",
+        help="cpu, cuda or cuda:N (default: the GPU where torch sees one, else the CPU); the models and every "
+        "tensor of the step are moved there once",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="the weights' dtype (default: as saved, the run's own); --set dtype=... is the precision it scores at",
+    )
+
+
+def device_of(parser, args) -> dict:
+    """{"device", "weights_dtype"} for open_capture and GRPOStep, the device checked before anything loads."""
+    from ..model import pick_device
+
+    try:
+        device = pick_device(getattr(args, "device", None))
+    except ValueError as e:
+        parser.error(str(e))
+    return {"device": str(device), "weights_dtype": getattr(args, "dtype", None)}
+
+
 def _threads(n: int) -> None:
     import torch
 
@@ -159,9 +187,10 @@ def replay_command(parser, args) -> int:
     from ..capture.sizes import estimate_line, replay_estimate
     from ..model import ModelUnavailable
 
+    where = device_of(parser, args)
     print(estimate_line(replay_estimate(args.path)))
     try:
-        step = open_capture(args.path, args.task, **overrides)
+        step = open_capture(args.path, args.task, **where, **overrides)
         scored = step.run(until="rewards").rewards.total
         problem = unscorable(scored.isnan().tolist(), step.capture.meta["rewards"], args.task)
         if problem:
@@ -179,6 +208,12 @@ def replay_command(parser, args) -> int:
             f"per-token log-probs, ours - trainer's: max |diff| {out['logps']['max_abs_difference']:.3g}, "
             f"mean {out['logps']['mean_abs_difference']:.3g}"
         )
+    w = out["where"]
+    outside = ", ".join(w["outside"]) or "none"
+    print(
+        f"on {w['device']}, weights {w['dtype']}: stated tolerance |difference| <= {w['tolerance']['relative']:g} x "
+        f"|trainer's| + {w['tolerance']['absolute']:g}; outside it: {outside}"
+    )
     for name, verdict in out["causes"].items():
         print(f"{name:14s} {verdict}")
     for name, what in out["pitfalls"].items():
@@ -224,8 +259,8 @@ def doctor_command(parser, args) -> int:
         parser.error(str(e))
     if args.no_model and not args.path:
         parser.error("--no-model reads a capture's own tensors: give the capture's folder")
-    if args.no_model and (args.horizon or args.set or args.held_out):
-        parser.error("--no-model runs no step: --horizon, --held-out and --set need the model")
+    if args.no_model and (args.horizon or args.set or args.held_out or args.device or args.dtype):
+        parser.error("--no-model runs no step: --horizon, --held-out, --set, --device and --dtype need the model")
     reads = capture_reads(args.path) if args.path else model_reads([cfg])
     check_outputs(parser, args, reads + task_reads(args.task))
     check_task(parser, args.task, args.path)
@@ -240,11 +275,14 @@ def doctor_command(parser, args) -> int:
 
     if args.path:
         print(estimate_line(replay_estimate(args.path)))
+    where = None if args.no_model else device_of(parser, args)
+    if where:
+        print(f"on {where['device']}, weights {where['weights_dtype'] or 'as saved'}")
     try:
         if args.no_model:
             report = diagnose_without_model(args.path, args.task)
         else:
-            step = open_capture(args.path, args.task, **overrides) if args.path else GRPOStep(cfg)
+            step = open_capture(args.path, args.task, **where, **overrides) if args.path else GRPOStep(cfg, **where)
             horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
             report = diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds)
     except (ValueError, ModelUnavailable, OSError) as e:
@@ -279,9 +317,10 @@ def timeline_command(parser, args) -> int:
         parser.error(str(e))
     if args.doctor:
         _threads(args.threads)
+        where = device_of(parser, args)
         for step in sorted(run.captures):
             if not report_path(run, step).is_file():
-                write_doctor_page(run.captures[step]["folder"], report_path(run, step), args)
+                write_doctor_page(run.captures[step]["folder"], report_path(run, step), args, where)
         for step, entry in sorted(run.unopenable.items()):
             print(f"no doctor's report on step {step}: {entry['problem']}", file=sys.stderr)
     try:
@@ -292,7 +331,7 @@ def timeline_command(parser, args) -> int:
     return 0
 
 
-def write_doctor_page(capture, path, args) -> None:
+def write_doctor_page(capture, path, args, where: dict) -> None:
     """The doctor's page on one capture, as `python -m grpo_debug doctor CAPTURE --html PATH` writes it; where it
     cannot be made (a capture without weights, a --task that does not load), said on stderr."""
     from ..capture.opening import open_capture
@@ -302,7 +341,7 @@ def write_doctor_page(capture, path, args) -> None:
     from ..model import ModelUnavailable
 
     try:
-        report = diagnose(open_capture(str(capture), args.task), flip=not args.no_flip)
+        report = diagnose(open_capture(str(capture), args.task, **where), flip=not args.no_flip)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(path, page(report, f"grpo-debug doctor: {capture}"))
     except (ValueError, ModelUnavailable, OSError) as e:  # one capture the doctor cannot open: the page still comes
@@ -437,6 +476,7 @@ def add_analyze_and_replay_parsers(sub) -> None:
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
     rp.add_argument("--threads", type=ascii_int, default=1)
+    add_device(rp)
 
 
 def add_doctor_parser(sub) -> None:
@@ -472,6 +512,7 @@ def add_doctor_parser(sub) -> None:
         "numbers): no model built, seconds at any size; the detectors that need the model are listed as not run",
     )
     dr.add_argument("--threads", type=ascii_int, default=1)
+    add_device(dr)
 
 
 def add_reseal_parser(sub) -> None:
@@ -514,6 +555,7 @@ def add_timeline_parser(sub) -> None:
     tl.add_argument("--task", help=TASK_HELP + " (with --doctor)")
     tl.add_argument("--no-flip", action="store_true", help="with --doctor: detect only, no counterfactual flips")
     tl.add_argument("--threads", type=ascii_int, default=1)
+    add_device(tl)
 
 
 def step_command(parser, args) -> int:

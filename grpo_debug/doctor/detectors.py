@@ -25,7 +25,7 @@ NO_SIGNAL_WARNING = 0.5  # half the groups or more without a gradient: the step 
 def zero_std_groups(f: StepFacts) -> Finding:
     adv, mask, upd = f.run.advantages, f.run.logprobs.mask, f.run.update
     G = f.run.config.num_generations
-    zero = torch.zeros(len(adv.group_std), dtype=torch.bool)
+    zero = torch.zeros(len(adv.group_std), dtype=torch.bool, device=mask.device)
     zero[adv.zero_std_groups + adv.rounding_std_groups] = True
     token_share = _masked_mean(zero.repeat_interleave(G).float().unsqueeze(1).expand_as(mask), mask)
     share = zero.float().mean().item()

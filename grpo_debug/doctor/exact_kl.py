@@ -52,7 +52,7 @@ def estimator_against_exact(score_rows, chosen: torch.Tensor, mask: torch.Tensor
     row at a time, so memory stays at a few (C, V) slabs. Returns the token-mean exact KL, the estimator's
     token mean on the sampled tokens (what TRL logs as kl), its expected value, and the cosine and relative
     error of its expected gradient against the exact KL's (with respect to the logits)."""
-    total = torch.zeros(6, dtype=torch.float64)
+    total = torch.zeros(6, dtype=torch.float64, device=mask.device)
     for row in range(chosen.shape[0]):
         rows = slice(row, row + 1)
         policy_logps, reference_logps = score_rows([row])
