@@ -157,7 +157,7 @@ class GRPOStep:
             self._policy_dirty = True
             self.restore_policy()
 
-    def carry_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+    def carry_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer an update phase of its own stepped (a capture's: the trainer's): `advance` carries it on."""
         self._last_optimizer = optimizer
 

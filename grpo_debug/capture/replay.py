@@ -157,6 +157,7 @@ def captured_update(step, run) -> StepResult | None:
         return None
     start = time.perf_counter()
     step.restore_policy()
+    step.carry_optimizer(None)  # the last update's optimizer let go before this one is read: one state at a time
     optimizer, what, _ = starting_optimizer(capture, step.policy, cfg, captured)
     params = [p for p in step.policy.parameters() if p.requires_grad]
     before = step.initial_state.values()  # restored: the weights now, kept by the step (no second copy)

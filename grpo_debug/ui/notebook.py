@@ -34,8 +34,12 @@ def setup(threads: int = 1) -> None:
     matplotlib.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3})
 
 
-def open_step(model: str | None = None, capture: str | None = None, task: str | None = None, **fields):
-    """`setup()`, then the step a notebook walks: (cfg, step).
+def open_step(
+    model: str | None = None, capture: str | None = None, task: str | None = None, device: str | None = None, **fields
+):
+    """`setup()`, then the step a notebook walks: (cfg, step). `device` (default: the variable GRPO_DEBUG_DEVICE, e.g.
+    "cuda"): where the models and the step's tensors live; unset, a capture opens on the GPU where torch sees one
+    and the bundled step on the CPU (the stored outputs are the CPU's).
 
     - `capture`: a step captured from your TRL run (`grpo_debug.capture`). The step is that batch under the
       capture's own config (`open_capture`), `fields` applied except rollout fields: the captured
@@ -56,10 +60,10 @@ def open_step(model: str | None = None, capture: str | None = None, task: str | 
                 f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
                 "capture's own here"
             )
-        step = open_capture(capture, task, **kept)
+        step = open_capture(capture, task, device=device or os.environ.get("GRPO_DEBUG_DEVICE") or None, **kept)
         return step.cfg, step
     cfg = StepConfig(model=model or DEFAULT_MODEL, **fields, **({"task": task} if task else {}))
-    return cfg, GRPOStep(cfg)
+    return cfg, GRPOStep(cfg, device=device or os.environ.get("GRPO_DEBUG_DEVICE") or None)
 
 
 def show_source(*functions) -> None:
