@@ -48,7 +48,7 @@ from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice
 influence = InfluenceCache(step.validation_run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 
 # %% [markdown]
-# ## 1. The TracIn-sign report's sign, settled on the reward
+# ## 1. The TracIn-sign report's sign, tested on the reward
 #
 # Keep the samples with influence > 0 under the loss as written, and under the TracIn-sign report's flipped sign (which
 # keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
@@ -101,7 +101,10 @@ sign_table = pd.DataFrame(sign_rows).T
 sign_table.index.names = ["validation", "optimizer", "selection"]
 print(f"rewards on the {right.reward_prompts} prompts; validation sets: "
       + ", ".join(sorted({r.val_set for r in results.values()})))
-print(f"as written vs flipped sign: {within_noise} of {2 * len(OPTIMIZERS)} paired contrasts have a 95% interval containing 0")
+contrasts = len(selection_sets) * len(OPTIMIZERS)
+print(f"as written vs flipped sign: {within_noise} of {contrasts} paired contrasts have a 95% interval containing 0: "
+      + ("the reward does not tell the two signs apart here" if within_noise == contrasts
+         else "in the others the reward separates the signs (the interval's side says which did better)"))
 sign_table
 
 # %%
@@ -183,8 +186,11 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # %% [markdown]
 # **What to notice.** On the reward, the quantity the TracIn-sign report cares about, section 1 counts how
 # many of the paired contrasts between the two signs are within the sampling noise of this many test
-# prompts. Each optimizer's selections are read with its own first-order prediction (section 2): TracIn's
-# score describes an SGD step, and read as an AdamW step it misses the size by the printed factor.
+# prompts: on the bundled step all of them are (printed above, and checked below), so the reward leaves the
+# sign unsettled here. L_val, the loss the first-order check is about, does separate them: it falls after a
+# step on what the sign as written keeps, and does not fall after a step on what the flip keeps (checked).
+# Each optimizer's selections are read with its own first-order prediction (section 2): TracIn's score
+# describes an SGD step, and read as an AdamW step it misses the size by the printed factor.
 
 # %% [markdown]
 # ## Checks
@@ -195,5 +201,10 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 
 # %%
 if CAPTURE is None:  # measured on the bundled step
+    assert within_noise == contrasts  # section 1: the reward does not tell the two signs apart
+    for name in selection_sets:  # ... while L_val does: it falls only after the step on the sign as written
+        for optimizer in OPTIMIZERS:
+            written = sign_rows[(name, optimizer, "as written: influence > 0")]["L_val change"]
+            assert written < 0 <= sign_rows[(name, optimizer, "the sign report's flip: influence < 0")]["L_val change"]
     assert understated > 1 and by[("sgd", "top_half")] < by[("sgd", "bottom_half")]  # section 2's two claims
 print("every claim above holds")
