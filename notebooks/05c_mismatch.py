@@ -237,7 +237,9 @@ from pathlib import Path
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.ui.tables import trained_log
 
+trl_log = None
 if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), captured as notebook 10 captures yours
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_05c_"))
     demo = StepConfig(num_prompts=2, num_generations=4, beta=0.0)
@@ -245,10 +247,13 @@ if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), c
         warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed arguments, not ours
         trainer = trl_trainer(demo, str(out), max_steps=1, disable_dropout=True)
         trainer.add_callback(CaptureCallback(out / "captures", steps=[1]))
-        trainer.train()
+        # TRL's own log of the step, the numbers read below: the lengths of the completions it sampled
+        trl_log = trained_log(trainer, ["completions/min_length", "completions/mean_length",
+                                        "completions/max_length", "loss", "grad_norm"])
     captured_cfg, captured = open_step(MODEL, out / "captures" / "step-1", TASK)
 else:  # your capture is the notebook's step
     captured_cfg, captured = cfg, step
+trl_log
 
 # %%
 other = "bfloat16" if captured_cfg.dtype == "float32" else "float32"
@@ -271,7 +276,8 @@ sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_n
 # completions fall further than the long A: ones: the drift is per uncertain token, and an A: completion
 # copies a board almost deterministically, keeping nearly all the mass. On the capture, our replay
 # reproduces the trainer's own log-probs (ratio 1), and re-scoring it in the other precision gives the same
-# kind of random walk as the bundled step.
+# kind of random walk as the bundled step; its completions' lengths are the ones TRL logged for the step
+# (`completions/min_length` to `completions/max_length`, the table above the panels).
 
 # %% [markdown]
 # ## 5. Does the arm with the least mismatch learn best?
