@@ -16,6 +16,14 @@
 # %% [markdown]
 # # 07b · Selecting by influence: one step on what each sign keeps
 #
+# **What you will learn.** What selecting training samples by influence does to the validation loss and to
+# the reward on prompts never trained on; whether the sign of influence, as written or flipped, makes a
+# difference you can measure on the reward; and how well each optimizer's first-order prediction describes a
+# step on a whole selection.
+#
+# **What you need first.** Notebook 07 (influence, its sign, the first-order prediction under SGD and
+# AdamW), and through it 02 to 06.
+#
 # Notebook 07 checks TracIn's first-order prediction sample by sample. Here the selection itself: keep the
 # samples a strategy picks by influence, take one step on them alone (the step's AdamW, or SGD), and measure
 # what the TracIn reports care about: the validation loss and the reward on `test` prompts, never seen in
@@ -52,8 +60,11 @@ influence = InfluenceCache(step.validation_run, pool_size=128)  # one pool of 12
 #
 # Keep the samples with influence > 0 under the loss as written, and under the TracIn-sign report's flipped sign (which
 # keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
-# prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
-# bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
+# prompts. Each test prompt is sampled with the same seeds before and after the step, so its own change can
+# be taken, and the prompts' differences from one another drop out of the comparison: the changes are
+# *paired*. How far the mean change could be from the truth is read by recomputing it on the prompts drawn
+# again at random, with repeats, many times: the middle 95% of those recomputed means is a *95% bootstrap
+# interval* over prompts. Both with the same batch as validation set and with a separate random
 # set of 64, and with both optimizers: the step's AdamW, and SGD with the learning rate whose step on the
 # whole batch is as long as AdamW's (both learning rates are printed). The other selection
 # strategies run on the random set in the same loop (section 2).
@@ -175,8 +186,8 @@ selection
 plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS for s in SELECTIONS])
 
 # %% [markdown]
-# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies says how
-# well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
+# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies, notebook 07's
+# rank correlation, says how well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
 # changes need not follow a first-order prediction even where the order does. Under the step's AdamW,
 # TracIn's sum read as if the step were SGD misses the size by the printed factor. When influence > 0 and
 # the top half differ only by zero-score samples (printed), the two strategies take the same step: the
@@ -193,9 +204,17 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # describes an SGD step, and read as an AdamW step it misses the size by the printed factor.
 
 # %% [markdown]
+# ## Summary
+#
+# - A selection by influence is tested by a real step on the selected samples and the reward on unseen test prompts.
+# - On this step's test prompts the reward does not tell the sign as written from the flipped sign (section 1).
+# - The validation loss does: it falls after a step on what the sign as written keeps, and not after the flip's.
+# - Each optimizer's step is read with its own first-order prediction; TracIn's score describes an SGD step.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
