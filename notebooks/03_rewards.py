@@ -52,7 +52,11 @@ if CAPTURE is None:  # the bundled chess task's component weights
     from grpo_debug.chess.rewards import ENV_WEIGHTS, POLICY_WEIGHTS
     print("P: weights", POLICY_WEIGHTS, "| A: weights", ENV_WEIGHTS)
 print("reward functions and weights:", dict(zip(step.task.reward_names, step.task.weights)))
-table[["group", "completion", "reward", *[c for c in table.columns if c.startswith("rewards/")]]].head(16)
+from IPython.display import display
+
+shown = table[["group", "completion", "reward", *[c for c in table.columns if c.startswith("rewards/")]]].head(16)
+for _, rows in shown.groupby("group"):  # one table per prompt, with the components its task scores (no fen for a P:)
+    display(rows.dropna(axis=1, how="all"))
 
 # %%
 from grpo_debug.ui import plots

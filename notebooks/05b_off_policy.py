@@ -16,6 +16,14 @@
 # %% [markdown]
 # # 05b · Off-policy: ratios, clipping and importance sampling
 #
+# **What you will learn.** What changes once the policy has moved away from the weights that sampled its
+# completions: the ratio pi / pi_old, clipping and which tokens it silences, what each of TRL's loss types
+# sends to a token, how micro-batches are normalised, GSPO's one ratio per sequence, TRL's correction for the
+# sampler/trainer gap, the high-entropy token mask, and the floor that numerics alone put under all of it.
+#
+# **What you need first.** Notebooks 02 (log-probs, and what dropout and position_ids do to them), 04
+# (advantages), 05 (the loss at ratio 1) and 06 (the AdamW step that the second pass starts from).
+#
 # Notebook 05 took the loss at the weights that scored the rollout: pi / pi_old is exactly 1 there, so
 # `epsilon_low` and `epsilon_high` do nothing and every `clip_ratio/*` TRL logs is 0. That is the most asked
 # GRPO question ("clip_ratio is always 0", TRL issues #3120 and #3757), and the answer is
@@ -28,8 +36,10 @@
 #   micro-batches, each normalised as TRL 1.16 normalises it.
 # - **every loss TRL 1.16 offers**: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo; GSPO's
 #   sequence-level ratio; `delta`; the top-entropy token mask.
-# - **the sampler/trainer mismatch**: TRL corrects vLLM's log-probs by importance sampling; here the
-#   rollout's own sampler log-probs stand in for vLLM's.
+# - **the sampler/trainer mismatch**: the completions were drawn from the sampler's distribution, and the
+#   loss is an average under the trainer's; weighting each token by the ratio of its two probabilities turns
+#   one into the other. That reweighting is *importance sampling*, and TRL applies it to vLLM's log-probs;
+#   here the rollout's own sampler log-probs stand in for vLLM's.
 # - **the null step**: learning rate 0 and mu = 2, the floor that numerics alone put under all of this.
 #
 # Every formula here is checked against TRL 1.16's `_compute_loss` on identical tensors in
@@ -249,7 +259,8 @@ print(f"sequence_mask keeps {fixed_kept:.2f} of the sequences with every fix on,
 # ## Entropy, and training on the high-entropy tokens only
 #
 # TRL logs `entropy`, the mean entropy of the policy's next-token distribution over the scored tokens,
-# on every step. `top_entropy_quantile = rho` keeps only the top-rho tokens by entropy in the policy loss
+# on every step: how spread out the model's choice of the next token is (0 when one token takes all the
+# probability). `top_entropy_quantile = rho` keeps only the top-rho tokens by entropy in the policy loss
 # ("Beyond the 80/20 rule"); `entropy_coef` subtracts coef x mean entropy from the loss.
 
 # %%
@@ -316,9 +327,18 @@ panel = StepPanel(step, fields=["loss_type"] + OFF_POLICY_FIELDS)
 panel.widget()
 
 # %% [markdown]
+# ## Summary
+#
+# - At mu = 1 the loss is taken where pi = pi_old: every ratio is 1 and clipping cannot bite; at mu > 1 it can.
+# - The loss types differ in what a token far from ratio 1 receives: nothing (clipped), a capped weight, or a gate.
+# - With micro-batches dapo's normaliser adds up to the one-batch loss; bnpo's weighs a short micro-batch's tokens more.
+# - TRL's sampler correction weighs each token by pi_old / pi_sampler; its sequence modes mask whole completions.
+# - The null step is the floor: identical weights clip nothing, while dropout alone moves log-probs by whole nats.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 

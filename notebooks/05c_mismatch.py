@@ -16,6 +16,15 @@
 # %% [markdown]
 # # 05c · The sampler against the trainer
 #
+# **What you will learn.** How far the sampler's log-probs are from the trainer's and how to measure it
+# (verl's metrics and thresholds); why truncated sampling (`top_p`, `top_k`, `min_p`) biases every ratio and
+# how renormalising removes it; what precision does; why the gap grows with completion length under TRL's
+# sequence correction; and whether less mismatch trained better in a short planned experiment.
+#
+# **What you need first.** Notebooks 01 (sampling) and 02 (log-probs), and 05b's section on the sampler
+# against the trainer (TRL's importance-sampling correction and its modes). Section 5 reads its intervals as
+# notebook 06b explains them.
+#
 # The sampler (vLLM in a real run, `generate` here) and the trainer score the same tokens, and their
 # log-probs differ: other kernels, another precision, and, whenever `top_p`, `top_k` or `min_p` truncate the
 # sampling distribution, another distribution altogether. The ratio rho = pi_trainer / pi_sampler of each
@@ -39,10 +48,14 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, num_prompts=4, num_generations=8)
 # %% [markdown]
 # ## 1. The gap, as verl measures it
 #
+# Two plain ideas first. Weights that spread far from 1 make a weighted average noisy: how far they spread,
+# measured as E[rho^2] - 1 (0 when every weight is 1), is the weights' *chi-square*. And with unequal
+# weights a few samples carry the average: the share of the samples it effectively rests on is the
+# *effective sample size* (ESS, in (0, 1]: 1 when every weight is equal).
+#
 # On the scored tokens: `kl` = E[log pi_sampler - log pi_trainer], `k3_kl` = E[rho - log rho - 1], the
 # chi-square of the weights per token (E[rho^2] - 1) and per sequence (E[(prod rho)^2] - 1), the weights'
-# mean, spread and effective sample size (ESS, in (0, 1]: 1 when every weight is equal) per token and per
-# sequence, and the share of tokens and sequences whose ratio leaves TRL's clip of 3. The per-token numbers
+# mean, spread and ESS per token and per sequence, and the share of tokens and sequences whose ratio leaves TRL's clip of 3. The per-token numbers
 # are verl's; the per-sequence ones count each sequence once, where verl broadcasts a sequence's weight to
 # its tokens and so weighs each sequence by its length (its per-sequence mean and ESS differ from these
 # whenever lengths differ). verl warns when the
@@ -87,7 +100,8 @@ print(f"trl preset's scoring: {trl['rollout_corr/sequence/rollout_is_ratio_fract
 # `top_p`, `top_k` and `min_p` drop tokens and renormalise over the rest, so the sampler's probability of a
 # sampled token is pi / m, with m the probability mass kept at that position. A trainer that scores the full
 # vocabulary (TRL, and the `trl` and `fixed` presets) sees rho = m < 1 on every token even with identical
-# weights: a bias of the kept mass per token and of the product of the masses per sequence, which the
+# weights. An error that has the same direction on every token does not average away: it is a *bias*, here
+# a bias of the kept mass per token and of the product of the masses per sequence, which the
 # sequence-level correction modes then clip or mask. Renormalising the trainer's log-probs over the tokens
 # the sampler kept removes it. The table has #7269's shape: mean ratio and share of tokens outside
 # [0.9, 1.1], full vocabulary against renormalised, beside the closed-form mean kept mass; one sampled
@@ -192,8 +206,10 @@ if CAPTURE is None:
 # ## 4. Length times drift
 #
 # TRL 1.16's sequence modes of the correction weigh a completion by the product of its tokens' ratios, so its
-# log is the sum of the per-token log-ratios (section 6 flips it to their mean): a steady drift of d nats per token grows as d x length, and
-# noise of spread s per token as a random walk, about s x sqrt(length). TRL issue #4772 reports 0.012
+# log is the sum of the per-token log-ratios (section 6 flips it to their mean): a steady drift of d nats per
+# token grows as d x length. Noise that goes up and down from token to token partly cancels in the sum, which
+# then grows only with the square root of the length: noise of spread s per token makes a *random walk*,
+# about s x sqrt(length). TRL issue #4772 reports 0.012
 # nats per token, which crosses TRL's cap of 3 (`vllm_importance_sampling_clip_max`) after ln 3 / 0.012
 # tokens; past it `sequence_mask` zeroes the completion's gradient and `sequence_truncate` clamps its weight.
 # Below: each completion's sequence ratio against its length, the cap drawn, on the bundled step (the
@@ -237,7 +253,9 @@ from pathlib import Path
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.ui.tables import trained_log
 
+trl_log = None
 if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), captured as notebook 10 captures yours
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_05c_"))
     demo = StepConfig(num_prompts=2, num_generations=4, beta=0.0)
@@ -245,10 +263,13 @@ if CAPTURE is None:  # a one-step TRL run of the bundled model (TRL's beta 0), c
         warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed arguments, not ours
         trainer = trl_trainer(demo, str(out), max_steps=1, disable_dropout=True)
         trainer.add_callback(CaptureCallback(out / "captures", steps=[1]))
-        trainer.train()
+        # TRL's own log of the step, the numbers read below: the lengths of the completions it sampled
+        trl_log = trained_log(trainer, ["completions/min_length", "completions/mean_length",
+                                        "completions/max_length", "loss", "grad_norm"])
     captured_cfg, captured = open_step(MODEL, out / "captures" / "step-1", TASK)
 else:  # your capture is the notebook's step
     captured_cfg, captured = cfg, step
+trl_log
 
 # %%
 other = "bfloat16" if captured_cfg.dtype == "float32" else "float32"
@@ -271,7 +292,8 @@ sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_n
 # completions fall further than the long A: ones: the drift is per uncertain token, and an A: completion
 # copies a board almost deterministically, keeping nearly all the mass. On the capture, our replay
 # reproduces the trainer's own log-probs (ratio 1), and re-scoring it in the other precision gives the same
-# kind of random walk as the bundled step.
+# kind of random walk as the bundled step; its completions' lengths are the ones TRL logged for the step
+# (`completions/min_length` to `completions/max_length`, the table above the panels).
 
 # %% [markdown]
 # ## 5. Does the arm with the least mismatch learn best?
@@ -280,7 +302,7 @@ sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_n
 # bfloat16; float16), the trainer in float32 and TRL's correction on in each
 # (`vllm_importance_sampling_correction`, sequence_mask, cap 3), K steps on 8 seeds, the held-out reward of
 # each low-precision arm minus `fixed` after K steps, paired by seed and test prompt (seeds crossed with
-# prompts, Holm over the two comparisons). Its claim, arms, K, seeds and analysis were committed in
+# prompts; two comparisons tested at once, each corrected for the other by Holm's method, notebook 06b). Its claim, arms, K, seeds and analysis were committed in
 # `data/experiments/precision_plan.json` before it ran (`bash data/experiments/run.sh precision`); the
 # results are loaded from `data/experiments/precision.json`.
 
@@ -358,9 +380,18 @@ flipped
 # and a weight near 1 (printed; asserted below on the bundled step).
 
 # %% [markdown]
+# ## Summary
+#
+# - The sampler's and the trainer's log-probs differ; verl's metrics and thresholds say by how much.
+# - Truncated sampling scored over the full vocabulary biases every ratio by the kept mass; renormalising removes it.
+# - Under TRL's sequence correction a drift grows with length and masks long completions; noise grows far slower.
+# - Summing a sequence's log-ratios masks where their mean does not (section 6).
+# - In the planned experiment, the arm with the least mismatch did not learn detectably better.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 

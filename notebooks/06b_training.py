@@ -16,6 +16,14 @@
 # %% [markdown]
 # # 06b · Beyond one step: do the pitfalls and the TracIn fixes change where training goes?
 #
+# **What you will learn.** How to ask whether a pitfall or a fix changes training, not one step: arms that
+# differ in one setting, trained side by side on the same prompts and seeds, compared on held-out prompts;
+# how to read an interval and a verdict ("not detected" included); and why a result found while exploring
+# has to be tested again by a run planned in advance.
+#
+# **What you need first.** The one-step path, notebooks 01 to 06 (each pitfall's mechanism is shown there),
+# and 08 for the zero-loss triage of section 3. Notebook 07 explains the TracIn scores of section 2.
+#
 # Notebooks 01 to 06 take one step and show each mechanism: a per-token gap, a lost gradient, a sign.
 # Whether a mechanism matters is a question about training, and the bug reports behind this suite ask
 # exactly that. One asks why the pretrained model degrades during training. One reports that
@@ -24,20 +32,26 @@
 #
 # `grpo_debug.runs.train` runs K GRPO steps per **arm**. It is a loop over the same phase functions: the update's
 # weights become the next step's start (`GRPOStep.advance`), one AdamW carries on, and the reference stays
-# the initial model. The arms are **paired**: step t of seed s uses the same prompts and the same sampling
-# seed in every arm, so two arms differ only where their configs do. Every few steps, the policy samples
+# the initial model. Step t of seed s uses the same prompts and the same sampling seed in every arm, so two
+# arms differ only where their configs do: the arms are **paired**. Every few steps, the policy samples
 # the held-out test prompts with fixed seeds.
 #
 # **How the intervals are made** (`grpo_debug.stats`, where each function states the design it assumes). The
 # seed is the independent unit: each seed is its own training run. Every seed is evaluated on the same 24 test
-# prompts with the same sampling seed, so seeds and prompts are *crossed*. The held-out reward's intervals are
-# two-way random-effects intervals over seeds and prompts, from a generalized pivot that carries the seed
-# term's few degrees of freedom in full (their coverage at every level shown here, with 3, 8 and 12 seeds, is
-# checked by simulation in `tests/test_stats.py`); a step metric's are Student's t over seeds, and the KL's are
-# on a log scale (it spans seven decades). An arm whose seeds gave identical results counts as one sample. Each
-# table of verdicts is a **family**: its intervals are shown at the Bonferroni level, 1 - 0.05 / (its size),
-# and each verdict carries Holm's adjusted p. A difference whose interval holds 0 is **not detected**, and its
-# width is printed. Which files are read together and which claims form a family is defined once, in
+# prompts with the same sampling seed, so seeds and prompts are *crossed*. An interval is the range of values
+# the true difference could take, given how much the results vary: at 95%, intervals made this way hold the
+# true value 95 times in 100. Seeds and prompts each add their own variation, and the intervals count both:
+# for the held-out reward they are *two-way random-effects* intervals over seeds and prompts. With few seeds
+# the seeds' variation is itself poorly known, and the interval widens for it: it comes from a *generalized
+# pivot* that carries the seed term's few *degrees of freedom* (one less than the number of seeds) in full
+# (their coverage at every level shown here, with 3, 8 and 12 seeds, is checked by simulation in
+# `tests/test_stats.py`). A step metric's intervals are the usual ones for a mean of a few values (*Student's
+# t* over seeds), and the KL's are on a log scale (it spans seven decades). An arm whose seeds gave identical
+# results counts as one sample. When a table tests several claims at once, one of them can look like an effect
+# by chance alone, so the table is treated as one **family** and corrected for its size: its intervals are
+# shown at the *Bonferroni* level, 1 - 0.05 / (its size), and each verdict carries *Holm's adjusted p* (how
+# likely a difference this large would be from noise alone, corrected for the family). A difference whose
+# interval holds 0 is **not detected**, and its width is printed. Which files are read together and which claims form a family is defined once, in
 # `data/experiments/comparisons.json`: `python -m grpo_debug analyze` reads the same file, so it prints the
 # verdicts this notebook prints.
 #
@@ -49,8 +63,8 @@
 # The runs below were made by `data/experiments/run.sh` and committed (each JSON holds its command).
 # `python -m grpo_debug analyze data/experiments/pitfalls.json` prints every family's verdicts of the
 # comparison that file belongs to.
-# This notebook loads them; its last cell re-runs the first two steps of two arms live and checks that they
-# reproduce the stored numbers exactly.
+# This notebook loads them; section 4 (a maintainers' live check) re-runs the first two steps of two arms
+# and checks that they reproduce the stored numbers.
 
 # %%
 from grpo_debug.ui.notebook import setup
@@ -362,6 +376,8 @@ print(f"beta = {base_config(zl).beta}; identical_groups: {len(identical_runs)} d
 # %% [markdown]
 # ## 4. Live check: the stored results still come from this code
 #
+# *Maintainers' live check: a reader may skip this section.*
+#
 # Two arms (`fixed` and `dropout`), seed 0, two steps, from the pitfalls experiment's own base config.
 # The held-out reward at step 0 and every logged number of steps 1 and 2 must equal the committed ones, times
 # aside, to float32 rounding (`record_differences`: within 1e-4 relative, or 1e-4 absolute for the noise-level
@@ -391,7 +407,8 @@ print(f"{len(mine)} records (held-out reward at step 0, steps 1 and 2 of fixed a
 # Sections 1 to 4 chose their K and seed counts after seeing results, so their verdicts are hypotheses. One
 # of them, dropout left on (TRL's default `disable_dropout=False`) against every fix on, became a confirmatory
 # run: its 95% interval taken alone excluded 0 (the plan's `source`, printed below), though not within its
-# family. Its claim, arms, K, seeds, analysis and a power estimate from the exploratory table were committed
+# family. The chance that a run of a given size detects an effect, if the effect is really there, is the
+# run's *power*. Its claim, arms, K, seeds, analysis and a power estimate from the exploratory table were committed
 # in `data/experiments/plan.json` before the run, which used seeds no other run had used. The plan, then its
 # result, analysed as planned: one primary comparison (`comparisons.json`'s `confirm`), no correction, 95%.
 # (The plan named the interval of its day, Student's t with Satterthwaite's df; the verdict below is today's
@@ -429,7 +446,9 @@ exploratory = results["pitfalls"]["summary"]["dropout"]["minus_fixed"]["mean"]
 print(f"exploratory estimate {exploratory:+.4f} (3 seeds); confirmatory {primary['mean']:+.4f} ({primary['n_seeds']} seeds)")
 
 # %% [markdown]
-# **The plan's power, recomputed.** The plan's 0.87 at 12 seeds (printed above) took the exploratory table's
+# **The plan's power, recomputed.** A power estimate needs to know how much of the reward's variation comes
+# from seeds, how much from prompts and how much is left over: the *variance components*, estimated by an
+# analysis of variance (*ANOVA*). The plan's 0.87 at 12 seeds (printed above) took the exploratory table's
 # variance components, where the seed and prompt variances read 0: the ANOVA's estimates are cut at 0, and a
 # 3-seed table often reads a seed variance of 0 that is not there. Below, the power at the exploratory effect
 # with today's interval, first with the plan's components, then with the components of the confirmatory
@@ -454,9 +473,18 @@ print(f"power at effect {effect:+.4f} with {plan['seeds']} seeds: {power_planned
       f"{power_measured:.2f} with the measured ones")
 
 # %% [markdown]
+# ## Summary
+#
+# - Whether a pitfall matters is a question about training: paired arms, held-out prompts, one family per table.
+# - "Not detected" means the interval holds 0 at this K and seed count; its printed width bounds what could hide.
+# - A result picked while exploring is a hypothesis: here the planned confirmatory run did not confirm dropout's.
+# - The TracIn claims are not detected either way on 8 seeds; the flipped sign's 3-seed interval is very wide.
+# - A loss of zero at step 1 is normal under loss_type grpo (centred advantages); identical groups make it a failure.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 

@@ -16,9 +16,26 @@
 # %% [markdown]
 # # 07 · TracIn influence: its sign, its optimizer, its validation set
 #
+# **What you will learn.** What a training sample's influence is and how to read its sign and its
+# histogram; when the prediction behind it holds (a plain gradient step, SGD) and when it has to be
+# corrected (the step's AdamW); and why the validation set, more than the sign, decides which samples look
+# helpful.
+#
+# **What you need first.** Notebooks 02 to 06 (log-probs, advantages, the loss, the update): a sample's
+# gradient here is the gradient of its share of that loss. Notebook 07b follows this one.
+#
+# **Influence in plain words.** A step on one training sample moves the weights down that sample's loss
+# gradient. Whether the step helps is measured on other samples, through their loss: the validation loss
+# L_val. A sample's influence predicts, from the two gradients alone, how a small step on it changes L_val:
+# it is their dot product. Its sign is the answer to "does a step on this sample help?": influence > 0, the
+# two gradients point the same way and a small step on the sample lowers L_val (it helps); influence < 0, it
+# raises L_val (it hurts); 0, the sample has no gradient (a zero advantage) or pulls at right angles to
+# L_val. Its size says by how much. Formally:
+#
 # influence_i = <g_train_i, grad L_val>, with g_train_i the gradient of sample i's share of the GRPO loss.
 # Under **SGD**, a step of size lr on sample i alone changes the validation loss by about -lr * influence_i
-# (first order), so influence > 0 means that step lowers L_val. The step's own optimizer is **AdamW**
+# (to first order: the prediction a straight line through the gradient makes, good for small steps), so
+# influence > 0 means that step lowers L_val. The step's own optimizer is **AdamW**
 # (`update.py`), whose first step is about lr * sign(g): under it the prediction has to be measured, or the
 # gradient passed through AdamW's update map first (as LESS does). The TracIn-sign report argues that the sign of
 # `-seq_logprob * advantage` is backwards and flips it; the same-batch TracIn report blames a top-reward validation set with no
@@ -63,7 +80,10 @@ spec = specs_of(cfg)  # the phases' arguments (scoring, loss, optimizer, kernels
 #   are compared with real AdamW steps from that state.
 #
 # Validation: a random set of 16 samples on validation prompts (advantages within their groups), and the
-# training batch itself.
+# training batch itself. Whether a prediction orders the samples as the real steps do is read as the
+# correlation of their ranks: 1 when the two orders agree exactly, 0 when they are unrelated, -1 when
+# reversed (*Spearman's rank correlation*). The *sign agreement* is the share of samples whose predicted and
+# measured changes have the same sign.
 
 # %%
 import pandas as pd
@@ -188,6 +208,16 @@ random_reward = table.loc[("seqloss-lastadv", "random 16", "per_group"), "val me
 print(f"mean reward of the validation set: top-k 16 {top_k_reward:.3f}, random 16 {random_reward:.3f}")
 table[["val mean reward", "fraction > 0", "fraction = 0", "Spearman vs random 128"]]
 
+# %% [markdown]
+# **How to read the histograms.** Each panel scores the same 16 training samples against one validation
+# set. The horizontal axis is the influence score, each panel on its own scale (compare the shapes and the
+# sides of 0 across panels, not the values); a bar's height is how many samples have a score in its range;
+# the black line is 0. Samples right of the line are predicted to help (a selection by influence > 0 keeps
+# them), samples left of it to hurt (the flipped sign keeps those). The bar on the line holds the samples
+# with no gradient, the zero-advantage ones (the table's "fraction = 0"). A panel with no bar left of the
+# line (the same batch under seqloss-lastadv) rates no sample as harmful; a sample far from the rest carries
+# most of any sum of scores.
+
 # %%
 plots.influence_histograms(panels, bins=12, title="influence of the same 16 training samples, by validation set")
 
@@ -296,9 +326,17 @@ pd.DataFrame(bias).T.rename_axis("batch size")
 # Selecting by influence is only as good as the validation set and the optimizer behind it.
 
 # %% [markdown]
+# ## Summary
+#
+# - Influence is the dot product of a sample's gradient with L_val's: > 0 predicts that a small step on it lowers L_val.
+# - The prediction holds for SGD steps; for the step's AdamW, a score passed through AdamW's update ranks real steps better.
+# - Flipping the sign mirrors every score and prediction: an identity, not evidence; 07b tests the sign on the reward.
+# - The validation set changes the histograms most: on the same batch, the samples' own terms carry most of the sum.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 

@@ -16,6 +16,14 @@
 # %% [markdown]
 # # 07b · Selecting by influence: one step on what each sign keeps
 #
+# **What you will learn.** What selecting training samples by influence does to the validation loss and to
+# the reward on prompts never trained on; whether the sign of influence, as written or flipped, makes a
+# difference you can measure on the reward; and how well each optimizer's first-order prediction describes a
+# step on a whole selection.
+#
+# **What you need first.** Notebook 07 (influence, its sign, the first-order prediction under SGD and
+# AdamW), and through it 02 to 06.
+#
 # Notebook 07 checks TracIn's first-order prediction sample by sample. Here the selection itself: keep the
 # samples a strategy picks by influence, take one step on them alone (the step's AdamW, or SGD), and measure
 # what the TracIn reports care about: the validation loss and the reward on `test` prompts, never seen in
@@ -48,12 +56,15 @@ from grpo_debug.ui.influence import InfluenceCache, InfluenceChoice
 influence = InfluenceCache(step.validation_run, pool_size=128)  # one pool of 128 samples on validation prompts; scores cached
 
 # %% [markdown]
-# ## 1. The TracIn-sign report's sign, settled on the reward
+# ## 1. The TracIn-sign report's sign, tested on the reward
 #
 # Keep the samples with influence > 0 under the loss as written, and under the TracIn-sign report's flipped sign (which
 # keeps the samples with influence < 0), take one step on them alone, and measure the reward on the test
-# prompts: the same sampling seeds before and after, so each prompt's change is paired, with a 95%
-# bootstrap interval over prompts. Both with the same batch as validation set and with a separate random
+# prompts. Each test prompt is sampled with the same seeds before and after the step, so its own change can
+# be taken, and the prompts' differences from one another drop out of the comparison: the changes are
+# *paired*. How far the mean change could be from the truth is read by recomputing it on the prompts drawn
+# again at random, with repeats, many times: the middle 95% of those recomputed means is a *95% bootstrap
+# interval* over prompts. Both with the same batch as validation set and with a separate random
 # set of 64, and with both optimizers: the step's AdamW, and SGD with the learning rate whose step on the
 # whole batch is as long as AdamW's (both learning rates are printed). The other selection
 # strategies run on the random set in the same loop (section 2).
@@ -101,7 +112,10 @@ sign_table = pd.DataFrame(sign_rows).T
 sign_table.index.names = ["validation", "optimizer", "selection"]
 print(f"rewards on the {right.reward_prompts} prompts; validation sets: "
       + ", ".join(sorted({r.val_set for r in results.values()})))
-print(f"as written vs flipped sign: {within_noise} of {2 * len(OPTIMIZERS)} paired contrasts have a 95% interval containing 0")
+contrasts = len(selection_sets) * len(OPTIMIZERS)
+print(f"as written vs flipped sign: {within_noise} of {contrasts} paired contrasts have a 95% interval containing 0: "
+      + ("the reward does not tell the two signs apart here" if within_noise == contrasts
+         else "in the others the reward separates the signs (the interval's side says which did better)"))
 sign_table
 
 # %%
@@ -172,8 +186,8 @@ selection
 plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS for s in SELECTIONS])
 
 # %% [markdown]
-# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies says how
-# well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
+# Read each optimizer's rows with its own prediction (the printed Spearman over the strategies, notebook 07's
+# rank correlation, says how well it orders them). SGD here takes the long step of the matched learning rate, so the sizes of its
 # changes need not follow a first-order prediction even where the order does. Under the step's AdamW,
 # TracIn's sum read as if the step were SGD misses the size by the printed factor. When influence > 0 and
 # the top half differ only by zero-score samples (printed), the two strategies take the same step: the
@@ -183,17 +197,33 @@ plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS fo
 # %% [markdown]
 # **What to notice.** On the reward, the quantity the TracIn-sign report cares about, section 1 counts how
 # many of the paired contrasts between the two signs are within the sampling noise of this many test
-# prompts. Each optimizer's selections are read with its own first-order prediction (section 2): TracIn's
-# score describes an SGD step, and read as an AdamW step it misses the size by the printed factor.
+# prompts: on the bundled step all of them are (printed above, and checked below), so the reward leaves the
+# sign unsettled here. L_val, the loss the first-order check is about, does separate them: it falls after a
+# step on what the sign as written keeps, and does not fall after a step on what the flip keeps (checked).
+# Each optimizer's selections are read with its own first-order prediction (section 2): TracIn's score
+# describes an SGD step, and read as an AdamW step it misses the size by the printed factor.
+
+# %% [markdown]
+# ## Summary
+#
+# - A selection by influence is tested by a real step on the selected samples and the reward on unseen test prompts.
+# - On this step's test prompts the reward does not tell the sign as written from the flipped sign (section 1).
+# - The validation loss does: it falls after a step on what the sign as written keeps, and not after the flip's.
+# - Each optimizer's step is read with its own first-order prediction; TracIn's score describes an SGD step.
 
 # %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' live check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
 # %%
 if CAPTURE is None:  # measured on the bundled step
+    assert within_noise == contrasts  # section 1: the reward does not tell the two signs apart
+    for name in selection_sets:  # ... while L_val does: it falls only after the step on the sign as written
+        for optimizer in OPTIMIZERS:
+            written = sign_rows[(name, optimizer, "as written: influence > 0")]["L_val change"]
+            assert written < 0 <= sign_rows[(name, optimizer, "the sign report's flip: influence < 0")]["L_val change"]
     assert understated > 1 and by[("sgd", "top_half")] < by[("sgd", "bottom_half")]  # section 2's two claims
 print("every claim above holds")

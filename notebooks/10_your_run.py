@@ -51,23 +51,28 @@ from pathlib import Path
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.ui.tables import trained_log
 
+trl_log = None
 if CAPTURE is None:
     out = Path(tempfile.mkdtemp(prefix="grpo_debug_capture_"))
     cfg = StepConfig.preset("trl", num_prompts=2, num_generations=4, max_new_tokens=32)  # TRL's defaults
     trainer = trl_trainer(cfg, str(out), max_steps=3)  # GRPOTrainer itself: dropout on, no position_ids
     callback = CaptureCallback(out / "captures", steps=[2, 3])  # step 3: where step 2's update landed
     trainer.add_callback(callback)
-    trainer.train()
+    trl_log = trained_log(trainer, ["loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std"])  # TRL's log
     CAPTURE = out / "captures" / "step-2"
 print(sorted(p.name for p in Path(CAPTURE).iterdir()))
+trl_log
 
 # %% [markdown]
 # ## Does the replay reproduce the trainer's step?
 #
-# Below, the numbers TRL computed for step 2 (read from the trainer at that step) are set beside ours,
-# recomputed from the captured batch at the captured weights, micro-batch by micro-batch. The per-token
-# log-probs are compared as well: ours against the trainer's own scoring of the same batch.
+# The demo run's table above is a few of the numbers TRL logged at each step, under TRL's names (its row
+# for step 2 is the step captured). Below, the numbers TRL computed for step 2 (read from the trainer at that
+# step) are set beside ours, recomputed from the captured batch at the captured weights, micro-batch by
+# micro-batch. The per-token log-probs are compared as well: ours against the trainer's own scoring of the
+# same batch.
 
 # %% tags=["nbval-ignore-output"]
 import pandas as pd
@@ -201,7 +206,7 @@ task = load_task("policy")
 task = dataclasses.replace(task, reward_funcs=[breaks_at(f, BREAKS_AT) for f in task.reward_funcs])
 trainer = trl_trainer(flight_cfg, str(run_dir / "run"), task, max_steps=4)
 trainer.add_callback(FlightRecorder(run_dir / "flight"))
-trainer.train()
+trl_log_flight = trained_log(trainer, ["reward", "frac_reward_zero_std", "grad_norm"])  # the recorder's table shows them
 
 # %%
 from grpo_debug.show.timeline import read_run
@@ -240,3 +245,4 @@ assert BREAKS_AT in flight.captures, f"the step where the reward breaks was not 
 assert "constant_reward" in {r["id"] for r in flight.captures[BREAKS_AT]["trigger"]}
 assert BREAKS_AT + 1 not in flight.captures, "a persisting condition triggered twice"
 assert health.loc[BREAKS_AT, "frac_reward_zero_std"] == 1.0
+assert (health[trl_log_flight.columns] - trl_log_flight).abs().max().max() < 1e-6, "health.jsonl has TRL's own metrics"

@@ -85,3 +85,11 @@ def test_the_rounds_stop_and_every_fix_is_kept_in_the_next_round():
     assert len(causes) == 3, causes
     kept = {f"field_{k}" for k in range(3)}
     assert any(kept <= set(c) for c in calls), f"the third round did not keep the first two fixes: {calls}"
+
+
+def test_the_table_leaves_out_a_column_no_finding_fills():
+    from grpo_debug.doctor.present import table
+
+    shown = table(Report(tuple(planted({"dropout": "warning", "kl_off": "info"})), {}, 0.0), at_least="info")
+    assert "over steps" not in shown.columns, "no fix was followed over steps: the column would be empty"
+    assert {"severity", "finding", "what", "fix"} <= set(shown.columns) and len(shown) == 2

@@ -25,3 +25,26 @@ def test_the_display_wraps_and_the_data_stay_as_they_are():
     index = pd.MultiIndex.from_tuples([("trl preset", "token_truncate")])
     html = fit_column(pd.DataFrame({"a/b": [1.5]}, index=index))._repr_html_()
     assert f"a/{BREAK}b" in html and "token_truncate" in html, "headers wrap, row names stay whole"
+
+
+def test_a_trainer_trains_quietly_and_its_log_is_a_small_table():
+    from transformers.trainer_callback import PrinterCallback
+
+    from grpo_debug.ui.tables import trained_log
+
+    class Trainer:  # the part of transformers' Trainer that trained_log uses
+        def __init__(self):
+            self.callbacks, self.state = [PrinterCallback], type("State", (), {"log_history": []})()
+
+        def remove_callback(self, callback):
+            self.callbacks = [c for c in self.callbacks if c is not callback]
+
+        def train(self):
+            assert not self.callbacks, "no printer left to print the dictionaries"
+            self.state.log_history += [
+                {"loss": 0.5, "grad_norm": 2.0, "epoch": 1.0, "step": 1},
+                {"train_loss": 0.5, "train_runtime": 3.1, "step": 1},
+            ]
+
+    table = trained_log(Trainer(), ["loss", "grad_norm"])
+    assert list(table.columns) == ["loss", "grad_norm"] and list(table.index) == [1] and table.index.name == "step"

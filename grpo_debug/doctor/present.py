@@ -99,7 +99,8 @@ def text(report: Report, at_least: str = "info") -> str:
 
 
 def table(report: Report, at_least: str = "absent"):
-    """One row per finding, ranked: what a notebook cell shows."""
+    """One row per finding, ranked: what a notebook cell shows. A column no shown finding fills (`over steps`
+    where the fixes were not followed over steps) is left out."""
     import pandas as pd
 
     rows = [
@@ -115,7 +116,8 @@ def table(report: Report, at_least: str = "absent"):
         }
         for f in report.present(at_least)
     ]
-    return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="rank"))
+    shown = pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="rank"))
+    return shown[[c for c in shown.columns if c in ("severity", "finding") or shown[c].astype(bool).any()]]
 
 
 STYLE = """

@@ -110,3 +110,16 @@ def marked_completions(
             "completion": text,
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def trained_log(trainer, columns: list[str]) -> FittedTable:
+    """`trainer.train()` without the log dictionaries transformers prints at every logging step (its
+    PrinterCallback, or ProgressCallback's bar), and the few logged numbers `columns`, named as TRL names
+    them, one row per step: the log a reader reads instead of the dictionaries."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for printer in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(printer)
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]  # not the run's closing summary (train_loss)
+    return FittedTable(pd.DataFrame(steps).set_index("step")[list(columns)])
