@@ -96,7 +96,10 @@ print(f"pass 2: {it2.metrics['clip_ratio/region_mean']:.4f} of the scored tokens
 # %%
 from grpo_debug.loss import importance_weight, policy_term
 
-show_source(importance_weight, policy_term)
+show_source(importance_weight)
+
+# %%
+show_source(policy_term)
 
 # %%
 from grpo_debug.ui import plots

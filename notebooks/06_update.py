@@ -28,7 +28,10 @@
 from grpo_debug.ui.notebook import show_source
 from grpo_debug.update import backward, per_sample_norms, update
 
-show_source(update, backward, per_sample_norms)
+show_source(update)
+
+# %%
+show_source(backward, per_sample_norms)
 
 # %%
 import torch

@@ -22,10 +22,6 @@ EMPTY = {"NaN", "nan", "None", "<NA>", "NaT", ""}
 
 # (notebook stem, a piece of the cell's source) -> the rule it breaks
 KNOWN = {
-    ("01_rollout", "show_source(sample)"): "lines",  # the whole sampler's source
-    ("05_loss", "show_source(compute_loss)"): "lines",  # the whole loss's source
-    ("05b_off_policy", "show_source(importance_weight, policy_term)"): "lines",
-    ("06_update", "show_source(update, backward, per_sample_norms)"): "lines",
     ("05c_mismatch", "gap = pd.DataFrame({name: {k: metrics(run)"): "columns",  # verl's ten metrics side by side
 }
 

@@ -50,7 +50,10 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
     start_state = step.initial_state
     cfg = step.cfg.replace(**changes)
     rewards, norms = [], []
-    with step.trial(), torch.random.fork_rng(devices=[]):  # dropout masks seeded per step, the caller's RNG kept
+    # the caller's RNG kept; each step's rollout seeds itself (its config's seed), and the engine's update seeds its
+    # dropout masks at update.DROPOUT_SEED every step: the seed changes the samples, not the masks
+    device = next(step.policy.parameters()).device
+    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(_seed(seed, 0))  # the update taken anew (a cached one is not on the weights)
         first = step.run(cfg, until="update", base=dataclasses.replace(step.result, update=None, evaluation=None))
         for k in range(steps):

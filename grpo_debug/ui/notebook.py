@@ -66,9 +66,48 @@ def open_step(
     return cfg, GRPOStep(cfg, device=device or os.environ.get("GRPO_DEBUG_DEVICE") or None)
 
 
-def show_source(*functions) -> None:
-    """Print the code of the functions a notebook is about: the readable path, not the fast one."""
-    import inspect
+SHOWN_LINES = 32  # a shown source is the idea's lines; the rest is a pointer to the whole function
 
+
+def show_source(*functions, lines: int = SHOWN_LINES) -> None:
+    """Print the code of the functions a notebook is about (the readable path, not the fast one): each docstring
+    cut to its first line, at most `lines` lines of each function, then where the whole of it is."""
     for function in functions:
-        print(inspect.getsource(function))
+        print("\n".join(idea_lines(function, lines)) + "\n")
+
+
+def idea_lines(function, lines: int = SHOWN_LINES) -> list[str]:
+    """`function`'s source with a long signature on one line (its parameters' names), its docstring cut to its first
+    line, its first `lines` lines, and a pointer to the rest (its file and line) where there is more."""
+    import ast
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    source = textwrap.dedent(inspect.getsource(function))
+    code = source.splitlines()
+    definition = ast.parse(source).body[0]
+    body = definition.body
+    if body[0].lineno - 1 > definition.lineno:  # a signature over several lines: its names on one line
+        names = ", ".join(
+            str(p).split(":")[0].split("=")[0].strip() for p in inspect.signature(function).parameters.values()
+        )
+        returns = f" -> {ast.unparse(definition.returns)}" if definition.returns is not None else ""
+        signature = textwrap.fill(f"def {function.__name__}({names}){returns}:", 118, subsequent_indent="        ")
+        skipped = body[0].lineno - 1 - definition.lineno
+        code = signature.splitlines() + code[definition.lineno + skipped :]
+        body = ast.parse(textwrap.dedent("\n".join(code))).body[0].body
+    docstring = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
+    if docstring is not None and isinstance(docstring.value.value, str):
+        text = docstring.value.value.strip().splitlines()
+        opening = code[docstring.lineno - 1]
+        indent = opening[: len(opening) - len(opening.lstrip())]
+        cut = indent + '"""' + text[0] + (" ..." if len(text) > 1 else "") + '"""'
+        code = code[: docstring.lineno - 1] + [cut] + code[docstring.end_lineno :]
+    if len(code) <= lines:
+        return code
+    where = Path(inspect.getsourcefile(function)).resolve()
+    package = Path(__file__).resolve().parent.parent.parent
+    name = where.relative_to(package) if where.is_relative_to(package) else where
+    start = inspect.getsourcelines(function)[1]
+    return code[:lines] + [f"    # ... {len(code) - lines} more lines: {name}, line {start} ({function.__name__})"]
