@@ -108,7 +108,7 @@ PITFALLS: dict[str, Pitfall] = {
             "dropout is on in the policy's forward passes: two scorings of the same tokens differ",
             "disable_dropout=True in GRPOConfig (TRL 1.16's default is False)",
             "a public RookWorld debug log (policy -440 vs reference -45 nats); TRL issue #3234",
-            "02_logprobs; 06b_training: 5. Confirmatory",
+            "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
             ("dropout", False),
             trl_value=True,  # disable_dropout=False
             panel="pitfalls",
