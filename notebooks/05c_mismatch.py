@@ -74,14 +74,14 @@ runs = {"as configured": step.run(cfg, until="logprobs"),
         "trl preset's scoring": step.run(cfg.with_preset("trl"), until="logprobs", remember=False)}
 shown = ["kl", "k3_kl", "chi2_token", "chi2_seq", "rollout_is_mean", "rollout_is_std", "rollout_is_eff_sample_size",
          "sequence/rollout_is_mean", "sequence/rollout_is_ratio_fraction_low", "sequence/rollout_is_eff_sample_size"]
-gap = pd.DataFrame({name: {k: metrics(run)[f"rollout_corr/{k}"] for k in shown} for name, run in runs.items()}).T
+gap = pd.DataFrame({name: {k: metrics(run)[f"rollout_corr/{k}"] for k in shown} for name, run in runs.items()})
 for name, run in runs.items():
     print(f"{name}: {health_line(metrics(run))}")
 gap
 
 # %% [markdown]
 # With every fix on the two agree to float rounding. The `trl` preset scores with dropout on and without
-# position_ids (notebook 02), and the gap shows in every column. Read the effective sample size with care:
+# position_ids (notebook 02), and the gap shows in every row. Read the effective sample size with care:
 # verl computes it on weights clamped to [0.5, 2], so once every sequence weight falls on one side of that
 # window (all below 0.5, or all above 2) they are all clamped to the same bound and the ESS reads 1, a perfect
 # score for the worst case. (Weights on both sides clamp to two values, and the ESS drops again.) The share of

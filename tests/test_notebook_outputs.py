@@ -21,9 +21,7 @@ MAX_COLUMNS = 8
 EMPTY = {"NaN", "nan", "None", "<NA>", "NaT", ""}
 
 # (notebook stem, a piece of the cell's source) -> the rule it breaks
-KNOWN = {
-    ("05c_mismatch", "gap = pd.DataFrame({name: {k: metrics(run)"): "columns",  # verl's ten metrics side by side
-}
+KNOWN = {}
 
 
 class DataFrameTables(HTMLParser):
