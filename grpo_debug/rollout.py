@@ -37,11 +37,6 @@ class Rollout:
     def group_of(self, sample: int) -> int:
         return sample // self.num_generations
 
-    def to(self, device: torch.device | str) -> Rollout:
-        """The same rollout with its tensors on `device` (where the policy that scores it lives)."""
-        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self) if f.name in TENSORS}
-        return dataclasses.replace(self, **moved)
-
     def rows(self, index: torch.Tensor | list[int]) -> Rollout:
         """Some samples of the rollout, each its own group of one (num_generations=1)."""
         index = torch.as_tensor(index).flatten()

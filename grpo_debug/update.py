@@ -267,7 +267,7 @@ def update(
         grad_norm=first.grad_norms[0],
         clipped=first.grad_norms[0] > max_norm,
         per_sample_grad_norms=first_norms if per_sample_grad_norms else torch.tensor([]),
-        update_norm=torch.sqrt(sum(((p.detach() - b.to(p.device)) ** 2).sum() for p, b in zip(params, before))).item(),
+        update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
         seconds=time.perf_counter() - began,
         iterations=tuple(iterations),
         optimizer_steps=num_iterations * (S // GA),

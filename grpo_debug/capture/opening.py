@@ -50,7 +50,7 @@ def open_capture(path, task=None, *, device=None, weights_dtype=None, **changes)
         task,
         loaded,
         capture=capture,
-        rollout=captured_rollout(capture, loaded.tokenizer).to(where),
+        rollout=captured_rollout(capture, loaded.tokenizer),  # from the batch, already moved
         at_reference=beta_zero,
         update_phase=captured_update,
         start=start,  # the weights before the step, read back from the capture's files: no copy held

@@ -183,7 +183,7 @@ def captured_update(step, run) -> StepResult | None:
         grad_norm=replay.grad_norm,
         clipped=replay.grad_norm > max_norm,
         per_sample_grad_norms=torch.tensor([]),
-        update_norm=torch.sqrt(sum(((p.detach() - b.to(p.device)) ** 2).sum() for p, b in zip(params, before))).item(),
+        update_norm=torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(params, before))).item(),
         seconds=time.perf_counter() - start,
         iterations=(pass_record,),
         optimizer_steps=1,
@@ -205,7 +205,7 @@ def trainer_update(step, run) -> TrainerUpdate:
     replay = replay_trl_step(step, run, optimizer)
     step.policy_moved()
     return TrainerUpdate(
-        delta={n: p.detach() - before[n].to(p.device) for n, p in trained.items()},
+        delta={n: p.detach() - before[n] for n, p in trained.items()},
         optimizer=what,
         exact=exact,
         learning_rate=tuple(g["lr"] for g in optimizer.param_groups),

@@ -168,20 +168,20 @@ def trl_step(
     batch = _Batch(rollout, mask, advantages, old_logps, ref_logps, mask.sum() / len(ranks))
     logps, raw, entropies = (torch.full(mask.shape, float("nan"), device=mask.device) for _ in range(3))
     rank_losses, parts, tokens = [], [], {}
-    for rank in ranks:
-        value, rank_parts = 0.0, []
-        for j, rows in enumerate(rank.micro_batches):
-            if rank.rng_states is not None and scoring.dropout:
-                torch.set_rng_state(rank.rng_states[j].clone())  # a view with an offset is read from its start
-            with as_trained(model, scoring.dropout, checkpointing):  # through the backward, as the trainer's loop
+    with as_trained(model, scoring.dropout, checkpointing):  # every forward and backward, as the trainer's loop
+        for rank in ranks:
+            value, rank_parts = 0.0, []
+            for j, rows in enumerate(rank.micro_batches):
+                if rank.rng_states is not None and scoring.dropout:
+                    torch.set_rng_state(rank.rng_states[j].clone())  # a view with an offset is read from its start
                 part, lp, ent = _micro_batch_loss(model, batch, rows, rank, scoring, loss, fused)
                 (part.loss / len(ranks)).backward()  # DDP: the mean of the processes' gradients
-            value += part.loss.item()
-            rank_parts.append(part.metrics)
-            logps[list(rows)], raw[list(rows)], entropies[list(rows)] = lp * mask[list(rows)], lp, ent
-            _put_back(tokens, part, list(rows), mask.shape)
-        rank_losses.append(value)
-        parts.append(rank_parts)
+                value += part.loss.item()
+                rank_parts.append(part.metrics)
+                logps[list(rows)], raw[list(rows)], entropies[list(rows)] = lp * mask[list(rows)], lp, ent
+                _put_back(tokens, part, list(rows), mask.shape)
+            rank_losses.append(value)
+            parts.append(rank_parts)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
     if optimizer is not None:

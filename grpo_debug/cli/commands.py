@@ -70,10 +70,10 @@ def device_of(parser, args) -> dict:
     from ..model import pick_device
 
     try:
-        device = pick_device(getattr(args, "device", None))
+        device = pick_device(args.device)
     except ValueError as e:
         parser.error(str(e))
-    return {"device": str(device), "weights_dtype": getattr(args, "dtype", None)}
+    return {"device": str(device), "weights_dtype": args.dtype}
 
 
 def _threads(n: int) -> None:

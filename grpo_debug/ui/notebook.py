@@ -53,6 +53,7 @@ def open_step(
     from ..step import GRPOStep
 
     setup()
+    device = device or os.environ.get("GRPO_DEBUG_DEVICE") or None
     if capture is not None:
         kept = {k: v for k, v in fields.items() if StepConfig.phase_of(k) != "rollout"}
         if kept != fields:
@@ -60,10 +61,10 @@ def open_step(
                 f"CAPTURE {capture}: the notebook's rollout settings {sorted(set(fields) - set(kept))} are the "
                 "capture's own here"
             )
-        step = open_capture(capture, task, device=device or os.environ.get("GRPO_DEBUG_DEVICE") or None, **kept)
+        step = open_capture(capture, task, device=device, **kept)
         return step.cfg, step
     cfg = StepConfig(model=model or DEFAULT_MODEL, **fields, **({"task": task} if task else {}))
-    return cfg, GRPOStep(cfg, device=device or os.environ.get("GRPO_DEBUG_DEVICE") or None)
+    return cfg, GRPOStep(cfg, device=device)
 
 
 SHOWN_LINES = 32  # a shown source is the idea's lines; the rest is a pointer to the whole function
@@ -88,15 +89,13 @@ def idea_lines(function, lines: int = SHOWN_LINES) -> list[str]:
     code = source.splitlines()
     definition = ast.parse(source).body[0]
     body = definition.body
-    if body[0].lineno - 1 > definition.lineno:  # a signature over several lines: its names on one line
-        names = ", ".join(
-            str(p).split(":")[0].split("=")[0].strip() for p in inspect.signature(function).parameters.values()
-        )
+    if body[0].lineno - definition.lineno > 1:  # a signature over several lines: its names on one line
+        stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+        names = ", ".join(stars.get(p.kind, "") + p.name for p in inspect.signature(function).parameters.values())
         returns = f" -> {ast.unparse(definition.returns)}" if definition.returns is not None else ""
         signature = textwrap.fill(f"def {function.__name__}({names}){returns}:", 118, subsequent_indent="        ")
-        skipped = body[0].lineno - 1 - definition.lineno
-        code = signature.splitlines() + code[definition.lineno + skipped :]
-        body = ast.parse(textwrap.dedent("\n".join(code))).body[0].body
+        code = code[: definition.lineno - 1] + signature.splitlines() + code[body[0].lineno - 1 :]  # decorators kept
+        body = ast.parse("\n".join(code)).body[0].body
     docstring = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
     if docstring is not None and isinstance(docstring.value.value, str):
         text = docstring.value.value.strip().splitlines()
