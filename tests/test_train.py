@@ -309,3 +309,23 @@ def test_record_differences_holds_at_float32_rounding_and_names_what_parts():
     assert record_differences(reworded, stored) == ["record 0 (fixed, step 1): triage reads otherwise"]
     assert record_differences(stored + stored, stored) == ["2 records against 1"]
     assert record_differences([{**stored[0], "extra": 1}], stored) == ["record 0: keys ['extra'] in one only"]
+
+
+def test_a_run_that_chooses_a_setting_evaluates_on_validation_prompts_never_the_tests(tmp_path):
+    from grpo_debug.evaluation import eval_prompts
+    from grpo_debug.runs.results import merge_results
+    from grpo_debug.runs.train import held_out
+    from grpo_debug.step import GRPOStep
+
+    step = GRPOStep(BASE)
+    chosen, test = held_out(step, BASE, 3, "validation"), held_out(step, BASE, 3)
+    assert chosen["per_prompt"] != test["per_prompt"], "the validation evaluation sampled the test prompts"
+    assert not set(step.task.prompts("validation", 3)) & set(eval_prompts(step.task, 3))
+    result = train([ARMS["fixed"]], 1, 1, BASE, 1, 3, progress_path=tmp_path / "v.jsonl", show_progress=False,
+                   eval_set="validation")  # fmt: skip
+    assert result["eval_set"] == "validation"
+    assert [r["eval"]["per_prompt"] for r in result["records"] if "eval" in r][0] == chosen["per_prompt"]
+    with pytest.raises(ValueError, match="eval_set"):
+        merge_results(result, {k: v for k, v in result.items() if k != "eval_set"})
+    with pytest.raises(ValueError, match="eval_set must be test or validation"):
+        train([ARMS["fixed"]], 1, 1, BASE, 1, 3, progress_path=tmp_path / "w.jsonl", eval_set="train")

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(--seeds 3 --eval-prompts 24 --threads 1 --no-progress --keep-progress
         --set num_prompts=4 num_generations=8 learning_rate=0.0002 per_sample_grad_norms=false)
-case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | confirm | precision | all
+case "${1:-all}" in  # pitfalls | pitfalls_more | fixed_seeds | tracin | tracin_sets | tracin_seeds | tracin_sets_seeds | zero_loss | confirm | precision | control_lr | control | all
   pitfalls|all)  # K = 36: the fixed arm's held-out reward did not move measurably at K = 12
     python -m grpo_debug train --steps 36 --eval-every 6 --arm fixed --arm trl --arm no_temperature \
       --arm eos_dropped --arm dropout "${COMMON[@]}" --json data/experiments/pitfalls.json ;;&
@@ -40,5 +40,18 @@ for command in json.load(open("data/experiments/plan.json"))["commands"]:
     python -c 'import json, shlex, subprocess, sys
 for command in json.load(open("data/experiments/precision_plan.json"))["commands"]:
     command = command.replace("--json", "vllm_importance_sampling_aggregation=sum --json")
-    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)' ;;&
+  control_lr|all)  # the positive control's stage 1 (control_plan.json, committed before it ran): the learning rate,
+    # chosen on validation prompts; its two commands side by side
+    python -c 'import json, shlex, subprocess, sys
+commands = json.load(open("data/experiments/control_plan.json"))["stage_1"]["commands"]
+runs = [subprocess.Popen([sys.executable, *shlex.split(c)[1:]]) for c in commands]
+sys.exit(max(r.wait() for r in runs))' ;;&
+  control|all)  # its stage 2 at the rate stage 1 chose (grpo_debug.runs.control.chosen_rate), side by side
+    python -c 'import json, shlex, subprocess, sys
+from grpo_debug.runs.control import chosen_rate
+lr = chosen_rate("data/experiments")
+commands = json.load(open("data/experiments/control_plan.json"))["stage_2"]["commands"]
+runs = [subprocess.Popen([sys.executable, *shlex.split(c.format(lr=lr))[1:]]) for c in commands]
+sys.exit(max(r.wait() for r in runs))' ;;
 esac

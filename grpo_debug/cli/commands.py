@@ -92,7 +92,15 @@ def train_command(parser, args) -> int:
     try:
         arms = [parse_arm(a) for a in args.arm]
         check_plan(
-            arms, args.steps, args.seeds, base, args.eval_every, args.eval_prompts, args.train_prompts, args.first_seed
+            arms,
+            args.steps,
+            args.seeds,
+            base,
+            args.eval_every,
+            args.eval_prompts,
+            args.train_prompts,
+            args.first_seed,
+            args.eval_set,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -115,6 +123,7 @@ def train_command(parser, args) -> int:
             show_progress=not args.no_progress,
             keep_progress=True,
             first_seed=args.first_seed,
+            eval_set=args.eval_set,
         )
     except (ValueError, RuntimeError, OSError) as e:  # OSError: a full disk, named by write_atomically
         parser.error(str(e))
@@ -360,7 +369,7 @@ def summary_table(results: dict) -> str:
     summary = results["summary"]
     lines = [
         f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
-        "test prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"
+        f"{results.get('eval_set', 'test')} prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"
     ]
     for arm, row in summary.items():
         start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"
@@ -438,6 +447,13 @@ def add_train_parser(sub) -> None:
     add_set(tr, "StepConfig changes for every arm")
     tr.add_argument("--eval-every", type=ascii_int, default=5, help="E: held-out test reward every E steps (and at 0)")
     tr.add_argument("--eval-prompts", type=ascii_int, default=32, help="test prompts per evaluation")
+    tr.add_argument(
+        "--eval-set",
+        choices=("test", "validation"),
+        default="test",
+        help="the prompts each evaluation samples: test (a result), or validation (to choose a setting, such "
+        "as the learning rate, without looking at the test prompts)",
+    )
     tr.add_argument(
         "--train-prompts",
         type=ascii_int,

@@ -172,6 +172,7 @@ def check_plan(
     eval_prompts: int,
     train_prompts: int,
     first_seed: int,
+    eval_set: str = "test",
 ) -> None:
     """What a train run asks for, checked before any model loads (and, from the command line, before torch
     does): distinct arms, counts of at least 1, and prompt sets that hold the prompts the run asks for."""
@@ -184,6 +185,8 @@ def check_plan(
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
 
+    if eval_set not in ("test", "validation"):
+        raise ValueError(f"eval_set must be test or validation, got {eval_set!r}")
     check_prompt_counts(
-        base.task, [("train", train_prompts, "--train-prompts"), ("test", eval_prompts, "--eval-prompts")]
+        base.task, [("train", train_prompts, "--train-prompts"), (eval_set, eval_prompts, "--eval-prompts")]
     )

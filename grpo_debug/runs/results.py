@@ -267,7 +267,17 @@ def select_arms(results: dict, arms: list[str]) -> dict:
 def merge_results(first: dict, second: dict) -> dict:
     """Two comparisons run apart (to share a machine) as one, their arms paired: they must have the same
     base config, steps, seeds and evaluation, and their shared arms must have logged the same numbers."""
-    same = ("base", "steps", "seeds", "eval_every", "eval_prompts", "train_prompts", "seed_stride", "first_seed")
+    same = (
+        "base",
+        "steps",
+        "seeds",
+        "eval_every",
+        "eval_prompts",
+        "eval_set",
+        "train_prompts",
+        "seed_stride",
+        "first_seed",
+    )
     if any(first.get(k) != second.get(k) for k in same):
         raise ValueError(f"the two runs differ in {[k for k in same if first.get(k) != second.get(k)]}: not paired")
     strip = lambda rs, arm: [{k: v for k, v in r.items() if k != "seconds"} for r in rs if r["arm"] == arm]

@@ -7,7 +7,8 @@ Each step is the engine's own phases (`GRPOStep.run` up to the update), then `GR
 updated weights become the next step's start, the reference stays the initial model, and one AdamW
 carries on from step to step as TRL's does (at a constant learning rate: TRL's default schedule decays
 it linearly to 0 over the run). Every `eval_every` steps, and before the first, the policy samples the
-task's test prompts (never a training or validation prompt) with fixed seeds, the same in every arm.
+task's test prompts (never a training or validation prompt; the validation prompts instead where a run
+chooses a setting, `eval_set`) with fixed seeds, the same in every arm.
 
 TracIn-selected GRPO (the two TracIn reports): each step, every sample's influence on a validation loss
 (same batch, or a random or top-k-by-reward set of fresh samples of the validation prompts), then the
@@ -103,12 +104,12 @@ def train_step(step: GRPOStep, cfg: StepConfig, sel: Selection | None) -> dict:
     return record
 
 
-def held_out(step: GRPOStep, base: StepConfig, prompts: int) -> dict:
-    """The policy's mean reward on the first `prompts` test prompts, sampled with the base config's seed."""
+def held_out(step: GRPOStep, base: StepConfig, prompts: int, prompt_set: str = "test") -> dict:
+    """The policy's mean reward on the first `prompts` test prompts (or validation prompts, to choose a setting
+    without looking at the test set), sampled with the base config's seed."""
     tokenizer, generate = step.loaded.tokenizer, kernels(base.fast).generate
-    side = eval_side(
-        step.policy, tokenizer, eval_prompts(step.task, prompts), eval_sampling_of(base), step.task, generate
-    )
+    chosen = eval_prompts(step.task, prompts) if prompt_set == "test" else step.task.prompts(prompt_set, prompts)
+    side = eval_side(step.policy, tokenizer, chosen, eval_sampling_of(base), step.task, generate)
     return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
 
 
@@ -122,19 +123,22 @@ def run_arm(
     train_prompts: int,
     progress: Progress,
     bar,
+    eval_set: str = "test",
 ) -> None:
     step = GRPOStep(arm.config(base))
     done = progress.resume_point(arm.name, seed)
     if done:
         progress.load(step, base, arm.name, seed)
     else:
-        progress.add({"arm": arm.name, "seed": seed, "step": 0, "eval": held_out(step, base, eval_prompts_n)})
+        progress.add({"arm": arm.name, "seed": seed, "step": 0, "eval": held_out(step, base, eval_prompts_n, eval_set)})
     bar.update(done)
     for t in range(done, steps):
         record = train_step(step, step_config(base, arm, seed, t, train_prompts), arm.selection)
         progress.add({"arm": arm.name, "seed": seed, "step": t + 1, **record})
         if (t + 1) % eval_every == 0 or t + 1 == steps:
-            progress.add({"arm": arm.name, "seed": seed, "step": t + 1, "eval": held_out(step, base, eval_prompts_n)})
+            progress.add(
+                {"arm": arm.name, "seed": seed, "step": t + 1, "eval": held_out(step, base, eval_prompts_n, eval_set)}
+            )
             progress.save(step, arm.name, seed, t + 1)
         bar.update(1)
 
@@ -151,12 +155,14 @@ def train(
     show_progress: bool = True,
     keep_progress: bool = False,
     first_seed: int = 0,
+    eval_set: str = "test",
 ) -> dict:
     """Every arm for `steps` steps and `seeds` seeds, first_seed .. first_seed + seeds - 1 (resuming from
     `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
-    unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`)."""
+    unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`); a run that
+    chooses a setting (a learning rate) evaluates on the validation prompts (`eval_set`), never the test's."""
     base = base or StepConfig()
-    check_plan(arms, steps, seeds, base, eval_every, eval_prompts_n, train_prompts, first_seed)
+    check_plan(arms, steps, seeds, base, eval_every, eval_prompts_n, train_prompts, first_seed, eval_set)
     header = {
         "base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
         "arms": {a.name: a.describe() for a in arms},
@@ -165,13 +171,14 @@ def train(
         "train_prompts": train_prompts,
         "seed_stride": TRAIN_SEED_STRIDE,
         **({"first_seed": first_seed} if first_seed else {}),
+        **({"eval_set": eval_set} if eval_set != "test" else {}),
     }
     lock = _lock(Path(f"{progress_path}.lock"))
     progress = Progress(progress_path, header)
     for arm in arms:
         for seed in range(first_seed, first_seed + seeds):
             with tqdm(total=steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
-                run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar)
+                run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar, eval_set)
     order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
     records = sorted(
         (r for r in progress.records if r["step"] <= steps),

@@ -1,0 +1,44 @@
+"""The positive control of `data/experiments/control_plan.json`: does the fixed configuration learn?
+
+Stage 1 chooses the learning rate on validation prompts (`chosen_rate`: the highest mean validation reward after
+K steps, a tie to the smaller rate); stage 2 runs the fixed configuration, TRL as shipped and two pitfalls at
+that rate on new seeds, read as the comparison `control` (`positive_control`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .comparisons import open_comparison
+from .results import merge_results, summarize
+
+SELECTION_FILES = ("control_lr_a.json", "control_lr_b.json")
+
+
+def rates(folder: str | Path) -> dict[float, float]:
+    """{learning rate: mean validation reward after K steps} of stage 1's arms, smallest rate first."""
+    folder = Path(folder)
+    parts = [json.loads((folder / f).read_text()) for f in SELECTION_FILES]
+    if any(p.get("eval_set") != "validation" for p in parts):
+        raise ValueError(f"{SELECTION_FILES}: a learning rate is chosen on validation prompts, not test prompts")
+    merged = parts[0]
+    for part in parts[1:]:
+        merged = merge_results(merged, part)
+    summary = summarize(merged["records"], list(merged["arms"]), merged["seeds"], merged["steps"])
+    out = {
+        float(merged["arms"][arm]["changes"]["learning_rate"]): row["reward_final"]["mean"]
+        for arm, row in summary.items()
+    }
+    return dict(sorted(out.items()))
+
+
+def chosen_rate(folder: str | Path) -> str:
+    """The plan's rule: the rate with the highest mean validation reward (a tie to the smaller), as text."""
+    table = rates(folder)
+    best = max(table.values())
+    return repr(next(lr for lr, reward in table.items() if reward == best))
+
+
+def positive_control(folder: str | Path) -> dict:
+    """Stage 2 as one comparison (`open_comparison(folder, "control")`) with the rate it ran at."""
+    return open_comparison(folder, "control")
