@@ -89,7 +89,8 @@ plots.gap_by_toggle(table["logps/max_sampler_gap"].to_dict())
 
 # %%
 gaps = table["logps/max_sampler_gap"].drop(base).sort_values(ascending=False)
-print("largest max gap first:", ", ".join(f"{name} {gap:.3g}" for name, gap in gaps.items()))
+print("largest max gap first:")
+print("\n".join(f"  {name:24s} {gap:.3g}" for name, gap in gaps.items()))
 at_reference = " (the policy is the reference here: 0 up to rounding)" if step.at_reference else ""
 print(f"KL to the reference (k3, nats per token) with dropout on: {table.loc['dropout on', 'kl']:.3g}; "
       f"{base}: {table.loc[base, 'kl']:.3g}{at_reference}")

@@ -43,6 +43,7 @@ run = step.run(cfg, until="loss")
 
 # %%
 import dataclasses
+import textwrap
 
 import torch
 
@@ -53,7 +54,7 @@ from grpo_debug.ui.notebook import show_source
 show_source(compute_loss)
 lp, advantages = run.logprobs, run.advantages.values
 spec = dataclasses.replace(loss_spec_of(cfg), gradient_accumulation_steps=1, steps_per_generation=1)
-print(spec)
+print(textwrap.fill(repr(spec), 110, subsequent_indent="    "))
 loss = compute_loss(lp.policy, lp.policy, lp.reference, advantages, lp.mask, entropies=lp.entropies, **spec.kwargs())
 print(f"{cfg.loss_type} loss {loss.loss.item():.2e}; the ratio is exactly 1 at step 0")
 if not cfg.vllm_importance_sampling_correction:  # (with it, the step also passes the sampler's log-probs)

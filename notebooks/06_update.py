@@ -49,9 +49,9 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, per_sample_grad_norms=True)
 run = step.run(cfg, until="update")
 u = run.update
 weight_norm = torch.cat([v.flatten() for v in step.initial_state.values()]).norm().item()  # the trained weights'
-print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}), update norm {u.update_norm:.4f}: "
-      f"{u.update_norm / weight_norm:.3%} of the weights' norm {weight_norm:.1f} (the doctor's update_size reads "
-      "this share, and the KL the update makes on the step's own completions)")
+print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped})")
+print(f"update norm {u.update_norm:.4f}: {u.update_norm / weight_norm:.3%} of the weights' norm {weight_norm:.1f}")
+print("(the doctor's update_size reads this share, and the KL the update makes on the step's own completions)")
 
 # %%
 from grpo_debug.ui import plots

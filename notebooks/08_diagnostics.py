@@ -30,10 +30,12 @@ CAPTURE = None
 TASK = None
 # setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK)
+import textwrap
+
 from grpo_debug.show.diagnostics import triage_zero_loss
 
 run = step.run(cfg, until="update")
-print(triage_zero_loss(run))
+print(textwrap.fill(triage_zero_loss(run), 110))
 
 # %% [markdown]
 # Now the real failure: every group gets the same reward (a constant reward function).
@@ -47,7 +49,7 @@ from grpo_debug.advantages import summarize_advantages
 
 broken = dataclasses.replace(run, advantages=summarize_advantages(torch.full((run.rollout.num_samples,), 0.5),
                                                                   cfg.num_generations))
-print(triage_zero_loss(broken))
+print(textwrap.fill(triage_zero_loss(broken), 110))
 
 # %% [markdown]
 # ## Every token of the step

@@ -92,9 +92,11 @@ for f in loud:
              f"flipping {next(iter(f.effect['toggle']))} gives an update at cosine {f.effect['update_cosine']:+.2f} "
              f"to this one ({'cosmetic' if f.effect['cosmetic'] else 'it moves the update'})")
     held = f.effect and f.effect.get("held_out_reward")
+    print(f"- {f.id} [{f.severity}]: {moved}")
     if held:
-        moved += f"; {held['verdict']}, {held['completions_changed']} of {held['prompts'] * held['samples_per_prompt']} held-out completions changed"
-    print(f"- {f.id} [{f.severity}]: {moved}\n    fix: {fix_of(f, report.uses_vllm)}\n    learn: notebooks/{PITFALLS[f.id].teach}")
+        print(f"    {held['verdict']};\n    {held['completions_changed']} of "
+              f"{held['prompts'] * held['samples_per_prompt']} held-out completions changed")
+    print(f"    fix: {fix_of(f, report.uses_vllm)}\n    learn: notebooks/{PITFALLS[f.id].teach}")
 
 # %% [markdown]
 # ## Checks

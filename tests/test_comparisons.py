@@ -95,3 +95,47 @@ def test_a_reader_that_goes_away_gets_no_traceback():
     proc.stdout.close()  # before the command has loaded anything: its first write meets a closed pipe
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
+
+
+def test_a_family_reads_as_one_table_whose_words_never_contradict_unanimous_seeds():
+    import torch
+
+    from grpo_debug.runs.results import eval_table, per_seed
+    from grpo_debug.ui.tables import verdict_table
+
+    pitfalls = open_comparison(EXPERIMENTS, "pitfalls")
+    records, seeds, steps = pitfalls["records"], pitfalls["seeds"], pitfalls["steps"]
+    change = per_seed(pitfalls, "dropout", "change_from_start")
+    expected = (eval_table(records, "dropout", seeds, steps) - eval_table(records, "dropout", seeds, 0)).mean(1)
+    assert torch.equal(change, expected), "a seed's change is its mean over test prompts of final minus start"
+    table = verdict_table(pitfalls, "minus_fixed")
+    assert table.index.name == "held-out reward difference (family of 7)" and len(table) == 7
+    assert list(table.columns) == ["estimate", "interval (99.29%)", "Holm p", "seeds up", "reading"]
+    for arm, row in table.iterrows():
+        d = pitfalls["summary"][arm.split(" - ")[0]]["minus_fixed"]
+        assert row["estimate"] == f"{d['mean']:+.4f}"
+        up = per_seed(pitfalls, arm.split(" - ")[0], "minus_fixed")
+        unanimous = bool((up > 0).all() or (up < 0).all())
+        detected = d["ci_low"] > 0 or d["ci_high"] < 0
+        assert row["reading"].startswith("detected") == detected
+        assert ("all 3 seeds" in row["reading"]) == (unanimous and not detected), (arm, row["reading"])
+    kl = verdict_table(pitfalls, "kl minus_fixed")
+    assert kl.loc["trl", "reading"] == "not detected; all 3 seeds up", "trl's KL: every seed far above fixed's"
+    assert kl.loc["no_position_ids", "reading"] == "detected: up"
+    claims = verdict_table(open_comparison(EXPERIMENTS, "tracin"), "claims")
+    assert "tracin_flipped - tracin" in claims.index and len(claims) == 5
+    with pytest.raises(ValueError, match="no arm of this comparison has a 'nothing' entry"):
+        verdict_table(pitfalls, "nothing")
+
+
+def test_small_multiples_draw_one_labelled_panel_per_arm_beside_the_reference():
+    from grpo_debug.runs.results import metric_curve
+    from grpo_debug.ui import plots
+
+    pitfalls = open_comparison(EXPERIMENTS, "pitfalls")
+    rows = [row for arm in pitfalls["arms"] for row in metric_curve(pitfalls, arm, "eval/reward")]
+    fig = plots.arm_panels(rows, "fixed", "held-out reward")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == [f"{a} (grey: fixed)" for a in pitfalls["arms"] if a != "fixed"]
+    assert all(len(ax.lines) == 2 for ax in panels), "each panel: the arm and the reference"
+    assert plots.unlabelled_axes(fig) == []

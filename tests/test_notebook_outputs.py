@@ -1,10 +1,12 @@
-"""The stored outputs are read by a person: every code cell's text output at most 40 lines, and no table wider than
-8 columns or with a column that holds nothing (every value NaN, None or empty). Read from the stored `.ipynb`
-files, so nothing is executed here.
+"""The stored outputs are read by a person: every code cell's text output at most 40 lines of at most 200
+characters, and no table wider than 8 columns or with a column that holds nothing (every value NaN, None or
+empty). Read from the stored `.ipynb` files, so nothing is executed here.
 
 A table is a pandas DataFrame's HTML (`class="dataframe"`), its columns the value cells of a body row (the index
 is in header cells). Text is what a cell prints and any result shown as plain text only (a result with an HTML
-or image form is read in that form). Figures are not checked here: their axes are not in the stored PNG.
+or image form is read in that form). Figures are not checked here, their axes are not in the stored PNG: every
+figure function checks its own axes as it draws (`ui.plots.unlabelled_axes`), so nbval's run of every notebook
+checks every figure.
 
 `KNOWN` names the cells that break a rule today, each by its notebook and a piece of its source, so the rule
 holds everywhere else; a known cell that stops breaking it fails the test until it is taken off the list."""
@@ -17,6 +19,7 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 MAX_LINES = 40
+MAX_WIDTH = 200  # characters in one printed line: a verdict, a config or a message past it is a wall of text
 MAX_COLUMNS = 8
 EMPTY = {"NaN", "nan", "None", "<NA>", "NaT", ""}
 
@@ -61,14 +64,14 @@ def joined(value) -> str:
     return value if isinstance(value, str) else "".join(value)
 
 
-def text_lines(cell) -> int:
-    lines = 0
+def text_lines(cell) -> list[str]:
+    lines = []
     for out in cell.get("outputs", []):
         data = out.get("data", {})
         if "text" in out:
-            lines += len(joined(out["text"]).splitlines())
+            lines += joined(out["text"]).splitlines()
         elif "text/plain" in data and not any(k == "text/html" or k.startswith("image/") for k in data):
-            lines += len(joined(data["text/plain"]).splitlines())
+            lines += joined(data["text/plain"]).splitlines()
     return lines
 
 
@@ -84,8 +87,11 @@ def tables(cell) -> list[list[list[str]]]:
 
 
 def breaks(cell) -> set[str]:
-    """The rules a cell's stored outputs break: "lines", "columns"."""
-    broken = {"lines"} if text_lines(cell) > MAX_LINES else set()
+    """The rules a cell's stored outputs break: "lines", "width", "columns"."""
+    lines = text_lines(cell)
+    broken = {"lines"} if len(lines) > MAX_LINES else set()
+    if any(len(line) > MAX_WIDTH for line in lines):
+        broken.add("width")
     for rows in tables(cell):
         width = max(len(r) for r in rows)
         columns = list(zip(*(r for r in rows if len(r) == width)))
@@ -111,6 +117,8 @@ def test_the_check_counts_lines_and_reads_a_dataframe():
     assert breaks(cell(as_output(narrow))) == {"columns"}, "a column of empty strings holds nothing"
     printed = {"output_type": "stream", "name": "stdout", "text": "line\n" * (MAX_LINES + 1)}
     assert breaks(cell(printed)) == {"lines"}
+    wide_line = {"output_type": "stream", "name": "stdout", "text": "x" * (MAX_WIDTH + 1) + "\nshort\n"}
+    assert breaks(cell(wide_line)) == {"width"}
     shown_as_html = {"output_type": "execute_result", "data": {"text/plain": "x\n" * 99, "text/html": "<b>x</b>"}}
     assert breaks(cell(shown_as_html)) == set(), "a result shown as HTML is not read as its plain text"
 
@@ -124,7 +132,8 @@ def test_every_output_fits_a_reader(path):
         if cell.cell_type == "code" and breaks(cell) - known_rules(path, cell)
     ]
     assert not broken, (
-        f"{path.name}: cells whose output is over {MAX_LINES} lines of text, or a table over {MAX_COLUMNS} "
+        f"{path.name}: cells whose output is over {MAX_LINES} lines of text or has a line over {MAX_WIDTH} "
+        f"characters, or a table over {MAX_COLUMNS} "
         f"columns or with an empty column: {broken}"
     )
 

@@ -369,7 +369,8 @@ def summary_table(results: dict) -> str:
     summary = results["summary"]
     lines = [
         f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
-        f"{results.get('eval_set', 'test')} prompts (95% intervals: seeds crossed with test prompts, two-way random effects)"
+        f"{results.get('eval_set', 'test')} prompts (95% intervals: seeds crossed with "
+        f"{results.get('eval_set', 'test')} prompts, two-way random effects)"
     ]
     for arm, row in summary.items():
         start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from .comparisons import open_comparison
-from .results import merge_results, summarize
+from .results import base_config, merge_results, summarize
 
 SELECTION_FILES = ("control_lr_a.json", "control_lr_b.json")
 
@@ -42,3 +42,17 @@ def chosen_rate(folder: str | Path) -> str:
 def positive_control(folder: str | Path) -> dict:
     """Stage 2 as one comparison (`open_comparison(folder, "control")`) with the rate it ran at."""
     return open_comparison(folder, "control")
+
+
+def headline(control: dict) -> str:
+    """The positive control's verdict in one sentence, as README and notebook 06b print it."""
+    change = control["summary"]["fixed"]["change_from_start"]
+    lr = base_config(control).learning_rate
+    detected = change["ci_low"] > 0 or change["ci_high"] < 0
+    return (
+        f"after {control['steps']} steps at learning rate {lr:g} on {control['seeds']} new seeds x "
+        f"{control['eval_prompts']} test prompts, the fixed configuration's held-out reward changed from its start "
+        f"by {change['mean']:+.4f} [{change['ci_low']:+.4f}, {change['ci_high']:+.4f}] "
+        f"({100 * change['level']:.2f}%, family of {change['family_size']}): "
+        + ("detected" if detected else "not detected")
+    )

@@ -165,6 +165,26 @@ def metric_curve(results: dict, arm: str, key: str) -> list[dict]:
     return rows
 
 
+def per_seed(results: dict, arm: str, key: str) -> torch.Tensor | None:
+    """(seeds,) each seed's own value of the summary entry `key` of `arm`: "change_from_start", "minus_<other>"
+    (the held-out reward, mean over test prompts) or "<metric> minus_<ref>" (the step metric over the last
+    quarter; a log ratio for a heavy-tailed one). None where a seed lacks it."""
+    records, seeds, steps = results["records"], results["seeds"], results["steps"]
+    if key == "change_from_start" or key.startswith("minus_"):
+        other = None if key == "change_from_start" else key.removeprefix("minus_")
+        final = eval_table(records, arm, seeds, steps)
+        base = eval_table(records, arm, seeds, 0) if other is None else eval_table(records, other, seeds, steps)
+        return None if final is None or base is None else (final - base).mean(1)
+    metric, _, ref = key.rpartition(" minus_")
+    window = (steps - max(1, steps // 4) + 1, steps)
+    mine, theirs = (last_steps_mean(records, a, seeds, metric, *window) for a in (arm, ref))
+    if mine is None or theirs is None:
+        return None
+    if metric in HEAVY_TAILED and (mine > 0).all() and (theirs > 0).all():
+        return torch.log(mine) - torch.log(theirs)
+    return mine - theirs
+
+
 def paired_difference(
     results: dict, arm: str, other: str, step: int | None = None, level: float = stats.LEVEL
 ) -> stats.Interval:

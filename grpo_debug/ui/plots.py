@@ -3,6 +3,7 @@ closed in pyplot so that a notebook shows it exactly once: as the cell's value."
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -18,11 +19,46 @@ from ..rewards import Rewards
 from ..tracin.first_order import OWN_SCORE
 
 
-def _done(fig, legend_from=None):
-    """Lay the figure out; with `legend_from` (an axes), its legend goes to the right of every panel."""
+def _text_labels(axis) -> bool:
+    """Whether an axis names its ticks in words (a categorical axis): those name what it holds."""
+    return any(re.search("[A-Za-z]{2}", t.get_text()) and "$" not in t.get_text() for t in axis.get_ticklabels())
+
+
+def unlabelled_axes(fig) -> list[str]:
+    """Each drawn panel's axis that says nothing of what it holds: no label on it, nor on a panel of its grid
+    row (y) or column (x) that it lines up with, and no words on its ticks. An axis without tick labels shows no
+    scale to name; a colorbar is read by its own label."""
+    fig.canvas.draw()  # tick labels exist once drawn
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison and not hasattr(ax, "_colorbar")]
+    missing = []
+    for i, ax in enumerate(panels):
+        for name in ("x", "y"):
+            axis = ax.xaxis if name == "x" else ax.yaxis
+            shown = [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+            if not axis.get_visible() or not shown or _text_labels(axis) or axis.get_label_text():
+                continue
+            spec = ax.get_subplotspec()
+            line = (lambda o: o.get_subplotspec().colspan) if name == "x" else (lambda o: o.get_subplotspec().rowspan)
+            near = [o for o in panels if o is not ax and spec is not None and o.get_subplotspec() is not None]
+            if any(line(o) == line(ax) and (o.xaxis if name == "x" else o.yaxis).get_label_text() for o in near):
+                continue
+            missing.append(f"panel {i} ({ax.get_title() or 'untitled'!r}) has no {name} label")
+    return missing
+
+
+def _done(fig, legend_from=None, legend=None):
+    """Lay the figure out; with `legend_from` (an axes) or `legend` (handles, labels), the legend goes to the
+    right of every panel. A figure
+    with an axis that says nothing of what it holds is a bug of this module, refused here (so every notebook's
+    run under nbval checks every figure it draws)."""
     fig.tight_layout()
-    if legend_from is not None:
-        fig.legend(*legend_from.get_legend_handles_labels(), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    missing = unlabelled_axes(fig)
+    if missing:
+        plt.close(fig)
+        raise ValueError(f"figure {fig._suptitle.get_text() if fig._suptitle else ''!r}: {'; '.join(missing)}")
+    if legend_from is not None or legend is not None:
+        handles = legend if legend is not None else legend_from.get_legend_handles_labels()
+        fig.legend(*handles, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     plt.close(fig)
     return fig
 
@@ -143,7 +179,9 @@ def influence_histograms(panels: dict[str, np.ndarray], bins: int = 30, title: s
         ax.set_title(textwrap.fill(name, 44), fontsize=9)
         ax.set_xlabel("influence", fontsize=8)
         ax.tick_params(labelsize=8)
-    axes[0].set_ylabel("training samples")
+    for ax in axes:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("training samples")
     fig.suptitle(title)
     return _done(fig)
 
@@ -363,13 +401,49 @@ def training_curves(
         if floor and min(means) >= -1e-6 * positive[-1] and positive[-1] / floor >= 1e3:
             ax.set_yscale("log", nonpositive="mask")
             ax.set_ylim(bottom=floor / 2)
-        ax.set(title=metric + (" (log axis)" if ax.get_yscale() == "log" else ""), xlabel="step")
+        log = " (log axis)" if ax.get_yscale() == "log" else ""
+        ax.set(title=metric + log, xlabel="step", ylabel=AXIS_NAMES.get(metric, metric))
     handles = {arm: h for ax in axes for h, arm in zip(*ax.get_legend_handles_labels())}
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    plt.close(fig)
-    return fig
+    return _done(fig, legend=(list(handles.values()), list(handles)))
+
+
+AXIS_NAMES = {  # a training metric's axis: what it holds and its unit
+    "eval/reward": "held-out reward (mean per prompt)",
+    "kl": "KL to the reference (nats/token)",
+    "entropy": "entropy (nats/token)",
+    "completions/mean_length": "completion length (tokens)",
+    "logps/max_sampler_gap": "max |log-prob gap| (nats)",
+    "grad_norm": "gradient norm",
+    "reward": "training reward (batch mean)",
+    "selected_fraction": "share of samples kept",
+    "val_loss": "validation loss",
+}
+
+
+def arm_panels(
+    rows: list[dict], reference: str, ylabel: str, title: str = "held-out reward per arm (band: 95% interval)"
+):
+    """Small multiples: one panel per arm of `metric_curve` rows, the `reference` arm drawn in grey in each, so
+    that no arm's band hides another's. Panels share both axes."""
+    arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a != reference]
+    fig, axes = _grid(len(arms), ncols=4, size=(3.0, 2.4), sharex=True, sharey=True)
+    line = lambda ax, arm, color: (
+        ax.plot([r["step"] for r in rows if r["arm"] == arm], [r["mean"] for r in rows if r["arm"] == arm],
+                color=color, lw=1.2, marker="o", ms=3, label=arm),
+        ax.fill_between([r["step"] for r in rows if r["arm"] == arm], [_nan(r["low"]) for r in rows if r["arm"] == arm],
+                        [_nan(r["high"]) for r in rows if r["arm"] == arm], color=color, alpha=0.15, lw=0),
+    )  # fmt: skip
+    for i, (ax, arm) in enumerate(zip(axes, arms)):
+        line(ax, reference, "0.55")
+        line(ax, arm, f"C{i % 10}")
+        ax.set_title(f"{arm} (grey: {reference})", fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in axes:
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return _done(fig)
 
 
 def interval_rows(rows: dict[str, dict], xlabel: str, title: str):

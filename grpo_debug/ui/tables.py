@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from ..config import StepConfig
+from ..runs.results import per_seed
 from ..show.metrics import metrics
 from ..step import GRPOStep, StepRun
 
@@ -123,3 +124,46 @@ def trained_log(trainer, columns: list[str]) -> FittedTable:
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]  # not the run's closing summary (train_loss)
     return FittedTable(pd.DataFrame(steps).set_index("step")[list(columns)])
+
+
+def reading(entry: dict, seeds: torch.Tensor | None) -> str:
+    """A verdict in a few words: detected (and which way) where the corrected interval excludes 0, else not
+    detected, saying so where every seed points the same way (the direction is then unanimous, its size not
+    resolved at the family's level)."""
+    if entry["ci_low"] is None:
+        return "one sample: no interval"
+    if entry["ci_low"] > 0 or entry["ci_high"] < 0:
+        return "detected: " + ("up" if entry["mean"] > 0 else "down")
+    if seeds is not None and len(seeds) > 1 and ((seeds > 0).all() or (seeds < 0).all()):
+        return f"not detected; all {len(seeds)} seeds {'up' if seeds[0] > 0 else 'down'}"
+    return "not detected"
+
+
+def verdict_table(results: dict, key: str) -> pd.DataFrame:
+    """One family of a training comparison's summary (`key`: "change_from_start", "minus_fixed", "kl minus_fixed",
+    ..., or "claims": the comparison's held-out claims, whatever arm each is against) as one row per arm or
+    claim: the estimate, its interval at the family's corrected level, Holm's p, how many seeds point up, and
+    the reading (`reading`)."""
+    entries = [
+        (arm, k, entry)
+        for arm, row in results["summary"].items()
+        for k, entry in row.items()
+        if (k == key if key != "claims" else k.startswith("minus_") and "claim" in entry)
+    ]
+    rows = {}
+    for arm, key_of_arm, entry in entries:
+        seeds = per_seed(results, arm, key_of_arm)
+        interval = "-" if entry["ci_low"] is None else f"[{entry['ci_low']:+.4f}, {entry['ci_high']:+.4f}]"
+        rows[arm if "claim" not in entry else f"{arm} - {entry['other']}"] = {
+            "estimate": f"{entry['mean']:+.4f}",
+            f"interval ({100 * entry['level']:.2f}%)": interval,
+            "Holm p": f"{entry['holm_p']:.3g}",
+            "seeds up": "-" if seeds is None else f"{int((seeds > 0).sum())} of {len(seeds)}",
+            "reading": reading(entry, seeds),
+        }
+    if not rows:
+        raise ValueError(f"no arm of this comparison has a {key!r} entry")
+    first = entries[0][2]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = f"{first['family']} (family of {first['family_size']})"
+    return table
