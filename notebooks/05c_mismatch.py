@@ -230,9 +230,9 @@ print(f"TRL #4772: {TRL_4772_DRIFT} nats per token reaches the cap of {cap:g} af
 
 def describe(name, r):
     walk = (math.log(cap) / (2 * r.token_spread)) ** 2 if r.token_spread else math.inf
-    print(f"{name}: drift {r.token_drift:+.2g} nats per token (the cap after {length_at_cap(r.token_drift, cap):.3g} "
+    print(f"{name}:\n  drift {r.token_drift:+.2g} nats per token (the cap after {length_at_cap(r.token_drift, cap):.3g} "
           f"tokens at it), spread {r.token_spread:.2g} (a random walk's 2 spreads reach ln {cap:g} after {walk:.3g} "
-          f"tokens); lengths {r.lengths.min().item()} to {r.lengths.max().item()}, sequence ratios "
+          f"tokens)\n  lengths {r.lengths.min().item()} to {r.lengths.max().item()}, sequence ratios "
           f"{r.log_ratio.exp().min().item():.3g} to {r.log_ratio.exp().max().item():.3g}: "
           f"{outside_cap(r, None, cap).float().mean().item():.0%} above {cap:g} (masked under TRL's defaults), "
           f"{outside_cap(r, 1 / cap, None).float().mean().item():.0%} below 1/{cap:g}")
@@ -308,13 +308,14 @@ sequence_ratio_vs_length(panels, clip_max=cap, clip_min=1 / cap, up_to=cfg.max_n
 
 # %%
 import json
+import textwrap
 
 from grpo_debug.files import DATA_DIR
 
 plan = json.loads((DATA_DIR / "experiments" / "precision_plan.json").read_text())
 result = json.loads((DATA_DIR / "experiments" / "precision.json").read_text())
 assert result["command"] == plan["commands"][0] and result["steps"] == plan["steps"]
-print(f"claim: {plan['claim']}")
+print(textwrap.fill(f"claim: {plan['claim']}", 110))
 print(f"K = {result['steps']} steps, {result['seeds']} seeds, {result['eval_prompts']} test prompts")
 gaps = pd.DataFrame(result["records"]).dropna(subset=["logps/max_sampler_gap"]).groupby("arm")["logps/max_sampler_gap"]
 summary = result["summary"]

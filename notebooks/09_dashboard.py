@@ -59,6 +59,8 @@ assert result.rerun[0] == "logprobs" and result.run.rollout is step.result.rollo
 print("the dashboard's step now:", step.cfg.mask, step.cfg.kl_estimator)
 
 # %%
+import math
+
 from grpo_debug.config import StepConfig
 from grpo_debug.ui.tables import compare_variants
 
@@ -71,12 +73,20 @@ table = compare_variants(step, {base: {}, "T not applied": {"logprob_temperature
                          columns=["logps/max_sampler_gap", "logps/eos_kept", "frac_reward_zero_std", "kl", "loss"])
 moved = table.index[(table["loss"] - table.loc[base, "loss"]).abs() > 1e-6].tolist()
 print(f"rows whose loss differs from {base}:", ", ".join(moved))
+gap, kl = table.loc["dropout", "logps/max_sampler_gap"], table.loc["dropout", "kl"]
+print(f"dropout: kl {kl:.4g} nats per token ({cfg.kl_estimator}), largest per-token log-prob gap {gap:.3g} nats")
+if cfg.kl_estimator.startswith("k3"):
+    print(f"  (k3 = exp(d) - d - 1 per token: that one token alone adds up to exp({gap:.3g}) = {math.exp(gap):.3g} "
+          "to the sum over tokens)")
 table
 
 # %% [markdown]
 # **What to notice.** Only the rows with a log-prob pitfall move the sampler gap. The loss moves only in the
 # rows printed above: with dropout on, the policy (scored with dropout) no longer equals the reference, so
-# beta times a large KL enters the loss. TRL's preset has the same dropout but beta 0, so its loss stays
+# beta times a large KL enters the loss. The KL is in nats per token, and its size comes from a few tokens:
+# under k3 a token whose log-prob dropped by d nats adds exp(d) - d - 1, so a gap of the size printed above
+# outweighs every other token. Each dropout draw drops its own units and moves its own tokens, so the value
+# swings from draw to draw by orders of magnitude (notebook 02 prints another draw's, for the same toggle). TRL's preset has the same dropout but beta 0, so its loss stays
 # near 0. Another loss type changes the value at step 0 only by -sum_i A_i w_i (notebook 05), which is
 # near 0 in this small batch.
 
