@@ -253,14 +253,18 @@ def spearman(a, b) -> float:
     )
 
 
+def is_detected(ci_low: float | None, ci_high: float | None, adjusted_p: float | None = None) -> bool:
+    """Whether a difference is detected: its interval excludes 0 and the family's adjusted p (when given) agrees."""
+    return ci_low is not None and not ci_low <= 0 <= ci_high and (adjusted_p is None or adjusted_p < 1 - LEVEL)
+
+
 def verdict(interval: Interval, what: str = "held-out reward", adjusted_p: float | None = None) -> str:
     """A difference in words from its interval: 'higher'/'lower' only where the interval excludes 0 (and the
     family's adjusted p agrees, when given), else 'not detected' with the interval's width."""
     if interval.ci_low is None:
         return f"{what}: {interval.mean:+.4f}, no interval (one sample)"
     numbers = f"{interval.mean:+.4f} [{interval.ci_low:+.4f}, {interval.ci_high:+.4f}]"
-    decided = not interval.contains_zero() and (adjusted_p is None or adjusted_p < 1 - LEVEL)
-    if decided:
+    if is_detected(interval.ci_low, interval.ci_high, adjusted_p):
         return f"{what} {'higher' if interval.mean > 0 else 'lower'}: {numbers}"
     return f"{what}: not detected, {numbers} (width {interval.ci_high - interval.ci_low:.3f})"
 

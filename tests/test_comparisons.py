@@ -124,8 +124,17 @@ def test_a_family_reads_as_one_table_whose_words_never_contradict_unanimous_seed
     assert kl.loc["no_position_ids", "reading"] == "detected: up"
     claims = verdict_table(open_comparison(EXPERIMENTS, "tracin"), "claims")
     assert "tracin_flipped - tracin" in claims.index and len(claims) == 5
-    with pytest.raises(ValueError, match="no arm of this comparison has a 'nothing' entry"):
+    with pytest.raises(ValueError, match="no arm of this comparison has a 'nothing' family of verdicts"):
         verdict_table(pitfalls, "nothing")
+    with pytest.raises(ValueError, match="'reward_final' family"):
+        verdict_table(pitfalls, "reward_final")  # an interval, not a family of verdicts
+    for key in ("change_from_start", "minus_fixed", "kl minus_fixed", "completions/mean_length minus_fixed"):
+        for arm, row in pitfalls["summary"].items():
+            if key in row:  # each seed's own value averages to the family's estimate
+                assert abs(per_seed(pitfalls, arm, key).mean().item() - row[key]["mean"]) < 1e-9, (key, arm)
+    zero_loss = open_comparison(EXPERIMENTS, "zero_loss")
+    greedy = verdict_table(zero_loss, "change_from_start").loc["identical_groups"]
+    assert greedy["seeds up"] == "-" and "all" not in greedy["reading"], "three identical seeds are one sample"
 
 
 def test_small_multiples_draw_one_labelled_panel_per_arm_beside_the_reference():
@@ -138,4 +147,4 @@ def test_small_multiples_draw_one_labelled_panel_per_arm_beside_the_reference():
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == [f"{a} (grey: fixed)" for a in pitfalls["arms"] if a != "fixed"]
     assert all(len(ax.lines) == 2 for ax in panels), "each panel: the arm and the reference"
-    assert plots.unlabelled_axes(fig) == []
+    assert [bool(ax.get_ylabel()) for ax in panels] == [True, False, False, False, True, False, False], "first column"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..stats import is_detected
 from .comparisons import open_comparison
 from .results import base_config, merge_results, summarize
 
@@ -48,7 +49,7 @@ def headline(control: dict) -> str:
     """The positive control's verdict in one sentence, as README and notebook 06b print it."""
     change = control["summary"]["fixed"]["change_from_start"]
     lr = base_config(control).learning_rate
-    detected = change["ci_low"] > 0 or change["ci_high"] < 0
+    detected = is_detected(change["ci_low"], change["ci_high"], change["holm_p"])
     return (
         f"after {control['steps']} steps at learning rate {lr:g} on {control['seeds']} new seeds x "
         f"{control['eval_prompts']} test prompts, the fixed configuration's held-out reward changed from its start "

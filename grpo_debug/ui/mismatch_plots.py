@@ -47,7 +47,7 @@ def sequence_ratio_vs_length(
         ax.set_visible(False)
     for ax, (name, r) in zip(axes, panels.items()):
         _ratio_panel(ax, name, r, clip_min, clip_max, reference_drift, up_to)
-    for ax in axes[::ncols]:
+    for ax in axes[: len(panels)]:  # each panel has its own scale: each names it
         ax.set_ylabel("sequence ratio (log scale)")
     handles, labels = axes[0].get_legend_handles_labels()
     seen = dict(zip(labels, handles))

@@ -25,22 +25,25 @@ def _text_labels(axis) -> bool:
 
 
 def unlabelled_axes(fig) -> list[str]:
-    """Each drawn panel's axis that says nothing of what it holds: no label on it, nor on a panel of its grid
-    row (y) or column (x) that it lines up with, and no words on its ticks. An axis without tick labels shows no
-    scale to name; a colorbar is read by its own label."""
+    """Each drawn panel's axis that says nothing of what it holds: no label on it, nor on a panel it shares that
+    axis with, and no words on its ticks. An axis without tick labels shows no scale to name. A colorbar's long
+    axis needs its own label."""
     fig.canvas.draw()  # tick labels exist once drawn
-    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison and not hasattr(ax, "_colorbar")]
-    missing = []
+    drawn = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    panels = [ax for ax in drawn if not hasattr(ax, "_colorbar")]
+    missing = [
+        f"colorbar {i} has no label"
+        for i, ax in enumerate(a for a in drawn if hasattr(a, "_colorbar"))
+        if not (ax.yaxis if ax._colorbar.orientation == "vertical" else ax.xaxis).get_label_text()
+    ]
     for i, ax in enumerate(panels):
         for name in ("x", "y"):
             axis = ax.xaxis if name == "x" else ax.yaxis
             shown = [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
             if not axis.get_visible() or not shown or _text_labels(axis) or axis.get_label_text():
                 continue
-            spec = ax.get_subplotspec()
-            line = (lambda o: o.get_subplotspec().colspan) if name == "x" else (lambda o: o.get_subplotspec().rowspan)
-            near = [o for o in panels if o is not ax and spec is not None and o.get_subplotspec() is not None]
-            if any(line(o) == line(ax) and (o.xaxis if name == "x" else o.yaxis).get_label_text() for o in near):
+            shared = (ax.get_shared_x_axes() if name == "x" else ax.get_shared_y_axes()).get_siblings(ax)
+            if any(o is not ax and (o.xaxis if name == "x" else o.yaxis).get_label_text() for o in shared):
                 continue
             missing.append(f"panel {i} ({ax.get_title() or 'untitled'!r}) has no {name} label")
     return missing
@@ -164,8 +167,9 @@ def _grid(n: int, ncols: int = 3, size=(3.6, 2.9), **shared):
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, **shared)
     flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.set_visible(False)
+    for i in range(n, len(flat)):
+        flat[i].set_visible(False)
+        flat[i - ncols].xaxis.set_tick_params(labelbottom=True)  # the panel above an empty cell ends its column
     return fig, flat[:n]
 
 
@@ -441,7 +445,8 @@ def arm_panels(
         ax.tick_params(labelsize=8)
     for ax in axes:
         ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+        if ax.get_subplotspec().is_first_col():  # a shared y axis: the panels to the right show no scale
+            ax.set_ylabel(ylabel, fontsize=8)
     fig.suptitle(title, fontsize=10)
     return _done(fig)
 

@@ -10,6 +10,7 @@ import torch
 from ..config import StepConfig
 from ..runs.results import per_seed
 from ..show.metrics import metrics
+from ..stats import is_detected
 from ..step import GRPOStep, StepRun
 
 NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses
@@ -132,7 +133,7 @@ def reading(entry: dict, seeds: torch.Tensor | None) -> str:
     resolved at the family's level)."""
     if entry["ci_low"] is None:
         return "one sample: no interval"
-    if entry["ci_low"] > 0 or entry["ci_high"] < 0:
+    if is_detected(entry["ci_low"], entry["ci_high"], entry.get("holm_p")):
         return "detected: " + ("up" if entry["mean"] > 0 else "down")
     if seeds is not None and len(seeds) > 1 and ((seeds > 0).all() or (seeds < 0).all()):
         return f"not detected; all {len(seeds)} seeds {'up' if seeds[0] > 0 else 'down'}"
@@ -148,21 +149,25 @@ def verdict_table(results: dict, key: str) -> pd.DataFrame:
         (arm, k, entry)
         for arm, row in results["summary"].items()
         for k, entry in row.items()
-        if (k == key if key != "claims" else k.startswith("minus_") and "claim" in entry)
+        if isinstance(entry, dict)
+        and "family" in entry
+        and (k == key if key != "claims" else k.startswith("minus_") and "claim" in entry)
     ]
     rows = {}
     for arm, key_of_arm, entry in entries:
         seeds = per_seed(results, arm, key_of_arm)
+        if seeds is not None and entry["n_seeds"] < len(seeds):  # identical seeds: one sample, not several
+            seeds = None
         interval = "-" if entry["ci_low"] is None else f"[{entry['ci_low']:+.4f}, {entry['ci_high']:+.4f}]"
         rows[arm if "claim" not in entry else f"{arm} - {entry['other']}"] = {
             "estimate": f"{entry['mean']:+.4f}",
             f"interval ({100 * entry['level']:.2f}%)": interval,
-            "Holm p": f"{entry['holm_p']:.3g}",
+            "Holm p": "-" if entry["holm_p"] is None else f"{entry['holm_p']:.3g}",
             "seeds up": "-" if seeds is None else f"{int((seeds > 0).sum())} of {len(seeds)}",
             "reading": reading(entry, seeds),
         }
     if not rows:
-        raise ValueError(f"no arm of this comparison has a {key!r} entry")
+        raise ValueError(f"no arm of this comparison has a {key!r} family of verdicts")
     first = entries[0][2]
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = f"{first['family']} (family of {first['family_size']})"
