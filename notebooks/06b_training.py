@@ -58,7 +58,7 @@
 # **Exploratory, then confirmatory.** Sections 1 to 4 are exploratory: K went from 12 to 36, and 8-seed runs
 # were added, after earlier results had been seen, so their verdicts are hypotheses. Section 5 is the
 # confirmatory run whose claim, arms, K, seeds and analysis were committed in `data/experiments/plan.json`
-# before it ran.
+# before it ran. Section 6 is the positive control, planned the same way: does the fixed step learn at all?
 #
 # The runs below were made by `data/experiments/run.sh` and committed (each JSON holds its command).
 # `python -m grpo_debug analyze data/experiments/pitfalls.json` prints every family's verdicts of the
@@ -73,22 +73,26 @@ setup()  # one torch thread, as the experiments ran: the same numbers on every r
 
 # %%
 import json
+import textwrap
 
 import pandas as pd
+from IPython.display import display
 
 from grpo_debug.files import DATA_DIR
 from grpo_debug.runs.comparisons import open_comparison, read_comparisons
 from grpo_debug.runs.results import base_config, difference_curve, last_steps_mean, metric_curve
+from grpo_debug.stats import is_detected
 from grpo_debug.ui import plots
+from grpo_debug.ui.tables import fit_column, verdict_table
 
 EXPERIMENTS = DATA_DIR / "experiments"
 # each comparison's files merged (merge_results pairs them only if they share base config, K, seeds and
 # evaluation, and shared arms logged the same numbers), summarised in the families comparisons.json defines
 results = {name: open_comparison(EXPERIMENTS, name) for name in read_comparisons(EXPERIMENTS)}
-for name, r in results.items():
-    print(f"{name} ({', '.join(r['files'])}): K = {r['steps']} steps, {r['seeds']} seeds, held-out reward every "
-          f"{r['eval_every']} steps on {r['eval_prompts']} test prompts\n  {r['question']}")
-print(f"base config of every run: {results['pitfalls']['base']}")
+print(f"base config of the exploratory runs: {results['pitfalls']['base']}")
+fit_column(pd.DataFrame([{"comparison": name, "K": r["steps"], "seeds": r["seeds"], "evaluated every": r["eval_every"],
+                          "on": f"{r['eval_prompts']} {r.get('eval_set', 'test')} prompts", "question": r["question"]}
+                         for name, r in results.items()]).set_index("comparison"))
 
 
 def curves(r: dict, keys: list[str]) -> dict:
@@ -102,14 +106,13 @@ def differences(r: dict, reference: str = "fixed") -> dict:
 
 
 def answer(r: dict) -> dict:
-    """A comparison's family of held-out claims (comparisons.json), each printed with its verdict (intervals at
-    the family's Bonferroni level, Holm's p)."""
+    """A comparison's family of held-out claims (comparisons.json), shown as one table (intervals at the family's
+    Bonferroni level, Holm's p); the claims by name."""
     out = {f"{arm} - {d['other']}": d for arm, row in r["summary"].items() for key, d in row.items()
            if key.startswith("minus_") and "claim" in d}
-    first = next(iter(out.values()))
-    print(f"family: {len(out)} claims, intervals at {100 * first['level']:.2f}%, {first['n_seeds']} seeds")
     for name, d in out.items():
-        print(f"{d['claim']}\n    {name}: {d['verdict']} (Holm p {d['holm_p']:.3g})")
+        print(f"{name}: {d['claim']}")
+    display(verdict_table(r, "claims"))
     return out
 
 
@@ -128,20 +131,20 @@ def fmt(d: dict) -> str:
 # position_ids under left padding (`no_position_ids`), the k1 KL estimator (`k1`) and sequence REINFORCE
 # (`reinforce`).
 #
-# The first panel is the held-out test reward. The others are TRL's step metrics, plus the largest
-# sampler-vs-recomputed log-prob gap: that gap is the per-token size of the pitfall at each step.
+# First the held-out test reward, one small panel per arm with `fixed` in grey behind it: at step 0 every arm
+# is the same model sampled with the same seeds, so the lines start together. Then TRL's step metrics, plus
+# the largest sampler-vs-recomputed log-prob gap: that gap is the per-token size of the pitfall at each step.
 
 # %% tags=["nbval-ignore-output"]
 pit = results["pitfalls"]
-plots.training_curves(curves(pit, ["eval/reward", "kl", "entropy", "completions/mean_length",
-                                   "logps/max_sampler_gap", "grad_norm"]))
-
-# %% [markdown]
-# Each arm's held-out reward minus `fixed`'s, paired by seed and test prompt, at every evaluation. At step 0
-# every arm is the same model sampled with the same seeds, so the difference starts at exactly 0.
+apart = [a for a, s in pit["summary"].items() if "minus_fixed" in s and is_detected(*(s["minus_fixed"][k] for k in ("ci_low", "ci_high", "holm_p")))]
+plots.arm_panels(curves(pit, ["eval/reward"])["eval/reward"], "fixed", "held-out reward",
+                 title=f"held-out reward per arm, {pit['seeds']} seeds: {len(apart)} of {len(pit['arms']) - 1} arms "
+                       f"detected apart from fixed after K = {pit['steps']} (band: 95%)")
 
 # %% tags=["nbval-ignore-output"]
-plots.training_curves(differences(pit), title="paired difference from fixed (band: 95% interval)", arms=list(pit["arms"]))
+plots.training_curves(curves(pit, ["kl", "entropy", "completions/mean_length", "logps/max_sampler_gap", "grad_norm"]),
+                      title="step metrics, mean over seeds (band: 95% interval; a metric spanning decades on a log axis)")
 
 # %% [markdown]
 # After K steps, per arm: the step-1 log-prob gap (before any update: the pitfall's size per token), the
@@ -167,22 +170,15 @@ pd.set_option("display.max_colwidth", 60)
 pd.DataFrame(rows).set_index("arm").round(4)
 
 # %% [markdown]
-# What the numbers say, family by family (each printed with its size and level): did the fixed arm's held-out
-# reward move over K steps; which pitfalls change the held-out reward, KL or length beyond noise; and which
-# show a large per-token gap at step 1 but no detected effect on the held-out reward.
+# What the numbers say, one table per family (its name and size head the table, its corrected level heads the
+# interval column): did each arm's held-out reward move over K steps; which pitfalls change the held-out reward,
+# KL or length beyond noise. "Seeds up" counts the seeds whose own estimate is above 0: where every seed points
+# one way but the interval holds 0, the reading says so: the direction agrees, its size is not resolved.
 
 # %%
 fixed = pit["summary"]["fixed"]
 for key in ("change_from_start", "minus_fixed", "kl minus_fixed", "completions/mean_length minus_fixed"):
-    example = next(s[key] for s in pit["summary"].values() if key in s)
-    print(f"family '{example['family']}': {example['family_size']} verdicts, intervals at "
-          f"{100 * example['level']:.2f}% (Bonferroni), Holm's p")
-print(f"fixed: {fixed['change_from_start']['verdict']}")
-for arm, s in pit["summary"].items():
-    if arm == "fixed":
-        continue
-    print(f"{arm:16s} step-1 gap {gap_at_step_one(pit, arm):.3f}; {s['verdict']}; {s['kl minus_fixed']['verdict']}; "
-          f"{s['completions/mean_length minus_fixed']['verdict']}")
+    display(verdict_table(pit, key))
 
 # %% [markdown]
 # The KL panel above is on a log axis: the `trl` arm's KL is orders of magnitude above every other arm's. The
@@ -200,8 +196,8 @@ kl = {arm: last_steps_mean(pit["records"], arm, pit["seeds"], "kl", *window).tol
 for arm, values in kl.items():
     print(f"{arm:8s} KL over the last quarter, per seed: " + ", ".join(f"{v:.3g}" for v in values))
 ratios = [t / f for t, f in zip(kl["trl"], kl["fixed"])]
-print(f"trl / fixed per seed: {min(ratios):.2g} to {max(ratios):.2g}; "
-      f"{pit['summary']['trl']['kl minus_fixed']['verdict']}")
+print(f"trl / fixed per seed: {min(ratios):.2g} to {max(ratios):.2g}")
+print(f"trl: {pit['summary']['trl']['kl minus_fixed']['verdict']}")
 print(f"no_position_ids: {pit['summary']['no_position_ids']['kl minus_fixed']['verdict']}")
 
 # %% [markdown]
@@ -257,8 +253,8 @@ pd.DataFrame(rows).set_index("arm")
 # comparison, whose arm this is.
 
 # %%
-print(f"TracIn runs: K = {tr['steps']} steps, {tr['seeds']} seeds; fixed arm: "
-      + pit["summary"]["fixed"]["change_from_start"]["verdict"])
+print(f"TracIn runs: K = {tr['steps']} steps, {tr['seeds']} seeds")
+print("fixed arm: " + pit["summary"]["fixed"]["change_from_start"]["verdict"])
 answers = answer(tr)
 
 # %% tags=["nbval-ignore-output"]
@@ -280,7 +276,8 @@ plots.interval_rows(answers, "held-out reward difference after K steps",
 for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
     assert numbers(r for r in eight["records"] if r["arm"] == arm and r["seed"] < tr["seeds"]) == \
         numbers(r for r in tr["records"] if r["arm"] == arm), arm
-print(f"{eight['seeds']} seeds, K = {eight['steps']}; fixed arm: " + eight["summary"]["fixed"]["change_from_start"]["verdict"])
+print(f"{eight['seeds']} seeds, K = {eight['steps']}")
+print("fixed arm: " + eight["summary"]["fixed"]["change_from_start"]["verdict"])
 answers8 = answer(eight)
 for arm in ("tracin", "tracin_same_batch", "tracin_top16"):
     print(f"{arm}: selected per step {eight['summary'][arm]['selected_fraction']['mean']:.3f}")
@@ -352,9 +349,10 @@ rewards = torch.full((8,), 0.7314049005508423)
 same = summarize_advantages(rewards, 8)
 print(f"eight identical float32 rewards of {rewards[0].item():.7f}: std {same.group_std.item():.2e}, TRL's frac_reward_zero_std "
       f"{same.frac_reward_zero_std}, max |advantage| {same.max_abs_advantage:.1e}")
-rounding = [(x["arm"], x["seed"], x["step"], x["frac_reward_zero_std"], f"{x['grad_norm']:.1e}")
-            for x in zl["records"] if "eval" not in x and "rounding" in x["triage"]]
-print("steps whose triage names rounding (arm, seed, step, frac_reward_zero_std, grad_norm):", rounding)
+rounding = pd.DataFrame([{"arm": x["arm"], "seed": x["seed"], "step": x["step"], "frac_reward_zero_std": x["frac_reward_zero_std"],
+                          "grad_norm": f"{x['grad_norm']:.1e}"} for x in zl["records"] if "eval" not in x and "rounding" in x["triage"]])
+print("the steps whose triage names rounding:")
+rounding.set_index(["arm", "seed", "step"])
 
 # %% [markdown]
 # Does it matter? This arm's only reward signal is that noise; its KL term (beta, printed) only pulls toward
@@ -369,9 +367,9 @@ print("steps whose triage names rounding (arm, seed, step, frac_reward_zero_std,
 identical_runs = {tuple((x["step"], x["loss"], x["grad_norm"]) for x in zl["records"] if x["arm"] == "identical_groups"
                         and x["seed"] == s and "eval" not in x) for s in range(zl["seeds"])}
 own = zl["summary"]["identical_groups"]["change_from_start"]
-print(f"beta = {base_config(zl).beta}; identical_groups: {len(identical_runs)} distinct run(s) over {zl['seeds']} seeds; "
-      f"after {zl['steps']} steps, {zl['summary']['identical_groups']['minus_fixed']['verdict']}; "
-      f"{own['verdict']} ({own['n_seeds']} sample: {own['method']})")
+print(f"beta = {base_config(zl).beta}; identical_groups: {len(identical_runs)} distinct run(s) over {zl['seeds']} seeds")
+print(f"after {zl['steps']} steps, {zl['summary']['identical_groups']['minus_fixed']['verdict']}")
+print(f"{own['verdict']}\n    ({own['n_seeds']} sample: {own['method']})")
 
 # %% [markdown]
 # ## 4. Live check: the stored results still come from this code
@@ -419,8 +417,8 @@ plan = json.loads((EXPERIMENTS / "plan.json").read_text())
 print(plan["claim"])
 print(f"arms {plan['arms']}, K = {plan['steps']}, {plan['seeds']} seeds from seed {plan['first_seed']}; "
       f"planned power {plan['power']['power_by_seeds'][str(plan['seeds'])]:.2f} at the exploratory effect")
-print("source:", plan["source"])
-print("analysis:", plan["analysis"]["primary"])
+print(textwrap.fill("source: " + plan["source"], 110))
+print(textwrap.fill("analysis: " + plan["analysis"]["primary"], 110))
 confirm = results["confirm"]
 assert confirm["command"] == plan["commands"], "the confirmatory files were not made by the plan's commands"
 assert confirm["seeds"] == plan["seeds"] and confirm["first_seed"] == plan["first_seed"] and confirm["steps"] == plan["steps"]
@@ -437,8 +435,8 @@ plots.training_curves({**curves(confirm, ["eval/reward", "kl", "entropy"]), **di
 # What to notice, asserted below: the confirmatory run does not confirm the claim. On 12 new seeds the
 # difference is less than half the exploratory estimate, and its interval holds 0 (its width is printed above).
 # The exploratory -0.056 was picked from many comparisons because it stood out from its noise, and an estimate
-# picked that way tends to overstate the effect. "Not detected" is the result: at K = 36, this suite cannot tell dropout left on
-# from every fix on by the held-out reward. Dropout's effect on the log-probs themselves is not in question
+# picked that way tends to overstate the effect. "Not detected" is the result: at K = 36 with 24 test prompts, this run cannot
+# tell dropout left on from every fix on by the held-out reward (section 6, planned with 128, can). Dropout's effect on the log-probs themselves is not in question
 # (notebook 02: a KL far from 0 at step 0).
 
 # %%
@@ -473,11 +471,74 @@ print(f"power at effect {effect:+.4f} with {plan['seeds']} seeds: {power_planned
       f"{power_measured:.2f} with the measured ones")
 
 # %% [markdown]
+# ## 6. The positive control: does the fixed step learn?
+#
+# Every "not detected" above leaves a question open: can these runs detect anything at all? Until an arm is seen
+# to learn, a pitfall that does not change the held-out reward cannot be told from an experiment too small to
+# see a change. A *positive control* answers it: a run in which an effect is expected, sized in advance for the
+# power to detect it (the plan's power, printed below, is the share of such runs that would detect the
+# exploratory effect). Its plan, `data/experiments/control_plan.json`, was committed before any of its runs
+# (a test checks the order in git):
+# 1. **Stage 1** chooses the learning rate on the *validation* prompts, never the test prompts: the fixed
+#    configuration at four rates, 2 seeds, 24 steps, the rate with the highest mean validation reward.
+# 2. **Stage 2** trains the fixed configuration at that rate, beside TRL 1.16 as shipped and two pitfalls alone
+#    (dropout left on; log-probs without the sampling temperature), on 8 seeds no other run used, and
+#    evaluates on 128 test prompts (earlier runs used 24: the prompts' variation dominated their intervals).
+#    Its verdict is the fixed arm's change from its start, in the family of the four arms' changes (98.75%).
+
+# %%
+from grpo_debug.runs.control import chosen_rate, headline, rates
+
+control_plan = json.loads((EXPERIMENTS / "control_plan.json").read_text())
+print(textwrap.fill(control_plan["question"], 110))
+power = control_plan["power"]
+print(f"planned power: {power['power_by_test_prompts']['128']:.2f} at the exploratory effect, "
+      f"{power['at_half_the_effect']['128']:.2f} at half of it (8 seeds x 128 test prompts)")
+start = results["control_lr"]["summary"]["lr_2e-4"]["reward_start"]
+rate = float(chosen_rate(EXPERIMENTS))
+pd.DataFrame({"mean validation reward after 24 steps": rates(EXPERIMENTS)}).rename_axis("learning rate").assign(
+    **{"change from its start": lambda t: t.iloc[:, 0] - start, "chosen": lambda t: t.index == rate}).round(4)
+
+# %%
+control = results["control"]
+print(textwrap.fill("positive control: " + headline(control), 110))
+display(verdict_table(control, "change_from_start"))
+display(verdict_table(control, "minus_fixed"))
+
+# %% tags=["nbval-ignore-output"]
+below = [a for a, s in control["summary"].items() if "minus_fixed" in s
+         and is_detected(*(s["minus_fixed"][k] for k in ("ci_low", "ci_high", "holm_p"))) and s["minus_fixed"]["mean"] < 0]
+plots.arm_panels(differences(control)["held-out reward minus fixed"], None, "held-out reward minus fixed",
+                 title=f"paired by seed and test prompt at lr {rate:g} (band: 95%): {' and '.join(below) or 'no arm'} "
+                       "detected below fixed")
+
+# %% [markdown]
+# **What to notice**, asserted below. The fixed configuration learns: every seed's held-out reward rose
+# (printed), and the rise is detected at the family's corrected level. So these runs can detect a change of
+# this size, and each "not detected" above reads against it. Beside it, in the plan's secondary family, TRL
+# 1.16 as shipped and dropout left on end below `fixed`, and the temperature left out of the log-probs is not
+# detected apart from it. Section 5 did not confirm dropout's difference; this run, planned with 128 test
+# prompts instead of 24 (and K = 24 instead of 36), detects it. The two intervals, printed together below,
+# overlap: both runs are consistent with a drop of a few hundredths, which section 5's interval, with fewer test
+# prompts, could not tell from 0.
+
+# %%
+from grpo_debug.runs.results import per_seed
+
+rose = per_seed(control, "fixed", "change_from_start")
+print(f"fixed: {int((rose > 0).sum())} of {len(rose)} seeds rose; per seed " + " ".join(f"{d:+.3f}" for d in rose))
+here = control["summary"]["dropout"]["minus_fixed"]
+print(f"dropout minus fixed, section 5 (K = {confirm['steps']}, {confirm['seeds']} seeds, {confirm['eval_prompts']} test "
+      f"prompts, 95%): {fmt(primary)}")
+print(f"dropout minus fixed, here (K = {control['steps']}, {control['seeds']} seeds, {control['eval_prompts']} test "
+      f"prompts, {100 * here['level']:.2f}%): {fmt(here)}")
+
+# %% [markdown]
 # ## Summary
 #
 # - Whether a pitfall matters is a question about training: paired arms, held-out prompts, one family per table.
-# - "Not detected" means the interval holds 0 at this K and seed count; its printed width bounds what could hide.
-# - A result picked while exploring is a hypothesis: here the planned confirmatory run did not confirm dropout's.
+# - "Not detected" means the interval holds 0 at this K, seed and prompt count; its width bounds what could hide.
+# - The positive control (section 6): the fixed step learns, detectably; TRL as shipped and dropout end below it.
 # - The TracIn claims are not detected either way on 8 seeds; the flipped sign's 3-seed interval is very wide.
 # - A loss of zero at step 1 is normal under loss_type grpo (centred advantages); identical groups make it a failure.
 
@@ -497,6 +558,13 @@ assert same.frac_reward_zero_std == 0.0 and same.rounding_std_groups == [0]  # i
 assert len(identical_runs) == 1 and own["n_seeds"] == 1  # greedy: one run three times, one sample
 assert primary["ci_low"] < 0 < primary["ci_high"] and abs(primary["mean"]) < abs(exploratory) / 2  # the confirmatory run
 assert measured["seed"] > 0 and measured["prompt"] > 0 and power_measured < power_planned  # the plan's 0s were not 0
+detected = lambda d: is_detected(d["ci_low"], d["ci_high"], d["holm_p"])
+assert detected(control["summary"]["fixed"]["change_from_start"]) and (rose > 0).all(), "the fixed step no longer learns"
+assert all(detected(control["summary"][a]["minus_fixed"]) and control["summary"][a]["minus_fixed"]["mean"] < 0
+           for a in ("trl", "dropout")), "TRL as shipped or dropout no longer ends below fixed"
+assert not detected(control["summary"]["no_temperature"]["minus_fixed"])
+assert max(primary["ci_low"], here["ci_low"]) < min(primary["ci_high"], here["ci_high"]) < 0 < primary["ci_high"], \
+    "section 5's and section 6's dropout intervals no longer overlap below 0, or section 5's no longer holds 0"
 d = answers["tracin_flipped - tracin"]
 assert d["ci_high"] - d["ci_low"] > 2, "the flipped sign's interval is no longer wider than the reward's range"
 print("every claim above holds")

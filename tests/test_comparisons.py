@@ -148,3 +148,10 @@ def test_small_multiples_draw_one_labelled_panel_per_arm_beside_the_reference():
     assert [ax.get_title() for ax in panels] == [f"{a} (grey: fixed)" for a in pitfalls["arms"] if a != "fixed"]
     assert all(len(ax.lines) == 2 for ax in panels), "each panel: the arm and the reference"
     assert [bool(ax.get_ylabel()) for ax in panels] == [True, False, False, False, True, False, False], "first column"
+    from grpo_debug.runs.results import difference_curve
+
+    paired = [row for arm in list(pitfalls["arms"])[1:] for row in difference_curve(pitfalls, arm, "fixed")]
+    fig = plots.arm_panels(paired, None, "held-out reward minus fixed")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 7 and all(len(ax.lines) == 2 for ax in panels), "each panel: its difference and the 0 line"
+    assert [ax.lines[1].get_ydata()[0] for ax in panels] == [0.0] * 7, "at step 0 every arm is the same model"

@@ -426,10 +426,11 @@ AXIS_NAMES = {  # a training metric's axis: what it holds and its unit
 
 
 def arm_panels(
-    rows: list[dict], reference: str, ylabel: str, title: str = "held-out reward per arm (band: 95% interval)"
+    rows: list[dict], reference: str | None, ylabel: str, title: str = "held-out reward per arm (band: 95% interval)"
 ):
     """Small multiples: one panel per arm of `metric_curve` rows, the `reference` arm drawn in grey in each, so
-    that no arm's band hides another's. Panels share both axes."""
+    that no arm's band hides another's (None: rows of paired differences, `difference_curve`, with 0 marked).
+    Panels share both axes."""
     arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a != reference]
     fig, axes = _grid(len(arms), ncols=4, size=(3.0, 2.4), sharex=True, sharey=True)
     line = lambda ax, arm, color: (
@@ -439,9 +440,12 @@ def arm_panels(
                         [_nan(r["high"]) for r in rows if r["arm"] == arm], color=color, alpha=0.15, lw=0),
     )  # fmt: skip
     for i, (ax, arm) in enumerate(zip(axes, arms)):
-        line(ax, reference, "0.55")
+        if reference is None:
+            ax.axhline(0, color="k", lw=0.8)
+        else:
+            line(ax, reference, "0.55")
         line(ax, arm, f"C{i % 10}")
-        ax.set_title(f"{arm} (grey: {reference})", fontsize=9)
+        ax.set_title(arm if reference is None else f"{arm} (grey: {reference})", fontsize=9)
         ax.tick_params(labelsize=8)
     for ax in axes:
         ax.set_xlabel("step", fontsize=8)
