@@ -81,3 +81,5 @@ Selection = Literal["all", "influence>0", "influence<0", "top_half", "bottom_hal
 VAL_LOSSES = get_args(ValLoss)
 VAL_SOURCES = get_args(ValSource)
 SELECTIONS = get_args(Selection)
+
+EVAL_SETS = ("test", "validation")  # the prompts a training run evaluates on: a result, or choosing a setting

@@ -80,8 +80,7 @@ from IPython.display import display
 
 from grpo_debug.files import DATA_DIR
 from grpo_debug.runs.comparisons import open_comparison, read_comparisons
-from grpo_debug.runs.results import base_config, difference_curve, last_steps_mean, metric_curve
-from grpo_debug.stats import is_detected
+from grpo_debug.runs.results import base_config, detected, difference_curve, last_steps_mean, metric_curve
 from grpo_debug.ui import plots
 from grpo_debug.ui.tables import fit_column, verdict_table
 
@@ -137,7 +136,7 @@ def fmt(d: dict) -> str:
 
 # %% tags=["nbval-ignore-output"]
 pit = results["pitfalls"]
-apart = [a for a, s in pit["summary"].items() if "minus_fixed" in s and is_detected(*(s["minus_fixed"][k] for k in ("ci_low", "ci_high", "holm_p")))]
+apart = [a for a, s in pit["summary"].items() if "minus_fixed" in s and detected(s["minus_fixed"])]
 plots.arm_panels(curves(pit, ["eval/reward"])["eval/reward"], "fixed", "held-out reward",
                  title=f"held-out reward per arm, {pit['seeds']} seeds: {len(apart)} of {len(pit['arms']) - 1} arms "
                        f"detected apart from fixed after K = {pit['steps']} (band: 95%)")
@@ -506,8 +505,8 @@ display(verdict_table(control, "change_from_start"))
 display(verdict_table(control, "minus_fixed"))
 
 # %% tags=["nbval-ignore-output"]
-below = [a for a, s in control["summary"].items() if "minus_fixed" in s
-         and is_detected(*(s["minus_fixed"][k] for k in ("ci_low", "ci_high", "holm_p"))) and s["minus_fixed"]["mean"] < 0]
+below = [a for a, s in control["summary"].items() if "minus_fixed" in s and detected(s["minus_fixed"])
+         and s["minus_fixed"]["mean"] < 0]
 plots.arm_panels(differences(control)["held-out reward minus fixed"], None, "held-out reward minus fixed",
                  title=f"paired by seed and test prompt at lr {rate:g} (band: 95%): {' and '.join(below) or 'no arm'} "
                        "detected below fixed")
@@ -558,7 +557,6 @@ assert same.frac_reward_zero_std == 0.0 and same.rounding_std_groups == [0]  # i
 assert len(identical_runs) == 1 and own["n_seeds"] == 1  # greedy: one run three times, one sample
 assert primary["ci_low"] < 0 < primary["ci_high"] and abs(primary["mean"]) < abs(exploratory) / 2  # the confirmatory run
 assert measured["seed"] > 0 and measured["prompt"] > 0 and power_measured < power_planned  # the plan's 0s were not 0
-detected = lambda d: is_detected(d["ci_low"], d["ci_high"], d["holm_p"])
 assert detected(control["summary"]["fixed"]["change_from_start"]) and (rose > 0).all(), "the fixed step no longer learns"
 assert all(detected(control["summary"][a]["minus_fixed"]) and control["summary"][a]["minus_fixed"]["mean"] < 0
            for a in ("trl", "dropout")), "TRL as shipped or dropout no longer ends below fixed"

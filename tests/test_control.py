@@ -9,7 +9,7 @@ import pytest
 
 from grpo_debug.files import DATA_DIR, ROOT
 from grpo_debug.runs.control import chosen_rate, headline, positive_control, rates
-from grpo_debug.stats import is_detected
+from grpo_debug.runs.results import detected
 
 EXPERIMENTS = DATA_DIR / "experiments"
 PLAN = json.loads((EXPERIMENTS / "control_plan.json").read_text())
@@ -71,8 +71,8 @@ def test_readme_and_notebook_state_the_control_as_computed():
     line = headline(control)
     assert line in (ROOT / "README.md").read_text(), f"README does not state the positive control as computed: {line}"
     below = {arm: control["summary"][arm]["minus_fixed"] for arm in ("trl", "dropout", "no_temperature")}
-    detected = {arm: is_detected(d["ci_low"], d["ci_high"], d["holm_p"]) for arm, d in below.items()}
-    assert detected == {"trl": True, "dropout": True, "no_temperature": False}, "README's secondary sentence"
+    found = {arm: detected(d) for arm, d in below.items()}
+    assert found == {"trl": True, "dropout": True, "no_temperature": False}, "README's secondary sentence"
     assert below["trl"]["mean"] < 0 and below["dropout"]["mean"] < 0 and below["trl"]["family_size"] == 3
     cells = json.loads((ROOT / "notebooks" / "06b_training.ipynb").read_text())["cells"]
     printed = " ".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..choices import ARM_NAMES
+from ..choices import ARM_NAMES, EVAL_SETS
 from ..config import PRESETS, StepConfig
 from ..overrides import describe_fields, parse_overrides
 from .checks import (
@@ -367,10 +367,10 @@ def summary_table(results: dict) -> str:
         else f"{d['mean']:+.4f} (no interval)"
     )
     summary = results["summary"]
+    prompts = f"{results.get('eval_set', 'test')} prompts"
     lines = [
         f"held-out reward after {results['steps']} steps, {results['seeds']} seed(s), {results['eval_prompts']} "
-        f"{results.get('eval_set', 'test')} prompts (95% intervals: seeds crossed with "
-        f"{results.get('eval_set', 'test')} prompts, two-way random effects)"
+        f"{prompts} (95% intervals: seeds crossed with {prompts}, two-way random effects)"
     ]
     for arm, row in summary.items():
         start = "-" if row["reward_start"] is None else f"{row['reward_start']:.4f}"
@@ -450,7 +450,7 @@ def add_train_parser(sub) -> None:
     tr.add_argument("--eval-prompts", type=ascii_int, default=32, help="test prompts per evaluation")
     tr.add_argument(
         "--eval-set",
-        choices=("test", "validation"),
+        choices=EVAL_SETS,
         default="test",
         help="the prompts each evaluation samples: test (a result), or validation (to choose a setting, such "
         "as the learning rate, without looking at the test prompts)",

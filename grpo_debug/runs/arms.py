@@ -9,7 +9,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ..choices import ARM_NAMES, SELECTIONS, VAL_LOSSES, VAL_SOURCES
+from ..choices import ARM_NAMES, EVAL_SETS, SELECTIONS, VAL_LOSSES, VAL_SOURCES
 from ..config import StepConfig
 from ..overrides import INTEGER, parse_bool, parse_overrides
 from ..task import check_prompt_counts
@@ -185,7 +185,7 @@ def check_plan(
     if train_prompts < base.num_prompts:
         raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
 
-    if eval_set not in ("test", "validation"):
+    if eval_set not in EVAL_SETS:
         raise ValueError(f"eval_set must be test or validation, got {eval_set!r}")
     check_prompt_counts(
         base.task, [("train", train_prompts, "--train-prompts"), (eval_set, eval_prompts, "--eval-prompts")]

@@ -46,10 +46,25 @@ def last_steps_mean(records: list[dict], arm: str, seeds: int, key: str, first: 
 HEAVY_TAILED = ("kl",)  # compared as log ratios per seed (stats.log_ratio_interval)
 
 
+def last_quarter(steps: int) -> tuple[int, int]:
+    """The steps a step metric is compared over: the last quarter of the run (at least its last step)."""
+    return steps - max(1, steps // 4) + 1, steps
+
+
+def as_log_ratio(key: str, mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether two arms' step metric `key` is compared as a log ratio: heavy-tailed and positive in every seed."""
+    return key in HEAVY_TAILED and bool((mine > 0).all()) and bool((theirs > 0).all())
+
+
+def detected(entry: dict) -> bool:
+    """Whether a summary entry (an interval with its family's Holm p) is detected (`stats.is_detected`)."""
+    return stats.is_detected(entry["ci_low"], entry["ci_high"], entry.get("holm_p"))
+
+
 def metric_difference(mine: torch.Tensor, theirs: torch.Tensor, key: str, level: float = stats.LEVEL) -> stats.Interval:
     """A step metric of two arms, paired by seed: a log ratio for a heavy-tailed positive metric, else the
     difference, Student's t over seeds."""
-    if key in HEAVY_TAILED and (mine > 0).all() and (theirs > 0).all():
+    if as_log_ratio(key, mine, theirs):
         return stats.log_ratio_interval(mine, theirs, level)
     return stats.seed_interval(mine - theirs, level)
 
@@ -93,7 +108,7 @@ def summarize(
     ref, others = arms[0], arms[1:]
     tables = {arm: (eval_table(records, arm, seeds, 0), eval_table(records, arm, seeds, steps)) for arm in arms}
     done = [a for a in arms if tables[a][1] is not None]
-    window = (steps - max(1, steps // 4) + 1, steps)
+    window = last_quarter(steps)
     out = {
         arm: {
             "reward_start": stats.crossed_interval(tables[arm][0]).mean if tables[arm][0] is not None else None,
@@ -176,11 +191,10 @@ def per_seed(results: dict, arm: str, key: str) -> torch.Tensor | None:
         base = eval_table(records, arm, seeds, 0) if other is None else eval_table(records, other, seeds, steps)
         return None if final is None or base is None else (final - base).mean(1)
     metric, _, ref = key.rpartition(" minus_")
-    window = (steps - max(1, steps // 4) + 1, steps)
-    mine, theirs = (last_steps_mean(records, a, seeds, metric, *window) for a in (arm, ref))
+    mine, theirs = (last_steps_mean(records, a, seeds, metric, *last_quarter(steps)) for a in (arm, ref))
     if mine is None or theirs is None:
         return None
-    if metric in HEAVY_TAILED and (mine > 0).all() and (theirs > 0).all():
+    if as_log_ratio(metric, mine, theirs):
         return torch.log(mine) - torch.log(theirs)
     return mine - theirs
 

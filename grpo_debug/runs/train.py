@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import StepConfig
-from ..evaluation import eval_prompts, eval_side
+from ..evaluation import eval_side
 from ..show.diagnostics import triage_zero_loss
 from ..show.metrics import metrics
 from ..specs import eval_sampling_of
@@ -108,7 +108,7 @@ def held_out(step: GRPOStep, base: StepConfig, prompts: int, prompt_set: str = "
     """The policy's mean reward on the first `prompts` test prompts (or validation prompts, to choose a setting
     without looking at the test set), sampled with the base config's seed."""
     tokenizer, generate = step.loaded.tokenizer, kernels(base.fast).generate
-    chosen = eval_prompts(step.task, prompts) if prompt_set == "test" else step.task.prompts(prompt_set, prompts)
+    chosen = step.task.prompts(prompt_set, prompts)
     side = eval_side(step.policy, tokenizer, chosen, eval_sampling_of(base), step.task, generate)
     return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
 

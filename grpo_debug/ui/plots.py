@@ -49,16 +49,20 @@ def unlabelled_axes(fig) -> list[str]:
     return missing
 
 
-def _done(fig, legend_from=None, legend=None):
-    """Lay the figure out; with `legend_from` (an axes) or `legend` (handles, labels), the legend goes to the
-    right of every panel. A figure
-    with an axis that says nothing of what it holds is a bug of this module, refused here (so every notebook's
-    run under nbval checks every figure it draws)."""
-    fig.tight_layout()
+def refuse_unlabelled(fig, title: str) -> None:
+    """A figure with an axis that says nothing of what it holds is a bug of the function that drew it: refused
+    in one line (every figure function calls this, so nbval's run of every notebook checks every figure)."""
     missing = unlabelled_axes(fig)
     if missing:
         plt.close(fig)
-        raise ValueError(f"figure {fig._suptitle.get_text() if fig._suptitle else ''!r}: {'; '.join(missing)}")
+        raise ValueError(f"figure {title!r}: {'; '.join(missing)}")
+
+
+def _done(fig, legend_from=None, legend=None):
+    """Lay the figure out, refusing an unlabelled axis (`refuse_unlabelled`); with `legend_from` (an axes) or
+    `legend` (handles, labels), the legend goes to the right of every panel."""
+    fig.tight_layout()
+    refuse_unlabelled(fig, fig._suptitle.get_text() if fig._suptitle else "")
     if legend_from is not None or legend is not None:
         handles = legend if legend is not None else legend_from.get_legend_handles_labels()
         fig.legend(*handles, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -433,12 +437,15 @@ def arm_panels(
     Panels share both axes."""
     arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a != reference]
     fig, axes = _grid(len(arms), ncols=4, size=(3.0, 2.4), sharex=True, sharey=True)
-    line = lambda ax, arm, color: (
-        ax.plot([r["step"] for r in rows if r["arm"] == arm], [r["mean"] for r in rows if r["arm"] == arm],
-                color=color, lw=1.2, marker="o", ms=3, label=arm),
-        ax.fill_between([r["step"] for r in rows if r["arm"] == arm], [_nan(r["low"]) for r in rows if r["arm"] == arm],
-                        [_nan(r["high"]) for r in rows if r["arm"] == arm], color=color, alpha=0.15, lw=0),
-    )  # fmt: skip
+
+    def line(ax, arm: str, color: str) -> None:
+        mine = [r for r in rows if r["arm"] == arm]
+        steps = [r["step"] for r in mine]
+        ax.plot(steps, [r["mean"] for r in mine], color=color, lw=1.2, marker="o", ms=3, label=arm)
+        ax.fill_between(
+            steps, [_nan(r["low"]) for r in mine], [_nan(r["high"]) for r in mine], color=color, alpha=0.15, lw=0
+        )
+
     for i, (ax, arm) in enumerate(zip(axes, arms)):
         if reference is None:
             ax.axhline(0, color="k", lw=0.8)

@@ -8,9 +8,8 @@ import pandas as pd
 import torch
 
 from ..config import StepConfig
-from ..runs.results import per_seed
+from ..runs.results import detected, per_seed
 from ..show.metrics import metrics
-from ..stats import is_detected
 from ..step import GRPOStep, StepRun
 
 NARROW = ("group", "completion", "reward", "advantage", "loss_share", "grad_norm")  # what a panel discusses
@@ -133,7 +132,7 @@ def reading(entry: dict, seeds: torch.Tensor | None) -> str:
     resolved at the family's level)."""
     if entry["ci_low"] is None:
         return "one sample: no interval"
-    if is_detected(entry["ci_low"], entry["ci_high"], entry.get("holm_p")):
+    if detected(entry):
         return "detected: " + ("up" if entry["mean"] > 0 else "down")
     if seeds is not None and len(seeds) > 1 and ((seeds > 0).all() or (seeds < 0).all()):
         return f"not detected; all {len(seeds)} seeds {'up' if seeds[0] > 0 else 'down'}"
