@@ -68,3 +68,6 @@ if __name__ == "__main__":
     )
     trainer.add_callback(CaptureCallback(out / "captures", steps=list(range(2, steps + 1))))
     trainer.train()
+    # destroys the process group: a gloo process that exits with it alive can abort at exit (SIGABRT,
+    # "terminate called without an active exception"), after training and the captures are done
+    trainer.accelerator.end_training()
