@@ -96,11 +96,13 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 # Notebooks: edit notebooks/NN_name.py (jupytext percent source); `make notebooks` syncs each .ipynb
-# and executes it in place, so the stored outputs that nbval compares are today's.
+# and executes it in place, so the stored outputs that nbval compares are today's, then tidies it (no execution
+# timestamps, widgets numbered in order), so that an unchanged notebook leaves `git status` clean.
 notebooks: setup
 	for nb in $(NOTEBOOKS); do \
 	  $(BIN)/jupytext -q --sync "$${nb%.ipynb}.py" && \
 	  $(BIN)/jupyter nbconvert --log-level=WARN --to notebook --execute --inplace "$$nb" && \
+	  $(BIN)/python tests/notebook_pairs.py --tidy "$$nb" && \
 	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
 	done
 
