@@ -85,7 +85,12 @@ table
 # %%
 from grpo_debug.ui import plots
 
-plots.gap_by_toggle(table["logps/max_sampler_gap"].to_dict())
+gap = table["logps/max_sampler_gap"]
+pitfall_gap = gap.drop([base, "every scoring fix on"], errors="ignore")  # the rows that turn a fix off
+worst, side = pitfall_gap.idxmax(), "below" if gap[base] < 1e-4 else "above"
+plots.gap_by_toggle(gap.to_dict(), title=f"{base}: max gap {gap[base]:.2g} nats, {side} the dashed 1e-4 line\n"
+                    f"{(pitfall_gap > 1e-4).sum()} of {len(pitfall_gap)} pitfall rows above it; "
+                    f"largest: {worst} ({pitfall_gap[worst]:.3g} nats)")
 
 # %%
 gaps = table["logps/max_sampler_gap"].drop(base).sort_values(ascending=False)
@@ -126,7 +131,10 @@ rows.groupby(["task", "left padding"]).max().round(4)
 
 # %%
 run = step.run(cfg.replace(position_ids=False), until="logprobs", remember=False)
-plots.logprob_gap_heatmap(run.logprobs, "no position_ids: |sampler - recomputed|")
+row_gap = pd.Series(run.logprobs.sampler_gap.max(1).values.numpy())  # each row's largest gap, as drawn
+plots.logprob_gap_heatmap(run.logprobs, "no position_ids: largest |sampler - recomputed| log-prob gap\n" + ", ".join(
+    f"{row_gap[rows].max():.3g} nats on the {rows.sum()} {name} rows"
+    for name, rows in {"left-padded": padded, "unpadded": ~padded}.items() if rows.any()))
 
 # %% [markdown]
 # The fix outside this notebook: `grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer` is a drop-in `GRPOTrainer`

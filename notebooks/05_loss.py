@@ -109,11 +109,19 @@ check
 # dropout on (phase 2's pitfall) makes them differ, and the estimators disagree token by token.
 
 # %%
+from grpo_debug.loss import KL_ESTIMATORS, per_token_kl
 from grpo_debug.ui import plots
 
 run = step.run(cfg.replace(dropout=True), until="loss", remember=False)
-plots.kl_per_token(run.logprobs.policy, run.logprobs.reference, run.logprobs.mask,
-                   title="per-token KL with dropout on while scoring", chosen=cfg.kl_estimator)
+scored = run.logprobs
+kl = torch.stack([per_token_kl(scored.policy[:1], scored.reference[:1], None, e)[0, :int(scored.mask[0].sum())]
+                  for e in KL_ESTIMATORS])  # (estimator, token) on sample 0, as drawn
+spread = kl.max(0).values - kl.min(0).values  # per token: how far apart the estimators are
+t = int(spread.argmax())
+title = (f"dropout on while scoring: the KL estimators disagree most at token {t}\n"
+         + ", ".join(f"{e} {v:+.3g}" for e, v in zip(KL_ESTIMATORS, kl[:, t].tolist()))
+         if spread.max() > 0 else "dropout on while scoring: every KL estimator 0 on every token")
+plots.kl_per_token(scored.policy, scored.reference, scored.mask, title=title, chosen=cfg.kl_estimator)
 
 # %% [markdown]
 # **What to notice.** k1's gradient is zero in expectation (it pulls nowhere); plain k3 has an unbiased

@@ -16,6 +16,7 @@ from ..evaluation import Evaluation
 from ..logprobs import TokenLogProbs
 from ..loss import KL_ESTIMATORS, per_token_kl
 from ..rewards import Rewards
+from ..stats import is_detected
 from ..tracin.first_order import OWN_SCORE
 
 
@@ -70,8 +71,12 @@ def _done(fig, legend_from=None, legend=None):
     return fig
 
 
-def rewards_per_group(rewards: Rewards, num_generations: int, title: str = "rewards per group"):
+def rewards_per_group(rewards: Rewards, num_generations: int, title: str | None = None):
+    """Each group's rewards and their mean. None: the takeaway, how many groups give every completion one reward."""
     values = rewards.total.view(-1, num_generations).numpy()
+    if title is None:
+        same = int((values.max(1) == values.min(1)).sum())
+        title = f"{same} of {len(values)} groups: every completion gets the same reward (no signal)"
     fig, ax = plt.subplots(figsize=(7, 3))
     for b, row in enumerate(values):
         ax.scatter(np.full(len(row), b), row, alpha=0.6, s=18)
@@ -119,46 +124,63 @@ def kl_per_token(
     ref_logps: torch.Tensor,
     mask: torch.Tensor,
     sample: int = 0,
-    title: str = "per-token KL estimates",
+    title: str | None = None,
     chosen: str | None = None,
 ):
-    """Every estimator on one sample's tokens; `chosen` (the loss's estimator) drawn thick."""
-    length = int(mask[sample].sum())
+    """Every estimator on one sample's tokens; `chosen` (the loss's estimator) drawn thick. None: a title that
+    names the sample."""
+    length, title = int(mask[sample].sum()), title or f"per-token KL estimates, sample {sample}"
     fig, ax = plt.subplots(figsize=(8, 3))
     for estimator in KL_ESTIMATORS:
         values = per_token_kl(logps[sample : sample + 1], ref_logps[sample : sample + 1], None, estimator)[0, :length]
         label = f"{estimator} (this step's estimator)" if estimator == chosen else estimator
         ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
-    ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=f"{title}, sample {sample}")
+    ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=title)
     return _done(fig, legend_from=ax)  # beside the panel: inside, it sat on the spikes
 
 
-def per_sample_grad_norms(norms: torch.Tensor, advantages: torch.Tensor, title: str = "per-sample gradient norms"):
+def per_sample_grad_norms(norms: torch.Tensor, advantages: torch.Tensor, title: str | None = None):
+    """Each sample's gradient norm against its advantage. None: the takeaway, the largest norm of the samples
+    with advantage 0 and the median of the others."""
+    if title is None:
+        zero, lines = advantages == 0, []
+        if zero.any():
+            lines.append(f"{int(zero.sum())} samples with advantage 0: gradient norm at most {norms[zero].max():.2g}")
+        if (~zero).any():
+            lines.append(f"{int((~zero).sum())} with a non-zero advantage: median {norms[~zero].median():.2g}")
+        title = "\n".join(lines)
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.scatter(advantages.numpy(), norms.numpy(), s=16)
     ax.set(xlabel="advantage", ylabel="||grad of sample's loss share||", title=title)
     return _done(fig)
 
 
-def eval_before_after(evaluation: Evaluation, title: str = "held-out reward, paired seeds"):
+def eval_before_after(evaluation: Evaluation, title: str | None = None):
+    """Each test prompt's reward before and after (paired seeds), and the change with its 95% interval. None: the
+    takeaway, the change and whether its interval excludes 0."""
+    delta, low, high = evaluation.delta, evaluation.ci_low, evaluation.ci_high
+    if title is None:
+        apart = "excludes 0: more than" if is_detected(low, high) else "includes 0: not told apart from"
+        title = f"one step: held-out reward after - before {delta:+.4f} [{low:+.4f}, {high:+.4f}]\n"
+        title += f"the 95% interval {apart} sampling noise"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3), gridspec_kw={"width_ratios": [2, 1]})
     before, after = evaluation.before.per_prompt.numpy(), evaluation.after.per_prompt.numpy()
     for b, a in zip(before, after):
         ax1.plot([0, 1], [b, a], color="tab:gray", alpha=0.5)
-    ax1.set(xticks=[0, 1], xticklabels=["before", "after"], ylabel="mean reward per prompt", title=title)
-    ax2.errorbar(
-        [0],
-        [evaluation.delta],
-        yerr=[[evaluation.delta - evaluation.ci_low], [evaluation.ci_high - evaluation.delta]],
-        fmt="o",
-        capsize=6,
-    )
+    ax1.set(xticks=[0, 1], xticklabels=["before", "after"], ylabel="mean reward per prompt")
+    ax1.set_title(f"{len(before)} test prompts, paired seeds", fontsize=9)
+    ax2.errorbar([0], [delta], yerr=[[delta - low], [high - delta]], fmt="o", capsize=6)
     ax2.axhline(0, color="k", lw=0.8)
     ax2.set(xticks=[], ylabel="after - before (95% CI)")
+    fig.suptitle(title, fontsize=11)
     return _done(fig)
 
 
-def time_per_phase(timings: dict[str, float], title: str = "seconds per phase"):
+def time_per_phase(timings: dict[str, float], title: str | None = None):
+    """One bar per phase. None: the takeaway, the slowest phase's share of the step."""
+    if title is None:
+        total, slowest = sum(timings.values()), max(timings, key=timings.get)
+        title = f"seconds per phase: {slowest} takes {timings[slowest] / total:.0%} of the step's {total:.1f} s"
     fig, ax = plt.subplots(figsize=(7, 2.8))
     ax.barh(list(timings), list(timings.values()))
     ax.set(xlabel="seconds", title=title)
