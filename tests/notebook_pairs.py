@@ -46,16 +46,21 @@ def out_of_sync() -> list[str]:
             problems.append(f"{ipynb.name} and {source.name} differ:\n{diff}")
         stored = nbformat.read(ipynb, as_version=4)
         if tidy(stored) != stored:
-            problems.append(f"{ipynb.name} is not tidy (execution timestamps or random widget ids)")
+            problems.append(
+                f"{ipynb.name} is not tidy (execution timestamps, prints split in pieces or random widget ids)"
+            )
     return problems
 
 
 def tidy(nb: dict) -> dict:
-    """`nb` without the cells' execution timestamps, its widgets renumbered 1, 2, ... in the order they are reached
-    from the cells' outputs (each widget's state walked in key order), widgets no output reaches dropped."""
+    """`nb` without the cells' execution timestamps, a cell's consecutive prints to one stream as one output (the
+    kernel splits them where its flushes happen to fall), its widgets renumbered 1, 2, ... in the order they are
+    reached from the cells' outputs (each widget's state walked in key order), widgets no output reaches dropped."""
     nb = copy.deepcopy(nb)
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("execution", None)
+        if "outputs" in cell:
+            cell["outputs"] = joined_streams(cell["outputs"])
     widgets = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE)
     shown = [
         o["data"][WIDGET_VIEW]["model_id"]
@@ -82,6 +87,23 @@ def tidy(nb: dict) -> dict:
     if widgets is not None:
         widgets["state"] = nbformat.from_dict(renumbered["state"])
     return nb
+
+
+def joined_streams(outputs: list[dict]) -> list[dict]:
+    """`outputs` with each run of consecutive outputs to the same stream (stdout, stderr) joined into one."""
+    joined = []
+    for output in outputs:
+        last = joined[-1] if joined else None
+        if (
+            output.get("output_type") == "stream"
+            and last
+            and last.get("output_type") == "stream"
+            and last["name"] == output["name"]
+        ):
+            last["text"] += output["text"]
+        else:
+            joined.append(output)
+    return joined
 
 
 def model_ids(value, known: set[str]) -> list[str]:
