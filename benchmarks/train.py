@@ -24,7 +24,7 @@ from common import QUICK_SET, add_quick
 from grpo_debug.config import StepConfig
 from grpo_debug.files import DATA_DIR
 from grpo_debug.overrides import parse_overrides
-from grpo_debug.runs.arms import parse_arm
+from grpo_debug.runs.arms import Plan, parse_arm
 from grpo_debug.runs.train import train
 
 DEFAULT_SET = ["num_prompts=4", "num_generations=8", "learning_rate=0.0002", "per_sample_grad_norms=false"]
@@ -61,16 +61,8 @@ def main() -> None:
         if args.quick:
             base, args.steps = base.replace(**QUICK_SET), 2
         with tempfile.TemporaryDirectory() as tmp:
-            out = train(
-                [parse_arm(a) for a in args.arm],
-                args.steps,
-                1,
-                base,
-                eval_every=args.steps + 1,
-                eval_prompts_n=4,
-                progress_path=Path(tmp) / "bench.progress.jsonl",
-                show_progress=False,
-            )
+            plan = Plan(tuple(parse_arm(a) for a in args.arm), args.steps, 1, base, args.steps + 1, eval_prompts=4)
+            out = train(plan, Path(tmp) / "bench.progress.jsonl", show_progress=False)
         report = {
             "threads": args.threads,
             "quick": args.quick,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_debug.config import StepConfig
-from grpo_debug.runs.arms import ARMS, Selection, parse_arm, step_config
+from grpo_debug.runs.arms import ARMS, Plan, Selection, parse_arm, step_config
 from grpo_debug.runs.results import metric_curve
 from grpo_debug.runs.train import train
 
@@ -51,14 +51,7 @@ def test_arms_share_prompts_and_sampling_seeds_per_step():
 def three_steps(tmp_path_factory):
     path = tmp_path_factory.mktemp("train") / "p.jsonl"
     return train(
-        [ARMS["fixed"], parse_arm("k1")],
-        3,
-        1,
-        BASE,
-        eval_every=2,
-        eval_prompts_n=4,
-        progress_path=path,
-        show_progress=False,
+        Plan([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts=4), path, show_progress=False
     )
 
 
@@ -93,13 +86,8 @@ def test_a_run_logs_trl_metrics_every_step_and_the_held_out_reward(three_steps):
 def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
     path = tmp_path / "p.jsonl"
     train(
-        [ARMS["fixed"], parse_arm("k1")],
-        2,
-        1,
-        BASE,
-        eval_every=2,
-        eval_prompts_n=4,
-        progress_path=path,
+        Plan([ARMS["fixed"], parse_arm("k1")], 2, 1, BASE, eval_every=2, eval_prompts=4),
+        path,
         show_progress=False,
         keep_progress=True,
     )
@@ -108,20 +96,13 @@ def test_a_resumed_run_gives_the_same_numbers(three_steps, tmp_path):
         f.write(json.dumps({"arm": "k1", "seed": 0, "step": 0, "eval": {"reward": -1.0}}) + "\n")
     (tmp_path / "p.ckpt" / "k1-seed0.pt").unlink()
     resumed = train(
-        [ARMS["fixed"], parse_arm("k1")],
-        3,
-        1,
-        BASE,
-        eval_every=2,
-        eval_prompts_n=4,
-        progress_path=path,
-        show_progress=False,
+        Plan([ARMS["fixed"], parse_arm("k1")], 3, 1, BASE, eval_every=2, eval_prompts=4), path, show_progress=False
     )
     assert numbers(resumed["records"]) == numbers(three_steps["records"])
     assert not path.exists() and not (tmp_path / "p.ckpt").exists()  # removed once complete
     with pytest.raises(ValueError, match="another comparison"):
         path.write_text(json.dumps({"header": {"other": 1}}) + "\n")
-        train([ARMS["fixed"]], 1, 1, BASE, progress_path=path, show_progress=False)
+        train(Plan([ARMS["fixed"]], 1, 1, BASE), path, show_progress=False)
 
 
 def test_the_optimizer_carries_over_between_steps():
@@ -138,9 +119,7 @@ def test_the_optimizer_carries_over_between_steps():
 
 def test_a_tracin_arm_records_the_fraction_it_selected(tmp_path):
     arm = parse_arm("tr:select=influence>0,val_source=same_batch")
-    out = train(
-        [arm], 2, 1, BASE, eval_every=2, eval_prompts_n=4, progress_path=tmp_path / "p.jsonl", show_progress=False
-    )
+    out = train(Plan([arm], 2, 1, BASE, eval_every=2, eval_prompts=4), tmp_path / "p.jsonl", show_progress=False)
     steps = [r for r in out["records"] if "eval" not in r]
     assert all(0 <= r["selected_fraction"] <= 1 and "val_loss" in r for r in steps)
     assert 0 <= out["summary"]["tr"]["selected_fraction"]["mean"] <= 1
@@ -321,11 +300,11 @@ def test_a_run_that_chooses_a_setting_evaluates_on_validation_prompts_never_the_
     chosen, test = held_out(step, BASE, 3, "validation"), held_out(step, BASE, 3)
     assert chosen["per_prompt"] != test["per_prompt"], "the validation evaluation sampled the test prompts"
     assert not set(step.task.prompts("validation", 3)) & set(eval_prompts(step.task, 3))
-    result = train([ARMS["fixed"]], 1, 1, BASE, 1, 3, progress_path=tmp_path / "v.jsonl", show_progress=False,
-                   eval_set="validation")  # fmt: skip
+    plan = Plan([ARMS["fixed"]], 1, 1, BASE, eval_every=1, eval_prompts=3, eval_set="validation")
+    result = train(plan, tmp_path / "v.jsonl", show_progress=False)
     assert result["eval_set"] == "validation"
     assert [r["eval"]["per_prompt"] for r in result["records"] if "eval" in r][0] == chosen["per_prompt"]
     with pytest.raises(ValueError, match="eval_set"):
         merge_results(result, {k: v for k, v in result.items() if k != "eval_set"})
     with pytest.raises(ValueError, match="eval_set must be test or validation"):
-        train([ARMS["fixed"]], 1, 1, BASE, 1, 3, progress_path=tmp_path / "w.jsonl", eval_set="train")
+        Plan([ARMS["fixed"]], 1, 1, BASE, eval_every=1, eval_prompts=3, eval_set="train")

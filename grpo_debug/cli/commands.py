@@ -87,44 +87,30 @@ def train_command(parser, args) -> int:
         base = StepConfig(**parse_overrides(args.set))
     except ValueError as e:
         parser.error(str(e))
-    from ..runs.arms import check_plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
+    from ..runs.arms import Plan, parse_arm  # torch-free: a bad arm or count is answered before torch loads
 
     try:
-        arms = [parse_arm(a) for a in args.arm]
-        check_plan(
-            arms,
+        plan = Plan(
+            tuple(parse_arm(a) for a in args.arm),
             args.steps,
             args.seeds,
             base,
-            args.eval_every,
-            args.eval_prompts,
-            args.train_prompts,
-            args.first_seed,
-            args.eval_set,
+            eval_every=args.eval_every,
+            eval_prompts=args.eval_prompts,
+            train_prompts=args.train_prompts,
+            first_seed=args.first_seed,
+            eval_set=args.eval_set,
         )
     except ValueError as e:
         parser.error(str(e))
-    check_outputs(parser, args, model_reads([arm.config(base) for arm in arms]))
+    check_outputs(parser, args, model_reads([arm.config(base) for arm in plan.arms]))
     _threads(args.threads)
     from ..runs.progress import remove_progress
     from ..runs.train import train
 
     progress = f"{args.json}.progress.jsonl"
     try:
-        results = train(
-            arms,
-            args.steps,
-            args.seeds,
-            base,
-            args.eval_every,
-            args.eval_prompts,
-            args.train_prompts,
-            progress,
-            show_progress=not args.no_progress,
-            keep_progress=True,
-            first_seed=args.first_seed,
-            eval_set=args.eval_set,
-        )
+        results = train(plan, progress, show_progress=not args.no_progress, keep_progress=True)
     except (ValueError, RuntimeError, OSError) as e:  # OSError: a full disk, named by write_atomically
         parser.error(str(e))
     results["command"] = (

@@ -163,30 +163,58 @@ def check_distinct(arms: list[Arm]) -> None:
 MAX_STEPS, MAX_SEEDS = 100_000, 1_000  # a run of more is a real training run, not a debugging experiment
 
 
-def check_plan(
-    arms: list[Arm],
-    steps: int,
-    seeds: int,
-    base: StepConfig,
-    eval_every: int,
-    eval_prompts: int,
-    train_prompts: int,
-    first_seed: int,
-    eval_set: str = "test",
-) -> None:
-    """What a train run asks for, checked before any model loads (and, from the command line, before torch
-    does): distinct arms, counts of at least 1, and prompt sets that hold the prompts the run asks for."""
-    check_distinct(arms)
-    if not (1 <= steps <= MAX_STEPS and 1 <= seeds <= MAX_SEEDS and 1 <= eval_every and 0 <= first_seed <= 2**20):
-        raise ValueError(
-            f"steps must be 1..{MAX_STEPS}, seeds 1..{MAX_SEEDS}, eval_every >= 1 and first_seed 0..{2**20}, got "
-            f"{steps}, {seeds}, {eval_every}, {first_seed}"
-        )
-    if train_prompts < base.num_prompts:
-        raise ValueError(f"train_prompts ({train_prompts}) must hold one batch of B={base.num_prompts}")
+@dataclass(frozen=True)
+class Plan:
+    """What a train run asks for: each arm for `steps` steps on `seeds` seeds (first_seed .. first_seed + seeds -
+    1), training on the first `train_prompts` training prompts and evaluated every `eval_every` steps on
+    `eval_prompts` prompts of `eval_set`. Checked as it is made, before any model loads (and, from the command
+    line, before torch does): distinct arms, counts of at least 1, prompt sets that hold the prompts asked for."""
 
-    if eval_set not in EVAL_SETS:
-        raise ValueError(f"eval_set must be test or validation, got {eval_set!r}")
-    check_prompt_counts(
-        base.task, [("train", train_prompts, "--train-prompts"), (eval_set, eval_prompts, "--eval-prompts")]
-    )
+    arms: tuple[Arm, ...]
+    steps: int
+    seeds: int
+    base: StepConfig = dataclasses.field(default_factory=StepConfig)
+    eval_every: int = 5
+    eval_prompts: int = 32
+    train_prompts: int = 128
+    first_seed: int = 0
+    eval_set: str = "test"
+
+    def __post_init__(self):
+        object.__setattr__(self, "arms", tuple(self.arms))
+        check_distinct(self.arms)
+        if not (
+            1 <= self.steps <= MAX_STEPS
+            and 1 <= self.seeds <= MAX_SEEDS
+            and 1 <= self.eval_every
+            and 0 <= self.first_seed <= 2**20
+        ):
+            raise ValueError(
+                f"steps must be 1..{MAX_STEPS}, seeds 1..{MAX_SEEDS}, eval_every >= 1 and first_seed 0..{2**20}, "
+                f"got {self.steps}, {self.seeds}, {self.eval_every}, {self.first_seed}"
+            )
+        if self.train_prompts < self.base.num_prompts:
+            raise ValueError(f"train_prompts ({self.train_prompts}) must hold one batch of B={self.base.num_prompts}")
+        if self.eval_set not in EVAL_SETS:
+            raise ValueError(f"eval_set must be test or validation, got {self.eval_set!r}")
+        check_prompt_counts(
+            self.base.task,
+            [("train", self.train_prompts, "--train-prompts"), (self.eval_set, self.eval_prompts, "--eval-prompts")],
+        )
+
+    @property
+    def seed_range(self) -> range:
+        return range(self.first_seed, self.first_seed + self.seeds)
+
+    def header(self) -> dict:
+        """The plan as a results file's header records it (first_seed and eval_set only where not the default)."""
+        return {
+            "base": {k: v for k, v in dataclasses.asdict(self.base).items() if v != getattr(StepConfig(), k)},
+            "arms": {a.name: a.describe() for a in self.arms},
+            "eval_every": self.eval_every,
+            "eval_prompts": self.eval_prompts,
+            "train_prompts": self.train_prompts,
+            "seed_stride": TRAIN_SEED_STRIDE,
+            **({"first_seed": self.first_seed} if self.first_seed else {}),
+            **({"eval_set": self.eval_set} if self.eval_set != "test" else {}),
+        }

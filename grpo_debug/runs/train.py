@@ -21,7 +21,6 @@ every evaluation, so an interrupted comparison resumes where it stopped and give
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from ..tracin.influence import (
 )
 from ..tracin.selection import select
 from ..tracin.specs import specs_of
-from .arms import TRAIN_SEED_STRIDE, Arm, Selection, check_plan, step_config
+from .arms import Arm, Plan, Selection, step_config
 from .progress import Progress, _lock
 from .results import summarize
 
@@ -113,83 +112,55 @@ def held_out(step: GRPOStep, base: StepConfig, prompts: int, prompt_set: str = "
     return {"reward": side.reward, "per_prompt": side.per_prompt.tolist()}
 
 
-def run_arm(
-    arm: Arm,
-    seed: int,
-    base: StepConfig,
-    steps: int,
-    eval_every: int,
-    eval_prompts_n: int,
-    train_prompts: int,
-    progress: Progress,
-    bar,
-    eval_set: str = "test",
-) -> None:
+def run_arm(arm: Arm, seed: int, plan: Plan, progress: Progress, bar) -> None:
+    base = plan.base
     step = GRPOStep(arm.config(base))
     done = progress.resume_point(arm.name, seed)
     if done:
         progress.load(step, base, arm.name, seed)
     else:
-        progress.add({"arm": arm.name, "seed": seed, "step": 0, "eval": held_out(step, base, eval_prompts_n, eval_set)})
+        progress.add(
+            {"arm": arm.name, "seed": seed, "step": 0, "eval": held_out(step, base, plan.eval_prompts, plan.eval_set)}
+        )
     bar.update(done)
-    for t in range(done, steps):
-        record = train_step(step, step_config(base, arm, seed, t, train_prompts), arm.selection)
+    for t in range(done, plan.steps):
+        record = train_step(step, step_config(base, arm, seed, t, plan.train_prompts), arm.selection)
         progress.add({"arm": arm.name, "seed": seed, "step": t + 1, **record})
-        if (t + 1) % eval_every == 0 or t + 1 == steps:
-            progress.add(
-                {"arm": arm.name, "seed": seed, "step": t + 1, "eval": held_out(step, base, eval_prompts_n, eval_set)}
-            )
+        if (t + 1) % plan.eval_every == 0 or t + 1 == plan.steps:
+            evaluation = held_out(step, base, plan.eval_prompts, plan.eval_set)
+            progress.add({"arm": arm.name, "seed": seed, "step": t + 1, "eval": evaluation})
             progress.save(step, arm.name, seed, t + 1)
         bar.update(1)
 
 
 def train(
-    arms: list[Arm],
-    steps: int,
-    seeds: int,
-    base: StepConfig | None = None,
-    eval_every: int = 5,
-    eval_prompts_n: int = 32,
-    train_prompts: int = 128,
+    plan: Plan,
     progress_path: str | Path = "train.progress.jsonl",
     show_progress: bool = True,
     keep_progress: bool = False,
-    first_seed: int = 0,
-    eval_set: str = "test",
 ) -> dict:
-    """Every arm for `steps` steps and `seeds` seeds, first_seed .. first_seed + seeds - 1 (resuming from
-    `progress_path`); the results. Once every arm is done the progress file and its checkpoints are removed,
-    unless `keep_progress`. A confirmatory run takes seeds no exploratory run used (`first_seed`); a run that
-    chooses a setting (a learning rate) evaluates on the validation prompts (`eval_set`), never the test's."""
-    base = base or StepConfig()
-    check_plan(arms, steps, seeds, base, eval_every, eval_prompts_n, train_prompts, first_seed, eval_set)
-    header = {
-        "base": {k: v for k, v in dataclasses.asdict(base).items() if v != getattr(StepConfig(), k)},
-        "arms": {a.name: a.describe() for a in arms},
-        "eval_every": eval_every,
-        "eval_prompts": eval_prompts_n,
-        "train_prompts": train_prompts,
-        "seed_stride": TRAIN_SEED_STRIDE,
-        **({"first_seed": first_seed} if first_seed else {}),
-        **({"eval_set": eval_set} if eval_set != "test" else {}),
-    }
+    """Every arm of `plan` for its steps and seeds (resuming from `progress_path`); the results. Once every arm is
+    done the progress file and its checkpoints are removed, unless `keep_progress`. A confirmatory run takes seeds
+    no exploratory run used (`first_seed`); a run that chooses a setting (a learning rate) evaluates on the
+    validation prompts (`eval_set`), never the test's."""
+    header = plan.header()
     lock = _lock(Path(f"{progress_path}.lock"))
     progress = Progress(progress_path, header)
-    for arm in arms:
-        for seed in range(first_seed, first_seed + seeds):
-            with tqdm(total=steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
-                run_arm(arm, seed, base, steps, eval_every, eval_prompts_n, train_prompts, progress, bar, eval_set)
-    order = {a.name: i for i, a in enumerate(arms)}  # a resumed run appended its records out of order
+    for arm in plan.arms:
+        for seed in plan.seed_range:
+            with tqdm(total=plan.steps, desc=f"{arm.name} seed {seed}", disable=not show_progress, leave=False) as bar:
+                run_arm(arm, seed, plan, progress, bar)
+    order = {a.name: i for i, a in enumerate(plan.arms)}  # a resumed run appended its records out of order
     records = sorted(
-        (r for r in progress.records if r["step"] <= steps),
+        (r for r in progress.records if r["step"] <= plan.steps),
         key=lambda r: (order[r["arm"]], r["seed"], r["step"], "eval" in r),
     )
     results = {
         **header,
-        "steps": steps,
-        "seeds": seeds,
+        "steps": plan.steps,
+        "seeds": plan.seeds,
         "records": records,
-        "summary": summarize(records, [a.name for a in arms], seeds, steps),
+        "summary": summarize(records, [a.name for a in plan.arms], plan.seeds, plan.steps),
     }
     if not keep_progress:
         progress.remove()
