@@ -1,7 +1,7 @@
 """Seconds per training step per arm type on the bundled model:
 `python benchmarks/train.py [--threads N] [--steps K] [--arm NAME ...] [--set KEY=VALUE ...] [--from-experiments]`.
 
-Runs K steps of each arm (one seed, no held-out evaluation but the one at step 0, which is not timed) and
+Runs K steps of each arm (one seed; its held-out evaluations, at step 0 and after step K, are not timed) and
 prints JSON: per arm, the median and max seconds of a step (rollout, scoring, rewards, loss, the update;
 for a TracIn arm also its validation set, the per-sample influence and the update on the selected samples).
 `--from-experiments` instead reads the per-step seconds the committed runs under `data/experiments/`
@@ -61,7 +61,9 @@ def main() -> None:
         if args.quick:
             base, args.steps = base.replace(**QUICK_SET), 2
         with tempfile.TemporaryDirectory() as tmp:
-            plan = Plan(tuple(parse_arm(a) for a in args.arm), args.steps, 1, base, args.steps + 1, eval_prompts=4)
+            plan = Plan(
+                [parse_arm(a) for a in args.arm], args.steps, 1, base, eval_every=args.steps + 1, eval_prompts=4
+            )
             out = train(plan, Path(tmp) / "bench.progress.jsonl", show_progress=False)
         report = {
             "threads": args.threads,

@@ -59,8 +59,8 @@ from grpo_debug.ui import plots
 red = adv.phantom_groups  # a reward std under advantages.PHANTOM_STD, divided into full-size advantages
 note = (f"phantom groups {red} (red): reward std <= {adv.group_std[red].max():.2g}, yet |advantage| up to "
         f"{adv.values.view(-1, cfg.num_generations)[red].abs().max():.2g}" if red else "no phantom group (red)")
-plots.advantages_bars(adv, cfg.num_generations, title=f"{len(adv.zero_std_groups)} of {len(adv.group_std)} groups have "
-                      f"equal rewards, every advantage 0 (shaded)\n{note}")
+plots.advantages_bars(adv, cfg.num_generations, title=f"{len(adv.zero_std_groups)} of {len(adv.group_std)} groups: "
+                      f"reward std 0, every advantage 0 (shaded)\n{note}")
 
 # %%
 from grpo_debug.ui.tables import compare_variants

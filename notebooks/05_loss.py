@@ -120,7 +120,7 @@ spread = kl.max(0).values - kl.min(0).values  # per token: how far apart the est
 t = int(spread.argmax())
 title = (f"dropout on while scoring: the KL estimators disagree most at token {t}\n"
          + ", ".join(f"{e} {v:+.3g}" for e, v in zip(KL_ESTIMATORS, kl[:, t].tolist()))
-         if spread.max() > 0 else "dropout on while scoring: every KL estimator 0 on every token")
+         if spread.numel() and spread.max() > 0 else "dropout on while scoring: every KL estimator 0 on every token")
 plots.kl_per_token(scored.policy, scored.reference, scored.mask, title=title, chosen=cfg.kl_estimator)
 
 # %% [markdown]

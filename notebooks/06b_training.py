@@ -386,9 +386,9 @@ from grpo_debug.runs.arms import ARMS, Plan
 from grpo_debug.runs.results import record_differences
 from grpo_debug.runs.train import train
 
-plan = Plan([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
-            eval_prompts=pit["eval_prompts"], train_prompts=pit["train_prompts"])
-live = train(plan, "/tmp/grpo_debug_06b_live.progress.jsonl", show_progress=False)
+live_plan = Plan([ARMS["fixed"], ARMS["dropout"]], 2, 1, base_config(pit), eval_every=pit["eval_every"],
+                 eval_prompts=pit["eval_prompts"], train_prompts=pit["train_prompts"])
+live = train(live_plan, "/tmp/grpo_debug_06b_live.progress.jsonl", show_progress=False)
 strip = lambda x: {k: v for k, v in x.items() if k != "seconds"}
 mine = [strip(x) for x in live["records"] if x["step"] <= 1 or ("eval" not in x and x["step"] == 2)]
 stored = [strip(x) for x in pit["records"] if x["seed"] == 0 and x["arm"] in ("fixed", "dropout")

@@ -70,19 +70,20 @@ def tidy(nb: dict) -> dict:
     ]
     if not shown and widgets is None:
         return nb
-    state = widgets["state"] if widgets else {}
+    state = widgets.get("state", {}) if widgets else {}
     order = []
     for model in shown:  # breadth first from each shown widget, so the numbering follows the notebook
         queue = [model]
         while queue:
             current = queue.pop(0)
-            if current in order or current not in state:
+            if current in order:
                 continue
-            order.append(current)
-            queue.extend(model_ids(state[current], set(state)))
+            order.append(current)  # shown but not in the stored state: renumbered all the same
+            queue.extend(model_ids(state.get(current, {}), set(state)))
     new = {old: f"{i + 1:032x}" for i, old in enumerate(order)}
-    text = json.dumps({"cells": nb["cells"], "state": {k: state[k] for k in order}})
-    renumbered = json.loads(re.sub("|".join(new), lambda m: new[m.group(0)], text) if new else text)
+    text = json.dumps({"cells": nb["cells"], "state": {k: state[k] for k in order if k in state}})
+    ids = '"(IPY_MODEL_)?(' + "|".join(new) + ')"'  # an id is a whole string, alone or behind IPY_MODEL_
+    renumbered = json.loads(re.sub(ids, lambda m: f'"{m.group(1) or ""}{new[m.group(2)]}"', text) if new else text)
     nb["cells"] = nbformat.from_dict(renumbered["cells"])
     if widgets is not None:
         widgets["state"] = nbformat.from_dict(renumbered["state"])

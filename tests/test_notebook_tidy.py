@@ -71,3 +71,11 @@ def test_tidy_keeps_every_widget_an_output_reaches_and_drops_the_rest():
         f"references to widgets tidy dropped: {sorted((referred | shown) - set(kept))}"
     )
     assert all(not c.metadata.get("execution") for c in out.cells), "an execution timestamp survived tidy"
+
+
+def test_widgets_shown_without_a_stored_state_are_renumbered_too():
+    executions = [as_executed(stored("09_dashboard"), seed) for seed in (1, 2)]
+    for nb in executions:
+        del nb.metadata["widgets"]  # a front end that saved the outputs but not the widgets' state
+    first, second = (tidy(nb) for nb in executions)
+    assert executions[0] != executions[1] and first == second, "random widget ids survived tidy without a state"

@@ -154,7 +154,7 @@ def step_config(base: StepConfig, arm: Arm, seed: int, t: int, train_prompts: in
     return arm.config(base).replace(seed=TRAIN_SEED_STRIDE * seed + t, prompt_offset=(t % (train_prompts // B)) * B)
 
 
-def check_distinct(arms: list[Arm]) -> None:
+def check_distinct(arms: tuple[Arm, ...] | list[Arm]) -> None:
     """Arms are told apart by name in the results: two of one name are refused."""
     if len({a.name for a in arms}) != len(arms):
         raise ValueError(f"arm names must differ: {[a.name for a in arms]}")
@@ -170,7 +170,7 @@ class Plan:
     `eval_prompts` prompts of `eval_set`. Checked as it is made, before any model loads (and, from the command
     line, before torch does): distinct arms, counts of at least 1, prompt sets that hold the prompts asked for."""
 
-    arms: tuple[Arm, ...]
+    arms: tuple[Arm, ...]  # a list is taken as a tuple
     steps: int
     seeds: int
     base: StepConfig = dataclasses.field(default_factory=StepConfig)

@@ -11,7 +11,7 @@ import matplotlib.ticker
 import numpy as np
 import torch
 
-from ..advantages import Advantages
+from ..advantages import Advantages, group_std
 from ..evaluation import Evaluation
 from ..logprobs import TokenLogProbs
 from ..loss import KL_ESTIMATORS, per_token_kl
@@ -72,10 +72,11 @@ def _done(fig, legend_from=None, legend=None):
 
 
 def rewards_per_group(rewards: Rewards, num_generations: int, title: str | None = None):
-    """Each group's rewards and their mean. None: the takeaway, how many groups give every completion one reward."""
+    """Each group's rewards and their mean. None: the takeaway, how many groups give every completion one reward
+    (a reward std of 0 as the advantages count it, an unscorable completion's NaN left out)."""
     values = rewards.total.view(-1, num_generations).numpy()
     if title is None:
-        same = int((values.max(1) == values.min(1)).sum())
+        same = int(torch.isclose(group_std(rewards.total, num_generations), torch.tensor(0.0)).sum())
         title = f"{same} of {len(values)} groups: every completion gets the same reward (no signal)"
     fig, ax = plt.subplots(figsize=(7, 3))
     for b, row in enumerate(values):
@@ -147,7 +148,9 @@ def per_sample_grad_norms(norms: torch.Tensor, advantages: torch.Tensor, title: 
         if zero.any():
             lines.append(f"{int(zero.sum())} samples with advantage 0: gradient norm at most {norms[zero].max():.2g}")
         if (~zero).any():
-            lines.append(f"{int((~zero).sum())} with a non-zero advantage: median {norms[~zero].median():.2g}")
+            lines.append(
+                f"{int((~zero).sum())} samples with a non-zero advantage: median {norms[~zero].float().quantile(0.5):.2g}"
+            )
         title = "\n".join(lines)
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.scatter(advantages.numpy(), norms.numpy(), s=16)
@@ -177,13 +180,14 @@ def eval_before_after(evaluation: Evaluation, title: str | None = None):
 
 
 def time_per_phase(timings: dict[str, float], title: str | None = None):
-    """One bar per phase. None: the takeaway, the slowest phase's share of the step."""
-    if title is None:
-        total, slowest = sum(timings.values()), max(timings, key=timings.get)
+    """One bar per phase. None: the takeaway, the slowest phase's share of the step (where any phase took time)."""
+    total = sum(timings.values())
+    if title is None and total > 0:
+        slowest = max(timings, key=timings.get)
         title = f"seconds per phase: {slowest} takes {timings[slowest] / total:.0%} of the step's {total:.1f} s"
     fig, ax = plt.subplots(figsize=(7, 2.8))
     ax.barh(list(timings), list(timings.values()))
-    ax.set(xlabel="seconds", title=title)
+    ax.set(xlabel="seconds", title=title or "seconds per phase")
     return _done(fig)
 
 
