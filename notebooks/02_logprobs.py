@@ -87,9 +87,9 @@ from grpo_debug.ui import plots
 
 gap = table["logps/max_sampler_gap"]
 pitfall_gap = gap.drop([base, "every scoring fix on"], errors="ignore")  # the rows that turn a fix off
-worst, side = pitfall_gap.idxmax(), "below" if gap[base] < 1e-4 else "above"
+worst, side = pitfall_gap.idxmax(), "below" if gap[base] < plots.GAP_LINE else "above"
 plots.gap_by_toggle(gap.to_dict(), title=f"{base}: max gap {gap[base]:.2g} nats, {side} the dashed 1e-4 line\n"
-                    f"{(pitfall_gap > 1e-4).sum()} of {len(pitfall_gap)} pitfall rows above it; "
+                    f"{(pitfall_gap > plots.GAP_LINE).sum()} of {len(pitfall_gap)} pitfall rows above it; "
                     f"largest: {worst} ({pitfall_gap[worst]:.3g} nats)")
 
 # %%

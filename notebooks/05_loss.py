@@ -109,13 +109,12 @@ check
 # dropout on (phase 2's pitfall) makes them differ, and the estimators disagree token by token.
 
 # %%
-from grpo_debug.loss import KL_ESTIMATORS, per_token_kl
+from grpo_debug.loss import KL_ESTIMATORS
 from grpo_debug.ui import plots
 
 run = step.run(cfg.replace(dropout=True), until="loss", remember=False)
 scored = run.logprobs
-kl = torch.stack([per_token_kl(scored.policy[:1], scored.reference[:1], None, e)[0, :int(scored.mask[0].sum())]
-                  for e in KL_ESTIMATORS])  # (estimator, token) on sample 0, as drawn
+kl = plots.kl_by_estimator(scored.policy, scored.reference, scored.mask)  # (estimator, token) on sample 0, as drawn
 spread = kl.max(0).values - kl.min(0).values  # per token: how far apart the estimators are
 t = int(spread.argmax())
 title = (f"dropout on while scoring: the KL estimators disagree most at token {t}\n"

@@ -208,8 +208,9 @@ class Plan:
 
     def header(self) -> dict:
         """The plan as a results file's header records it (first_seed and eval_set only where not the default)."""
+        default = StepConfig()
         return {
-            "base": {k: v for k, v in dataclasses.asdict(self.base).items() if v != getattr(StepConfig(), k)},
+            "base": {k: v for k, v in dataclasses.asdict(self.base).items() if v != getattr(default, k)},
             "arms": {a.name: a.describe() for a in self.arms},
             "eval_every": self.eval_every,
             "eval_prompts": self.eval_prompts,

@@ -108,16 +108,31 @@ def logprob_gap_heatmap(logprobs: TokenLogProbs, title: str = "|sampler - recomp
     return _done(fig)
 
 
+GAP_LINE = 1e-4  # nats (drawn dashed, "1e-4"): a sampler-trainer log-prob gap under it is float rounding
+
+
 def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recomputed| log-prob"):
     names = list(gaps)
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.barh(
-        names, [max(gaps[n], 1e-8) for n in names], color=["tab:green" if gaps[n] < 1e-4 else "tab:red" for n in names]
+        names,
+        [max(gaps[n], 1e-8) for n in names],
+        color=["tab:green" if gaps[n] < GAP_LINE else "tab:red" for n in names],
     )
     ax.set_xscale("log")
-    ax.axvline(1e-4, color="k", ls="--", lw=0.8)
+    ax.axvline(GAP_LINE, color="k", ls="--", lw=0.8)
     ax.set(xlabel="nats (log scale; dashed: 1e-4)", title=title)
     return _done(fig)
+
+
+def kl_by_estimator(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, sample: int = 0) -> torch.Tensor:
+    """(estimator, token): each of `KL_ESTIMATORS` on sample `sample`'s scored tokens (logps, ref_logps, mask: B x T)."""
+    length = int(mask[sample].sum())
+    rows = [
+        per_token_kl(logps[sample : sample + 1], ref_logps[sample : sample + 1], None, e)[0, :length]
+        for e in KL_ESTIMATORS
+    ]
+    return torch.stack(rows)
 
 
 def kl_per_token(
@@ -128,12 +143,11 @@ def kl_per_token(
     title: str | None = None,
     chosen: str | None = None,
 ):
-    """Every estimator on one sample's tokens; `chosen` (the loss's estimator) drawn thick. None: a title that
-    names the sample."""
-    length, title = int(mask[sample].sum()), title or f"per-token KL estimates, sample {sample}"
+    """Every estimator on one sample's tokens (`kl_by_estimator`); `chosen` (the loss's estimator) drawn thick.
+    None: a title that names the sample."""
+    title = title or f"per-token KL estimates, sample {sample}"
     fig, ax = plt.subplots(figsize=(8, 3))
-    for estimator in KL_ESTIMATORS:
-        values = per_token_kl(logps[sample : sample + 1], ref_logps[sample : sample + 1], None, estimator)[0, :length]
+    for estimator, values in zip(KL_ESTIMATORS, kl_by_estimator(logps, ref_logps, mask, sample)):
         label = f"{estimator} (this step's estimator)" if estimator == chosen else estimator
         ax.plot(values.numpy(), label=label, marker=".", lw=3 if estimator == chosen else 1)
     ax.set(xlabel=f"completion token of sample {sample}", ylabel="estimate", title=title)
