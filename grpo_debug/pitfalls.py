@@ -134,6 +134,14 @@ PITFALLS: dict[str, Pitfall] = {
             ("logprob_support", "sampler_support"),
         ),
         _p(
+            "identical_groups",
+            "every completion of a group is the same text: truncated or cold sampling leaves nothing to rank",
+            "sample with top_p=1.0, top_k=0 and temperature >= 1.0 (TRL's defaults), or raise num_generations",
+            "a user's run with top_p 0.5: every group 8 identical completions, blamed on a correct reward",
+            "01_rollout; 04_advantages: Zero-std groups still shape the loss",
+            fix_also=(("top_p", 1.0), ("top_k", 0), ("min_p", None), ("temperature", 1.0)),  # sampled anew
+        ),
+        _p(
             "sampler_mismatch",
             "the sampler's log-probs drift from the trainer's (verl's rollout-correction health check)",
             "vllm_importance_sampling_correction=True, or sample at the trainer's precision",
@@ -236,6 +244,7 @@ PITFALLS: dict[str, Pitfall] = {
             "always acts sets the step's size, not the loss",
             "TRL logs grad_norm before clipping; max_grad_norm=1.0 is its default",
             "06_update",
+            ("max_grad_norm", 0.0),  # flipped: the update without the clip, under the trainer's optimizer
         ),
         _p(
             "kl_blowup",

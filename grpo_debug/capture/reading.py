@@ -100,6 +100,12 @@ class Capture:
         return [(int(step), float(kl)) for step, kl in self.meta.get("logged_kl", [])]
 
     @property
+    def logged_history(self) -> list[dict]:
+        """[{"step": k, "kl": ..., "completions/clipped_ratio": ...}] as TRL logged them up to the captured step
+        (`trainer_state.HISTORY_KEYS`; empty in a capture recorded before this was kept)."""
+        return [dict(h) for h in self.meta.get("logged_history", [])]
+
+    @property
     def step_metrics_source(self) -> str:
         """What `step_metrics` are: the trainer's own numbers for this one step, or what TRL logged (an
         average over its logging window, `logging_steps` defaults to 10)."""
@@ -209,6 +215,14 @@ def _check_meta(meta, js: Path) -> tuple[dict, int]:
         for h in history
     )
     _need(ok, js, "logged_kl is not a list of [step, kl] pairs")
+    history = meta.get("logged_history", [])
+    ok = isinstance(history, list) and all(
+        isinstance(h, dict)
+        and type(h.get("step")) is int
+        and all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v) for v in h.values())
+        for h in history
+    )
+    _need(ok, js, "logged_history is not a list of {step, name: finite number} records")
     g = meta["grpo_config"]
     for key in ("num_generations", "max_completion_length", "epsilon", "disable_dropout", "loss_type", "beta"):
         _need(key in g, js, f"grpo_config has no {key!r}")

@@ -84,6 +84,37 @@ def logged_kl(log_history: list[dict]) -> list[list[float]]:
     return kept[-LOGGED_KL_STEPS:]
 
 
+# TRL 1.16's logged names that tell how a run went, step by step: the KL to the reference, the completions' length and
+# the share cut at max_completion_length, the reward and its spread, the gradient's norm, the policy's entropy
+HISTORY_KEYS = (
+    "kl",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "grad_norm",
+    "entropy",
+    "learning_rate",
+)
+
+
+def logged_history(log_history: list[dict]) -> list[dict]:
+    """[{"step": k, name: value, ...}] of TRL's training logs up to now (the last LOGGED_KL_STEPS), each with the
+    finite numbers of HISTORY_KEYS it logged: the order in which things went wrong before the captured step."""
+    kept = []
+    for h in log_history:
+        if "loss" not in h or not isinstance(h.get("step"), int):
+            continue
+        values = {k: float(h[k]) for k in HISTORY_KEYS if _finite_number(h.get(k))}
+        kept.append({"step": h["step"], **values})
+    return kept[-LOGGED_KL_STEPS:]
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def resolved_settings(trainer) -> dict:
     """The values the trainer resolved from its GRPOConfig at run time (the saved config keeps None for some)."""
     args = trainer.args

@@ -3,8 +3,11 @@
 A loud finding (problem or warning) whose pitfall has a switch on the step is a candidate cause. Each round,
 every candidate's fix is applied on the step (the same completions and weights, the earlier rounds' fixes kept)
 and every detector runs again; the candidate whose fix quiets the most other loud findings is kept, the most
-severe first where that ties. What its fix quieted is marked its symptom: no fix of its own. A finding that
-goes quiet only once several causes are fixed is a symptom of all of them, unless the last one alone quiets it.
+severe first where that ties; a candidate whose fix samples anew (a rollout field: a longer max_completion_length,
+top_p 1.0) and leaves it as severe is no cause that fix removes (what it left is kept in its evidence,
+`its_fix_leaves`). What its fix quieted is marked its symptom: no fix of its own. A
+finding that goes quiet only once several causes are fixed is a symptom of all of them, unless the last one alone
+quiets it.
 The rounds stop when no loud candidate is left, or after `ROUNDS`.
 
     findings, causes = differential(findings, toggles, detect_under)
@@ -19,11 +22,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from ..config import StepConfig
 from .findings import LOUD, SEVERITIES, Finding
 
 ROUNDS = 4
 
 Detect = Callable[[dict], dict[str, Finding] | None]
+
+
+def _samples(changes: dict) -> bool:
+    """Whether a fix changes how the completions are sampled (it is measured on new ones)."""
+    fields = StepConfig.__dataclass_fields__
+    return any(field in fields and StepConfig.phase_of(field) == "rollout" for field in changes)
 
 
 def loud(f: Finding) -> bool:
@@ -47,12 +57,18 @@ def differential(
     causes: list[str] = []
     clears: dict[str, tuple[str, ...]] = {}
     symptom_of: dict[str, tuple[str, ...]] = {}
+    failed: dict[str, str] = {}
     for _ in range(rounds):
-        candidates = [i for i in toggles if i not in causes and i not in symptom_of and loud(current[i])]
+        candidates = [
+            i for i in toggles if i not in causes and i not in symptom_of and i not in failed and loud(current[i])
+        ]
         if not candidates:
             break
         after = {i: detect_under({**changes, **toggles[i]}) for i in candidates}
         candidates = [i for i in candidates if after[i] is not None]  # a fix the step refused
+        for i in [i for i in candidates if _samples(toggles[i]) and after[i][i].severity == current[i].severity]:
+            failed[i] = after[i][i].summary  # sampled anew, it is as severe: not what this fix removes
+        candidates = [i for i in candidates if i not in failed]
         if not candidates:
             break
         others = {i: [j for j in quieted(current, after[i]) if j != i and j not in symptom_of] for i in candidates}
@@ -70,6 +86,7 @@ def differential(
             clears=clears.get(f.id, ()),
             symptom_of=symptom_of.get(f.id, ()),
             fixed_with=tuple(toggles[f.id].items()) if f.id in causes else (),
+            evidence={**f.evidence, "its_fix_leaves": failed[f.id]} if f.id in failed else f.evidence,
         )
         for f in findings
     ]

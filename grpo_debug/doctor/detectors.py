@@ -39,7 +39,7 @@ def zero_std_groups(f: StepFacts) -> Finding:
         return _finding(
             "zero_std_groups", "problem",
             f"every group's rewards are equal: every advantage is 0 and the loss's 0.0000 is real "
-            f"(grad_norm {upd.grad_norm:.3g} from the KL alone)", **evidence,
+            f"({_gradient_left(upd.grad_norm, f.run.config.beta)})", **evidence,
         )  # fmt: skip
     if share == 0:
         return _finding("zero_std_groups", "absent", "every group has varied rewards", **evidence)
@@ -51,6 +51,12 @@ def zero_std_groups(f: StepFacts) -> Finding:
     )  # fmt: skip
 
 
+def _gradient_left(grad_norm: float, beta: float) -> str:
+    if beta > 0:
+        return f"grad_norm {grad_norm:.3g} from the KL term alone"
+    return f"grad_norm {grad_norm:.3g}: beta = 0, so nothing is left to learn from"
+
+
 def _within_group(values: torch.Tensor, G: int) -> torch.Tensor:
     """(N,) each value minus its group's mean (NaN, a function that does not apply, counts as 0)."""
     v = _groups(values.nan_to_num(0.0), G)
@@ -58,16 +64,36 @@ def _within_group(values: torch.Tensor, G: int) -> torch.Tensor:
 
 
 def constant_reward(f: StepFacts) -> Finding:
-    per, G = f.run.rewards.per_function, f.run.config.num_generations
+    """A function that adds nothing to any advantage. Where the functions are at hand, it is called on other
+    completions of each prompt (`probes`): one that ignores the completion is named; one that is constant only because
+    every group's completions are identical is not (the sampler made the groups so: `identical_groups`)."""
+    per, G, r = f.run.rewards.per_function, f.run.config.num_generations, f.run.rollout
+    varied_groups = [g for g in range(len(r.prompts)) if g not in set(r.identical_groups)]
     constant = [name for name, v in per.items() if _within_group(v, G).abs().max().item() == 0]
-    evidence = dict(constant_functions=constant, functions=list(per))
+    evidence = dict(constant_functions=constant, functions=list(per), groups_with_varied_completions=len(varied_groups))
+    probes = f.reward_probes or {}
+    ignoring = [n for n in constant if n in probes and probes[n].ignores_completion]
+    if probes:
+        evidence["probed"] = {n: p.as_dict() for n, p in probes.items()}
     if not constant:
         return _finding("constant_reward", "absent", "every reward function varies within some group", **evidence)
-    severity = "problem" if len(constant) == len(per) else "warning"
+    if probes and not ignoring:
+        return _finding("constant_reward", "absent" if not varied_groups else "info",
+                        f"{', '.join(constant)} gave one value within every group, yet different values when called on "
+                        "other completions of the same prompts: it reads the completion", **evidence)  # fmt: skip
+    if not probes and not varied_groups:
+        return _finding("constant_reward", "info",
+                        f"{', '.join(constant)} gave one value within every group, but every group's completions are "
+                        "identical: no function could vary (pass --task to call it on other completions)",
+                        **evidence)  # fmt: skip
+    named = ignoring or constant
+    said = ("gave the same value for every completion of each prompt, its own and another prompt's"
+            if ignoring else "is constant within every group")  # fmt: skip
+    severity = "problem" if len(named) == len(per) else "warning"
     return _finding(
         "constant_reward", severity,
-        f"{', '.join(constant)} {'is' if len(constant) == 1 else 'are'} constant within every group: "
-        f"{len(constant)} of {len(per)} reward functions add nothing to any advantage", **evidence,
+        f"{', '.join(named)} {said}: {len(named)} of {len(per)} reward functions add nothing to any advantage",
+        **evidence,
     )  # fmt: skip
 
 
@@ -133,30 +159,51 @@ def paid_for_length(tests: dict[str, tuple[float, float]]) -> str | None:
 
 
 def length_reward(f: StepFacts) -> Finding:
+    """A reward that pays for length. Decided by intervention where the functions are at hand (`probes`: each
+    completion scored again with whitespace appended and with its last word repeated, its content kept): a function
+    that rises is paid for length; one that only correlates with length (right answers that happen to be longer)
+    is not. Without the functions, the within-group correlation is reported as info: it cannot tell the two apart."""
     r, per, G = f.run.rollout, f.run.rewards.per_function, f.run.config.num_generations
     lengths = r.completion_lengths.float()
-    if _within_group(lengths, G).abs().max().item() == 0:
-        return _finding("length_reward", "absent", "every completion of a group has the same length")
+    probes = f.reward_probes
     tests = {name: within_group_correlation(v, lengths, G) for name, v in {**per, "total": f.run.rewards.total}.items()}
     correlations = {name: t[0] for name, t in tests.items()}
     evidence = dict(within_group_correlation=correlations, one_sided_p={k: t[1] for k, t in tests.items()})
+    if probes:
+        evidence["probed"] = {n: p.as_dict() for n, p in probes.items()}
+        paid = [n for n, p in probes.items() if p.paid_for_length]
+        if paid:
+            p = probes[paid[0]]
+            how = max((p.rise_padded, "whitespace appended", p.raised_padded),
+                      (p.rise_repeated, "its last word repeated", p.raised_repeated))  # fmt: skip
+            return _finding(
+                "length_reward", "warning",
+                f"{', '.join(paid)} pays for length: with {how[1]} (content kept), the reward rose by {how[0]:+.3g} "
+                f"on average, on {how[2]:.0%} of completions (its within-group spread {p.spread:.3g}): longer is paid",
+                paid=paid, **evidence,
+            )  # fmt: skip
+    if _within_group(lengths, G).abs().max().item() == 0:
+        return _finding("length_reward", "absent", "every completion of a group has the same length", **evidence)
     name = paid_for_length({k: tests[k] for k in per})
-    if name is not None:
+    if probes:
+        top = max(per, key=lambda k: correlations[k])
+        if correlations[top] >= LENGTH_CORRELATION:
+            return _finding("length_reward", "info",
+                            f"{top} rises with completion length (within-group r = {correlations[top]:+.2f}), but not "
+                            "when only the length changes (whitespace appended, the last word repeated): it pays for "
+                            "something that comes with length", **evidence)  # fmt: skip
+    elif name is not None:
         return _finding(
-            "length_reward", "warning",
+            "length_reward", "info",
             f"{name} rises with completion length (within-group r = {correlations[name]:+.2f}, Holm-adjusted "
-            f"p <= {LENGTH_ALPHA}): longer is paid",
+            f"p <= {LENGTH_ALPHA}); a correlation cannot tell length from what comes with it: pass --task to call "
+            "the function on the same completions made longer",
             **evidence,
         )  # fmt: skip
     if min(correlations[k] for k in per) <= -LENGTH_CORRELATION:
         low = min(per, key=lambda k: correlations[k])
         return _finding("length_reward", "info", f"{low} falls with length (r = {correlations[low]:+.2f}): a "
                         "length penalty, if meant", **evidence)  # fmt: skip
-    top = max(per, key=lambda k: correlations[k])
-    if correlations[top] >= LENGTH_CORRELATION:
-        return _finding("length_reward", "info", f"{top} rises with length (r = {correlations[top]:+.2f}) but "
-                        f"{len(lengths)} completions cannot tell it from chance (Holm-adjusted p > {LENGTH_ALPHA})",
-                        **evidence)  # fmt: skip
     return _finding("length_reward", "absent", f"largest |r| with length {max(map(abs, correlations.values())):.2f}",
                     **evidence)  # fmt: skip
 
@@ -222,6 +269,37 @@ def truncation(f: StepFacts) -> Finding:
         f"{cut:.0%} of completions hit max_completion_length={cfg.max_new_tokens} without an EOS{masked}",
         **evidence,
     )  # fmt: skip
+
+
+IDENTICAL_WARNING = 0.5  # half the groups without two different completions: most prompts teach nothing
+COLD = 0.5  # a sampling temperature at or below this narrows the distribution by itself (TRL's default is 1.0)
+
+
+def _narrowed(cfg) -> list[str]:
+    """The sampling settings that narrow the distribution TRL samples from (its defaults narrow nothing)."""
+    said = [f"top_p {cfg.top_p:g}"] if cfg.top_p < 1 else []
+    said += [f"top_k {cfg.top_k}"] if cfg.top_k else []
+    said += [f"min_p {cfg.min_p:g}"] if cfg.min_p else []
+    return said + ([f"temperature {cfg.temperature:g}"] if cfg.temperature <= COLD else [])
+
+
+def identical_groups(f: StepFacts) -> Finding:
+    """Groups whose G completions are one text: no reward function can tell them apart, so their advantages are 0
+    whatever the rewards. Loud only where the sampling settings narrow the distribution (a fix to resample with);
+    at TRL's sampling defaults identical completions are a model that is sure of its answer."""
+    r, cfg = f.run.rollout, f.run.config
+    share = len(r.identical_groups) / max(len(r.prompts), 1)
+    narrowed = _narrowed(cfg)
+    evidence = dict(identical_groups=list(r.identical_groups), share=share, narrowed_by=narrowed)
+    if share == 0:
+        return _finding("identical_groups", "absent", "every group holds two different completions or more", **evidence)
+    said = f"{len(r.identical_groups)} of {len(r.prompts)} groups: all {cfg.num_generations} completions identical"
+    if not narrowed:
+        return _finding("identical_groups", "info", f"{said}, sampled at temperature {cfg.temperature:g} with nothing "
+                        "cut: the model is that sure of them", **evidence)  # fmt: skip
+    severity = "problem" if share == 1 else "warning" if share >= IDENTICAL_WARNING else "info"
+    return _finding("identical_groups", severity, f"{said}, sampled with {', '.join(narrowed)}: their advantages are 0 "
+                    "whatever the reward functions pay", **evidence)  # fmt: skip
 
 
 # ---- loss

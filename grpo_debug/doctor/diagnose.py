@@ -17,6 +17,7 @@ from .facts import detect, examine, facts_of, held_out_prompts
 from .findings import LOUD, Finding
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .horizon import SEEDS, compare, continuations
+from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 
 
@@ -49,9 +50,10 @@ def _diagnose(step: GRPOStep, flip: bool, held_out: int | None, horizon: int, ho
         for i in flips:
             toggle = PITFALLS[findings[i].id].toggle
             effect = counterfactual(step, base, delta, *toggle, paired, detected)
-            findings[i] = dataclasses.replace(findings[i], effect=effect)
+            findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect))
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
-        findings, chained = differential(findings, fixes, _detect_under(step, base, detected))
+        findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
+    findings = after_onsets(findings, chained, onsets_of(list(facts.logged_history), base.config.max_grad_norm))
     step.restore_policy()
     followed = None
     if horizon > 0:
@@ -61,6 +63,21 @@ def _diagnose(step: GRPOStep, flip: bool, held_out: int | None, horizon: int, ho
     return Report(
         rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm, followed
     )
+
+
+# findings whose statistic says only that something differs; whether it matters is what flipping it does to the update
+SEVERITY_FROM_FLIP = ("dropout", "grad_clipped")
+
+
+def severity_from_flip(f: Finding) -> Finding:
+    """A loud finding of SEVERITY_FROM_FLIP whose flip leaves the update as it is (`flips.COSMETIC`: the update's
+    cosine and grad_norm within 1%) is info: under the trainer's optimizer it changes nothing this step learns."""
+    e = f.effect
+    if f.id not in SEVERITY_FROM_FLIP or f.severity not in LOUD or not e or "error" in e or not e["cosmetic"]:
+        return f
+    said = (f"{f.summary}; flipped on this step it leaves the update as it is (cosine {e['update_cosine']:+.3f}, "
+            f"norm {e['update_norm'][0]:.3g} -> {e['update_norm'][1]:.3g})")  # fmt: skip
+    return dataclasses.replace(f, severity="info", summary=said)
 
 
 def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, seeds: int):
@@ -81,40 +98,78 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
     return findings, {"steps": steps, "seeds": seeds, "level": level, "as_run_rewards_by_step": by_step}
 
 
+def _samples_anew(step: GRPOStep) -> bool:
+    """Whether a fix may change how the step samples: the bundled step always; a capture where its reward functions
+    are at hand (--task), by sampling anew from the captured weights (the trainer's completions stay as evidence)."""
+    return step.capture is None or not step.stored_rewards
+
+
+def _kept(changes: dict, step: GRPOStep, config) -> dict:
+    """`changes` less what the config already holds, and less its rollout fields where the step cannot sample anew;
+    a temperature only ever raised (a fix samples wider, never colder)."""
+    kept = {}
+    for field, value in changes.items():
+        now = getattr(config, field)
+        if now == value or (StepConfig.phase_of(field) == "rollout" and not _samples_anew(step)):
+            continue
+        if field == "temperature" and now >= value:
+            continue
+        kept[field] = value
+    return kept
+
+
 def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     """The config changes the differential fixes a loud finding with: its scaled field (`fix_scales`: a rollout
-    field only where the step can sample anew, the bundled step; a capture's rollout is the trainer's), else its
-    toggle and what the fix changes beside it (`fix_also`, rollout fields likewise). None: no fix on this step
-    (no switch, already set, vLLM's on a run without vLLM, a flip refused, or one that takes the gradient away:
-    it would clear findings by scoring nothing)."""
+    field only where the step can sample anew), else its toggle and what the fix changes beside it (`fix_also`,
+    rollout fields likewise), else `fix_also` alone (a fix that samples anew). None: no fix on this step (no switch,
+    already set, vLLM's on a run without vLLM, a flip refused, or one that takes the gradient away: it would clear
+    findings by scoring nothing)."""
     p = PITFALLS[f.id]
     if f.severity not in LOUD:
         return None
     if p.fix_scales is not None:
         field, factor = p.fix_scales
-        if step.capture is None or StepConfig.phase_of(field) != "rollout":
+        if _samples_anew(step) or StepConfig.phase_of(field) != "rollout":
             value = getattr(config, field)
             return {field: type(value)(value * factor)}
+    if p.toggle is None:
+        return _kept(dict(p.fix_also), step, config) or None
     if not _flippable(f, config, vllm) or f.effect is None or "error" in f.effect or f.effect["removes_gradient"]:
         return None
-    also = {k: v for k, v in p.fix_also if step.capture is None or StepConfig.phase_of(k) != "rollout"}
-    return {p.toggle[0]: p.toggle[1], **also}
+    return {p.toggle[0]: p.toggle[1], **_kept(dict(p.fix_also), step, config)}
 
 
-def _detect_under(step: GRPOStep, base: StepRun, detected: dict):
-    """Every detector on the step with config changes applied (the same completions and weights, unless a
-    change is a rollout field), remembered in `detected` by `change_key`; None where the step refuses them."""
+def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[Finding]):
+    """Every detector on the step with config changes applied (the same completions and weights), remembered in
+    `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
+    field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
+    it, at the same seed: a finding counts as cleared only where the resample without the change keeps it (else the
+    trainer's finding is kept: a new draw alone quieted it)."""
+    trainer = {f.id: f for f in as_found}
 
-    def detect_under(changes: dict) -> dict[str, Finding] | None:
-        key = change_key(changes)
+    def run_detectors(changes: dict, anew: bool) -> dict[str, Finding] | None:
+        key = (*change_key(changes), ("sampled anew", anew))
         if key not in detected:
+            cfg = base.config.replace(**changes)
             try:
-                run = step.run(base.config.replace(**changes), until="update", base=base, remember=False)
+                run = step.run(cfg, until="update", base=StepRun(cfg) if anew else base, remember=False)
             except ValueError:  # a fix this step cannot take (a length past the model's positions)
                 detected[key] = None
             else:
                 detected[key] = {f.id: f for f in detect(facts_of(step, run))}
             step.restore_policy()
         return detected[key]
+
+    def detect_under(changes: dict) -> dict[str, Finding] | None:
+        anew = step.capture is not None and any(StepConfig.phase_of(k) == "rollout" for k in changes)
+        if not anew:
+            key = change_key(changes)
+            if key not in detected:
+                detected[key] = run_detectors(changes, False)
+            return detected[key]
+        fixed, again = run_detectors(changes, True), run_detectors({}, True)
+        if fixed is None or again is None:
+            return None
+        return {i: f if again[i].severity in LOUD else trainer.get(i, f) for i, f in fixed.items()}
 
     return detect_under

@@ -21,6 +21,7 @@ from ..step import GRPOStep, StepRun
 from .detectors import DETECTORS
 from .exact_kl import at_reference, estimator_against_exact
 from .findings import Finding, StepFacts
+from .probes import probe_rewards
 
 
 def _trained(step: GRPOStep):
@@ -159,7 +160,25 @@ def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
         step_kl=step_kl,
         logged_kl=step.capture.step_metrics.get("kl") if step.capture is not None else None,
         kl_history=tuple(step.capture.logged_kl) if step.capture is not None else (),
+        reward_probes=_probes(step, run),
+        logged_history=tuple(step.capture.logged_history) if step.capture is not None else (),
     )
+
+
+_PROBED: dict[tuple, dict] = {}  # the probes of the last completions seen: a flip on the same completions reuses them
+
+
+def _probes(step: GRPOStep, run: StepRun) -> dict | None:
+    """The reward functions probed on the run's completions (`probes`); None where only stored rewards are at hand."""
+    if step.stored_rewards:
+        return None
+    r = run.rollout
+    prompts = [r.prompts[i // r.num_generations] for i in range(len(r.completions))]
+    key = (id(step.task), tuple(prompts), tuple(r.completions))
+    if key not in _PROBED:
+        _PROBED.clear()
+        _PROBED[key] = probe_rewards(step.task, prompts, list(r.completions), r.num_generations)
+    return _PROBED[key]
 
 
 def uses_vllm(step: GRPOStep) -> bool:

@@ -45,6 +45,8 @@ class StepFacts:
     step_kl: float | None = None  # KL(before || after) per scored token that the update made (`moved_kl`)
     logged_kl: float | None = None  # the kl TRL logged at the captured step (k3 to the reference), if any
     kl_history: tuple[tuple[int, float], ...] = ()  # (step, kl) TRL logged up to the captured step, oldest first
+    reward_probes: dict | None = None  # {function: probes.RewardProbe}; None: the functions are not at hand
+    logged_history: tuple[dict, ...] = ()  # what TRL logged at each step up to the captured one, oldest first
 
 
 def _finding(id: str, severity: str, summary: str, **evidence) -> Finding:

@@ -1,0 +1,62 @@
+"""Time as evidence: when each finding began, from what TRL logged at every step before the captured one. A finding
+that began after another did, and that no fix of its own clears, is ranked as that one's consequence (every
+completion cut from the step after the KL jumped is the broken policy's, not max_completion_length's).
+
+    onsets = onsets_of(history, config)      # {finding id: the first logged step past its threshold}
+    findings = after_onsets(findings, chained, onsets)
+
+`history`: [{"step": k, "kl": ..., "completions/clipped_ratio": ..., ...}] oldest first (`capture.logged_history`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .chain import loud
+from .detectors import CLIPPED_WARNING, KL_BLOWUP_WARNING, NO_SIGNAL_WARNING, TRUNCATED_WARNING
+from .findings import Finding
+
+# finding id -> (what TRL logs, the level at which the finding begins): the detectors' own warning levels
+SIGNALS = {
+    "kl_blowup": ("kl", KL_BLOWUP_WARNING),
+    "update_size": ("kl", KL_BLOWUP_WARNING),  # large updates show as the KL they leave behind
+    "truncation": ("completions/clipped_ratio", TRUNCATED_WARNING),
+    "zero_std_groups": ("frac_reward_zero_std", NO_SIGNAL_WARNING),
+}
+
+
+def onsets_of(history: list[dict], max_grad_norm: float | None) -> dict[str, int]:
+    """{finding id: the first logged step whose value reached the finding's level}, for the findings that began after
+    the first logged step (one past its level from the start has no before to compare with)."""
+    signals = dict(SIGNALS)
+    if max_grad_norm:
+        signals["grad_clipped"] = ("grad_norm", CLIPPED_WARNING * max_grad_norm)
+    found = {}
+    for id, (name, level) in signals.items():
+        logged = [(h["step"], h[name]) for h in history if name in h]
+        crossed = next((k for k, (_, v) in enumerate(logged) if v >= level), None)
+        if crossed:  # past 0: there was a logged step below the level before it
+            found[id] = logged[crossed][0]
+    return found
+
+
+def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, int]) -> list[Finding]:
+    """Each loud finding that no fix of its own clears (not a cause the chain fixed, no symptom already) and that
+    began after another loud finding, marked a symptom of the earliest such one, with when each began."""
+    loud_at = {f.id: onsets[f.id] for f in findings if loud(f) and f.id in onsets}
+    if len(loud_at) < 2:
+        return findings
+    first = min(loud_at, key=lambda i: (loud_at[i], i not in chained))
+    out = []
+    for f in findings:
+        later = f.id in loud_at and loud_at[f.id] > loud_at[first] and f.id not in chained and not f.symptom_of
+        if later:
+            when = {"began_at_step": loud_at[f.id], "after": first, "which_began_at_step": loud_at[first]}
+            f = dataclasses.replace(
+                f,
+                symptom_of=(first,),
+                summary=f"{f.summary}; it began at step {loud_at[f.id]}, after {first} at step {loud_at[first]}",
+                evidence={**f.evidence, "onset": when},
+            )
+        out.append(f)
+    return out
