@@ -88,8 +88,18 @@ def misranked(findings: list[dict]) -> str:
 
 @pytest.fixture(scope="module")
 def reports(runs) -> dict:
-    """The doctor's report on every planted and clean run (no held-out prompts: the captures carry no task)."""
-    return {name: diagnose(open_capture(capture), held_out=0) for name, capture in runs.items()}
+    """The doctor's report on every planted and clean run, opened with the run's own reward functions as a user
+    passes them (`--task`: the doctor calls them on changed completions and samples anew); no held-out prompts (a
+    capture's reward functions come with no test set)."""
+    return {
+        name: diagnose(open_capture(capture, task=_reward_funcs(name)), held_out=0) for name, capture in runs.items()
+    }
+
+
+def _reward_funcs(run: str) -> list:
+    from planted_train import DEFECTS
+
+    return list({**DEFECTS, **DOUBLE_DEFECTS, **CLEAN_RUNS, **USER_RUNS}[run][1])
 
 
 def severity_table(reports: dict, expected: dict[str, tuple[str, ...]]) -> str:

@@ -73,3 +73,38 @@ def test_the_doctor_follows_each_cause_and_says_so(step):
 
     out = json.loads(json.dumps(strict_json(report.to_json()), allow_nan=False), parse_constant=refuse)
     assert out["horizon"]["steps"] == 2 and all(math.isfinite(v) for v in out["horizon"]["as_run_rewards_by_step"])
+
+
+def test_the_plan_is_cut_to_the_budget_causes_first_then_steps_then_seeds():
+    from grpo_debug.doctor.diagnose import fit, plan_line
+
+    whole = fit(None, 1.0, causes=3, steps=8, seeds=3)
+    assert (whole["causes"], whole["steps"], whole["seeds"], whole["estimate"]) == (3, 8, 3, 96.0), whole
+    cut = fit(40.0, 1.0, causes=3, steps=8, seeds=3)
+    assert (cut["causes"], cut["steps"], cut["seeds"]) == (1, 8, 2) or cut["estimate"] <= 40.0, cut
+    assert cut["causes"] == 1 and cut["estimate"] <= 40.0, f"causes go first, and the plan fits 40 s: {cut}"
+    tight = fit(5.0, 1.0, causes=3, steps=8, seeds=3)
+    assert (tight["causes"], tight["steps"], tight["seeds"]) == (1, 2, 2), f"the floor is 1 cause x 2 x 2: {tight}"
+    assert "cut 2 of 3 causes, steps 8 -> 2, seeds 3 -> 2" in plan_line(tight, 3), plan_line(tight, 3)
+
+
+@pytest.mark.slow  # `make test-slow`: two doctors with a horizon (about three minutes on two cores)
+def test_the_horizon_keeps_to_its_budget(step):
+    """A budget of a few continuation steps: the doctor times one, cuts the plan, says what it cut, and the horizon
+    takes no more than the budget and 20%."""
+    import time
+
+    dropout = GRPOStep(StepConfig(**SMALL, dropout=True, sample_dropout=True, position_ids=False))
+    t0 = time.perf_counter()
+    free = diagnose(dropout, held_out=0, horizon=4, horizon_seeds=3)
+    whole = time.perf_counter() - t0
+    assert free.horizon["steps"] == 4, f"no budget: nothing is cut ({free.horizon})"
+    per_step = free.horizon["seconds_per_step"]
+    budget = 6 * per_step  # (1 + 1 cause) x 3 seeds x 4 steps = 24 steps asked
+    t0 = time.perf_counter()
+    cut = diagnose(dropout, held_out=0, horizon=4, horizon_seeds=3, budget=budget)
+    spent = time.perf_counter() - t0 - (whole - free.horizon["estimate_seconds"])  # the rest of the doctor aside
+    h = cut.horizon
+    assert h["steps"] * h["seeds"] * (1 + len([f for f in cut.findings if f.learning])) <= 8, f"not cut: {h}"
+    assert h["cut"]["steps_asked"] == 4 and h["cut"]["seeds_asked"] == 3, h
+    assert spent <= 1.2 * budget + 2 * per_step, f"the horizon took {spent:.1f} s against a budget of {budget:.1f} s"

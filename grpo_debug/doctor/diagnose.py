@@ -5,7 +5,10 @@ followed over steps where it can be; the ranked report.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+
+from tqdm.auto import tqdm
 
 from ..config import StepConfig
 from ..pitfalls import PITFALLS
@@ -14,35 +17,43 @@ from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
-from .findings import LOUD, Finding
+from .findings import LOUD, SEVERITIES, Finding
 from .flips import HeldOut, _flippable, change_key, counterfactual
-from .horizon import SEEDS, compare, continuations
+from .horizon import SEEDS, compare, continue_step
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 
 
 def diagnose(
-    step: GRPOStep, flip: bool = True, held_out: int | None = None, horizon: int = 0, horizon_seeds: int = SEEDS
+    step: GRPOStep,
+    flip: bool = True,
+    held_out: int | None = None,
+    horizon: int = 0,
+    horizon_seeds: int = SEEDS,
+    budget: float | None = None,
+    progress: bool = False,
 ) -> Report:
     """Every detector on the step, each present finding with a toggle flipped on it (`flip`), the differential,
     ranked. Where the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of
     them (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run. `horizon` K > 0: each cause's fix is
     followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
-    reward functions can score new completions."""
+    reward functions can score new completions, fitted to `budget` seconds (None: no bound; `fit` says what is cut
+    first); `progress`: the horizon's plan and a progress bar on stderr."""
     task = step.task
     try:
-        return _diagnose(step, flip, held_out, horizon, horizon_seeds)
+        return _diagnose(step, flip, held_out, horizon, horizon_seeds, budget, progress)
     finally:
         step.task = task  # `examine` reads an infinite reward as None for the diagnosis alone
 
 
-def _diagnose(step: GRPOStep, flip: bool, held_out: int | None, horizon: int, horizon_seeds: int) -> Report:
+def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, budget, progress) -> Report:
     start = time.perf_counter()
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
     base = facts.run
     findings = detect(facts)
     chained: list[str] = []
+    fixes: dict[str, dict] = {}
     if flip and delta is not None:
         flips = [i for i, f in enumerate(findings) if _flippable(f, base.config, facts.uses_vllm)]
         paired = after and HeldOut(prompts, after, eval_sampling_of(base.config), bonferroni_level(len(flips)))
@@ -57,9 +68,7 @@ def _diagnose(step: GRPOStep, flip: bool, held_out: int | None, horizon: int, ho
     step.restore_policy()
     followed = None
     if horizon > 0:
-        findings, followed = _follow(
-            step, findings, fixes if flip and delta is not None else {}, horizon, horizon_seeds
-        )
+        findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, budget, chained, progress)
     return Report(
         rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm, followed
     )
@@ -80,22 +89,90 @@ def severity_from_flip(f: Finding) -> Finding:
     return dataclasses.replace(f, severity="info", summary=said)
 
 
-def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, seeds: int):
-    """Each cause's fix followed for `steps` steps against the run (`horizon`); the findings with `learning` set,
-    and what was done, or why nothing was (no reward functions for new completions, no fix to follow)."""
+def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, seeds: int, budget, chained, progress):
+    """Each cause's fix followed for `steps` steps against the run (`horizon`), within `budget` seconds (None: no
+    bound): one continuation step is timed first and the plan cut to fit, the most likely causes kept (`fit`); the
+    findings with `learning` set, and what was done and cut, or why nothing was (no reward functions for new
+    completions, no fix to follow)."""
     if step.stored_rewards:
         why = "one-step effects only: the capture's stored rewards score its own completions, not new ones (--task)"
         return findings, {"steps": 0, "why": why}
     causes = [f for f in findings if f.id in fixes and not f.symptom_of]
     if not causes:
         return findings, {"steps": 0, "why": "no cause with a fix on this step to follow"}
+    causes.sort(key=lambda f: (chained.index(f.id) if f.id in chained else len(chained), SEVERITIES.index(f.severity)))
+    t0 = time.perf_counter()
+    timed = continue_step(step, {}, min(steps, 2), 0)
+    per_step = (time.perf_counter() - t0) / min(steps, 2)
+    plan = fit(budget, per_step, len(causes), steps, seeds)
+    kept, seeds, steps = causes[: plan["causes"]], plan["seeds"], plan["steps"]
     runs = range(seeds)
-    as_run = continuations(step, {}, steps, runs)
-    level = bonferroni_level(len(causes))
-    learned = {f.id: compare(as_run, continuations(step, fixes[f.id], steps, runs), level) for f in causes}
+    level = bonferroni_level(len(kept))
+    total = (1 + len(kept)) * seeds
+    if progress:
+        print(plan_line(plan, len(causes)), file=sys.stderr)
+    with tqdm(total=total, desc="horizon", unit="run", disable=not progress, file=sys.stderr) as bar:
+
+        def arm(changes: dict):
+            out = []
+            for s in runs:
+                out.append(timed if not changes and s == 0 and steps == timed_steps(timed) else
+                           continue_step(step, changes, steps, s))  # fmt: skip
+                bar.update(1)
+            return out
+
+        as_run = arm({})
+        learned = {f.id: compare(as_run, arm(fixes[f.id]), level) for f in kept}
     findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
     by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
-    return findings, {"steps": steps, "seeds": seeds, "level": level, "as_run_rewards_by_step": by_step}
+    cut = [f.id for f in causes[plan["causes"] :]]
+    return findings, {
+        "steps": steps,
+        "seeds": seeds,
+        "level": level,
+        "as_run_rewards_by_step": by_step,
+        "seconds_per_step": per_step,
+        "estimate_seconds": plan["estimate"],
+        "budget_seconds": budget,
+        "cut": {"causes": cut, "steps_asked": plan["steps_asked"], "seeds_asked": plan["seeds_asked"]},
+    }
+
+
+def timed_steps(c) -> int:
+    return len(c.rewards)
+
+
+def fit(budget: float | None, per_step: float, causes: int, steps: int, seeds: int) -> dict:
+    """The horizon's plan within `budget` seconds at `per_step` seconds a continuation step: (1 + causes) arms x seeds
+    x steps, cut where it does not fit: causes first (the least likely go; one is kept), then steps (to 2), then
+    seeds (to 2). {"causes", "seeds", "steps", "estimate", "steps_asked", "seeds_asked"}."""
+
+    def cost(n: int, s: int, k: int) -> float:
+        return (1 + n) * s * k * per_step
+
+    n, s, k = causes, seeds, steps
+    if budget is not None:
+        while cost(n, s, k) > budget and n > 1:
+            n -= 1
+        while cost(n, s, k) > budget and k > 2:
+            k -= 1
+        while cost(n, s, k) > budget and s > 2:
+            s -= 1
+    return {"causes": n, "seeds": s, "steps": k, "estimate": cost(n, s, k), "steps_asked": steps, "seeds_asked": seeds}
+
+
+def plan_line(plan: dict, causes: int) -> str:
+    """What the horizon will run and what it cut, before it starts."""
+    said = (f"horizon: {1 + plan['causes']} arms x {plan['seeds']} seeds x {plan['steps']} steps, about "
+            f"{plan['estimate']:.0f} s")  # fmt: skip
+    cut = []
+    if plan["causes"] < causes:
+        cut.append(f"{causes - plan['causes']} of {causes} causes")
+    if plan["steps"] < plan["steps_asked"]:
+        cut.append(f"steps {plan['steps_asked']} -> {plan['steps']}")
+    if plan["seeds"] < plan["seeds_asked"]:
+        cut.append(f"seeds {plan['seeds_asked']} -> {plan['seeds']}")
+    return said + (f" (to fit the budget: cut {', '.join(cut)})" if cut else "")
 
 
 def _samples_anew(step: GRPOStep) -> bool:
