@@ -5,7 +5,7 @@ import dataclasses
 import difflib
 import re
 
-from .config import StepConfig, allowed_values, base_type
+from .config import StepConfig, _check, allowed_values, base_type
 
 
 def describe_fields() -> str:
@@ -31,7 +31,9 @@ def parse_bool(text: str, what: str) -> bool:
 
 
 def parse_value(key: str, text: str):
-    """One `key=value` value from the command line, typed by the field; a bad value names the key."""
+    """One `key=value` value from the command line, typed by the field and checked against the field's own range
+    and choices (`config._check`, as StepConfig checks it), so that a capture's `--set` is refused before the
+    capture is read; a bad value names the key. What depends on other fields is checked with the whole config."""
     f = StepConfig.__dataclass_fields__[key]
     base, optional = base_type(f)
     if optional and text.lower() in ("none", "null", ""):
@@ -40,7 +42,9 @@ def parse_value(key: str, text: str):
         return parse_bool(text, f"StepConfig.{key}")
     if base in ("int", "float") and not (INTEGER if base == "int" else NUMBER).fullmatch(text):
         raise ValueError(f"StepConfig.{key} = {text!r} is not allowed: it must be {allowed_values(f)} (ASCII digits)")
-    return {"int": int, "float": float}.get(base, str)(text)
+    value = {"int": int, "float": float}.get(base, str)(text)
+    _check(f, value)
+    return value
 
 
 def parse_overrides(pairs: list[str]) -> dict:

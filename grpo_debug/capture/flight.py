@@ -58,10 +58,9 @@ import torch
 
 from ..files import write_text_atomically
 from . import health
-from .callback import MAX_WEIGHT_BYTES, CaptureCallback, at_the_edge
+from .callback import HEALTH_FILE, MAX_WEIGHT_BYTES, CaptureCallback, append_line, at_the_edge
 from .trainer_state import jsonable
 
-HEALTH_FILE = "health.jsonl"
 INDEX_FILE = "captures.json"
 GRAD_SPIKE = 3.0
 REWARD_DROP = 1.0
@@ -360,15 +359,6 @@ def remove_folder(folder: Path) -> None:
     except FileNotFoundError:
         return
     shutil.rmtree(gone, ignore_errors=True)
-
-
-def append_line(path: Path, record: dict) -> None:
-    """One JSON line appended and on disk before this returns: a run killed after it keeps the line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _integer(value) -> bool:

@@ -1,9 +1,13 @@
 """What the command line checks before any work starts, torch-free: output paths a file can really be made at,
-the prompts the task holds, and `--set` on a capture (never a model or a task: a value never names code)."""
+the prompts the task holds, `--task` (its file imported, its reward functions' signatures) and `--set` on a
+capture (never a model or a task: a value never names code; never how the trainer sampled). A bad argument is
+refused in one line before any capture or model is read, in well under a second (torch takes seconds to import)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import os
 import re
@@ -106,21 +110,47 @@ def check_prompts(cfg: StepConfig) -> None:
     )
 
 
+def check_capture_folder(parser, path: str) -> None:
+    """The capture's folder is one (it holds capture.json); its own checks come when it is read."""
+    if not os.path.isfile(os.path.join(path, "capture.json")):
+        parser.error(f"{path} is not a capture: no capture.json (CaptureCallback writes step-<k>/ folders)")
+
+
 def capture_overrides(parser, args) -> dict:
-    """`--set` on a capture, typed, before torch loads: the capture's folder must be one, and its model and task
-    are the run's (`--task` names your reward functions): a `--set` value never names code to load."""
-    if not os.path.isfile(os.path.join(args.path, "capture.json")):
-        parser.error(f"{args.path} is not a capture: no capture.json (CaptureCallback writes step-<k>/ folders)")
-    try:
-        overrides = parse_overrides(args.set)
-    except ValueError as e:
-        parser.error(str(e))
-    named = sorted(set(overrides) & {"model", "task"})
+    """`--set` on a capture, typed, before torch loads and before the capture's folder is looked at: its model and
+    task are the run's (`--task` names your reward functions): a `--set` value never names code to load; its
+    rollout fields are the trainer's (`rollout_refusal`)."""
+    named = sorted({pair.partition("=")[0] for pair in args.set} & {"model", "task"})  # before any value is read
     if named:
         parser.error(
             f"--set {', '.join(named)}: a capture's model and task are the run's (your reward functions: --task)"
         )
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        parser.error(str(e))
+    rollout = [key for key in overrides if StepConfig.phase_of(key) == "rollout"]
+    if rollout:
+        given = " ".join(pair for pair in args.set if pair.partition("=")[0] in rollout)
+        parser.error(f"--set {given}: {rollout_refusal(rollout, args.command, bool(getattr(args, 'task', None)))}")
     return overrides
+
+
+def rollout_refusal(fields: list[str], command: str, has_task: bool) -> str:
+    """Why `--set` may not change how a capture sampled, and what shows another value: a capture's completions
+    are the trainer's (the replay reproduces them, the doctor examines them); the doctor samples anew from the
+    captured weights, with the user's reward functions (--task), where such a field is a cause."""
+    one = len(fields) == 1
+    names = fields[0] if one else f"{', '.join(fields[:-1])} and {fields[-1]}"
+    head = f"{names} {'is a rollout field' if one else 'are rollout fields'}: a capture's completions are the trainer's"
+    other = f"another {names}" if one else "other values"
+    if command == "replay":
+        doctor = "run doctor CAPTURE --task FILE.py:NAME: it samples anew"
+        return f"{head}, which the replay reproduces; to see {other}, {doctor}"
+    if has_task:
+        cause = "it is a cause" if one else "they are causes"
+        return f"{head}; with --task the doctor samples anew where {cause}: leave {names} out of --set"
+    return f"{head}; to see {other}, pass --task and the doctor samples anew"
 
 
 def check_writable(parser, path: str, flag: str = "--json") -> None:
@@ -137,22 +167,111 @@ def check_writable(parser, path: str, flag: str = "--json") -> None:
 
 
 def check_task(parser, task: str | None, capture: str | None) -> None:
-    """A --task file imported and each of its reward functions called on the capture's first completion, as TRL
-    calls it, before any model loads: an import that fails, a function that raises, exits or returns something
-    other than one number (or None) per completion is one line naming the file, the function and the row."""
-    if not task or ".py:" not in task:
+    """--task checked in two rounds, each refusal one line naming the file and the function: first without torch
+    (`task_functions`: the file, its import, the name, each function's signature), then each function called on
+    the capture's first completion as TRL calls it (a function that raises, exits or returns something other
+    than one number, or None, per completion), before any model loads."""
+    if not task:
         return
-    from ..capture.reading import reward_functions
+    try:
+        funcs = task_functions(task)
+    except ValueError as e:
+        parser.error(str(e))
+    if funcs is None:  # a registered task: the bundled step's own rewards
+        return
     from ..rewards import call_reward
     from ..task import callable_name
 
     try:
-        funcs = reward_functions(task)
         prompt, completion = _first_row(capture)
         for func in funcs:
             call_reward(func, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
     except ValueError as e:
         parser.error(str(e))
+
+
+def task_functions(task: str) -> list | None:
+    """The reward functions `--task FILE.py:NAME` names, torch-free (None: a registered task's name): the file
+    exists, imports, NAME is a callable or a non-empty list of them, each callable as TRL calls a reward
+    function (`signature_problem`). ValueError, one line, for anything else."""
+    from ..task import callable_name, task_names
+
+    if ".py:" not in task:
+        if task in task_names():
+            return None
+        raise ValueError(
+            f"--task {task}: not a registered task ({', '.join(task_names())}) nor FILE.py:NAME, a file of yours and "
+            "the name of a reward function (or a list of them) in it"
+        )
+    file, _, name = task.rpartition(":")
+    if not os.path.isfile(file):
+        raise ValueError(f"--task {task}: no file {file}")
+    value = getattr(_imported(task, file), name, _MISSING)
+    if value is _MISSING:
+        raise ValueError(f"--task {task}: {file} defines no {name!r}")
+    problem = not_functions(name, value)
+    if problem:
+        raise ValueError(
+            f"--task {task}: {problem} (def f(prompts, completions, **kwargs) -> one number per completion)"
+        )
+    funcs = list(value) if isinstance(value, (list, tuple)) else [value]
+    for func in funcs:
+        problem = signature_problem(func)
+        if problem:
+            raise ValueError(f"--task {task}: reward function {callable_name(func)!r} {problem}")
+    return funcs
+
+
+_MISSING = object()
+
+
+def _imported(task: str, file: str):
+    """The user's file run as a module (as reading.reward_functions runs it); what it raises, said in one line."""
+    spec = importlib.util.spec_from_file_location(Path(file).stem, file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f"--task {task}: {file}, line {e.lineno}: {e.msg}") from None
+    except SystemExit as e:
+        raise ValueError(f"--task {task}: {file} called sys.exit({e.code!r}) when imported") from None
+    except Exception as e:  # the user's module, whatever it raises
+        raise ValueError(f"--task {task}: importing {file} raised {type(e).__name__}: {e}") from None
+    return module
+
+
+def not_functions(name: str, value) -> str | None:
+    """Why `value` (the task file's `name`) is not a reward function nor a non-empty list of them, or None."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return f"{name} is an empty {type(value).__name__}: name a reward function or a list of them"
+        bad = next((i for i, f in enumerate(value) if not callable(f)), None)
+        return None if bad is None else f"{name}[{bad}] is {_kind(value[bad])}, not a reward function"
+    return None if callable(value) else f"{name} is {_kind(value)}, not a reward function or a list of them"
+
+
+def _kind(value) -> str:
+    """What a value is, in words, for a refusal: its value where short, and its type."""
+    shown = repr(value)
+    return f"{shown} (type {type(value).__name__})" if len(shown) <= 40 else f"of type {type(value).__name__}"
+
+
+def signature_problem(func) -> str | None:
+    """Why `func` cannot be called as a reward function, or None: TRL calls it with keywords (prompts=,
+    completions=, completion_ids=, trainer_state= and the dataset's columns; the doctor with prompts= and
+    completions=), so both must bind. A callable whose signature Python cannot read (a builtin) is let through."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(prompts=[], completions=[])
+    except TypeError as e:
+        return (
+            f"takes {signature}: it cannot be called as TRL calls a reward function, with keywords prompts= and "
+            f"completions= ({e}); write def {getattr(func, '__name__', 'f')}(prompts, completions, **kwargs)"
+        )
+    return None
 
 
 def _first_row(capture: str | None) -> tuple:

@@ -26,6 +26,7 @@ from .checks import (
     ascii_int,
     capture_overrides,
     capture_reads,
+    check_capture_folder,
     check_outputs,
     check_prompts,
     check_task,
@@ -173,8 +174,9 @@ def analyze_command(parser, args) -> int:
 
 
 def replay_command(parser, args) -> int:
+    overrides = capture_overrides(parser, args)  # the arguments first: --set reads no file, --task its own
     check_task(parser, args.task, args.path)
-    overrides = capture_overrides(parser, args)
+    check_capture_folder(parser, args.path)
     check_outputs(parser, args, capture_reads(args.path) + task_reads(args.task))
     _threads(args.threads)
     from ..capture.opening import open_capture
@@ -256,9 +258,11 @@ def doctor_command(parser, args) -> int:
         parser.error("--no-model reads a capture's own tensors: give the capture's folder")
     if args.no_model and (args.horizon or args.set or args.held_out or args.device or args.dtype):
         parser.error("--no-model runs no step: --horizon, --held-out, --set, --device and --dtype need the model")
+    check_task(parser, args.task, args.path)
+    if args.path:
+        check_capture_folder(parser, args.path)
     reads = capture_reads(args.path) if args.path else model_reads([cfg])
     check_outputs(parser, args, reads + task_reads(args.task))
-    check_task(parser, args.task, args.path)
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..capture.sizes import estimate_line, replay_estimate
@@ -589,8 +593,21 @@ def step_command(parser, args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusals once the command line is read (a value a command checks: a --task that
+    does not import, a --set a capture cannot take) are one line: the usage answers a command line argparse could
+    not read, not a value it read."""
+
+    parsed = False
+
+    def error(self, message: str):
+        if not self.parsed:
+            super().error(message)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_debug", description=__doc__)
+    parser = Parser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (
         add_step_parser,
@@ -602,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         add(sub)
     args = parser.parse_args(argv)
+    parser.parsed = True
     if getattr(args, "threads", 1) < 1:
         parser.error(f"--threads {args.threads}: at least 1")
     if (getattr(args, "held_out", None) or 0) < 0:
