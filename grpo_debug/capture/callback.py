@@ -69,6 +69,7 @@ from .trainer_state import (
     gathered,
     gathered_batch_tensor,
     jsonable,
+    logged_history,
     logged_kl,
     resolved_name,
     resolved_settings,
@@ -927,10 +928,11 @@ def logged_fields(step: int, logs: dict | None, state) -> dict:
     """capture.json's record of TRL's log: what TRL logged at the step (`logged`, None where it did not log it)
     and how many steps its numbers average (`logged_window`), and the kl it logged up to the step."""
     history = state.log_history  # TRL's log of this step is in it already (appended before on_log)
+    kept = {"logged_kl": logged_kl(history), "logged_history": logged_history(history)}
     if not logs or "loss" not in logs:
-        return {"logged": None, "logged_kl": logged_kl(history)}
+        return {"logged": None, **kept}
     earlier = [h["step"] for h in history[:-1] if "loss" in h]
-    return {"logged": jsonable(dict(logs)), "logged_window": step - max(earlier + [0]), "logged_kl": logged_kl(history)}
+    return {"logged": jsonable(dict(logs)), "logged_window": step - max(earlier + [0]), **kept}
 
 
 def replace_folder(new: Path, final: Path) -> None:

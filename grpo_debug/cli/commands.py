@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -38,6 +39,8 @@ from .checks import (
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
 
+
+BUDGET = {"cpu": 120.0, "cuda": 600.0}  # the horizon's default seconds, by device
 
 TASK_HELP = (
     "your reward functions, as open_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
@@ -283,7 +286,10 @@ def doctor_command(parser, args) -> int:
         else:
             step = open_capture(args.path, args.task, **where, **overrides) if args.path else GRPOStep(cfg, **where)
             horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
-            report = diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds)
+            budget = args.budget if args.budget is not None else BUDGET["cpu" if where["device"] == "cpu" else "cuda"]
+            report = diagnose(
+                step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget=budget, progress=True
+            )
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     report = dataclasses.replace(report, seconds=time.perf_counter() - start)  # the command's, loading included
@@ -513,6 +519,14 @@ def add_doctor_parser(sub) -> None:
     )
     dr.add_argument("--horizon-seeds", type=ascii_int, default=3, metavar="N", help="seeds per arm (default 3)")
     dr.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="the horizon's time: one continuation step is timed, then causes, steps and seeds are cut to fit, the "
+        f"least likely causes first, and the report says what was cut (default {BUDGET['cpu']:g} s on a CPU, "
+        f"{BUDGET['cuda']:g} s on a GPU)",
+    )
+    dr.add_argument(
         "--no-model",
         action="store_true",
         help="a capture's own tensors only (rewards, advantages, truncation, the trainer's log-probs and logged "
@@ -624,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--threads {args.threads}: at least 1")
     if (getattr(args, "held_out", None) or 0) < 0:
         parser.error(f"--held-out {args.held_out}: at least 0")
+    budget = getattr(args, "budget", None)
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        parser.error(f"--budget {budget:g}: a number of seconds above 0")
     if (getattr(args, "horizon", None) or 0) < 0 or getattr(args, "horizon_seeds", 2) < 2:
         parser.error("--horizon must be at least 0 and --horizon-seeds at least 2 (the seed is the unit)")
     if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):

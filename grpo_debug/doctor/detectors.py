@@ -529,7 +529,7 @@ def kl_blowup(f: StepFacts) -> Finding:
     if kl is None or not math.isfinite(kl):
         return _finding("kl_blowup", "absent", "no reference (beta = 0): the KL to it is not measured", **evidence)
     said = f"{source} {kl:.3g} nats per token at the step's start"
-    if not exact and cfg.dropout:
+    if not exact and cfg.dropout and f.dropout_sources:
         said += " (with dropout on in the trainer's forwards, its k3 holds dropout's noise too)"
     if growth is not None and growth > 1:
         said += f", the logged kl growing x{growth:.2g} per step"
