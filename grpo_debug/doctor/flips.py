@@ -21,7 +21,7 @@ from .findings import Finding
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
 
 
-REMOVES_GRADIENT = 0.01  # a flip that leaves less than this share of grad_norm takes the update away
+REMOVES_GRADIENT = 0.01  # a flip that leaves less than this share of grad_norm and of the update takes it away
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,10 @@ def counterfactual(
     if detected is not None:
         detected[change_key({field: value})] = {f.id: f for f in detect(facts_of(step, flipped))}
     step.restore_policy()
-    removes = flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
+    removes = (  # the gradient and the update both gone (Adam turns a merely smaller gradient into a full step)
+        flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
+        and moved.norm().item() <= REMOVES_GRADIENT * base_update.norm().item()
+    )
     return {
         "toggle": {field: value},
         "loss": [base.update.loss, flipped.update.loss],

@@ -26,6 +26,10 @@ def effect_line(f: Finding) -> str:
         return f"flip {field}={value}: not possible here ({e['error']})"
     moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
+    g0, g1 = e["grad_norm"]
+    if not e.get("removes_gradient") and g0 > 0 and g1 < 0.01 * g0:
+        moves = "does not move" if e["cosmetic"] else "moves"
+        verdict = f"shrinks the gradient to {g1 / g0:.2%} of its norm; under the trainer's optimizer the update {moves}"
     if e.get("removes_gradient"):
         verdict = "removes the update (the gradient is gone): no fix on this step"
     line = (
