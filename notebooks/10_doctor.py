@@ -44,7 +44,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
 # %% [markdown]
 # ## The ranked report
 #
-# Each detector is one small function of the step's numbers (`grpo_debug/doctor/detectors.py`), and each pitfall
+# Each detector is one small function of the step's numbers (`grpo_debug/detectors/detectors.py`), and each pitfall
 # is declared once, with its fix and its origin, in `grpo_debug/pitfalls.py`. A finding whose cause is a
 # switch of the step is then flipped on this very step, and the two updates are compared:
 #

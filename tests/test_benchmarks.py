@@ -130,3 +130,27 @@ def test_real_size_benchmark_captures_and_replays_a_full_and_a_lora_run(tmp_path
     assert done.returncode == 0, f"--table of a captures-only report failed: {done.stderr[-2000:]}"
     assert "| peak GPU memory, TRL run with the capture (GB) | 1.0 | 1.0 |" in done.stdout, done.stdout
     assert "replay" not in done.stdout.split("7B (")[0], f"a captures-only table shows replay rows:\n{done.stdout}"
+
+
+def test_stranger_corpus_trains_diagnoses_and_scores_three_tiny_runs(tmp_path):
+    """benchmarks/stranger_corpus.py --quick: a clean, a single-defect and a double-defect run, each built, trained by
+    its own user_train.py and diagnosed by the doctor's command line; the report scores every one. What is checked is
+    the machinery (every run captured and diagnosed, every field a rate in [0, 1]), not the doctor's accuracy."""
+    report = run_quick("stranger_corpus.py", (), tmp_path)
+    assert report["quick"] is True
+    trained = report["trained"]
+    assert len(trained) == 3 and all(t["returncode"] == 0 and t["capture"] for t in trained), [
+        (t["name"], t.get("failed"), t["stderr_tail"][-500:]) for t in trained
+    ]
+    assert not report["failed"] and not report["missing"], (report["failed"], report["missing"])
+    assert report["scored"] == {"clean": 1, "single": 1, "double": 1}, report["scored"]
+    for key in ("top1_rate_single", "both_in_top2_rate_double", "quiet_rate_clean"):
+        assert 0.0 <= report[key] <= 1.0, f"{key} is not a rate: {report[key]}"
+    assert report["doctor_seconds"]["n"] == 3 and report["doctor_seconds"]["max"] > 0, report["doctor_seconds"]
+    assert not report["expected_ids_the_doctor_lacks"], "a planted defect expects a finding id the doctor lacks"
+    for row in report["per_run"]:
+        assert {"planted", "expected", "causes", "loud", "named"} <= row.keys(), row.keys()
+        assert set(row["named"]) == set(row["expected"]), row
+    planted = sorted(len(row["expected"]) for row in report["per_run"])
+    assert planted == [0, 1, 2], f"the quick runs are not clean, single and double: {planted}"
+    assert sum(sum(row.values()) for row in report["confusion"].values()) == 2, report["confusion"]

@@ -18,8 +18,8 @@ from planted_train import CLEAN_RUNS, DOUBLE_DEFECTS, USER_RUNS  # noqa: E402
 
 from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.config import StepConfig  # noqa: E402
+from grpo_debug.detectors.detectors import DETECTORS  # noqa: E402
 from grpo_debug.doctor import diagnose  # noqa: E402
-from grpo_debug.doctor.detectors import DETECTORS  # noqa: E402
 from grpo_debug.doctor.present import text  # noqa: E402
 from grpo_debug.pitfalls import PITFALLS  # noqa: E402
 from grpo_debug.step import GRPOStep  # noqa: E402

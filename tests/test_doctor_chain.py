@@ -2,9 +2,9 @@
 with no fix of their own; a symptom of two causes needs both; a clean step has no chain. The detectors here are
 planted: `detect_under` answers what each finding's severity would be with a set of fixes applied."""
 
+from grpo_debug.detectors.findings import Finding
 from grpo_debug.doctor import Report, rank
 from grpo_debug.doctor.chain import differential
-from grpo_debug.doctor.findings import Finding
 from grpo_debug.doctor.present import text
 
 

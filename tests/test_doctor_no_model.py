@@ -12,8 +12,8 @@ import pytest
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.detectors.detectors import DETECTORS
 from grpo_debug.doctor import WITHOUT_MODEL, diagnose, diagnose_without_model
-from grpo_debug.doctor.detectors import DETECTORS
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 

@@ -12,7 +12,7 @@ import torch
 
 from grpo_debug.capture import health
 from grpo_debug.config import StepConfig
-from grpo_debug.doctor import detectors as d
+from grpo_debug.detectors import detectors as d
 from grpo_debug.doctor import examine
 from grpo_debug.step import GRPOStep
 

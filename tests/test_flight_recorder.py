@@ -152,7 +152,7 @@ def test_a_clean_run_stays_quiet(tmp_path, model):
 
 def test_the_signals_use_the_doctors_thresholds():
     from grpo_debug.capture import health
-    from grpo_debug.doctor import detectors as d
+    from grpo_debug.detectors import detectors as d
 
     assert health.zero_std_groups(1.0).severity == "problem"
     assert health.zero_std_groups(d.NO_SIGNAL_WARNING).severity == "warning"

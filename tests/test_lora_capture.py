@@ -185,8 +185,8 @@ def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_r
 
 def test_the_doctor_report_builds_on_a_lora_capture(lora_run):
     from grpo_debug.capture import open_capture
+    from grpo_debug.detectors.detectors import DETECTORS
     from grpo_debug.doctor import diagnose
-    from grpo_debug.doctor.detectors import DETECTORS
 
     report = diagnose(open_capture(lora_run["capture"], task=[digits]), held_out=0)
     assert len(report.findings) == len(DETECTORS), f"{len(report.findings)} findings for {len(DETECTORS)} detectors"

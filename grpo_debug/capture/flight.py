@@ -28,7 +28,7 @@ stepped: it is recorded, and cannot trigger the capture of its own step (a grad_
 coordinate of a smaller one): a copy of a few values per tensor each step, not of the model.
 
 Defaults and where they come from:
-- every finding's threshold and severity: the doctor's (`grpo_debug.doctor.detectors`; see `health`);
+- every finding's threshold and severity: the doctor's (`grpo_debug.detectors`; see `health`);
 - `grad_spike=3.0`: the multiplier of the 3-sigma rule that spike detectors use (rlwatch's gradient-norm
   detector fires 3 sigma above a rolling baseline, after 20 warm-up steps:
   https://varun1724.github.io/rlwatch/detectors/gradient-norm/), applied to the running median instead, which

@@ -1,6 +1,6 @@
 """The health of one optimizer step from what the trainer already computed: no forward pass, no copy of the
 model. `FlightRecorder` calls these every step; each returns a `Signal` under the doctor's finding id, judged
-with the doctor's own threshold (imported from `grpo_debug.doctor.detectors`, never restated here), so that a
+with the doctor's own threshold (imported from `grpo_debug.detectors`, never restated here), so that a
 step the recorder flags is one the doctor, opened on its capture, flags too.
 
 Severities are the doctor's, folded to three: `problem` and `warning` as the doctor says; `ok` for its `info`
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..doctor.detectors import (
+from ..detectors.detectors import (
     CLIP_SATURATED,
     ENTROPY_COLLAPSE,
     KL_BLOWUP_PROBLEM,

@@ -18,9 +18,9 @@ One module per part, in the order a diagnosis runs; this file only hands their n
 7. `without_model`: the detectors a capture's own tensors answer, without building its model (`--no-model`).
 """
 
+from ..detectors.findings import SEVERITIES, Finding, StepFacts
 from .diagnose import diagnose
 from .facts import detect, examine, facts_of, held_out_prompts, held_out_side, moved_kl, update_vector, uses_vllm
-from .findings import SEVERITIES, Finding, StepFacts
 from .flips import COSMETIC, REMOVES_GRADIENT, counterfactual
 from .report import Report, fix_of, rank
 from .without_model import WITHOUT_MODEL, diagnose_without_model

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..config import StepConfig
-from .findings import LOUD, SEVERITIES, Finding
+from ..detectors.findings import LOUD, SEVERITIES, Finding
 
 ROUNDS = 4
 

@@ -11,13 +11,13 @@ import time
 from tqdm.auto import tqdm
 
 from ..config import StepConfig
+from ..detectors.findings import LOUD, SEVERITIES, Finding
 from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
-from .findings import LOUD, SEVERITIES, Finding
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .horizon import SEEDS, compare, continue_step
 from .onsets import after_onsets, onsets_of
@@ -220,20 +220,26 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
-    it, at the same seed: a finding counts as cleared only where the resample without the change keeps it (else the
-    trainer's finding is kept: a new draw alone quieted it)."""
+    it, at the same seed, each updated by the engine from a fresh AdamW (the trainer's replay takes its own batch): a
+    finding counts as cleared only where the resample without the change keeps it (else the trainer's finding is
+    kept: a new draw alone quieted it)."""
     trainer = {f.id: f for f in as_found}
 
     def run_detectors(changes: dict, anew: bool) -> dict[str, Finding] | None:
         key = (*change_key(changes), ("sampled anew", anew))
         if key not in detected:
             cfg = base.config.replace(**changes)
+            replayed = step.update_phase
+            if anew:  # the trainer's replayed update takes its own micro-batches: new completions take the engine's
+                step.update_phase = None
             try:
                 run = step.run(cfg, until="update", base=StepRun(cfg) if anew else base, remember=False)
             except ValueError:  # a fix this step cannot take (a length past the model's positions)
                 detected[key] = None
             else:
                 detected[key] = {f.id: f for f in detect(facts_of(step, run))}
+            finally:
+                step.update_phase = replayed
             step.restore_policy()
         return detected[key]
 

@@ -10,6 +10,9 @@ import dataclasses
 
 import torch
 
+from ..detectors.detectors import DETECTORS
+from ..detectors.findings import Finding, StepFacts
+from ..detectors.probes import probe_rewards
 from ..evaluation import EvalSide, eval_side
 from ..model import absolute_positions, dropout_sources
 from ..rollout import Sampling
@@ -18,10 +21,7 @@ from ..scoring import completion_logits, next_token_logps, per_token_logps
 from ..specs import eval_sampling_of, scoring_of
 from ..speed import kernels
 from ..step import GRPOStep, StepRun
-from .detectors import DETECTORS
 from .exact_kl import at_reference, estimator_against_exact
-from .findings import Finding, StepFacts
-from .probes import probe_rewards
 
 
 def _trained(step: GRPOStep):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..detectors.findings import Finding
 from ..evaluation import EvalSide
 from ..pitfalls import PITFALLS
 from ..rollout import Sampling
@@ -16,7 +17,6 @@ from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from ..stats import prompt_interval, verdict
 from ..step import GRPOStep, StepRun
 from .facts import detect, facts_of, held_out_side, update_vector
-from .findings import Finding
 
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
 

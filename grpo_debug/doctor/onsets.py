@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..detectors.detectors import CLIPPED_WARNING, KL_BLOWUP_WARNING, NO_SIGNAL_WARNING, TRUNCATED_WARNING
+from ..detectors.findings import Finding
 from .chain import loud
-from .detectors import CLIPPED_WARNING, KL_BLOWUP_WARNING, NO_SIGNAL_WARNING, TRUNCATED_WARNING
-from .findings import Finding
 
 # finding id -> (what TRL logs, the level at which the finding begins): the detectors' own warning levels
 SIGNALS = {

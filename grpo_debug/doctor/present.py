@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..detectors.findings import Finding
 from ..pitfalls import PITFALLS
 from ..show.text import page_text as _h
-from .findings import Finding
 from .report import Report, fix_of
 
 

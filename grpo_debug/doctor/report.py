@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..detectors.findings import SEVERITIES, Finding
 from ..pitfalls import PITFALLS
 from .chain import order
-from .findings import SEVERITIES, Finding
 
 
 @dataclass(frozen=True)

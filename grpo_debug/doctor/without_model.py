@@ -23,15 +23,15 @@ import torch
 from ..advantages import advantages_of
 from ..capture.lora import ADAPTER_CONFIG
 from ..capture.reading import captured_rollout, captured_task, config_from_capture, load_capture
+from ..detectors.detectors import DETECTORS
+from ..detectors.findings import Finding, StepFacts
+from ..detectors.logprob_detectors import dropout
 from ..logprobs import TokenLogProbs
 from ..model import UNUSED_DROPOUT_FIELDS, load_tokenizer
 from ..rewards import compute_rewards
 from ..sampler import mismatch_metrics
 from ..step import StepRun
 from ..update import StepResult
-from .detectors import DETECTORS
-from .findings import Finding, StepFacts
-from .logprob_detectors import dropout
 from .report import Report, rank
 
 # the detectors whose facts a capture holds without its model; the others need it (`NEEDS_THE_MODEL`)
