@@ -19,7 +19,7 @@ from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
-from .horizon import SEEDS, compare, continue_step
+from .horizon import SEEDS, compare, continue_step, take_trainers_optimizer
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 
@@ -220,7 +220,7 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
-    it, at the same seed, each updated by the engine from a fresh AdamW (the trainer's replay takes its own batch): a
+    it, at the same seed, each update the engine's stepping the trainer's optimizer (`take_trainers_optimizer`): a
     finding counts as cleared only where the resample without the change keeps it (else the trainer's finding is
     kept: a new draw alone quieted it)."""
     trainer = {f.id: f for f in as_found}
@@ -229,18 +229,15 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
         key = (*change_key(changes), ("sampled anew", anew))
         if key not in detected:
             cfg = base.config.replace(**changes)
-            replayed = step.update_phase
-            if anew:  # the trainer's replayed update takes its own micro-batches: new completions take the engine's
-                step.update_phase = None
-            try:
-                run = step.run(cfg, until="update", base=StepRun(cfg) if anew else base, remember=False)
-            except ValueError:  # a fix this step cannot take (a length past the model's positions)
-                detected[key] = None
-            else:
-                detected[key] = {f.id: f for f in detect(facts_of(step, run))}
-            finally:
-                step.update_phase = replayed
-            step.restore_policy()
+            with step.trial():
+                if anew:
+                    take_trainers_optimizer(step, cfg)
+                try:
+                    run = step.run(cfg, until="update", base=StepRun(cfg) if anew else base, remember=False)
+                except ValueError:  # a fix this step cannot take (a length past the model's positions)
+                    detected[key] = None
+                else:
+                    detected[key] = {f.id: f for f in detect(facts_of(step, run))}
         return detected[key]
 
     def detect_under(changes: dict) -> dict[str, Finding] | None:

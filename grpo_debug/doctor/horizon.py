@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import StepConfig
 from ..scoring import per_token_logps
 from ..specs import scoring_of
 from ..stats import seed_interval, verdict
-from ..step import GRPOStep, put_trained
+from ..step import GRPOStep, StepRun, put_trained
 from .facts import k3_per_token
 
 HORIZON = 8  # steps a fix is followed for (`doctor --horizon K`)
@@ -44,18 +45,37 @@ class Continuation:
         return sum(later) / len(later)
 
 
+def samples_anew(step: GRPOStep, changes: dict) -> bool:
+    """Whether `changes` on this step need new completions: a rollout field changed on a capture (whose completions
+    are the trainer's)."""
+    return step.capture is not None and any(StepConfig.phase_of(k) == "rollout" for k in changes)
+
+
+def take_trainers_optimizer(step: GRPOStep, cfg: StepConfig) -> None:
+    """Inside `step.trial()`: the next update of new completions on a capture is the engine's, stepping the trainer's
+    optimizer as captured (the replay of the trainer's update takes its own micro-batches, not new ones)."""
+    from ..capture.reading import config_from_capture
+    from ..capture.replay import starting_optimizer
+
+    step.optimizer = starting_optimizer(step.capture, step.policy, cfg, config_from_capture(step.capture))[0]
+
+
 def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Continuation:
-    """The step with `changes`, then steps - 1 more sampled at seeds derived from `seed`; the step is left as it
-    was."""
+    """The step with `changes` (a change of how it samples: its first step sampled anew too), then steps - 1 more
+    sampled at seeds derived from `seed`; the step is left as it was."""
     start_state = step.initial_state
     cfg = step.cfg.replace(**changes)
+    anew = samples_anew(step, changes)
     rewards, norms = [], []
     # the caller's RNG kept; each step's rollout seeds itself (its config's seed), and the engine's update seeds its
     # dropout masks at update.DROPOUT_SEED every step: the seed changes the samples, not the masks
     device = next(step.policy.parameters()).device
     with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(_seed(seed, 0))  # the update taken anew (a cached one is not on the weights)
-        first = step.run(cfg, until="update", base=dataclasses.replace(step.result, update=None, evaluation=None))
+        if anew:
+            take_trainers_optimizer(step, cfg)
+        kept = StepRun(cfg) if anew else dataclasses.replace(step.result, update=None, evaluation=None)
+        first = step.run(cfg, until="update", base=kept)
         for k in range(steps):
             if k:
                 torch.manual_seed(_seed(seed, k))
@@ -76,8 +96,6 @@ def _seed(seed: int, k: int) -> int:
 
 
 def _fresh(cfg, seed: int, k: int):
-    from ..step import StepRun
-
     return StepRun(cfg.replace(seed=_seed(seed, k)))  # nothing cached: the step samples anew
 
 
