@@ -114,17 +114,28 @@ def build(corpus: Corpus, run: Run) -> dict:
     write_json(folder / "spec.json", spec_json(run))
     (folder / "user_train.py").write_text(user_script(run))
     command = [sys.executable, str(HERE / "stranger_models.py"), str(folder)] + (["100"] if corpus.quick else [])
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=TRAIN_TIMEOUT)
+    done = run_child(command, TRAIN_TIMEOUT, capture_output=True)
     if done.returncode:
         return {"failed": "model warm-up", "stderr_tail": tail(done.stderr)}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def captures(folder: Path) -> list[str]:
+    """The capture folders the run wrote (none where the callback never got to write)."""
     where = folder / "out" / "captures"
-    return (
-        sorted(p.name for p in where.iterdir() if p.is_dir() and p.name.startswith("step-")) if where.exists() else []
-    )
+    if not where.exists():
+        return []
+    return sorted(p.name for p in where.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def run_child(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
+    """A child process; one that outlives `timeout` is killed and reads as failed (return code -9, its stderr's
+    end), so that one stuck run does not end a stage of a hundred."""
+    try:
+        return subprocess.run(command, text=True, env=kwargs.pop("env", child_env()), timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        return subprocess.CompletedProcess(command, -9, "", f"{stderr}\nkilled after {timeout} s")
 
 
 def train_one(corpus: Corpus, run: Run) -> dict:
@@ -140,8 +151,8 @@ def train_one(corpus: Corpus, run: Run) -> dict:
     else:
         start = time.perf_counter()
         with open(folder / "train.log", "w") as log:
-            done = subprocess.run([sys.executable, "user_train.py"], cwd=folder, stdout=log, stderr=subprocess.PIPE,
-                                  text=True, env=child_env(), timeout=TRAIN_TIMEOUT)  # fmt: skip
+            done = run_child([sys.executable, "user_train.py"], TRAIN_TIMEOUT, cwd=folder, stdout=log,
+                             stderr=subprocess.PIPE)  # fmt: skip
             log.write(done.stderr)
         wanted = f"step-{run.capture_step}"
         written = captures(folder)
@@ -248,7 +259,7 @@ def diagnose_one(corpus: Corpus, run: Run, sub: str, code: Path, horizon: int | 
         command += ["--horizon", str(horizon)]
     env = {**child_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env, timeout=DOCTOR_TIMEOUT)
+    done = run_child(command, DOCTOR_TIMEOUT, cwd=folder, capture_output=True, env=env)
     result = {
         "name": run.name,
         "command": command[1:],
@@ -392,7 +403,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
             "clean": sum("quiet" in r for r in rows),
             "single": sum("top1" in r for r in rows),
             "double": sum("both_top2" in r for r in rows),
-        },  # fmt: skip
+        },
         "top1_rate_single": rate(rows, "top1"),
         "both_in_top2_rate_double": rate(rows, "both_top2"),
         "quiet_rate_clean": rate(rows, "quiet"),
@@ -403,7 +414,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         "base_accuracy": {
             **spread(list(known.values())),
             "outside_band": {k: v for k, v in known.items() if not low <= v <= high},
-        },  # fmt: skip
+        },
         "crash_runs": crashes,
         "failed": failed,
         "missing": missing,
