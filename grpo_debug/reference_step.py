@@ -42,13 +42,8 @@ def grpo_step(policy, reference, tokenizer, prompts: list[str], task: Task, cfg:
     spec, correction = loss_spec_of(cfg), sampler_correction_of(cfg)  # correction: None unless TRL's vLLM one is on
     loss = batch_loss(spec, correction, logprobs, advantages.values, samples.sampler_logps)  # 05: the objective
     batch = batch_of(samples, logprobs, advantages.values, spec, correction, cfg.num_iterations)
+    mu, norms = cfg.num_iterations, cfg.per_sample_grad_norms  # mu: passes over the rollout (notebook 05b)
     result = update(  # 06: AdamW steps on the batch; the policy's weights change in place
-        policy,
-        batch,
-        scoring_of(cfg),
-        spec,
-        optimization_of(cfg),
-        num_iterations=cfg.num_iterations,
-        per_sample_grad_norms=cfg.per_sample_grad_norms,
+        policy, batch, scoring_of(cfg), spec, optimization_of(cfg), num_iterations=mu, per_sample_grad_norms=norms
     )
     return ReferenceRun(samples, logprobs, rewards, advantages, loss, result)
