@@ -121,11 +121,10 @@ def build(corpus: Corpus, run: Run) -> dict:
 
 
 def captures(folder: Path) -> list[str]:
-    """The capture folders the run wrote (none where the callback never got to write)."""
+    """What the run's CaptureCallback wrote under out/captures/: step-K folders, and where a reward function raised,
+    the crash-step-K/ it leaves (none where the callback never got to write)."""
     where = folder / "out" / "captures"
-    if not where.exists():
-        return []
-    return sorted(p.name for p in where.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    return sorted(p.name for p in where.iterdir() if not p.name.startswith(".")) if where.exists() else []
 
 
 def run_child(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
@@ -375,8 +374,14 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         accuracies[run.name] = t["warmup"].get("accuracy")
         train_seconds.append(t["build_seconds"] + t.get("train_seconds", 0))
         if spec["expects_crash"]:
-            crashes[run.name] = {"crashed": t["returncode"] not in (0, None), "captures_folder": t["captures_folder"],
-                                 "captures_written": t["captures_written"]}  # fmt: skip
+            written = captures(folder)  # read again: train.json of an older version listed step-K folders only
+            crashes[run.name] = {
+                "crashed": t["returncode"] not in (0, None),
+                "captures_written": written,
+                "crash_record": [
+                    f"{w}/crash.json" for w in written if (folder / "out/captures" / w / "crash.json").exists()
+                ],
+            }
             continue
         if t.get("failed"):
             failed[run.name] = f"{t['failed']}: {t['stderr_tail'][-300:]}"
