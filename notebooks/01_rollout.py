@@ -16,19 +16,26 @@
 # %% [markdown]
 # # 01 · Generation: B prompts x G samples
 #
-# The rollout samples G completions for each of B prompts in **one** `generate` call (left padding, KV
-# cache, model in eval mode, seeded), and keeps the sampler's own log-probability of every sampled token,
-# so phase 2 can check that recomputing them gives the same numbers.
-
-# %% [markdown]
-# The sampling itself, the readable path (`StepConfig.fast`, on by default, computes each prompt's keys and
-# values once per group instead: the same samples, tested):
-
-# %%
-from grpo_debug.rollout import sample
-from grpo_debug.ui.notebook import show_source
-
-show_source(sample)
+# **What you will learn.** What a group is and what the rollout keeps of each sample; why the prompts are
+# left-padded; which completions end with an EOS; why a group of identical completions teaches nothing.
+#
+# **What you need first.** Notebook 00 (the step's phases and the glossary).
+#
+# ## The group
+#
+# For each of the B prompts $q$ of the step, the policy as it is now, $\pi_{\text{old}}$, samples a **group** of
+# $G$ completions, token by token at temperature $T$ (and `top_p`), until an EOS or `max_new_tokens`:
+#
+# $$o_1, \dots, o_G \sim \pi_{\text{old}}(\cdot \mid q), \qquad
+# \pi_{\text{old}}(o_i \mid q) = \prod_{t=1}^{|o_i|} \pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t}).$$
+#
+# Of each sample $i$ the rollout keeps its tokens $o_{i,1}, \dots, o_{i,|o_i|}$ (the EOS included), its length
+# $|o_i|$, whether it ended with an EOS, and the sampler's own log-probability of each token,
+# $\log \pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t})$, which phase 2 recomputes. The B x G samples are rows of one
+# batch, prompt by prompt: rows $bG$ to $bG + G - 1$ are group $b$, and row $i$'s prompt is $q_{\lfloor i / G
+# \rfloor}$. All of it comes from **one** `generate` call on the prompts repeated G times (left padding, KV cache,
+# model in eval mode, seeded): `sample` in `grpo_debug/rollout.py`. The cell below reads a group back from the
+# rollout and sums its token log-probs into each completion's $\log \pi_{\text{old}}(o_i \mid q)$.
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -43,17 +50,24 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
+import torch
+
 run = step.run(cfg, until="rollout")
 r = run.rollout
-print(f"{r.num_samples} samples = {len(r.prompts)} prompts x {r.num_generations}; "
-      f"prompt width {r.prompt_ids.shape[1]} tokens (left-padded), completion width {r.completion_ids.shape[1]}")
+B, G, C = len(r.prompts), r.num_generations, r.completion_ids.shape[1]
+print(f"{r.num_samples} samples = {B} prompts x {G}; prompt width {r.prompt_ids.shape[1]} tokens, completion width {C}")
+groups = r.completion_ids.view(B, G, C)  # group b: rows b*G to b*G + G - 1
+assert torch.equal(groups[1], r.completion_ids[G:2 * G])
+kept = torch.arange(C) < r.completion_lengths[:, None]  # the tokens up to and with the EOS
+seq_logp = (r.sampler_logps * kept).sum(1)  # log pi_old(o_i | q): the sum of its tokens' log-probs
+print(f"group 0: lengths {r.completion_lengths[:G].tolist()}, log pi_old(o_i | q) "
+      + " ".join(f"{v:.1f}" for v in seq_logp[:G].tolist()))
 
 # %%
 import pandas as pd
 
-table = pd.DataFrame({"group": [i // r.num_generations for i in range(r.num_samples)],
-                      "task": [r.prompts[i // r.num_generations][:2] for i in range(r.num_samples)],
-                      "length": r.completion_lengths.tolist(), "finished": r.finished.tolist(),
+table = pd.DataFrame({"group": [i // G for i in range(r.num_samples)], "task": [r.prompts[i // G][:2] for i in range(r.num_samples)],
+                      "length": r.completion_lengths.tolist(), "ended with EOS": r.finished.tolist(),
                       "completion": [c[:80] for c in r.completions]})
 table.head(16)
 
@@ -62,32 +76,48 @@ table.head(16)
 # the move, the reward, whether the game ended or the move was illegal) after that point; two in full:
 
 # %%
-env_rows = [i for i in range(r.num_samples) if r.prompts[i // r.num_generations].startswith("A:")]
+env_rows = [i for i in range(r.num_samples) if r.prompts[i // G].startswith("A:")]
 for i in env_rows[:2]:
-    print(r.prompts[i // r.num_generations] + "|" + r.completions[i])
+    print(r.prompts[i // G] + "|" + r.completions[i])
 if not env_rows:
     print("no A: prompt in this batch")
 
 # %%
-print("left padding per prompt:", (r.prompt_mask == 0).sum(1)[::r.num_generations].tolist())
+padding = (r.prompt_mask == 0).sum(1)[::G]  # pad tokens in front of each prompt
+print("left padding per prompt:", ", ".join(f"{q[:2]} {n}" for q, n in zip(r.prompts, padding.tolist())))
+unfinished = int((~r.finished).sum())
+print(f"unfinished (no EOS within max_new_tokens={cfg.max_new_tokens}): {unfinished} of {r.num_samples}")
 print("groups whose G completions are identical:", r.identical_groups)
 print("completions/mean_length:", round(r.completion_lengths.float().mean().item(), 2))
 
 # %% [markdown]
-# **What to notice.** P: prompts (the policy task) are shorter than A: prompts, so they are left-padded:
-# phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
+# **What to notice.** The prompts of one batch differ in length, so every prompt shorter than the longest is
+# left-padded: here the P: prompts (the policy task) by many tokens, and the A: prompts by a few or none (printed
+# above). Phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
 # no learning signal (phase 4). One `generate` call per prompt instead of one for the batch is
 # `generation="loop"`; its cost against the one-call rollout is in notebook 08.
 
 # %% [markdown]
+# ## Summary
+#
+# - A group is G completions of one prompt, sampled from $\pi_{\text{old}}$; the batch holds B groups, prompt by prompt.
+# - Each sample keeps its tokens, its length, whether it ended with an EOS, and the sampler's log-prob of each token.
+# - Prompts are left-padded to the longest; a group of identical completions carries no signal.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
-# notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
-# demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
+# *Maintainers' check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked
+# against the numbers the cells computed. nbval runs every notebook in CI, so a sentence that stops being true fails
+# here instead of going stale. (An identity a cell demonstrates, such as "bit for bit", stays in that cell: it is
+# part of the lesson.)
 
 # %%
 assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
+assert (padding == r.prompt_ids.shape[1] - r.prompt_mask.sum(1)[::G]).all() and padding.min() == 0
 if CAPTURE is None:  # the bundled step's mixed task: A: prompts are longer than P: prompts
-    assert (r.prompt_mask == 0).any(), "A: prompts are longer than P: prompts, so P: rows are left-padded"
+    task_of = [q[:2] for q in r.prompts]
+    p_pad = [n for t, n in zip(task_of, padding.tolist()) if t == "P:"]
+    a_pad = [n for t, n in zip(task_of, padding.tolist()) if t == "A:"]
+    assert min(p_pad) > max(a_pad) and min(a_pad) < max(a_pad), "P: padded by more than A:, A: by a few or none"
 print("every claim above holds")
