@@ -524,3 +524,17 @@ def test_a_reference_named_by_a_hub_id_is_refused_without_the_network_and_a_rese
         load_capture(path)
     main(["reseal", str(path)])
     assert open_capture(path).capture.meta["reference"]["name_or_path"] == folder
+
+
+def test_the_course_of_the_run_is_kept_step_by_step_whatever_logging_steps_is():
+    """The callback's own record of each step (TRL's default logging_steps=10 logs none of a 3-step run): each step's
+    mean of what TRL appended, oldest first, capped; a step without numbers is kept with its step alone."""
+    from grpo_debug.capture.callback import remember_step
+    from grpo_debug.capture.trainer_state import LOGGED_KL_STEPS
+
+    course = []
+    for step in range(1, LOGGED_KL_STEPS + 3):
+        course = remember_step(course, step, {"kl": [0.1 * step, 0.3 * step], "loss": [1.0], "entropy": []})
+    assert len(course) == LOGGED_KL_STEPS and course[0]["step"] == 3, "the course is not the last steps, capped"
+    assert course[-1] == {"step": LOGGED_KL_STEPS + 2, "kl": pytest.approx(0.2 * (LOGGED_KL_STEPS + 2))}, course[-1]
+    assert remember_step([], 1, {"kl": [float("nan")]}) == [{"step": 1}], "a NaN mean is kept as a number"

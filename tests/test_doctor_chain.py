@@ -93,3 +93,28 @@ def test_the_table_leaves_out_a_column_no_finding_fills():
     shown = table(Report(tuple(planted({"dropout": "warning", "kl_off": "info"})), {}, 0.0), at_least="info")
     assert "over steps" not in shown.columns, "no fix was followed over steps: the column would be empty"
     assert {"severity", "finding", "what", "fix"} <= set(shown.columns) and len(shown) == 2
+
+
+def test_a_finding_that_began_after_another_with_no_fix_of_its_own_is_its_consequence():
+    """The logged course: the KL jumped at step 2, every completion cut from step 3. Truncation (no fix of its own
+    in the chain) is ranked kl_blowup's consequence and says when each began; a finding already past its level at
+    the first logged step has no before, and a cause the chain fixed keeps its place."""
+    from grpo_debug.doctor.onsets import after_onsets, onsets_of
+
+    course = [
+        {"step": 1, "kl": 0.0, "completions/clipped_ratio": 0.1},
+        {"step": 2, "kl": 5.09, "completions/clipped_ratio": 0.1},
+        {"step": 3, "kl": 5.88, "completions/clipped_ratio": 1.0},
+    ]
+    onsets = onsets_of(course, max_grad_norm=1.0)
+    assert onsets == {"kl_blowup": 2, "update_size": 2, "truncation": 3}, onsets
+    base = {"truncation": "problem", "kl_blowup": "problem", "update_size": "info"}
+    marked = {f.id: f for f in after_onsets(planted(base), [], onsets)}
+    assert marked["truncation"].symptom_of == ("kl_blowup",), marked["truncation"]
+    assert "began at step 3, after kl_blowup at step 2" in marked["truncation"].summary, marked["truncation"].summary
+    ranked = [f.id for f in rank(list(marked.values()), [])]
+    assert ranked.index("kl_blowup") < ranked.index("truncation"), f"the consequence is ranked above: {ranked}"
+    fixed = {f.id: f for f in after_onsets(planted(base), ["truncation"], onsets)}
+    assert not fixed["truncation"].symptom_of, "a cause whose fix cleared findings was made a consequence"
+    from_the_start = onsets_of([{"step": 1, "kl": 5.0, "completions/clipped_ratio": 1.0}], max_grad_norm=1.0)
+    assert from_the_start == {}, f"a level past its threshold from the first logged step has no onset: {from_the_start}"

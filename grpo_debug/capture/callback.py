@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import linecache
+import math
 import os
 import reprlib
 import shutil
@@ -63,6 +64,8 @@ from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
 from .trainer_state import (
     FORMAT,
+    HISTORY_KEYS,
+    LOGGED_KL_STEPS,
     README,
     TENSORS,
     find_trainer,
@@ -148,6 +151,7 @@ class CaptureCallback(TrainerCallback):
         ] = {}  # identities and lengths of the trainer's metric lists at the step's start
         self.written: dict[int, Path] = {}
         self.skipped: dict[int, str] = {}
+        self.course: list[dict] = []  # every step's own numbers (`remember_step`), whatever logging_steps is
         self.open_step: dict | None = None  # a step that ended, closed once TRL logged it (its log goes in whole)
         self.off: str | None = None  # why nothing is recorded in this run (no trainer found, or not wrapped)
         self.warned: set[int] = set()  # steps already warned about: one warning per step
@@ -409,6 +413,7 @@ class CaptureCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         """The step stays open while TRL logs it right after (`control.should_log`): it is closed with that log
         (`on_log`), so that a capture is renamed into place once, whole, TRL's log in it; else closed now."""
+        self.course = remember_step(self.course, state.global_step, self._new_metrics())
         capture, self.current = self.current, None
         if capture is None:
             return
@@ -455,7 +460,8 @@ class CaptureCallback(TrainerCallback):
             capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
             capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
             if state.is_world_process_zero:
-                self.written[step] = self._write(step, capture, self.generation, logged_fields(step, logs, state))
+                logged = logged_fields(step, logs, state, self.course)
+                self.written[step] = self._write(step, capture, self.generation, logged)
             else:
                 self.written[step] = self.out_dir / f"step-{step}"
         except Exception as e:  # a full disk, a bad folder, a bug of ours: the run goes on, without this capture
@@ -924,11 +930,21 @@ def new_record(step: int) -> dict:
             "losses": [], "grad_norm": None}  # fmt: skip
 
 
-def logged_fields(step: int, logs: dict | None, state) -> dict:
+def remember_step(course: list[dict], step: int, new: dict[str, list]) -> list[dict]:
+    """`course` with step `step`'s own numbers added: this process's mean of each of HISTORY_KEYS that TRL appended
+    during the step (what TRL would log with logging_steps=1), the last LOGGED_KL_STEPS steps."""
+    values = {k: mean_like_trl_log([float(v) for v in new[k]]) for k in HISTORY_KEYS if new.get(k)}
+    record = {"step": step, **{k: v for k, v in values.items() if v is not None and math.isfinite(v)}}
+    return [*course, record][-LOGGED_KL_STEPS:]
+
+
+def logged_fields(step: int, logs: dict | None, state, course: list[dict] = ()) -> dict:
     """capture.json's record of TRL's log: what TRL logged at the step (`logged`, None where it did not log it)
-    and how many steps its numbers average (`logged_window`), and the kl it logged up to the step."""
+    and how many steps its numbers average (`logged_window`), the kl it logged up to the step, and the run's course
+    (`logged_history`): TRL's log where it logged every step, else the callback's own record of each step."""
     history = state.log_history  # TRL's log of this step is in it already (appended before on_log)
-    kept = {"logged_kl": logged_kl(history), "logged_history": logged_history(history)}
+    trl_course = logged_history(history)
+    kept = {"logged_kl": logged_kl(history), "logged_history": trl_course if len(trl_course) >= len(course) else course}
     if not logs or "loss" not in logs:
         return {"logged": None, **kept}
     earlier = [h["step"] for h in history[:-1] if "loss" in h]
