@@ -431,3 +431,13 @@ def _check_batch_layout(cfg: StepConfig) -> None:
             f"StepConfig.vllm_importance_sampling_mode = {cfg.vllm_importance_sampling_mode!r} is not "
             "allowed with loss_type='vespo': it must be token_truncate or token_mask (as TRL requires)"
         )
+
+
+def rollout_fields_refused(fields: list[str]) -> str:
+    """Why a captured step refuses a change of how it sampled, in words, and what shows another value."""
+    names = fields[0] if len(fields) == 1 else f"{', '.join(fields[:-1])} and {fields[-1]}"
+    what = "is a rollout field" if len(fields) == 1 else "are rollout fields"
+    return (
+        f"{names} {what}: a capture's completions are the trainer's, kept as they were; to see another value, "
+        "sample anew (python -m grpo_debug doctor CAPTURE --task FILE.py:NAME does, where it is a cause)"
+    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .advantages import Advantages, advantages_of
-from .config import PHASES, StepConfig
+from .config import PHASES, StepConfig, rollout_fields_refused
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, batch_loss, batch_of
@@ -191,7 +191,7 @@ class GRPOStep:
             and getattr(cfg, f.name) != getattr(before, f.name)
         ]
         if fields:
-            raise ValueError(f"{fields} are rollout fields: a capture's rollout is the trainer's, fixed")
+            raise ValueError(rollout_fields_refused(fields))
         if cfg.fast != before.fast:  # `fast` also picks the scoring path
             return "logprobs"
         return cfg.replace(generation=before.generation).first_changed_phase(before)

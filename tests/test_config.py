@@ -158,3 +158,12 @@ def test_every_spec_default_is_the_config_default():
     )
     assert Scoring(temperature=cfg.temperature) == scoring_of(cfg), "Scoring's defaults are not the config's"
     assert Optimization() == optimization_of(cfg), "Optimization's defaults are not the config's"
+
+
+def test_a_captured_step_refuses_a_sampling_change_in_words():
+    from grpo_debug.config import rollout_fields_refused
+
+    one = rollout_fields_refused(["top_p"])
+    assert one.startswith("top_p is a rollout field: a capture's completions are the trainer's"), one
+    assert "--task" in one and "[" not in one, f"not words, or no next step: {one}"
+    assert rollout_fields_refused(["top_p", "temperature"]).startswith("top_p and temperature are rollout fields")

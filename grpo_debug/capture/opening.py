@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import StepConfig
+from ..config import StepConfig, rollout_fields_refused
 from ..model import pick_device, pick_dtype
 from ..step import GRPOStep
 from ..task import register_task
@@ -37,7 +37,7 @@ def open_capture(path, task=None, *, device=None, weights_dtype=None, **changes)
         if StepConfig.phase_of(f.name) == "rollout" and getattr(cfg, f.name) != getattr(as_captured, f.name)
     ]
     if changed:
-        raise ValueError(f"{changed} are rollout fields: a capture's rollout is the trainer's, fixed")
+        raise ValueError(rollout_fields_refused(changed))
     loaded, beta_zero = captured_models(capture)
     loaded.to(where, cast)
     capture = on_device(capture, where)
