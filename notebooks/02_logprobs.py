@@ -16,36 +16,29 @@
 # %% [markdown]
 # # 02 · Log-probs: six ways to get them wrong
 #
-# GRPO needs log pi(token) for every sampled token, under the policy and under the reference. With every
-# fix on, recomputing them gives what the sampler used, up to float rounding. Each pitfall below breaks that
-# on its own (README.md, "Where each toggle comes from", says which bug report each one is from):
+# **What you will learn.** How a token's log-probability comes out of the logits (the shift by one position, the
+# temperature), what the ratio to $\pi_{\text{old}}$ is, and six ways a recomputation of the log-probs goes wrong,
+# each measured on the same cached rollout; why TRL 1.16 as shipped is hit twice on this model.
 #
-# | toggle | what goes wrong |
-# |---|---|
-# | `logprob_temperature=False` | sampled at the step's temperature, scored at T=1 |
-# | `mask="drop_eos_and_pad"` | the EOS is dropped from the loss; with pad == eos a value mask drops it too |
-# | `dropout=True` | the policy scored in train mode (dropout on); the reference in eval mode |
-# | `position_ids=False` | left-padded rows scored at shifted positions |
-# | `dtype="bfloat16"` | scored in bfloat16 autocast |
-# | `gather="first_position"` | every token scored by the first completion position's distribution |
+# **What you need first.** Notebook 01 (the rollout, and the sampler's log-prob of each token it keeps).
 #
-# The row `TRL 1.16 as shipped` is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig`: the
-# `trl` preset (dropout on, no position_ids, loss dapo, beta 0). With beta = 0 TRL neither computes nor logs a
-# KL; the `kl` column of that row is this suite's k3 estimate against the reference, shown for comparison.
-# `kl` is in nats per scored token: k3 = exp(d) - 1 - d averaged over tokens, with d = log pi_ref - log pi.
-# It is about d^2 / 2 for small gaps and grows exponentially with large ones, so a scoring pitfall that moves
-# log-probs by a few nats (dropout does) shows up as a KL far above 1 (checked at the end).
-
-# %% [markdown]
-# The computation, readable path: one forward over prompt + completion, the logits of position t scoring
-# token t + 1, divided by the temperature, then `log_softmax` and a gather. Each pitfall is one field of
-# `Scoring`.
-
-# %%
-from grpo_debug.scoring import completion_logits, per_token_logps, token_logps
-from grpo_debug.ui.notebook import show_source
-
-show_source(per_token_logps, completion_logits, token_logps)
+# ## A token's log-probability, and the ratio
+#
+# The model reads prompt and completion in one forward pass and returns logits $z \in \mathbb{R}^V$ at every
+# position; the logits at the position just before token $o_{i,t}$ score it (position $P + t - 1$ for the $t$-th
+# completion token after a prompt of width $P$). At the sampling temperature $T$:
+#
+# $$\log \pi_\theta(o_{i,t} \mid q, o_{i,<t}) = \frac{z_{o_{i,t}}}{T} - \log \sum_{v=1}^{V} \exp\frac{z_v}{T},$$
+#
+# a `log_softmax` of $z / T$ read at the sampled token's index (a `gather`). The loss (notebook 05) is built on
+# the **ratio** of the policy being trained to the policy that sampled:
+#
+# $$\rho_{i,t}(\theta) = \frac{\pi_\theta(o_{i,t} \mid q, o_{i,<t})}{\pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t})}
+# = \exp\big(\log \pi_\theta(o_{i,t} \mid \cdot) - \log \pi_{\text{old}}(o_{i,t} \mid \cdot)\big).$$
+#
+# At the start of a step $\pi_\theta$ and $\pi_{\text{old}}$ are the same weights, so a correct recomputation gives
+# back the sampler's own log-probs up to float rounding, and $\rho = 1$. Below, one sample by hand in plain torch
+# (the engine's version: `completion_logits` and `token_logps` in `grpo_debug/scoring.py`).
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -60,9 +53,49 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
-from grpo_debug.config import StepConfig
+import torch
 
 run = step.run(cfg, until="logprobs")
+r, i = run.rollout, 0  # sample 0, by hand
+P, C, n = r.prompt_ids.shape[1], r.completion_ids.shape[1], int(r.completion_lengths[0])
+ids = torch.cat([r.prompt_ids[i], r.completion_ids[i]])[None]
+attention = torch.cat([r.prompt_mask[i], torch.ones(C, dtype=r.prompt_mask.dtype)])[None]
+positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding: count from the first real token
+step.policy.eval()  # no dropout (a pitfall below)
+with torch.no_grad():
+    z = step.policy(input_ids=ids, attention_mask=attention, position_ids=positions).logits[0]
+logp = (z[P - 1:P + C - 1] / cfg.temperature).log_softmax(-1).gather(-1, r.completion_ids[i][:, None])[:, 0]
+by_hand = logp[:n]  # the tokens up to and with the EOS
+rho = torch.exp(by_hand - r.sampler_logps_temperature_only[i, :n])  # pi_theta / pi_old, pi_old's from the sampler
+to_engine, to_one = (by_hand - run.logprobs.policy[i, :n]).abs().max().item(), (rho - 1).abs().max().item()
+print(f"sample {i}: {n} tokens, log-probs {by_hand[0]:.3f} {by_hand[1]:.3f} ...; max |by hand - engine| "
+      f"{to_engine:.1e}; ratio to the sampler's: max |rho - 1| {to_one:.1e}")
+
+# %% [markdown]
+# Each pitfall below breaks that agreement on its own (README.md, "Where each toggle comes from", says which bug
+# report each one is from); each is one field of `Scoring`, flipped on the same cached rollout:
+#
+# | toggle | what goes wrong |
+# |---|---|
+# | `logprob_temperature=False` | sampled at the step's temperature, scored at T=1 |
+# | `mask="drop_eos_and_pad"` | the EOS is dropped from the loss; with pad == eos a value mask drops it too |
+# | `dropout=True` | the policy scored in train mode (dropout on); the reference in eval mode |
+# | `position_ids=False` | left-padded rows scored at shifted positions |
+# | `dtype="bfloat16"` | scored in bfloat16 autocast |
+# | `gather="first_position"` | every token scored by the first completion position's distribution |
+#
+# The row `TRL 1.16 as shipped` is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig`: the
+# `trl` preset (dropout on, no position_ids, and two loss settings notebook 05 opens: loss dapo, beta 0). The `kl`
+# and `loss` columns are opened in notebook 05; here read `kl` as how far the policy's log-probs are from the
+# reference model's (0 where they agree) and `loss` as the step's loss. `kl` is in nats per scored token:
+# k3 = exp(d) - 1 - d averaged over tokens, with d = log pi_ref - log pi. It is about d^2 / 2 for small gaps and
+# grows exponentially with large ones, so a scoring pitfall that moves log-probs by a few nats (dropout does) shows
+# up as a KL far above 1 (checked at the end). With beta = 0 TRL neither computes nor logs a KL; the `kl` column of
+# its row is this suite's k3, shown for comparison.
+
+# %%
+from grpo_debug.config import StepConfig
+
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
 fixed_gap = run.logprobs.max_sampler_gap
 print(f"{base}: max |sampler - recomputed| = {fixed_gap:.2e} nats")
@@ -168,14 +201,23 @@ pd.DataFrame({mode: completion_mask(r, mode)[i, end - 3:end + 2].tolist()
 # and by positions on every left-padded row.
 
 # %% [markdown]
+# ## Summary
+#
+# - $\log \pi_\theta(o_{i,t})$ is the `log_softmax` of the logits one position earlier, divided by $T$, read at the token.
+# - The ratio $\rho = \exp(\log \pi_\theta - \log \pi_{\text{old}})$ is exactly 1 where the recomputation is right.
+# - Six pitfalls break the recomputation; dropout and missing position_ids move log-probs by many nats.
+# - TRL 1.16 as shipped is hit by dropout on every row and by positions on every left-padded row.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
 # %%
 if CAPTURE is None:  # measured on the bundled step
+    assert to_engine < 1e-4 and to_one < 1e-4  # the token log-probs by hand: the engine's, and ratio 1
     assert fixed_gap < 1e-4  # "with every fix on, the gap is float rounding"
     for name in ["temperature not applied", "dropout on", "no position_ids", "bfloat16", "first-position gather"]:
         assert table.loc[name, "logps/max_sampler_gap"] > 1e-2, name
