@@ -16,20 +16,31 @@
 # %% [markdown]
 # # 03 · Rewards: every component, engine-free
 #
-# The P: reward compares the completion with Stockfish's analysis of the position: best move (by its rank
-# among all legal moves), candidates (against the top 5), evaluations (against Stockfish's eval of each
-# listed move), format. Weights 0.5 / 0.3 / 0.2 as the public RookWorld trainer. The A: reward checks the
-# next FEN (as a position, so either en-passant convention counts), the reward value and the two flags.
-# Bundled positions carry an evaluation of every legal move, so scoring needs no engine.
+# **What you will learn.** How a completion's reward is made (the task's reward functions, weighted and summed as
+# TRL sums them, and the chess components inside them); which components carry this step's signal; what malformed
+# completions score; how the bundled analyses compare with a live Stockfish.
+#
+# **What you need first.** Notebook 01 (the groups of completions).
 #
 # The engine sees a task only through its prompt sets and TRL-style reward functions
-# (`f(prompts, completions) -> list[float]`, with weights); the rewards phase sums them as TRL does:
-
-# %%
-from grpo_debug.rewards import compute_rewards
-from grpo_debug.ui.notebook import show_source
-
-show_source(compute_rewards)
+# $f_k(q, o) \to$ a number (or None), each with a weight $w_k$; the rewards phase sums them as TRL does, leaving
+# out a None (NaN):
+#
+# $$r_i = \sum_k w_k\, f_k(q, o_i).$$
+#
+# The bundled chess task has one function, `rookworld`, which scores each completion against the bundled analysis
+# of its position. A P: prompt (the policy task) is scored on the best move (by its rank among all legal moves),
+# the candidates (against Stockfish's top 5) and the evaluations (against Stockfish's eval of each listed move);
+# an A: prompt (the environment) on the next FEN (as a position, so either en-passant convention counts) and the
+# three fields after it:
+#
+# $$r^{P} = \operatorname{clip}(0.5\, \text{best\_move} + 0.3\, \text{candidates} + 0.2\, \text{evals}, -1, 1), \qquad
+# r^{A} = \operatorname{clip}(0.6\, \text{fen} + 0.2\, \text{reward} + 0.1\, \text{terminated} + 0.1\,
+# \text{truncated}, -1, 1),$$
+#
+# each component in $[-1, 1]$ (`grpo_debug/chess/rewards.py` defines them; the A: component `reward` checks the
+# completion's reward field, and `truncated` its illegal-move flag). The P: weights are the public RookWorld
+# trainer's. Bundled positions carry an evaluation of every legal move, so scoring needs no engine.
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -44,7 +55,23 @@ TASK = None
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
 # %%
+import torch
+
 run = step.run(cfg, until="rewards")
+per_function = torch.stack(list(run.rewards.per_function.values()), dim=1)  # (N, F): f_k(q, o_i)
+weights = torch.tensor(step.task.weights)
+total = (per_function * weights).nansum(1)  # r_i = sum_k w_k f_k(q, o_i), a None (NaN) left out
+total[per_function.isnan().all(1)] = float("nan")  # no function scored it: unscorable, as TRL marks it
+assert torch.allclose(total, run.rewards.total, equal_nan=True)  # the engine's rewards
+print(f"r_i by hand for the first {cfg.num_generations}: " + " ".join(f"{v:+.4f}" for v in total[:cfg.num_generations].tolist()))
+if "best_move" in run.rewards.components and run.rollout.prompts[0].startswith("P:"):  # the chess task's P: formula
+    c = {k: v[0].item() for k, v in run.rewards.components.items()}  # sample 0's components
+    by_formula = max(-1.0, min(1.0, 0.5 * c["best_move"] + 0.3 * c["candidates"] + 0.2 * c["evals"]))
+    assert abs(by_formula - total[0].item()) < 1e-6
+    print(f"sample 0: clip(0.5 x {c['best_move']:.4f} + 0.3 x {c['candidates']:.4f} + 0.2 x {c['evals']:.4f}) "
+          f"= {by_formula:+.4f}")
+
+# %%
 from grpo_debug.ui.tables import per_sample
 
 table = per_sample(run, wide=True)  # with every reward component
@@ -92,7 +119,7 @@ from grpo_debug.chess.rewards import score_policy
 record = load_split("policy_eval")[0]
 analysis = PositionAnalysis.from_json(record)
 truth = policy_example(record)[1]
-cases = {"ground truth": truth, "empty": "", "garbage": "\u2603 M: ?? B:", "truncated": truth[:20],
+cases = {"ground truth": truth, "empty": "", "garbage": "\u2603 M: ?? B:", "cut short": truth[:20],
          "illegal best move": truth.rsplit(" ", 1)[0] + " a1a1", "evals off by 1 pawn": truth.replace("E: ", "E: 1")}
 pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_policy(analysis, text).total}
               for name, text in cases.items()}).T
@@ -135,9 +162,16 @@ engines.head(8).round(2)
 # answers. The ground truth scores exactly 1.0.
 
 # %% [markdown]
+# ## Summary
+#
+# - A reward is the weighted sum of the task's reward functions, $r_i = \sum_k w_k f_k(q, o_i)$, as TRL sums them.
+# - The chess rewards are graded components; only those that differ within a group carry this step's signal.
+# - A malformed completion gets a documented score, never an exception; the ground truth scores exactly 1.0.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
