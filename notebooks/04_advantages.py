@@ -16,10 +16,24 @@
 # %% [markdown]
 # # 04 · Advantages: group-relative, and where they go wrong
 #
-# advantage = (reward - mean of its group) / (std + 1e-4), exactly as TRL 1.16 (`scale_rewards="group"`);
-# `"batch"` divides by the batch std, `"none"` does not divide. A group with identical rewards has
-# advantage 0 everywhere (`frac_reward_zero_std`); a group whose std is tiny but not zero turns noise into
-# full-size advantages (phantom advantages): `std_floor` clamps the std from below.
+# **What you will learn.** The advantage formula and why each part is there: the group mean is a REINFORCE
+# baseline (the same expected gradient, less variance), the std makes the step's size independent of the reward's
+# units; why a clean +-1 group gets advantages of 0.866 and not 1; why groups with identical rewards send no gradient
+# yet still shape the loss; how a tiny std turns a meaningless difference into a full-size advantage.
+#
+# **What you need first.** Notebooks 01 (the groups) and 03 (the rewards); REINFORCE's gradient.
+#
+# ## The formula
+#
+# Within each group of $G$ completions of one prompt, with rewards $r_1, \dots, r_G$:
+#
+# $$A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \varepsilon}, \qquad
+# \operatorname{mean}(r) = \frac{1}{G} \sum_{j=1}^{G} r_j, \qquad
+# \operatorname{std}(r) = \sqrt{\frac{1}{G-1} \sum_{j=1}^{G} \big(r_j - \operatorname{mean}(r)\big)^2}, \qquad
+# \varepsilon = 10^{-4},$$
+#
+# exactly as TRL 1.16 computes it (`scale_rewards="group"`; `"batch"` divides by the whole batch's std, `"none"`
+# does not divide). Every token of completion $i$ gets the same $A_i$. In plain torch, on the step's own rewards:
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -33,19 +47,74 @@ TASK = None
 # setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
-# %% [markdown]
-# The whole computation is one function of the rewards, here on the step's own (B*G,) rewards:
-
 # %%
 import torch
 
-from grpo_debug.advantages import compute_advantages
-from grpo_debug.ui.notebook import show_source
-
-show_source(compute_advantages)
 run = step.run(cfg, until="advantages")
-advantages = compute_advantages(run.rewards.total, cfg.num_generations, cfg.scale_rewards, cfg.std_floor)
-assert torch.equal(advantages, run.advantages.values)  # what the step computed, bit for bit
+G = cfg.num_generations
+r = run.rewards.total.view(-1, G)  # (B, G): one row per group
+mean, std = r.mean(1, keepdim=True), r.std(1, keepdim=True)  # torch's std divides by G - 1
+by_hand = ((r - mean) / (std + 1e-4)).flatten()
+by_hand_gap = (by_hand - run.advantages.values).abs().max().item()
+print(f"group 0: rewards {' '.join(f'{v:+.3f}' for v in r[0].tolist())}\n"
+      f"         A_i     {' '.join(f'{v:+.3f}' for v in by_hand[:G].tolist())}\n"
+      f"max |by hand - engine| over the batch: {by_hand_gap:.1e}")
+
+# %% [markdown]
+# ## The group mean is a baseline
+#
+# REINFORCE's gradient is $\nabla_\theta J = \mathbb{E}_{o \sim \pi_\theta}\big[r(o)\, \nabla_\theta \log
+# \pi_\theta(o \mid q)\big]$. The score has mean zero, $\mathbb{E}_{o \sim \pi_\theta}[\nabla_\theta \log
+# \pi_\theta(o \mid q)] = \sum_o \nabla_\theta \pi_\theta(o \mid q) = \nabla_\theta 1 = 0$, so subtracting any
+# baseline $b$ that does not depend on $o$ leaves the expected gradient as it was:
+#
+# $$\mathbb{E}\big[(r(o) - b)\, \nabla_\theta \log \pi_\theta(o \mid q)\big] = \nabla_\theta J,$$
+#
+# while a $b$ near $\mathbb{E}[r \mid q]$ makes every term smaller, so the estimate varies less. PPO learns $b$ with a
+# value network; GRPO takes the group's mean, a sample estimate of the prompt's own expected reward. (The mean
+# includes $r_i$ itself, which scales the expected gradient by $1 - 1/G$: the same direction.) Below, a policy over
+# four completions whose rewards share a large offset, its gradient estimated from groups of $G$ samples, with and
+# without the group mean subtracted:
+
+# %%
+torch.manual_seed(0)
+pi = torch.softmax(torch.tensor([0.5, 0.2, -0.1, -0.6]), 0)  # a policy over 4 completions (its logits' softmax)
+reward = torch.tensor([1.0, 0.8, 0.7, 0.4])  # every reward positive: a common offset
+score = torch.eye(4) - pi  # row o: grad of log pi(o) w.r.t. the logits
+exact = (pi[:, None] * reward[:, None] * score).sum(0)  # sum_o pi(o) r(o) grad log pi(o)
+o = torch.multinomial(pi, 4000 * G, replacement=True).view(4000, G)  # 4000 groups of G samples
+variance, multiple = {}, {}
+for name, b in {"no baseline": 0.0, "group mean": reward[o].mean(1, keepdim=True)}.items():
+    estimate = ((reward[o] - b)[..., None] * score[o]).mean(1)  # (groups, 4): each group's gradient estimate
+    multiple[name] = (estimate.mean(0) @ exact / exact.norm() ** 2).item()  # its mean, a multiple of the exact one
+    variance[name] = (estimate - estimate.mean(0)).pow(2).sum(1).mean().item()
+    print(f"{name:>12}: mean estimate {multiple[name]:.3f} x the exact gradient (1 - 1/G = {1 - 1 / G:.3f}), "
+          f"variance {variance[name]:.4f}")
+print(f"the group mean divides the variance by {variance['no baseline'] / variance['group mean']:.0f}")
+
+# %% [markdown]
+# ## Dividing by the std
+#
+# Dividing by the group's std makes the advantages independent of the reward's units and offset: rewards times 100
+# plus 5 give the same $A_i$, up to the share $\varepsilon / \operatorname{std}$ that the $\varepsilon$ takes
+# (printed below), so one learning rate serves any reward scale, and every group with any spread gets advantages
+# of about the same size, whether its rewards differ by a hundredth or by 2. That is also its weakness (phantom
+# advantages, below); `scale_rewards="none"` (Dr. GRPO's choice) keeps the reward's scale.
+#
+# TRL's std is the **unbiased** one, dividing by $G - 1$. A clean group $(+1, -1, +1, -1)$ has mean 0 and
+# $\sum_j (r_j - \operatorname{mean})^2 = 4$, so $\operatorname{std} = \sqrt{4/3}$ and $A_i = \pm\sqrt{3/4}$, not
+# $\pm 1$ (which dividing by $G$ would give): in general $\pm\sqrt{(G-1)/G}$.
+
+# %%
+from grpo_debug.advantages import compute_advantages
+
+change = (compute_advantages(100 * run.rewards.total + 5, G) - run.advantages.values).abs().view(-1, G).amax(1)
+spread = run.advantages.group_std > 1e-2  # groups whose std is far above epsilon
+print(f"rewards x 100 + 5: max |change in A_i| {change[spread].max():.1e} in the {int(spread.sum())} groups with "
+      f"std > 1e-2; {change[~spread].max():.1e} in the others (their std is near epsilon)")
+clean = torch.tensor([1.0, -1.0, 1.0, -1.0])
+print(f"clean group {clean.tolist()}: unbiased std {clean.std():.4f}, dividing by G {clean.std(correction=0):.4f}; "
+      f"A_i {compute_advantages(clean, 4)[0]:.4f}; sqrt(3/4) = {(3 / 4) ** 0.5:.4f} (the divisor's + 1e-4 aside)")
 
 # %%
 adv = run.advantages  # the advantages and their summary: group means and stds, TRL's metrics
@@ -69,8 +138,8 @@ scales = compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rew
                                  "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
                           until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",
                                                        "advantages/phantom_groups"])
-scales["groups with all advantages 0"] = len(adv.zero_std_groups) / len(adv.group_std)
-scales
+scales["share of groups with every advantage 0"] = len(adv.zero_std_groups) / len(adv.group_std)
+scales.rename(columns={"advantages/phantom_groups": "phantom groups (a count)"})
 
 # %% [markdown]
 # `frac_reward_zero_std` is TRL's metric, and TRL reads it from the std it divides by: under
@@ -84,8 +153,9 @@ print(f"batch scaling: frac_reward_zero_std = {scales.loc['batch', 'frac_reward_
 # %% [markdown]
 # ## Zero-std groups still shape the loss
 #
-# A group with advantage 0 sends no gradient of its own. It still counts in the loss's normaliser: the
-# number of sequences for grpo and dr_grpo, the number of tokens for bnpo and dapo. So adding such groups
+# A group with advantage 0 sends no gradient of its own. It still counts in the loss's normaliser (the loss
+# divides its summed token terms by it; notebook 05 writes each as a formula): the number of sequences for grpo and
+# dr_grpo, the number of tokens for bnpo and dapo. So adding such groups
 # shrinks every other sample's weight. Below: the weight one sample with a non-zero advantage gets, with the
 # zero-std groups in the batch and with them dropped.
 
@@ -112,15 +182,17 @@ dilution
 # %% [markdown]
 # ## Phantom advantages, on purpose
 #
-# Two groups: one whose rewards differ only by 1e-4 (noise), one with a real win/loss split.
+# Two groups: one whose rewards differ only by 1e-4, a difference too small to mean that one completion is better
+# than another (the bundled reward is deterministic: such a difference is an artefact of its arithmetic, not noise),
+# and one with a real win/loss split.
 
 # %%
 rewards = torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])
 phantom = pd.DataFrame({"reward": rewards, "TRL (group)": compute_advantages(rewards, 4),
                         "std_floor=0.1": compute_advantages(rewards, 4, std_floor=0.1)})
 noise, real = phantom["TRL (group)"][2], phantom["TRL (group)"][4]
-print(f"a reward 1e-4 above its group gets advantage {noise:.2f}; a real win gets {real:.2f}; "
-      f"with std_floor=0.1 the noise gets {phantom['std_floor=0.1'][2]:.4f}")
+print(f"a reward 1e-4 above its group gets advantage {noise:.2f}; a real win gets {real:.3f}; "
+      f"with std_floor=0.1 the 1e-4 difference gets {phantom['std_floor=0.1'][2]:.4f}")
 phantom
 
 # %% [markdown]
@@ -129,13 +201,27 @@ phantom
 # send no gradient, but they are not free: every loss type counts them in its normaliser.
 
 # %% [markdown]
+# ## Summary
+#
+# - $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \varepsilon)$ in each group, the std unbiased.
+# - The group mean is a REINFORCE baseline: the same direction of expected gradient, far less variance.
+# - The std makes the advantages unit-free; a clean +-1 group gets $\pm\sqrt{(G-1)/G}$ (0.866 for G = 4).
+# - A zero-std group sends no gradient but dilutes every other sample's weight; a tiny std makes phantom advantages.
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
 # %%
+if CAPTURE is None:  # the bundled step: scale_rewards="group", no std floor, no NaN reward
+    assert by_hand_gap < 1e-5, "the advantages by hand are not the engine's"
+assert abs(multiple["no baseline"] - 1) < 0.05 and abs(multiple["group mean"] - (1 - 1 / G)) < 0.05  # the direction
+assert variance["no baseline"] > 5 * variance["group mean"]  # "less variance"
+assert abs(compute_advantages(clean, 4)[0] - (3 / 4) ** 0.5) < 1e-3  # the clean group's 0.866
+assert change[spread].max() < 1e-2  # unit-free where the std is large against epsilon
 assert sums.abs().max() < 1e-4  # each group's advantages sum to 0
 assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_groups) == 0
 assert len(adv.zero_std_groups) == 0 or (dilution["ratio"] < 1).all()  # zero-std groups dilute every weight
