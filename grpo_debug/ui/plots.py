@@ -469,6 +469,34 @@ AXIS_NAMES = {  # a training metric's axis: what it holds and its unit
 }
 
 
+def held_out_by_seed(arms: dict[str, tuple], changes: dict[str, dict], steps: int, title: str):
+    """Training runs' held-out reward at their start and after `steps` steps: one panel per arm, a grey line per
+    seed (its mean over the test prompts) and their mean in colour (`arms`: arm -> ((seeds,) start, (seeds,) end));
+    a last panel with each arm's change from its start and its interval (`changes`: arm -> a summary entry with
+    mean, ci_low, ci_high, level)."""
+    fig = plt.figure(figsize=(3.6 * (len(arms) + 1), 3.0))
+    axes = [fig.add_subplot(1, len(arms) + 1, 1)]
+    axes += [fig.add_subplot(1, len(arms) + 1, k + 1, sharey=axes[0]) for k in range(1, len(arms))]  # one scale
+    axes.append(fig.add_subplot(1, len(arms) + 1, len(arms) + 1))
+    for i, (ax, (arm, (start, end))) in enumerate(zip(axes, arms.items())):
+        for a, b in zip(start.tolist(), end.tolist()):
+            ax.plot([0, steps], [a, b], color="0.6", lw=0.8)
+        ax.plot([0, steps], [float(start.mean()), float(end.mean())], color=f"C{i}", lw=2, marker="o")
+        ax.set(xticks=[0, steps], xlabel="step", ylabel="held-out reward")
+        ax.set_title(f"{arm}: {len(start)} seeds (grey), their mean", fontsize=9)
+    last = axes[-1]
+    for i, d in enumerate(changes.values()):
+        error = [[d["mean"] - d["ci_low"]], [d["ci_high"] - d["mean"]]]
+        last.errorbar([i], [d["mean"]], yerr=error, fmt="o", capsize=6, color=f"C{i}")
+    last.axhline(0, color="k", lw=0.8)
+    level = min(d["level"] for d in changes.values())
+    last.set(xticks=list(range(len(changes))), xticklabels=list(changes), xlim=(-0.5, len(changes) - 0.5))
+    last.set(ylabel=f"change ({100 * level:.2f}% interval)")
+    last.set_title("each arm's change from its start, paired", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    return _done(fig)
+
+
 def arm_panels(
     rows: list[dict], reference: str | None, ylabel: str, title: str = "held-out reward per arm (band: 95% interval)"
 ):
