@@ -57,6 +57,12 @@ def _gradient_left(grad_norm: float, beta: float) -> str:
     return f"grad_norm {grad_norm:.3g}: beta = 0, so nothing is left to learn from"
 
 
+def _constant_within_groups(values: torch.Tensor, G: int) -> bool:
+    """Every group's values equal, up to float32's rounding of the group mean (a sum's last bit is no signal)."""
+    scale = 1.0 + values.nan_to_num(0.0).abs().max().item()
+    return _within_group(values, G).abs().max().item() <= 1e-6 * scale
+
+
 def _within_group(values: torch.Tensor, G: int) -> torch.Tensor:
     """(N,) each value minus its group's mean (NaN, a function that does not apply, counts as 0)."""
     v = _groups(values.nan_to_num(0.0), G)
@@ -69,7 +75,7 @@ def constant_reward(f: StepFacts) -> Finding:
     every group's completions are identical is not (the sampler made the groups so: `identical_groups`)."""
     per, G, r = f.run.rewards.per_function, f.run.config.num_generations, f.run.rollout
     varied_groups = [g for g in range(len(r.prompts)) if g not in set(r.identical_groups)]
-    constant = [name for name, v in per.items() if _within_group(v, G).abs().max().item() == 0]
+    constant = [name for name, v in per.items() if _constant_within_groups(v, G)]
     evidence = dict(constant_functions=constant, functions=list(per), groups_with_varied_completions=len(varied_groups))
     probes = f.reward_probes or {}
     ignoring = [n for n in constant if n in probes and probes[n].ignores_completion]
@@ -77,17 +83,19 @@ def constant_reward(f: StepFacts) -> Finding:
         evidence["probed"] = {n: p.as_dict() for n, p in probes.items()}
     if not constant:
         return _finding("constant_reward", "absent", "every reward function varies within some group", **evidence)
-    if probes and not ignoring:
+    reads = [n for n in constant if n in probes and probes[n].varies_across_completions]
+    if probes and reads and len(reads) == len(constant):
         return _finding("constant_reward", "absent" if not varied_groups else "info",
-                        f"{', '.join(constant)} gave one value within every group, yet different values when called on "
-                        "other completions of the same prompts: it reads the completion", **evidence)  # fmt: skip
+                        f"{', '.join(constant)} gave one value within every group, yet another value when called on "
+                        "other or changed completions of the same prompts: it reads the completion, and every "
+                        "completion here earns the same from it", **evidence)  # fmt: skip
     if not probes and not varied_groups:
         return _finding("constant_reward", "info",
                         f"{', '.join(constant)} gave one value within every group, but every group's completions are "
                         "identical: no function could vary (pass --task to call it on other completions)",
                         **evidence)  # fmt: skip
-    named = ignoring or constant
-    said = ("gave the same value for every completion of each prompt, its own and another prompt's"
+    named = ignoring or [n for n in constant if n not in reads]
+    said = ("gave the same value for every completion of each prompt, its own, another prompt's and changed ones"
             if ignoring else "is constant within every group")  # fmt: skip
     severity = "problem" if len(named) == len(per) else "warning"
     return _finding(
@@ -124,6 +132,11 @@ def dominant_reward(f: StepFacts) -> Finding:
     evidence = dict(variance_shares=shares)
     varied = [n for n, p in parts.items() if p.abs().max().item() > 0]  # a constant one is constant_reward's
     erased = [n for n in varied if n != top and abs(shares[n]) < ERASED_SHARE]
+    paid = [n for n in erased if f.reward_probes and n in f.reward_probes and f.reward_probes[n].paid_for_length]
+    if erased and shares[top] >= DOMINANT_SHARE and paid == erased:
+        return _finding("dominant_reward", "info",
+                        f"{top} ({shares[top]:.0%}) erases {', '.join(erased)}, which pays for length (length_reward): "
+                        "normalising it in would pay for length more", erased=erased, **evidence)  # fmt: skip
     if erased and shares[top] >= DOMINANT_SHARE:
         return _finding(
             "dominant_reward", "warning",

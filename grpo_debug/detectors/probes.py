@@ -36,8 +36,9 @@ class RewardProbe:
     rise_repeated: float  # the same with the last word repeated (words added)
     raised_repeated: float
     spread: float  # the function's mean within-group std on the step's own completions (its signal's scale)
-    varies_across_completions: bool | None  # some prompt got two values from different completions (own or
-    # another group's); None: no prompt saw two different completions, so it cannot tell
+    varies_across_completions: bool | None  # some prompt got two values from different completions (own, another
+    # group's, or its own changed); None: one value for every completion and change tried, so it cannot tell a
+    # function that ignores the completion from one that nothing in this batch earns
 
     @property
     def paid_for_length(self) -> bool:
@@ -90,6 +91,16 @@ def _rise(before: torch.Tensor, after: torch.Tensor) -> tuple[float, float]:
     return change.mean().item(), (change > 1e-9).float().mean().item()
 
 
+def _moved(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether a change of the completions changed any reward (a None turning into a number counts)."""
+    return bool(((before - after).abs() > 1e-9).any() or (before.isnan() != after.isnan()).any())
+
+
+def _one_value(values: torch.Tensor) -> bool:
+    seen = values[~values.isnan()]
+    return len(seen) == 0 or (seen.max() - seen.min()).item() <= 1e-9
+
+
 def _spread(values: torch.Tensor, G: int) -> float:
     groups = values.view(-1, G)
     stds = [g[~g.isnan()].std().item() for g in groups if int((~g.isnan()).sum()) > 1]
@@ -122,8 +133,14 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
     probes = {}
     for name, func in zip(task.reward_names, task.reward_funcs):
         own = _scored(func, name, prompts, completions)
-        rise_p, raised_p = _rise(own, _scored(func, name, prompts, [padded(c) for c in completions]))
-        rise_r, raised_r = _rise(own, _scored(func, name, prompts, [repeated(c) for c in completions]))
+        padded_scores = _scored(func, name, prompts, [padded(c) for c in completions])
+        repeated_scores = _scored(func, name, prompts, [repeated(c) for c in completions])
+        rise_p, raised_p = _rise(own, padded_scores)
+        rise_r, raised_r = _rise(own, repeated_scores)
         varies = _varies(own, _scored(func, name, prompts, borrowed), texts, G)
+        if _moved(own, padded_scores) or _moved(own, repeated_scores):
+            varies = True  # the same completion changed scores otherwise: it reads the completion
+        elif varies is False and _one_value(own):
+            varies = None  # one value everywhere: ignoring the completion and nothing earning look alike
         probes[name] = RewardProbe(name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies)
     return probes

@@ -16,12 +16,15 @@ from ..detectors.detectors import CLIPPED_WARNING, KL_BLOWUP_WARNING, NO_SIGNAL_
 from ..detectors.findings import Finding
 from .chain import loud
 
+REWARD_STD_GONE = 1e-6  # the batch's rewards all equal: no function varies any more
+
 # finding id -> (what TRL logs, the level at which the finding begins): the detectors' own warning levels
 SIGNALS = {
     "kl_blowup": ("kl", KL_BLOWUP_WARNING),
     "update_size": ("kl", KL_BLOWUP_WARNING),  # large updates show as the KL they leave behind
     "truncation": ("completions/clipped_ratio", TRUNCATED_WARNING),
     "zero_std_groups": ("frac_reward_zero_std", NO_SIGNAL_WARNING),
+    "constant_reward": ("reward_std", -REWARD_STD_GONE),  # negative: the finding begins where the value falls to it
 }
 
 
@@ -34,7 +37,7 @@ def onsets_of(history: list[dict], max_grad_norm: float | None) -> dict[str, int
     found = {}
     for id, (name, level) in signals.items():
         logged = [(h["step"], h[name]) for h in history if name in h]
-        crossed = next((k for k, (_, v) in enumerate(logged) if v >= level), None)
+        crossed = next((k for k, (_, v) in enumerate(logged) if (v >= level if level >= 0 else v <= -level)), None)
         if crossed:  # past 0: there was a logged step below the level before it
             found[id] = logged[crossed][0]
     return found
