@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 08 · Diagnostics: a loss of `0.0000`, and where the time goes
 #
+# **What you will learn.** How to tell a normal loss of 0 from a failure, on the step's own numbers; how to read
+# every token of a step (its advantage, ratio, KL, gradient); where a step's time and memory go, and what one
+# `generate` call for the batch and `torch.compile` change.
+#
+# **What you need first.** Notebooks 04 (zero-std groups), 05 (a loss of 0 with a gradient) and 06 (the update).
+#
 # A training log that reads `iter 1: loss 0.0000 ... time 103634 ms` asks two questions: is the loss a
 # failure, and where does the time go?
 
@@ -59,7 +65,7 @@ print(textwrap.fill(triage_zero_loss(broken), 110))
 # mask), every value on hover, each group's prompt above its completions with their rewards. A loss that reads
 # about 0 still sends a non-zero d loss / d logp into the kept tokens of every sample whose advantage is not 0
 # (under grpo at ratio 1, -A / (N T) plus the KL term's share); a zero-std group's tokens get none from the policy
-# term. The selector recolours once this cell has run in your session (JupyterLab runs no script in outputs it
+# term. The selector recolours once you have run this cell yourself (JupyterLab runs no script in outputs it
 # did not produce). Two groups here; `python -m grpo_debug step --html tokens.html` (or
 # `replay CAPTURE --html tokens.html`) writes every group to one standalone page.
 
@@ -104,7 +110,8 @@ print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; r
 # ## torch.compile on and off
 #
 # The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
-# numbers must agree. Timings vary from run to run; the agreement is asserted. By default the forward is
+# numbers must agree. The speed-up is the eager call's time over the compiled call's, both after their first call.
+# Timings vary from run to run; the agreement is asserted. By default the forward is
 # compiled with the `aot_eager` backend (traced, checked, in seconds); `INDUCTOR = True` compiles it with
 # inductor's generated C++ kernels, what a training run gets (`tests/test_diagnostics.py` runs that one on
 # every test run).
@@ -114,7 +121,10 @@ from grpo_debug.show.diagnostics import compile_comparison
 
 INDUCTOR = False
 compiled = compile_comparison(step, rows=8, backend="inductor" if INDUCTOR else "aot_eager")
-print(compiled)
+print(compiled.error or f"{compiled.rows} rows scored, after the first call: eager {compiled.eager_seconds:.3f} s, compiled "
+      f"({compiled.backend}) {compiled.compiled_seconds:.3f} s: a speed-up of {compiled.speedup:.2f}x (eager / compiled)\n"
+      f"the compiled first call {compiled.compiled_first_seconds:.1f} s (compilation); max |eager - compiled| log-prob "
+      f"{compiled.max_abs_diff:.1e}")
 assert compiled.error == ""
 if step.cfg.dtype == "float32":  # bfloat16 autocast rounds differently once compiled kernels fuse ops
     assert compiled.max_abs_diff < 1e-4
@@ -125,9 +135,17 @@ if step.cfg.dtype == "float32":  # bfloat16 autocast rounds differently once com
 # and a TRL step on the same configuration.
 
 # %% [markdown]
+# ## Summary
+#
+# - A loss of 0 is normal under grpo at ratio 1 while the gradient is not 0; it is a failure when every advantage is 0.
+# - Every token's d loss / d logp shows where the gradient goes: none into a zero-std group's tokens.
+# - Time and memory per phase, one `generate` call against one per prompt, and `torch.compile`: measured above (they
+#   vary from run to run).
+
+# %% [markdown]
 # ## Checks
 #
-# The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
+# *Maintainers' check, run by nbval in CI; a reader may skip it.* The claims the sentences above make, checked against the numbers the cells computed. nbval runs every
 # notebook in CI, so a sentence that stops being true fails here instead of going stale. (An identity a cell
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
