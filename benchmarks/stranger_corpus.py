@@ -127,6 +127,12 @@ def captures(folder: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if not p.name.startswith(".")) if where.exists() else []
 
 
+def health_lines(folder: Path) -> int:
+    """The lines of the callback's out/captures/health.jsonl (one per step it saw end, where it keeps one)."""
+    health = folder / "out" / "captures" / "health.jsonl"
+    return len(health.read_text().splitlines()) if health.exists() else 0
+
+
 def run_child(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     """A child process; one that outlives `timeout` is killed and reads as failed (return code -9, its stderr's
     end), so that one stuck run does not end a stage of a hundred."""
@@ -361,10 +367,21 @@ def by_defect(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def absent_from_step(spec: dict, capture: Path) -> list[str]:
+    """The planted defects the captured step does not hold, so that no doctor could name them there: position_ids
+    where every prompt of the captured batch has one length (nothing left-padded: the batch's few prompts can all
+    be two-digit sums). Such a run is left out of the rates and listed."""
+    if "position_ids" not in spec["expected"]:
+        return []
+    prompts = json.loads((capture / "capture.json").read_text())["prompts"]
+    return [] if len({len(p) for p in prompts}) > 1 else ["position_ids"]
+
+
 def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
     """The half's scores from the files the stages wrote (nothing is run here)."""
     rows, crashes, missing, failed, train_seconds, doctor_seconds, accuracies = [], {}, [], {}, [], [], {}
     reported: set[str] = set()
+    not_present: dict[str, list[str]] = {}
     for run in runs:
         folder, t = corpus.folder(run), trained(corpus, run)
         spec = json.loads((folder / "spec.json").read_text()) if t else None
@@ -381,6 +398,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
                 "crash_record": [
                     f"{w}/crash.json" for w in written if (folder / "out/captures" / w / "crash.json").exists()
                 ],
+                "health_lines": health_lines(folder),
             }
             continue
         if t.get("failed"):
@@ -395,6 +413,10 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
             failed[run.name] = f"doctor: {d['stderr_tail'][-300:]}"
             continue
         doctor_seconds.append(d["seconds"])
+        gone = absent_from_step(spec, folder / t["capture"])
+        if gone:
+            not_present[run.name] = gone
+            continue
         findings = json.loads((folder / sub / "doctor.json").read_text())["findings"]
         reported |= {f["id"] for f in findings}
         rows.append(score_run(spec, findings))
@@ -423,6 +445,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         "crash_runs": crashes,
         "failed": failed,
         "missing": missing,
+        "planted_but_not_in_the_step": not_present,
         # an expected id the doctor does not report (its catalogue lost or renamed it) is never named: mend CATALOGUE
         "expected_ids_the_doctor_lacks": sorted({i for d in CATALOGUE.values() for i in d.expects} - reported),
         "per_run": rows,
@@ -446,6 +469,9 @@ def markdown(scores: dict) -> str:
         f"| both in top 2, double defects | {percent(scores['both_in_top2_rate_double'])} | {n['double']} |",
         f"| clean runs with nothing at warning or above | {percent(scores['quiet_rate_clean'])} | {n['clean']} |",
         f"| doctor seconds per run (median, max) | {s.get('median', 0):.1f}, {s.get('max', 0):.1f} | {s.get('n', 0)} |",
+        f"| left out: planted defect not in the captured step | | {len(scores['planted_but_not_in_the_step'])} |",
+        f"| left out: training or the doctor failed | | {len(scores['failed'])} |",
+        f"| left out: not trained or not diagnosed yet | | {len(scores['missing'])} |",
         "",
         "| defect | expected ids | runs | first (singles) | in top 2 | named as |",
         "|---|---|---|---|---|---|",
