@@ -45,6 +45,7 @@ PITFALLS: dict[str, Pitfall] = {
             "raise num_generations or temperature, make the reward graded, or filter such prompts",
             "'loss is 0.0000' reports (TRL issues #3452, #2703, #3857): the real cause was frac_reward_zero_std = 1",
             "04_advantages: Zero-std groups still shape the loss; 08_diagnostics",
+            fix_scales=("num_generations", 2),  # sampled anew: do larger groups tell their completions apart?
         ),
         _p(
             "constant_reward",

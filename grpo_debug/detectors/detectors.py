@@ -130,7 +130,7 @@ def dominant_reward(f: StepFacts) -> Finding:
     shares = {name: (p * total).sum().item() / variance for name, p in parts.items()}
     top = max(shares, key=shares.get)
     evidence = dict(variance_shares=shares)
-    varied = [n for n, p in parts.items() if p.abs().max().item() > 0]  # a constant one is constant_reward's
+    varied = [n for n in parts if not _constant_within_groups(per[n], G)]  # a constant one is constant_reward's
     erased = [n for n in varied if n != top and abs(shares[n]) < ERASED_SHARE]
     paid = [n for n in erased if f.reward_probes and n in f.reward_probes and f.reward_probes[n].paid_for_length]
     if erased and shares[top] >= DOMINANT_SHARE and paid == erased:
@@ -462,8 +462,10 @@ CLIPPED_WARNING = 10.0  # nine tenths cut: the clip, not the loss, sets how far 
 
 
 def grad_clipped(f: StepFacts) -> Finding:
-    """How much of the gradient's length max_grad_norm cuts (TRL's grad_norm is the norm before clipping). Capped at
-    warning: the clip protects the run; what makes the gradient large is the cause."""
+    """How much of the gradient's length max_grad_norm cuts (TRL's grad_norm is the norm before clipping). Info at
+    most: the clip protects the run, and under AdamW (TRL's optimizer, and this engine's) a clip that scales every
+    step's gradient alike is divided out of the update; what makes the gradient large is the cause. One step's flip
+    (max_grad_norm=0) cannot measure it on a captured step whose optimizer state was built from clipped gradients."""
     upd, cfg = f.run.update, f.run.config
     evidence = dict(grad_norm=upd.grad_norm, max_grad_norm=cfg.max_grad_norm)
     if not cfg.max_grad_norm or upd.grad_norm is None or not math.isfinite(upd.grad_norm):
@@ -472,8 +474,10 @@ def grad_clipped(f: StepFacts) -> Finding:
     evidence["ratio"] = ratio
     cut = max(0.0, 1 - cfg.max_grad_norm / upd.grad_norm) if upd.grad_norm > 0 else 0.0
     said = f"grad_norm {upd.grad_norm:.3g} against max_grad_norm {cfg.max_grad_norm:g}: {cut:.0%} of its length cut"
-    if ratio >= CLIPPED_WARNING:
-        return _finding("grad_clipped", "warning", f"{said}; the clip, not the loss, sets the step", **evidence)
+    if ratio >= CLIPPED_WARNING:  # info: AdamW divides a clip that scales every step alike out of its update
+        return _finding("grad_clipped", "info", f"{said}; under AdamW a clip that cuts every step alike is divided "
+                        "out of the update: it matters where the gradient's norm jumps from step to step",
+                        **evidence)  # fmt: skip
     if ratio >= CLIPPED_INFO:
         return _finding("grad_clipped", "info", said, **evidence)
     return _finding("grad_clipped", "absent", said, **evidence)
