@@ -57,7 +57,7 @@
 # | phantom advantage | a full-size advantage from a group whose rewards differ by almost nothing: a tiny std divides (04) |
 # | unfinished | a completion that hit `max_new_tokens` before its EOS (01); TRL calls it truncated |
 # | truncated | only the A: task's fourth field: RookWorld's flag for an illegal move (below) |
-# | fixed, every fix on | the default step (`StepConfig()`): every pitfall of notebooks 02-04 fixed; its KL estimator is plain k3, whose gradient is biased (05) |
+# | fixed, every fix on | the default step (`StepConfig()`): every log-prob pitfall of notebook 02 fixed; its advantages are TRL's, with no std floor (04), and its KL estimator is plain k3, whose gradient is biased (05) |
 
 # %%
 from grpo_debug.ui.notebook import open_step
