@@ -59,7 +59,7 @@ run = step.run(cfg, until="logprobs")
 r, i = run.rollout, 0  # sample 0, by hand
 P, C, n = r.prompt_ids.shape[1], r.completion_ids.shape[1], int(r.completion_lengths[0])
 ids = torch.cat([r.prompt_ids[i], r.completion_ids[i]])[None]
-attention = torch.cat([r.prompt_mask[i], torch.ones(C, dtype=r.prompt_mask.dtype)])[None]
+attention = torch.cat([r.prompt_mask[i], torch.ones_like(r.completion_ids[i])])[None]
 positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding: count from the first real token
 step.policy.eval()  # no dropout (a pitfall below)
 with torch.no_grad():

@@ -59,15 +59,16 @@ import torch
 
 run = step.run(cfg, until="rewards")
 per_function = torch.stack(list(run.rewards.per_function.values()), dim=1)  # (N, F): f_k(q, o_i)
-weights = torch.tensor(step.task.weights)
-total = (per_function * weights).nansum(1)  # r_i = sum_k w_k f_k(q, o_i), a None (NaN) left out
-total[per_function.isnan().all(1)] = float("nan")  # no function scored it: unscorable, as TRL marks it
-assert torch.allclose(total, run.rewards.total, equal_nan=True)  # the engine's rewards
-print(f"r_i by hand for the first {cfg.num_generations}: " + " ".join(f"{v:+.4f}" for v in total[:cfg.num_generations].tolist()))
+weights = torch.tensor(step.task.weights, device=per_function.device)
+by_hand = (per_function * weights).nansum(1)  # r_i = sum_k w_k f_k(q, o_i), a None (NaN) left out
+by_hand[per_function.isnan().all(1)] = float("nan")  # no function scored it: unscorable, as TRL marks it
+by_hand_gap = (by_hand - run.rewards.total).nan_to_num().abs().max().item()
+print(f"r_i by hand for the first {cfg.num_generations}: " + " ".join(f"{v:+.4f}" for v in by_hand[:cfg.num_generations].tolist())
+      + f"; max |by hand - engine| over the batch {by_hand_gap:.1e}")
 if "best_move" in run.rewards.components and run.rollout.prompts[0].startswith("P:"):  # the chess task's P: formula
     c = {k: v[0].item() for k, v in run.rewards.components.items()}  # sample 0's components
     by_formula = max(-1.0, min(1.0, 0.5 * c["best_move"] + 0.3 * c["candidates"] + 0.2 * c["evals"]))
-    assert abs(by_formula - total[0].item()) < 1e-6
+    assert abs(by_formula - by_hand[0].item()) < 1e-6
     print(f"sample 0: clip(0.5 x {c['best_move']:.4f} + 0.3 x {c['candidates']:.4f} + 0.2 x {c['evals']:.4f}) "
           f"= {by_formula:+.4f}")
 
@@ -176,6 +177,8 @@ engines.head(8).round(2)
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
 # %%
+if CAPTURE is None:  # the bundled task: the engine's rewards, by hand
+    assert torch.allclose(by_hand, run.rewards.total, equal_nan=True) and by_hand_gap < 1e-6
 assert set(live.evals) == set(analysis.evals)  # "the two agree on the legal moves"
 assert score_policy(analysis, truth).total == 1.0  # "the ground truth scores exactly 1.0"
 print("every claim above holds")

@@ -71,7 +71,7 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, per_sample_grad_norms=True)
 run = step.run(cfg, until="update")
 u = run.update
 after = dict(step.policy.named_parameters())
-delta = torch.cat([(after[name].detach() - before).flatten() for name, before in step.initial_state.items()])
+delta = torch.cat([(after[name].detach().to(before.device) - before).flatten() for name, before in step.initial_state.items()])
 weight_norm = torch.cat([v.flatten() for v in step.initial_state.values()]).norm().item()  # the trained weights'
 moved = int((delta != 0).sum())
 print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}); learning rate {cfg.learning_rate:g}")
