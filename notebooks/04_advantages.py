@@ -73,7 +73,7 @@ print(f"group 0: rewards {' '.join(f'{v:+.3f}' for v in r[0].tolist())}\n"
 # while a $b$ near $\mathbb{E}[r \mid q]$ makes every term smaller, so the estimate varies less. PPO learns $b$ with a
 # value network; GRPO takes the group's mean, a sample estimate of the prompt's own expected reward. (The mean
 # includes $r_i$ itself, which scales the expected gradient by $1 - 1/G$: the same direction.) Below, a policy over
-# four completions whose rewards share a large offset, its gradient estimated from groups of $G$ samples, with and
+# four completions whose rewards share a large offset, its gradient estimated from groups of 8 samples, with and
 # without the group mean subtracted:
 
 # %%
@@ -82,13 +82,14 @@ pi = torch.softmax(torch.tensor([0.5, 0.2, -0.1, -0.6]), 0)  # a policy over 4 c
 reward = torch.tensor([1.0, 0.8, 0.7, 0.4])  # every reward positive: a common offset
 score = torch.eye(4) - pi  # row o: grad of log pi(o) w.r.t. the logits
 exact = (pi[:, None] * reward[:, None] * score).sum(0)  # sum_o pi(o) r(o) grad log pi(o)
-o = torch.multinomial(pi, 4000 * G, replacement=True).view(4000, G)  # 4000 groups of G samples
+size = 8  # the group size of this example
+o = torch.multinomial(pi, 4000 * size, replacement=True).view(4000, size)  # 4000 groups of 8 samples
 variance, multiple = {}, {}
 for name, b in {"no baseline": 0.0, "group mean": reward[o].mean(1, keepdim=True)}.items():
     estimate = ((reward[o] - b)[..., None] * score[o]).mean(1)  # (groups, 4): each group's gradient estimate
     multiple[name] = (estimate.mean(0) @ exact / exact.norm() ** 2).item()  # its mean, a multiple of the exact one
     variance[name] = (estimate - estimate.mean(0)).pow(2).sum(1).mean().item()
-    print(f"{name:>12}: mean estimate {multiple[name]:.3f} x the exact gradient (1 - 1/G = {1 - 1 / G:.3f}), "
+    print(f"{name:>12}: mean estimate {multiple[name]:.3f} x the exact gradient (1 - 1/G = {1 - 1 / size:.3f}), "
           f"variance {variance[name]:.4f}")
 print(f"the group mean divides the variance by {variance['no baseline'] / variance['group mean']:.0f}")
 
@@ -219,7 +220,7 @@ phantom
 # %%
 if CAPTURE is None:  # the bundled step: scale_rewards="group", no std floor, no NaN reward
     assert by_hand_gap < 1e-5, "the advantages by hand are not the engine's"
-assert abs(multiple["no baseline"] - 1) < 0.05 and abs(multiple["group mean"] - (1 - 1 / G)) < 0.05  # the direction
+assert abs(multiple["no baseline"] - 1) < 0.05 and abs(multiple["group mean"] - (1 - 1 / size)) < 0.05  # the direction
 assert variance["no baseline"] > 5 * variance["group mean"]  # "less variance"
 assert abs(compute_advantages(clean, 4)[0] - (3 / 4) ** 0.5) < 1e-3  # the clean group's 0.866
 assert not spread.any() or change[spread].max() < 1e-2  # unit-free where the std is large against epsilon

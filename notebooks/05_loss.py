@@ -43,6 +43,12 @@
 # | dr_grpo | $\sum_i \sum_t \ell_{i,t} \,/\, (N L)$ | $1 / (N L)$: a constant |
 # | dapo | $\sum_i \sum_t \ell_{i,t} \,/\, M$ (TRL 1.16's default) | $1 / M$: bnpo's, with one micro-batch |
 #
+# Put together, under grpo (DeepSeekMath's objective, negated to be minimised):
+#
+# $$\mathcal{L}(\theta) = \frac{1}{N} \sum_{i=1}^{N} \frac{1}{T_i} \sum_{t=1}^{T_i} \Big[-\min\big(\rho_{i,t}
+# A_i,\ \operatorname{clip}(\rho_{i,t}, 1 - \epsilon_{\text{low}}, 1 + \epsilon_{\text{high}}) A_i\big) + \beta\,
+# \mathrm{KL}_{i,t}\Big].$$
+#
 # Sequence REINFORCE, $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$ (or divided by $T_i$; `reinforce_sum`,
 # `reinforce_mean`), is the other form in use: no ratio, no clip. In plain torch (the engine's `compute_loss` in
 # `grpo_debug/loss.py` adds TRL's other loss types and masks):
