@@ -94,7 +94,7 @@ plots.rewards_per_group(run.rewards, cfg.num_generations)
 # %% [markdown]
 # Which components carry this step's signal: a component's spread within the groups (each value minus its
 # group's mean, squared and summed; unweighted), as a share of all the components' spread. One that every
-# completion of a group shares adds nothing to any advantage.
+# completion of a group shares adds nothing to any advantage (each reward minus its group's mean: notebook 04).
 
 # %%
 G = cfg.num_generations
