@@ -64,7 +64,6 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
             findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect))
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
-        findings = [severity_from_resample(f) for f in findings]
     findings = after_onsets(findings, chained, onsets_of(list(facts.logged_history), base.config.max_grad_norm))
     step.restore_policy()
     followed = None
@@ -87,20 +86,6 @@ def severity_from_flip(f: Finding) -> Finding:
         return f
     said = (f"{f.summary}; flipped on this step it leaves the update as it is (cosine {e['update_cosine']:+.3f}, "
             f"norm {e['update_norm'][0]:.3g} -> {e['update_norm'][1]:.3g})")  # fmt: skip
-    return dataclasses.replace(f, severity="info", summary=said)
-
-
-# findings whose fix samples anew and asks whether a setting makes them: where it leaves them as they were, no setting
-# does (the model answers those prompts alike: all right or all wrong)
-SEVERITY_FROM_RESAMPLE = ("zero_std_groups",)
-
-
-def severity_from_resample(f: Finding) -> Finding:
-    """A loud finding of SEVERITY_FROM_RESAMPLE whose fix, sampled anew, left it as severe (`its_fix_leaves`) is info."""
-    if f.id not in SEVERITY_FROM_RESAMPLE or f.severity not in LOUD or "its_fix_leaves" not in f.evidence:
-        return f
-    said = (f"{f.summary}; sampled anew with num_generations doubled it stays ({f.evidence['its_fix_leaves']}): the "
-            "model answers these prompts alike, all right or all wrong, whatever the group's size")  # fmt: skip
     return dataclasses.replace(f, severity="info", summary=said)
 
 
@@ -235,7 +220,7 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
-    it, at the same seed, each update the engine's stepping the trainer's optimizer (`take_trainers_optimizer`): a
+    its rollout fields (the other fixes kept), at the same seed, each update the engine's stepping the trainer's optimizer (`take_trainers_optimizer`): a
     finding counts as cleared only where the resample without the change keeps it (else the trainer's finding is
     kept: a new draw alone quieted it)."""
     trainer = {f.id: f for f in as_found}
@@ -262,7 +247,8 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
             if key not in detected:
                 detected[key] = run_detectors(changes, False)
             return detected[key]
-        fixed, again = run_detectors(changes, True), run_detectors({}, True)
+        kept = {k: v for k, v in changes.items() if StepConfig.phase_of(k) != "rollout"}  # earlier rounds' fixes
+        fixed, again = run_detectors(changes, True), run_detectors(kept, True)
         if fixed is None or again is None:
             return None
         return {i: f if again[i].severity in LOUD else trainer.get(i, f) for i, f in fixed.items()}

@@ -43,16 +43,24 @@ def onsets_of(history: list[dict], max_grad_norm: float | None) -> dict[str, int
     return found
 
 
+# the KL logged at step k measures the updates up to step k - 1, and what step k samples comes from the same policy:
+# a finding that begins at the step the KL jumped began after the updates that made the jump
+UPSTREAM = ("update_size", "kl_blowup")
+
+
 def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, int]) -> list[Finding]:
     """Each loud finding that no fix of its own clears (not a cause the chain fixed, no symptom already) and that
-    began after another loud finding, marked a symptom of the earliest such one, with when each began."""
+    began after another loud finding (or at the step the KL jumped: UPSTREAM), marked a symptom of the earliest such
+    one, with when each began; and kl_blowup a symptom of update_size where both are loud (`kl_of_the_same_rate`)."""
     loud_at = {f.id: onsets[f.id] for f in findings if loud(f) and f.id in onsets}
     if len(loud_at) < 2:
         return findings
-    first = min(loud_at, key=lambda i: (loud_at[i], i not in chained))
+    first = min(loud_at, key=lambda i: (loud_at[i], i not in UPSTREAM, i not in chained))
     out = []
     for f in findings:
-        later = f.id in loud_at and loud_at[f.id] > loud_at[first] and f.id not in chained and not f.symptom_of
+        began = loud_at.get(f.id)
+        later = began is not None and (began > loud_at[first] or (began == loud_at[first] and first in UPSTREAM))
+        later = later and f.id not in UPSTREAM and f.id not in chained and not f.symptom_of
         if later:
             when = {"began_at_step": loud_at[f.id], "after": first, "which_began_at_step": loud_at[first]}
             f = dataclasses.replace(
@@ -62,4 +70,14 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
                 evidence={**f.evidence, "onset": when},
             )
         out.append(f)
-    return out
+    return kl_of_the_same_rate(out)
+
+
+def kl_of_the_same_rate(findings: list[Finding]) -> list[Finding]:
+    """kl_blowup a symptom of update_size where both are loud: the KL from the reference at the step's start was
+    built by the earlier updates, and this step's update shows the learning rate that made them large."""
+    by_id = {f.id: f for f in findings}
+    size, kl = by_id.get("update_size"), by_id.get("kl_blowup")
+    if not (size and kl and loud(size) and loud(kl)) or kl.symptom_of or size.symptom_of:
+        return findings
+    return [dataclasses.replace(f, symptom_of=("update_size",)) if f.id == "kl_blowup" else f for f in findings]
