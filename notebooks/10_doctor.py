@@ -68,10 +68,17 @@ cfg, step = open_step(MODEL, CAPTURE, TASK, **({} if CAPTURE else TRL_DEFAULTS),
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.doctor import diagnose
-from grpo_debug.doctor.present import table
+from grpo_debug.doctor.present import details, short_table
 
 report = diagnose(step)
-table(report, at_least="info")
+short_table(report, at_least="info")
+
+# %% [markdown]
+# Each loud finding's evidence, its flip on this step and its fix, in the table's order (`present.table` gives every
+# column as one wide table):
+
+# %% tags=["nbval-ignore-output"]
+print(details(report, at_least="warning"))
 
 # %% [markdown]
 # ## What to notice, and where to learn it

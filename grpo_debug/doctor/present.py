@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..detectors.findings import Finding
+from ..detectors.findings import LOUD, Finding
 from ..pitfalls import PITFALLS
 from ..show.text import page_text as _h
 from .report import Report, fix_of
@@ -122,6 +122,38 @@ def table(report: Report, at_least: str = "absent"):
     ]
     shown = pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="rank"))
     return shown[[c for c in shown.columns if c in ("severity", "finding") or shown[c].astype(bool).any()]]
+
+
+def short_table(report: Report, at_least: str = "info"):
+    """One short row per finding, ranked (severity, finding, cause or the causes it is a symptom of): a table that
+    fits a notebook cell whole; `details` prints the rest below it."""
+    import pandas as pd
+
+    rows = [
+        {
+            "severity": f.severity,
+            "finding": f.id,
+            "role": f"symptom of {' + '.join(f.symptom_of)}"
+            if f.symptom_of
+            else ("cause" if f.severity in LOUD else ""),
+        }
+        for f in report.present(at_least)
+    ]
+    return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="rank"))
+
+
+def details(report: Report, at_least: str = "info", width: int = 116) -> str:
+    """Each shown finding's summary, flip and fix, wrapped to `width`: what `short_table` leaves out."""
+    import textwrap
+
+    lines = []
+    for k, f in enumerate(report.present(at_least), start=1):
+        said = [f.summary, effect_line(f), learning_line(f)]
+        fix = fix_of(f, report.uses_vllm)
+        said += [f"fix: {fix}"] if fix else []
+        lines.append(f"{k}. {f.id}")
+        lines += [textwrap.fill(t, width, initial_indent="   ", subsequent_indent="   ") for t in said if t]
+    return "\n".join(lines)
 
 
 STYLE = """
