@@ -433,6 +433,13 @@ def _check_batch_layout(cfg: StepConfig) -> None:
         )
 
 
+def changes_sampling(changes) -> bool:
+    """Whether config changes (field -> value) touch how the completions are sampled: a rollout field (a name that
+    is no StepConfig field does not)."""
+    fields = StepConfig.__dataclass_fields__
+    return any(field in fields and StepConfig.phase_of(field) == "rollout" for field in changes)
+
+
 def rollout_fields_refused(fields: list[str]) -> str:
     """Why a captured step refuses a change of how it sampled, in words, and what shows another value."""
     names = fields[0] if len(fields) == 1 else f"{', '.join(fields[:-1])} and {fields[-1]}"

@@ -76,6 +76,25 @@ class Task:
         return tuple(names)
 
 
+def import_user_file(file: str, said: str):
+    """A user's .py file run as a module (their reward functions' file); what importing it raises (a syntax error,
+    sys.exit, any exception of theirs) becomes one line, `said` (the argument that named the file) first."""
+    from importlib import util
+    from pathlib import Path
+
+    spec = util.spec_from_file_location(Path(file).stem, file)
+    module = util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f"{said}: {file}, line {e.lineno}: {e.msg}") from None
+    except SystemExit as e:
+        raise ValueError(f"{said}: {file} called sys.exit({e.code!r}) when imported") from None
+    except Exception as e:  # the user's module, whatever it raises
+        raise ValueError(f"{said}: importing {file} raised {type(e).__name__}: {e}") from None
+    return module
+
+
 def callable_name(func: Callable) -> str:
     """TRL's `get_callable_name`: a partial's wrapped function, else `__name__`, else the class name."""
     while isinstance(func, functools.partial):

@@ -14,7 +14,6 @@ can also score new completions.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import warnings
@@ -30,7 +29,7 @@ from ..files import MAX_READ_BYTES, read_bounded
 from ..model import LoadedModel, ModelUnavailable, load_model
 from ..rewards import StoredReward
 from ..rollout import Rollout
-from ..task import Task, callable_name, load_task, register_task, task_names
+from ..task import Task, callable_name, import_user_file, load_task, register_task, task_names
 from . import optimizer_state
 from .checksums import checksum_problem
 from .lora import check_adapter_capture, load_adapter_capture
@@ -541,16 +540,7 @@ def reward_functions(spec) -> list:
         file, _, name = spec.rpartition(":")
         if not Path(file).is_file():
             raise ValueError(f"task {spec!r}: no file {file}")
-        module_spec = importlib.util.spec_from_file_location(Path(file).stem, file)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except SyntaxError as e:
-            raise ValueError(f"task {spec!r}: {file}, line {e.lineno}: {e.msg}") from None
-        except SystemExit as e:
-            raise ValueError(f"task {spec!r}: {file} called sys.exit({e.code!r}) when imported") from None
-        except Exception as e:  # the user's module, whatever it raises
-            raise ValueError(f"task {spec!r}: importing {file} raised {type(e).__name__}: {e}") from None
+        module = import_user_file(file, f"task {spec!r}")
         if not hasattr(module, name):
             raise ValueError(f"task {spec!r}: {file} defines no {name!r}")
         return reward_functions(getattr(module, name))

@@ -6,7 +6,6 @@ refused in one line before any capture or model is read, in well under a second 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -227,17 +226,9 @@ _MISSING = object()
 
 def _imported(task: str, file: str):
     """The user's file run as a module (as reading.reward_functions runs it); what it raises, said in one line."""
-    spec = importlib.util.spec_from_file_location(Path(file).stem, file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise ValueError(f"--task {task}: {file}, line {e.lineno}: {e.msg}") from None
-    except SystemExit as e:
-        raise ValueError(f"--task {task}: {file} called sys.exit({e.code!r}) when imported") from None
-    except Exception as e:  # the user's module, whatever it raises
-        raise ValueError(f"--task {task}: importing {file} raised {type(e).__name__}: {e}") from None
-    return module
+    from ..task import import_user_file
+
+    return import_user_file(file, f"--task {task}")
 
 
 def not_functions(name: str, value) -> str | None:

@@ -5,9 +5,8 @@ every candidate's fix is applied on the step (the same completions and weights, 
 and every detector runs again; the candidate whose fix quiets the most other loud findings is kept, the most
 severe first where that ties; a candidate whose fix samples anew (a rollout field: a longer max_completion_length,
 top_p 1.0) and leaves it as severe is no cause that fix removes (what it left is kept in its evidence,
-`its_fix_leaves`). What its fix quieted is marked its symptom: no fix of its own. A
-finding that goes quiet only once several causes are fixed is a symptom of all of them, unless the last one alone
-quiets it.
+`its_fix_leaves`). What its fix quieted is marked its symptom: no fix of its own. A finding that goes quiet only
+once several causes are fixed is a symptom of all of them, unless the last one alone quiets it.
 The rounds stop when no loud candidate is left, or after `ROUNDS`.
 
     findings, causes = differential(findings, toggles, detect_under)
@@ -22,18 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ..config import StepConfig
+from ..config import changes_sampling
 from ..detectors.findings import LOUD, SEVERITIES, Finding
 
 ROUNDS = 4
 
 Detect = Callable[[dict], dict[str, Finding] | None]
-
-
-def _samples(changes: dict) -> bool:
-    """Whether a fix changes how the completions are sampled (it is measured on new ones)."""
-    fields = StepConfig.__dataclass_fields__
-    return any(field in fields and StepConfig.phase_of(field) == "rollout" for field in changes)
 
 
 def loud(f: Finding) -> bool:
@@ -66,7 +59,9 @@ def differential(
             break
         after = {i: detect_under({**changes, **toggles[i]}) for i in candidates}
         candidates = [i for i in candidates if after[i] is not None]  # a fix the step refused
-        for i in [i for i in candidates if _samples(toggles[i]) and after[i][i].severity == current[i].severity]:
+        for i in [
+            i for i in candidates if changes_sampling(toggles[i]) and after[i][i].severity == current[i].severity
+        ]:
             failed[i] = after[i][i].summary  # sampled anew, it is as severe: not what this fix removes
         candidates = [i for i in candidates if i not in failed]
         if not candidates:

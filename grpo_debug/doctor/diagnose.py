@@ -19,7 +19,7 @@ from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
-from .horizon import SEEDS, compare, continue_step, take_trainers_optimizer
+from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 
@@ -116,7 +116,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         def arm(changes: dict):
             out = []
             for s in runs:
-                out.append(timed if not changes and s == 0 and steps == timed_steps(timed) else
+                out.append(timed if not changes and s == 0 and steps == len(timed.rewards) else
                            continue_step(step, changes, steps, s))  # fmt: skip
                 bar.update(1)
             return out
@@ -136,10 +136,6 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         "budget_seconds": budget,
         "cut": {"causes": cut, "steps_asked": plan["steps_asked"], "seeds_asked": plan["seeds_asked"]},
     }
-
-
-def timed_steps(c) -> int:
-    return len(c.rewards)
 
 
 def fit(budget: float | None, per_step: float, causes: int, steps: int, seeds: int) -> dict:
@@ -220,13 +216,13 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
-    its rollout fields (the other fixes kept), at the same seed, each update the engine's stepping the trainer's optimizer (`take_trainers_optimizer`): a
-    finding counts as cleared only where the resample without the change keeps it (else the trainer's finding is
-    kept: a new draw alone quieted it)."""
+    its rollout fields (the other fixes kept), at the same seed, each update the engine's stepping the trainer's
+    optimizer (`take_trainers_optimizer`): a finding counts as cleared only where the resample without the change
+    keeps it (else the trainer's finding is kept: a new draw alone quieted it)."""
     trainer = {f.id: f for f in as_found}
 
     def run_detectors(changes: dict, anew: bool) -> dict[str, Finding] | None:
-        key = (*change_key(changes), ("sampled anew", anew))
+        key = (*change_key(changes), ("sampled anew", True)) if anew else change_key(changes)  # flips store the latter
         if key not in detected:
             cfg = base.config.replace(**changes)
             with step.trial():
@@ -241,12 +237,8 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
         return detected[key]
 
     def detect_under(changes: dict) -> dict[str, Finding] | None:
-        anew = step.capture is not None and any(StepConfig.phase_of(k) == "rollout" for k in changes)
-        if not anew:
-            key = change_key(changes)
-            if key not in detected:
-                detected[key] = run_detectors(changes, False)
-            return detected[key]
+        if not samples_anew(step, changes):
+            return run_detectors(changes, False)
         kept = {k: v for k, v in changes.items() if StepConfig.phase_of(k) != "rollout"}  # earlier rounds' fixes
         fixed, again = run_detectors(changes, True), run_detectors(kept, True)
         if fixed is None or again is None:

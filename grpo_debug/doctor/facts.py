@@ -165,7 +165,9 @@ def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
     )
 
 
-_PROBED: dict[tuple, dict] = {}  # the probes of the last completions seen: a flip on the same completions reuses them
+# the probes of the last completions seen, with the task they were made with (kept alive, so that its id is not
+# reused by another task): a flip on the same completions reuses them
+_PROBED: dict[tuple, tuple] = {}
 
 
 def _probes(step: GRPOStep, run: StepRun) -> dict | None:
@@ -177,8 +179,8 @@ def _probes(step: GRPOStep, run: StepRun) -> dict | None:
     key = (id(step.task), tuple(prompts), tuple(r.completions))
     if key not in _PROBED:
         _PROBED.clear()
-        _PROBED[key] = probe_rewards(step.task, prompts, list(r.completions), r.num_generations)
-    return _PROBED[key]
+        _PROBED[key] = (step.task, probe_rewards(step.task, prompts, list(r.completions), r.num_generations))
+    return _PROBED[key][1]
 
 
 def uses_vllm(step: GRPOStep) -> bool:

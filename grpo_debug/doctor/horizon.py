@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import StepConfig
+from ..config import StepConfig, changes_sampling
 from ..scoring import per_token_logps
 from ..specs import scoring_of
 from ..stats import seed_interval, verdict
@@ -48,7 +48,7 @@ class Continuation:
 def samples_anew(step: GRPOStep, changes: dict) -> bool:
     """Whether `changes` on this step need new completions: a rollout field changed on a capture (whose completions
     are the trainer's)."""
-    return step.capture is not None and any(StepConfig.phase_of(k) == "rollout" for k in changes)
+    return step.capture is not None and changes_sampling(changes)
 
 
 def take_trainers_optimizer(step: GRPOStep, cfg: StepConfig) -> None:
