@@ -6,7 +6,9 @@ training runs, arms paired by seed (`grpo_debug.runs.train`).
 `python -m grpo_debug doctor [CAPTURE] [--task ...] [--json out.json] [--html report.html]`: why the step does not
 learn, ranked (`grpo_debug.doctor`).
 `python -m grpo_debug timeline RUN_DIR --html run.html [--doctor]`: the health of every step of a run that
-`FlightRecorder` watched, its captured steps marked and linked (`grpo_debug.show.timeline`)."""
+`FlightRecorder` watched, its captured steps marked and linked (`grpo_debug.show.timeline`).
+`python -m grpo_debug landing STEP_K STEP_K+1 [--json out.json]`: where the replayed update of captured step k lands
+against the trainer's weights at step k+1 (`grpo_debug.capture.landing`)."""
 
 from __future__ import annotations
 
@@ -536,6 +538,52 @@ def add_doctor_parser(sub) -> None:
     add_device(dr)
 
 
+def add_landing_parser(sub) -> None:
+    ld = sub.add_parser(
+        "landing",
+        help="where the replayed update of captured step k lands against the trainer's weights at step k+1: "
+        "cosine, norm ratio, largest difference, exact or not, the rate as scheduled",
+    )
+    ld.add_argument("path", help="step k's capture folder, e.g. captures/step-2")
+    ld.add_argument("next", help="step k+1's capture folder of the same run, e.g. captures/step-3")
+    ld.add_argument("--task", help=TASK_HELP)
+    ld.add_argument("--json", help="write {cosine, norm_ratio, max_abs_difference, bit_equal, ...} to this file")
+    ld.add_argument("--threads", type=ascii_int, default=1)
+    add_device(ld)
+
+
+def landing_command(parser, args) -> int:
+    """Step k replayed with the trainer's optimizer, against step k+1's captured weights (`capture.landing`)."""
+    from .landing import landing_lines, pair_problem, scheduled_rate
+
+    for path in (args.path, args.next):
+        check_capture_folder(parser, path)
+    problem = pair_problem(args.path, args.next)
+    if problem:
+        parser.error(problem)
+    check_task(parser, args.task, args.path)
+    check_outputs(parser, args, capture_reads(args.path) + capture_reads(args.next) + task_reads(args.task))
+    _threads(args.threads)
+    from ..capture.landing import landing
+    from ..capture.opening import open_capture
+    from ..model import ModelUnavailable
+
+    where = device_of(parser, args)
+    try:
+        step = open_capture(args.path, args.task, **where)
+        out = landing(step, args.next)
+    except (ValueError, KeyError, ModelUnavailable, OSError) as e:
+        parser.error(str(e).strip("'\""))
+    out = {"step": step.capture.meta["step"], **out, "scheduled_learning_rate": scheduled_rate(step.capture.meta)}
+    print("\n".join(landing_lines(out, args.path, args.next)))
+    if args.json:
+        try:
+            write_json(args.json, out)
+        except OSError as e:
+            parser.error(str(e))
+    return 0
+
+
 def add_reseal_parser(sub) -> None:
     rs = sub.add_parser(
         "reseal",
@@ -630,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         add_doctor_parser,
         add_timeline_parser,
         add_reseal_parser,
+        add_landing_parser,
     ):
         add(sub)
     args = parser.parse_args(argv)
@@ -653,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": doctor_command,
         "timeline": timeline_command,
         "reseal": reseal_command,
+        "landing": landing_command,
     }
     return commands[args.command](parser, args)
 

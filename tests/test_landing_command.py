@@ -1,0 +1,86 @@
+"""`python -m grpo_debug landing STEP_K STEP_K+1`: on a scheduled run's two captures (a user's script: warm-up,
+cosine schedule, weight decay), the replayed update of step 3 lands on step 4's weights, said on the terminal and in
+`--json`; two folders that are not consecutive steps of one run, in order, are refused in one line."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from arithmetic_task import build_tiny_qwen2  # noqa: E402
+
+from grpo_debug.cli.commands import main  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+SCHEDULE = {"learning_rate": 1e-3, "warmup_steps": 0.1, "weight_decay": 0.01, "lr_scheduler_type": "cosine"}
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory) -> Path:
+    """A user's run of 4 steps on a tiny Qwen2, steps 2, 3 and 4 captured."""
+    folder = tmp_path_factory.mktemp("user")
+    build_tiny_qwen2(folder / "my-model")
+    shutil.copy(TESTS / "user_train.py", folder / "user_train.py")
+    changes = {**SCHEDULE, "max_steps": 4, "capture": [2, 3, 4]}
+    done = subprocess.run(
+        [sys.executable, "user_train.py", "run", "1", json.dumps(changes)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the user's run failed:\n{done.stderr[-3000:]}"
+    return folder / "run" / "captures"
+
+
+def refusal(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit:
+        main(["landing", *map(str, argv)])
+    assert exit.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_the_replayed_update_of_step_3_lands_on_step_4_said_and_written(captures, tmp_path, capsys):
+    """Step 3 is the cosine's second decaying step: its scheduled rate is below the peak."""
+    out_json = tmp_path / "landing.json"
+    assert main(["landing", str(captures / "step-3"), str(captures / "step-4"), "--json", str(out_json)]) == 0
+    said = capsys.readouterr().out
+    print(said)
+    out = json.loads(out_json.read_text())
+    assert out["step"] == 3 and out["exact"] and out["bit_equal"], out
+    assert out["cosine"] >= 0.99 and abs(out["norm_ratio"] - 1) <= 0.02, out
+    rate = json.loads((captures / "step-3" / "capture.json").read_text())["optimizer"]["learning_rate"]
+    assert out["scheduled_learning_rate"] == rate and 0 < rate[0] < SCHEDULE["learning_rate"], rate
+    for line in (
+        f"update cosine                {out['cosine']:+.6f}",
+        f"update norm ratio            {out['norm_ratio']:.6f}",
+        f"max |weight difference|      {out['max_abs_difference']:.3g}",
+        "bit-equal                    yes",
+        f"learning rate as scheduled   {rate[0]:.6g}",
+    ):
+        assert line in said, f"{line!r} not in:\n{said}"
+
+
+def test_folders_that_are_not_consecutive_steps_of_one_run_in_order_are_refused_in_one_line(captures, tmp_path, capsys):
+    step_2, step_3, step_4 = (str(captures / f"step-{k}") for k in (2, 3, 4))
+    said = refusal(capsys, step_3, step_2)
+    assert f"wrong order: {step_3} is step 3, {step_2} is step 2: give the earlier step first" in said, said
+    said = refusal(capsys, step_2, step_4)
+    assert "steps 2 and 4 are not consecutive" in said, said
+    assert "both step 2" in refusal(capsys, step_2, step_2)
+    other = tmp_path / "other" / "step-3"
+    shutil.copytree(step_3, other)
+    meta = json.loads((other / "capture.json").read_text())
+    meta["grpo_config"]["learning_rate"] = 0.5
+    (other / "capture.json").write_text(json.dumps(meta))
+    said = refusal(capsys, step_2, other)
+    assert "are not captures of one run: their grpo_config differs at learning_rate: 0.001 and 0.5" in said, said
+    said = refusal(capsys, step_2, tmp_path)
+    assert f"{tmp_path} is not a capture: no capture.json" in said, said
