@@ -118,3 +118,30 @@ def test_a_finding_that_began_after_another_with_no_fix_of_its_own_is_its_conseq
     assert not fixed["truncation"].symptom_of, "a cause whose fix cleared findings was made a consequence"
     from_the_start = onsets_of([{"step": 1, "kl": 5.0, "completions/clipped_ratio": 1.0}], max_grad_norm=1.0)
     assert from_the_start == {}, f"a level past its threshold from the first logged step has no onset: {from_the_start}"
+
+
+def test_groups_without_signal_that_are_groups_of_one_text_follow_from_identical_groups():
+    """Two of three groups hold six copies of one completion (sampled at temperature 0.1): any reward gives them one
+    value, so the zero-std groups follow from identical_groups and are ranked after it, whatever the history says;
+    where the groups without signal that are not identical reach its warning level alone (2 of 4), zero_std_groups
+    stays a cause; kl_blowup is update_size's
+    symptom with no logged history at all."""
+    from grpo_debug.doctor.onsets import after_onsets
+
+    def findings(zero_groups: list[int], of_groups: int = 3) -> list[Finding]:
+        return [
+            Finding("zero_std_groups", "warning", "groups", evidence={"groups": zero_groups, "of_groups": of_groups}),
+            Finding("identical_groups", "warning", "2 of 3 groups identical", evidence={"identical_groups": [0, 2]}),
+            Finding("large_advantages", "problem", "max |A| 667"),
+        ]
+
+    marked = {f.id: f for f in after_onsets(findings([0, 2]), [], {})}
+    assert marked["zero_std_groups"].symptom_of == ("identical_groups",), marked["zero_std_groups"]
+    assert "2 are groups of one text" in marked["zero_std_groups"].summary, marked["zero_std_groups"].summary
+    ranked = [f.id for f in rank(list(marked.values()), [])]
+    assert ranked.index("identical_groups") < ranked.index("zero_std_groups"), f"the consequence ranked above: {ranked}"
+    other = {f.id: f for f in after_onsets(findings([0, 1, 3], of_groups=4), [], {})}
+    assert not other["zero_std_groups"].symptom_of, "a group of varied completions without signal was explained away"
+    both = [Finding("update_size", "problem", "KL 5.09"), Finding("kl_blowup", "problem", "KL 5.92")]
+    kl = {f.id: f for f in after_onsets(both, [], {})}["kl_blowup"]
+    assert kl.symptom_of == ("update_size",), f"kl_blowup with no logged history is no symptom: {kl}"

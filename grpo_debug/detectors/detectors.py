@@ -31,6 +31,8 @@ def zero_std_groups(f: StepFacts) -> Finding:
     share = zero.float().mean().item()
     evidence = dict(
         frac_reward_zero_std=adv.frac_reward_zero_std,
+        groups=sorted(int(g) for g in zero.nonzero().flatten()),
+        of_groups=len(zero),
         groups_without_signal=share,
         tokens_without_signal=token_share,
         grad_norm=upd.grad_norm,

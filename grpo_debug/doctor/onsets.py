@@ -52,9 +52,10 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
     """Each loud finding that no fix of its own clears (not a cause the chain fixed, no symptom already) and that
     began after another loud finding (or at the step the KL jumped: UPSTREAM), marked a symptom of the earliest such
     one, with when each began; and kl_blowup a symptom of update_size where both are loud (`kl_of_the_same_rate`)."""
+    findings = identical_behind_zero_std(findings)
     loud_at = {f.id: onsets[f.id] for f in findings if loud(f) and f.id in onsets}
     if len(loud_at) < 2:
-        return findings
+        return kl_of_the_same_rate(findings)
     first = min(loud_at, key=lambda i: (loud_at[i], i not in UPSTREAM, i not in chained))
     out = []
     for f in findings:
@@ -71,6 +72,28 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
             )
         out.append(f)
     return kl_of_the_same_rate(out)
+
+
+def identical_behind_zero_std(findings: list[Finding]) -> list[Finding]:
+    """zero_std_groups a symptom of identical_groups where both are loud and the groups without signal that are not
+    groups of one text fall short of its warning level: G copies of one completion earn one reward from any reward
+    function, so those groups are equal by construction, and the share left is what zero_std_groups says alone."""
+    by_id = {f.id: f for f in findings}
+    zero, same = by_id.get("zero_std_groups"), by_id.get("identical_groups")
+    if not (zero and same and loud(zero) and loud(same)) or zero.symptom_of or "groups" not in zero.evidence:
+        return findings
+    left = set(zero.evidence["groups"]) - set(same.evidence["identical_groups"])
+    share_left = len(left) / max(zero.evidence["of_groups"], 1)
+    if share_left >= NO_SIGNAL_WARNING:
+        return findings
+    said = (
+        f"; of its {len(zero.evidence['groups'])} groups, {len(zero.evidence['groups']) - len(left)} are groups "
+        f"of one text (identical_groups), and the {share_left:.0%} left alone would not warn"
+    )
+    return [
+        dataclasses.replace(f, symptom_of=("identical_groups",), summary=f.summary + said) if f.id == zero.id else f
+        for f in findings
+    ]
 
 
 def kl_of_the_same_rate(findings: list[Finding]) -> list[Finding]:
