@@ -19,6 +19,7 @@ from ..step import GRPOStep, StepRun
 from .chain import differential
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
+from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
@@ -51,7 +52,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
     base = facts.run
-    findings = detect(facts)
+    findings = forecast_tested(step, detect(facts))
     chained: list[str] = []
     fixes: dict[str, dict] = {}
     if flip and delta is not None:

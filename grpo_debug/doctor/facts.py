@@ -159,10 +159,18 @@ def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
         uses_vllm=uses_vllm(step),
         step_kl=step_kl,
         logged_kl=step.capture.step_metrics.get("kl") if step.capture is not None else None,
-        kl_history=tuple(step.capture.logged_kl) if step.capture is not None else (),
+        kl_history=kl_history(step.capture) if step.capture is not None else (),
         reward_probes=_probes(step, run),
         logged_history=tuple(step.capture.logged_history) if step.capture is not None else (),
     )
+
+
+def kl_history(capture) -> tuple[tuple[int, float], ...]:
+    """The kl at each step before and at the captured one: what TRL logged where it logged every step, else the
+    capture's own course of each step (TRL logs every logging_steps only: 10 by GRPOConfig's default)."""
+    if capture.logged_kl:
+        return tuple(capture.logged_kl)
+    return tuple((int(h["step"]), float(h["kl"])) for h in capture.logged_history if "kl" in h)
 
 
 # the probes of the last completions seen, with the task they were made with (kept alive, so that its id is not
