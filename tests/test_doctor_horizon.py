@@ -65,6 +65,14 @@ def test_the_doctor_follows_each_cause_and_says_so(step):
     shown = text(report)
     assert "followed 2 steps x 2 seeds" in shown and "each cause's fix followed 2 steps" in shown, shown
     assert report.horizon == {**report.horizon, "steps": 2, "seeds": 2}, report.horizon
+    for f in followed:  # each seed's KL after every step; the last is the KL to the start the verdict states
+        for arm, at in zip(("as_run", "fixed"), f.learning["kl_to_start"]):
+            last = [kl[-1] for kl in f.learning["kl_by_seed"][arm]]
+            assert len(last) == 2 and abs(sum(last) / 2 - at) <= 1e-12 * max(at, 1.0), (f.id, arm, last, at)
+    from grpo_debug.ui.doctor_page import page
+
+    html = page(report)
+    assert html.count("KL to the start (nats/token)") == len(followed), "a followed cause without its horizon plot"
 
     def refuse(constant):
         raise AssertionError(f"{constant} in the report's JSON")

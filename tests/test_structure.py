@@ -17,6 +17,7 @@ CORE_EXCLUDED = (
     "grpo_debug.runs.arms",
     "grpo_debug.__main__",
     "grpo_debug.ui.notebook",
+    "grpo_debug.cli.commands",  # a front end, as __main__ is: it draws the doctor's page with the UI's figures
 )
 
 

@@ -37,6 +37,7 @@ from .checks import (
     run_reads,
     task_reads,
 )
+from .png_folder import check_png_folder
 
 # torch, transformers and the engine are imported by each command once its arguments are checked: a typo is
 # answered before they load
@@ -268,14 +269,17 @@ def doctor_command(parser, args) -> int:
         check_capture_folder(parser, args.path)
     reads = capture_reads(args.path) if args.path else model_reads([cfg])
     check_outputs(parser, args, reads + task_reads(args.task))
+    check_png_folder(parser, args.png, reads + task_reads(args.task))
     _threads(args.threads)
     from ..capture.opening import open_capture
     from ..capture.sizes import estimate_line, replay_estimate
     from ..doctor import diagnose, diagnose_without_model
     from ..doctor.horizon import HORIZON
-    from ..doctor.present import page, text
+    from ..doctor.present import text
+    from ..files import write_text_atomically
     from ..model import ModelUnavailable
     from ..step import GRPOStep
+    from ..ui.doctor_page import page, write_pngs
 
     if args.path:
         print(estimate_line(replay_estimate(args.path)))
@@ -300,9 +304,9 @@ def doctor_command(parser, args) -> int:
         if args.json:
             write_json(args.json, report.to_json())
         if args.html:
-            from ..files import write_text_atomically
-
             write_text_atomically(args.html, page(report, f"grpo-debug doctor: {args.path or 'the bundled step'}"))
+        if args.png is not None:
+            print(f"{len(write_pngs(report, args.png))} figures of the report: {args.png}")
     except OSError as e:
         parser.error(str(e))
     return 0
@@ -343,9 +347,9 @@ def write_doctor_page(capture, path, args, where: dict) -> None:
     cannot be made (a capture without weights, a --task that does not load), said on stderr."""
     from ..capture.opening import open_capture
     from ..doctor import diagnose
-    from ..doctor.present import page
     from ..files import write_text_atomically
     from ..model import ModelUnavailable
+    from ..ui.doctor_page import page
 
     try:
         report = diagnose(open_capture(str(capture), args.task, **where), flip=not args.no_flip)
@@ -503,7 +507,8 @@ def add_doctor_parser(sub) -> None:
     dr.add_argument("--task", help=TASK_HELP)
     add_set(dr, "StepConfig changes (on a capture: not rollout fields)")
     dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
-    dr.add_argument("--html", help="write the report as one standalone page")
+    dr.add_argument("--html", help="write the report as one standalone page, its figures inline")
+    dr.add_argument("--png", metavar="DIR", help="write the page's figures as PNG files to this folder")
     dr.add_argument("--no-flip", action="store_true", help="detect only: no counterfactual update per finding")
     dr.add_argument(
         "--held-out",

@@ -17,6 +17,7 @@ from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .chain import differential
+from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .forecast import forecast_tested
@@ -61,7 +62,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         detected: dict[tuple, dict[str, Finding]] = {}
         for i in flips:
             toggle = PITFALLS[findings[i].id].toggle
-            effect = counterfactual(step, base, delta, *toggle, paired, detected)
+            effect = counterfactual(step, base, delta, *toggle, paired, detected, facts.step_kl)
             findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect))
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
@@ -71,7 +72,12 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     if horizon > 0:
         findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, budget, chained, progress)
     return Report(
-        rank(findings, chained), base.config.settings(), time.perf_counter() - start, facts.uses_vllm, followed
+        rank(findings, chained),
+        base.config.settings(),
+        time.perf_counter() - start,
+        facts.uses_vllm,
+        followed,
+        exhibits=exhibits_of(facts),
     )
 
 

@@ -44,13 +44,15 @@ def counterfactual(
     value,
     held_out: HeldOut | None = None,
     detected: dict | None = None,
+    moved_kl_as_run: float | None = None,
 ) -> dict:
     """The step's update with `field` set to `value` against the update as run: loss, grad_norm, the cosine
     between the two updates (theta_after - theta_before) and their norms (both stepped by the same optimizer,
     on a capture the trainer's: Adam divides a constant gradient scale out), the share of d loss / d logp that moved
     (sum |g' - g| / sum |g| over every token) and, given `held_out`, the held-out reward after each update,
     paired by prompt (Student's t over prompts: one step, one seed, so it speaks of these two updates only).
-    `detected` (a dict): every detector's finding on the flipped step is stored in it under `change_key`."""
+    `detected` (a dict): every detector's finding on the flipped step is stored in it under `change_key`, and the
+    KL each update moved the policy by on the step's completions (`moved_kl`: `moved_kl_as_run` and the flip's)."""
     try:
         flipped = step.run(base.config.replace(**{field: value}), until="update", base=base, remember=False)
     except ValueError as e:
@@ -62,8 +64,11 @@ def counterfactual(
     dlogp_moved = (g1 - g0).abs().sum().item() / max(g0.abs().sum().item(), 1e-30) if g0.shape == g1.shape else None
     grad_change = abs(flipped.update.grad_norm - base.update.grad_norm) / max(base.update.grad_norm, 1e-30)
     reward = _held_out_effect(step, held_out) if held_out else None
+    flipped_kl = None
     if detected is not None:
-        detected[change_key({field: value})] = {f.id: f for f in detect(facts_of(step, flipped))}
+        facts = facts_of(step, flipped)
+        detected[change_key({field: value})] = {f.id: f for f in detect(facts)}
+        flipped_kl = facts.step_kl
     step.restore_policy()
     removes = (  # the gradient and the update both gone (Adam turns a merely smaller gradient into a full step)
         flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
@@ -75,6 +80,7 @@ def counterfactual(
         "grad_norm": [base.update.grad_norm, flipped.update.grad_norm],
         "update_cosine": cosine,
         "update_norm": [base_update.norm().item(), moved.norm().item()],
+        "moved_kl": [moved_kl_as_run, flipped_kl],
         "dlogp_moved": dlogp_moved,
         "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
         "removes_gradient": removes,

@@ -37,6 +37,7 @@ class Continuation:
     rewards: tuple[float, ...]  # (K,) each step's mean batch reward
     update_norms: tuple[float, ...]  # (K,) ||theta_after - theta_before|| of each step
     kl_to_start: float  # KL(start || end) per token on the step's own completions
+    kl_by_step: tuple[float, ...] = ()  # (K,) KL(start || after step k) per token, the same completions
 
     @property
     def learning(self) -> float:
@@ -66,7 +67,7 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
     start_state = step.initial_state
     cfg = step.cfg.replace(**changes)
     anew = samples_anew(step, changes)
-    rewards, norms = [], []
+    rewards, norms, moved = [], [], []
     # the caller's RNG kept; each step's rollout seeds itself (its config's seed), and the engine's update seeds its
     # dropout masks at update.DROPOUT_SEED every step: the seed changes the samples, not the masks
     device = next(step.policy.parameters()).device
@@ -86,9 +87,10 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
             )
             rewards.append(run.rewards.total.nan_to_num(0.0).mean().item())
             norms.append(run.update.update_norm)
+            moved.append(_scored(step, first))
             step.advance()
-        kl = _kl_to_start(step, first, start_state)
-    return Continuation(seed, tuple(rewards), tuple(norms), kl)
+        kl = _kl_to_start(step, first, start_state, moved)
+    return Continuation(seed, tuple(rewards), tuple(norms), kl[-1], tuple(kl))
 
 
 def _seed(seed: int, k: int) -> int:
@@ -99,15 +101,19 @@ def _fresh(cfg, seed: int, k: int):
     return StepRun(cfg.replace(seed=_seed(seed, k)))  # nothing cached: the step samples anew
 
 
-def _kl_to_start(step: GRPOStep, first, start_state: dict) -> float:
-    """KL(start || now) per token, k3 on the first step's completions, dropout off; the policy is left at the start
-    (the trial brings back what it should hold)."""
-    scoring = scoring_of(first.config).without_dropout()
+def _scored(step: GRPOStep, first) -> torch.Tensor:
+    """The first step's completions scored by the policy as it is now (dropout off: no random state is drawn)."""
     with torch.no_grad():
-        now = per_token_logps(step.policy, first.rollout, scoring)
-        put_trained(step.policy, start_state)
-        start = per_token_logps(step.policy, first.rollout, scoring)
-    return k3_per_token(now - start, first.logprobs.mask)
+        return per_token_logps(step.policy, first.rollout, scoring_of(first.config).without_dropout())
+
+
+def _kl_to_start(step: GRPOStep, first, start_state: dict, moved: list[torch.Tensor]) -> list[float]:
+    """KL(start || after step k) per token for each step k, k3 on the first step's completions (`moved`: their
+    log-probs after each step), dropout off; the policy is left at the start (the trial brings back what it should
+    hold)."""
+    put_trained(step.policy, start_state)
+    start = _scored(step, first)
+    return [k3_per_token(now - start, first.logprobs.mask) for now in moved]
 
 
 def continuations(step: GRPOStep, changes: dict, steps: int = HORIZON, seeds=range(SEEDS)) -> list[Continuation]:
@@ -141,4 +147,6 @@ def compare(as_run: list[Continuation], fixed: list[Continuation], level: float 
             "as_run": [mean(c.rewards[k] for c in as_run) for k in range(len(as_run[0].rewards))],
             "fixed": [mean(c.rewards[k] for c in fixed) for k in range(len(fixed[0].rewards))],
         },
+        "rewards_by_seed": {"as_run": [list(c.rewards) for c in as_run], "fixed": [list(c.rewards) for c in fixed]},
+        "kl_by_seed": {"as_run": [list(c.kl_by_step) for c in as_run], "fixed": [list(c.kl_by_step) for c in fixed]},
     }

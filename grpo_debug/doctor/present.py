@@ -1,10 +1,10 @@
-"""The doctor's report as text (the command line), a table (a notebook cell) and a standalone HTML page."""
+"""The doctor's report as text (the command line) and a table (a notebook cell); its standalone HTML page, with
+its figures, is `grpo_debug.ui.doctor_page`."""
 
 from __future__ import annotations
 
 from ..detectors.findings import LOUD, Finding
 from ..pitfalls import PITFALLS
-from ..show.text import page_text as _h
 from .report import Report, fix_of
 
 
@@ -17,14 +17,8 @@ def norms(effect: dict) -> str:
     return f", update norm {before:.3g} -> {after:.3g}{ratio}"
 
 
-def effect_line(f: Finding) -> str:
-    e = f.effect
-    if not e:
-        return ""
-    (field, value), = e["toggle"].items()  # fmt: skip
-    if "error" in e:
-        return f"flip {field}={value}: not possible here ({e['error']})"
-    moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
+def flip_verdict(e: dict) -> str:
+    """What a flip did to the update, in words: moves it, cosmetic, shrinks the gradient, or removes the update."""
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
     g0, g1 = e["grad_norm"]
     if not e.get("removes_gradient") and g0 > 0 and g1 < 0.01 * g0:
@@ -32,8 +26,25 @@ def effect_line(f: Finding) -> str:
         verdict = f"shrinks the gradient to {g1 / g0:.2%} of its norm; under the trainer's optimizer the update {moves}"
     if e.get("removes_gradient"):
         verdict = "removes the update (the gradient is gone): no fix on this step"
+    return verdict
+
+
+def flip_name(e: dict) -> str:
+    """`field=value`: the switch a flip set."""
+    (field, value), = e["toggle"].items()  # fmt: skip
+    return f"{field}={value}"
+
+
+def effect_line(f: Finding) -> str:
+    e = f.effect
+    if not e:
+        return ""
+    if "error" in e:
+        return f"flip {flip_name(e)}: not possible here ({e['error']})"
+    moved = "" if e["dlogp_moved"] is None else f", d loss/d logp moved {e['dlogp_moved']:.0%}"
+    verdict = flip_verdict(e)
     line = (
-        f"flip {field}={value}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
+        f"flip {flip_name(e)}: grad_norm {e['grad_norm'][0]:.3g} -> {e['grad_norm'][1]:.3g}, "
         f"update cosine {e['update_cosine']:+.3f}{norms(e)}{moved}: {verdict}"
     )
     held = e.get("held_out_reward")
@@ -154,40 +165,3 @@ def details(report: Report, at_least: str = "info", width: int = 116) -> str:
         lines.append(f"{k}. {f.id}")
         lines += [textwrap.fill(t, width, initial_indent="   ", subsequent_indent="   ") for t in said if t]
     return "\n".join(lines)
-
-
-STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
-.finding { border-left: 6px solid #999; padding: .4em .8em; margin: .6em 0; background: #fafafa; }
-.problem { border-color: #c62828; } .warning { border-color: #ef6c00; } .info { border-color: #1565c0; }
-.absent { border-color: #bbb; color: #777; }
-.sev { font-weight: bold; text-transform: uppercase; font-size: 12px; }
-code { background: #eee; padding: 0 .2em; }
-"""
-
-
-def page(report: Report, title: str = "grpo-debug doctor") -> str:
-    """A standalone HTML page (no script, no outside resource): every finding, ranked, with its fix and effect."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_h(title)}</title>",
-             f"<style>{STYLE}</style></head><body><h1>{_h(title)}</h1>",
-             f"<p>{len(report.present('info'))} findings at info or above; {len(report.findings)} checks in "
-             f"{report.seconds:.1f} s. Causes first, by severity, then by how far flipping the cause on this step "
-             "moves the update; each symptom (a finding that fixing an earlier cause clears) after its cause.</p>"]  # fmt: skip
-    if report.not_run:
-        parts.append(f"<p>Not run without the model: {_h(', '.join(report.not_run))}.</p>")
-    for rank, f in enumerate(report.findings, start=1):
-        p = PITFALLS[f.id]
-        parts.append(
-            f"<div class='finding {f.severity}' id='{_h(f.id)}'><span class='sev'>{rank}. {f.severity}"
-            f"</span> <b>{_h(f.id)}</b>: {_h(f.summary)}<br><small>{_h(p.title)}</small>"
-        )
-        for line in (chain_line(f), effect_line(f), learning_line(f)):
-            if line:
-                parts.append(f"<br>{_h(line)}")
-        if fix_of(f, report.uses_vllm):
-            parts.append(f"<br>fix: <code>{_h(fix_of(f, report.uses_vllm))}</code>")
-        if f.severity != "absent":
-            parts.append(f"<br>learn: {_h(p.teach)}<br><small>from: {_h(p.origin)}</small>")
-        parts.append("</div>")
-    parts.append("</body></html>")
-    return "\n".join(parts)

@@ -20,6 +20,7 @@ class Report:
     uses_vllm: bool = False  # the run sampled with vLLM: vLLM's settings are advice that applies to it
     horizon: dict | None = None  # how the fixes were followed over steps (`horizon`), or why they were not
     not_run: tuple[str, ...] = ()  # detectors not run: they need the model (`doctor --no-model`)
+    exhibits: dict | None = None  # the step's numbers the report's figures draw (`exhibits`); None: not measured
 
     def causes(self, at_least: str = "warning") -> list[Finding]:
         """The findings at `at_least` or more severe that are no symptom of another."""
@@ -37,6 +38,7 @@ class Report:
             "uses_vllm": self.uses_vllm,
             "horizon": self.horizon,
             "not_run": list(self.not_run),
+            "exhibits": self.exhibits,
         }
 
 
