@@ -81,6 +81,26 @@ short_table(report, at_least="info")
 print(details(report, at_least="warning"))
 
 # %% [markdown]
+# ## The evidence, drawn
+#
+# `doctor --html report.html` writes the report as one page: the verdict in a sentence, the causal chain as a picture,
+# then one card per cause with its evidence as a figure, its flip as a table and, with `--horizon K`, both arms over
+# the K steps. `doctor --png DIR` writes the same figures as files. Here the same functions draw them
+# (`grpo_debug/ui/report_figures.py`): each finding picks its figure by its id (the per-token gap for a scoring
+# pitfall, lengths against the cap for truncation, reward against length for a length-paying reward, what TRL logged
+# for the KL or the learning rate, else each group's rewards and advantages).
+
+# %%
+from IPython.display import display
+
+from grpo_debug.ui.report_figures import figures_of
+
+figures = figures_of(report)
+print(", ".join(figures))
+for fig in figures.values():
+    display(fig)
+
+# %% [markdown]
 # ## What to notice, and where to learn it
 
 # %%
