@@ -1,7 +1,9 @@
 """Files: where the bundled data and model live, and writing a file so that a reader only ever sees the old
 version or the whole new one. GRPO_DEBUG_MODEL overrides the default model (a folder or hub id)."""
 
+import errno
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -17,8 +19,12 @@ MAX_READ_BYTES = 256 * 2**20  # a JSON file or log of this package's past this s
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:
     """`write(f)` into a temporary file beside `path`, fsync it, then rename it over `path`. If anything
     fails (a full disk, a kill is another story: the rename never happened) the temporary file is removed,
-    `path` keeps its old content, and OSError names `path` and the reason."""
+    `path` keeps its old content, and OSError names `path` and the reason. A `path` that is a character device or
+    a pipe (/dev/stdout, /dev/full) is written in place, flushed and closed (a rename would replace the device
+    with a file): a write it refuses is the same OSError; a block device is refused."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        return _write_in_place(path, write, binary)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb" if binary else "w") as f:
@@ -32,6 +38,25 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binar
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_in_place(path: Path, write: Callable[[IO], None], binary: bool) -> None:
+    """A character device or a pipe written through: every byte flushed (fsync where the device takes one), closed;
+    OSError naming `path` where any of it fails."""
+    mode = path.stat().st_mode
+    try:
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            raise OSError(errno.EINVAL, "not a file, a character device or a pipe")
+        with path.open("wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            try:
+                os.fsync(f.fileno())
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):  # a device or pipe with nothing to sync
+                    raise
+    except OSError as e:
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from None
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .task import Task, as_task
+from .time_limit import RewardTimeout, bounded
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,18 @@ def _as_floats(values, what: str, n: int) -> torch.Tensor:
 
 
 def _called(func, name: str, prompts: list, completions: list):
-    """`func` called as TRL calls it; an exception (or a sys.exit) of the user's becomes one line naming the
-    function and the first row it fails on (found by calling it row by row, only once it failed)."""
+    """`func` called as TRL calls it, within the time limit (`time_limit.bounded`: RewardTimeout naming the function
+    and the rows, and it is not called again); an exception (or a sys.exit) of the user's becomes one line naming
+    the function and the first row it fails on (found by calling it row by row, only once it failed, each row
+    within the limit: a row that times out ends the search with that timeout)."""
     try:
-        return func(prompts=prompts, completions=completions)
+        return _bounded_call(func, name, prompts, completions, batch_of(len(completions)))
+    except RewardTimeout:
+        raise
     except (Exception, SystemExit) as e:
         row = next(
-            (i for i in range(len(completions)) if _fails(func, prompts[i : i + 1], completions[i : i + 1])), None
+            (i for i in range(len(completions)) if _fails(func, name, prompts, completions, i, e)),
+            None,
         )
         where = f" on row {row} ({str(completions[row])[:60]!r})" if row is not None else ""
         what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
@@ -79,9 +85,22 @@ def _defined_in(func) -> str:
     return f" ({Path(file).name}:{line})" if file else ""
 
 
-def _fails(func, prompts: list, completions: list) -> bool:
+def batch_of(n: int) -> str:
+    return f"a batch of {n} row{'' if n == 1 else 's'}"
+
+
+def _bounded_call(func, name: str, prompts: list, completions: list, where: str):
+    return bounded(func, name, where, lambda: func(prompts=prompts, completions=completions))
+
+
+def _fails(func, name: str, prompts: list, completions: list, i: int, error: BaseException) -> bool:
+    """Whether `func` fails on row i alone; a timeout there ends the search (RewardTimeout names the row)."""
+    said = f"{type(error).__name__}" if not isinstance(error, SystemExit) else "sys.exit"
+    where = f"row {i} ({str(completions[i])[:60]!r}) alone, called to find the row its {said} came from"
     try:
-        func(prompts=prompts, completions=completions)
+        _bounded_call(func, name, prompts[i : i + 1], completions[i : i + 1], where)
+    except RewardTimeout:
+        raise
     except (Exception, SystemExit):
         return True
     return False
@@ -93,7 +112,8 @@ def call_reward(func, name: str, prompts: list[str], completions: list[str]):
     n = len(completions)
     details = getattr(func, "details", None)
     if callable(details):
-        rewards, components, errors = details(prompts, completions)
+        where = f"{batch_of(n)} (its details method)"
+        rewards, components, errors = bounded(func, name, where, lambda: details(prompts, completions))
         if len(errors) != n:
             raise ValueError(f"reward function {name!r} gave {len(errors)} errors for {n} completions")
         components = {k: _as_floats(v, f"component {k!r} of {name!r}", n) for k, v in components.items()}

@@ -401,12 +401,12 @@ def test_new_completions_need_your_task_and_get_its_rewards(bundled):
         open_capture(bundled, arithmetic_task())
 
 
-def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows():
+def test_identical_rows_in_two_micro_batches_of_a_pass_are_two_rows(tmp_path):
     """Two identical rows (same prompt, completion and advantage) trained in two micro-batches of one pass are
     the generation batch's two copies, not its first copy twice (a capture with a row twice is refused)."""
     from types import SimpleNamespace
 
-    callback = CaptureCallback("unused", steps=[1])
+    callback = CaptureCallback(tmp_path / "unused", steps=[1])  # a recorder locks its folder: not the cwd
     args = SimpleNamespace(steps_per_generation=2)
     callback.trainer = SimpleNamespace(args=args, num_iterations=1, current_gradient_accumulation_steps=2)
     prompt_ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 6]])

@@ -59,7 +59,7 @@ from transformers import TrainerCallback
 
 from ..files import write_text_atomically
 from ..kernels import kernels_in_use
-from . import optimizer_state
+from . import folder_lock, optimizer_state
 from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, no_base_reason, tensor_bytes, write_adapter
 from .trainer_state import (
@@ -158,6 +158,13 @@ class CaptureCallback(TrainerCallback):
         self.said: set[str] = set()  # warnings outside any step, each given once
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
         self.crash: BaseException | None = None  # the user's error already recorded (each wrapper it passes sees it)
+        self.lock = folder_lock.lock_for(self)  # one run per folder: FolderInUse where a live run holds it
+
+    def close(self) -> None:
+        """Let go of out_dir (its lock, `folder_lock`): done at train end and after a crash; a train() after it
+        takes the folder again."""
+        if self.lock is not None:
+            self.lock.release()
 
     # ---- wrapping the trainer
 
@@ -213,6 +220,7 @@ class CaptureCallback(TrainerCallback):
                 self.seconds += time.perf_counter() - start
         except Exception:  # a bug of ours while recording: the user's error goes on as it is
             pass
+        self.close()  # the run's train() ends with this error: the folder is let go (never raises)
 
     def _record_crash(self, error: Exception) -> None:
         """The crash, on disk before the error goes on (the main process writes): `out_dir/crash-step-<k>/` with
@@ -358,6 +366,7 @@ class CaptureCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         """The trainer whose train() runs, found and wrapped; where it cannot be, this run records nothing, warned."""
         self.crash = None  # a train() called again after a crash records its own
+        self.off = self.off or folder_lock.taken_again(self)
         if self.trainer is not None or self.off is not None:
             return
         try:
@@ -469,6 +478,7 @@ class CaptureCallback(TrainerCallback):
             return
         self._captured(step, self.written[step], capture)
 
+    @folder_lock.let_go_after
     @at_the_edge
     def on_train_end(self, args, state, control, **kwargs):
         """The last step closed; each requested step not captured and not yet warned about, named."""

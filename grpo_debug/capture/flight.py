@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_text_atomically
-from . import health
+from . import folder_lock, health
 from .callback import HEALTH_FILE, MAX_WEIGHT_BYTES, CaptureCallback, append_line, at_the_edge
 from .trainer_state import jsonable
 
@@ -104,13 +104,14 @@ class FlightRecorder(CaptureCallback):
         optimizer_state: bool = True,
     ):
         _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample)
-        held = another_runs_file(Path(out_dir)) if str(out_dir) else None
+        self._setup(out_dir, max_weight_bytes, optimizer_state)  # the folder locked first: a live run is named
+        held = another_runs_file(Path(out_dir))
         if held:
+            self.close()
             raise ValueError(
                 f"{out_dir} holds another run's {held}: a FlightRecorder writes one run per folder "
                 "(give this run a new out_dir)"
             )
-        self._setup(out_dir, max_weight_bytes, optimizer_state)
         self.max_captures, self.grad_spike, self.reward_drop = max_captures, grad_spike, reward_drop
         self.min_history, self.trigger_on, self.update_sample = min_history, set(trigger_on), update_sample
         self.history = {name: deque(maxlen=window) for name in ("grad_norm", "reward", "reward_std")}
@@ -312,6 +313,7 @@ class FlightRecorder(CaptureCallback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.out_dir / INDEX_FILE, json.dumps(jsonable(index), indent=1))
 
+    @folder_lock.let_go_after
     @at_the_edge
     def on_train_end(self, args, state, control, **kwargs):
         """The last step closed; captures.json written if it is not up to date; each triggered step not captured

@@ -185,7 +185,7 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
         prompt, completion = _first_row(capture)
         for func in funcs:
             call_reward(func, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
-    except ValueError as e:
+    except (ValueError, TimeoutError) as e:  # TimeoutError: time_limit.RewardTimeout (--reward-timeout)
         parser.error(str(e))
 
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from ..choices import ARM_NAMES, EVAL_SETS
 from ..config import PRESETS, StepConfig
+from ..horizon_bounds import horizon_problem, most
 from ..overrides import describe_fields, parse_overrides
+from ..time_limit import set_reward_timeout
 from .checks import (
     ascii_int,
     capture_overrides,
@@ -49,6 +51,18 @@ TASK_HELP = (
     "your reward functions, as open_capture takes them: my_rewards.py:REWARD_FUNCS, or a registered "
     "task; without it the captured rewards are replayed"
 )
+
+
+def add_reward_timeout(parser) -> None:
+    parser.add_argument(
+        "--reward-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the time limit of each call of your reward functions (a batch, or one row where the row an error came "
+        "from is looked for): past it the command stops in one line naming the function and the rows, and that "
+        "function is not called again (default 60; SIGALRM, main thread: grpo_debug/time_limit.py)",
+    )
 
 
 def add_set(parser, help: str) -> None:
@@ -128,7 +142,7 @@ def train_command(parser, args) -> int:
     try:
         write_json(args.json, results)  # the result is on disk before its progress is removed
     except OSError as e:
-        parser.error(f"{e}; the progress file {progress} is kept: run the same command again to write it")
+        cannot_write(parser, e, f"; the progress file {progress} is kept: run the same command again to write it")
     if not args.keep_progress:
         remove_progress(progress)
     print(summary_table(results))
@@ -143,8 +157,14 @@ def write_token_page(parser, path: str, run, tokenizer, title: str = "") -> None
     try:
         write_text_atomically(path, render_page(token_values(run, tokenizer, title)))
     except OSError as e:
-        parser.error(str(e))
+        cannot_write(parser, e)
     print(f"every token of the step: {path}")
+
+
+def cannot_write(parser, error: OSError, then: str = ""):
+    """An output that was not written in full (a full disk, /dev/full, a folder gone): exit status 1, one line naming
+    the path (`files.write_atomically` names it) - an error of the run, not of its arguments (those exit 2)."""
+    parser.exit(1, f"{parser.prog}: error: {error.strerror or error}{then}\n")
 
 
 def write_json(path: str, value) -> None:
@@ -175,7 +195,10 @@ def analyze_command(parser, args) -> int:
         print(summary_table(results))
         if args.write:
             for file, value in writes.items():
-                write_json(file, value)
+                try:
+                    write_json(file, value)
+                except OSError as e:
+                    cannot_write(parser, e)
     return 0
 
 
@@ -227,7 +250,7 @@ def replay_command(parser, args) -> int:
         try:
             write_json(args.json, out)
         except OSError as e:
-            parser.error(str(e))
+            cannot_write(parser, e)
     if args.html:
         title = f"every token of step {out['step']} of {args.path} ({', '.join(args.set) or 'as captured'})"
         write_token_page(parser, args.html, run, step.loaded.tokenizer, title)
@@ -308,7 +331,7 @@ def doctor_command(parser, args) -> int:
         if args.png is not None:
             print(f"{len(write_pngs(report, args.png))} figures of the report: {args.png}")
     except OSError as e:
-        parser.error(str(e))
+        cannot_write(parser, e)
     return 0
 
 
@@ -337,7 +360,7 @@ def timeline_command(parser, args) -> int:
     try:
         write_text_atomically(args.html, page(run, Path(args.html)))
     except OSError as e:
-        parser.error(str(e))
+        cannot_write(parser, e)
     print(f"{len(run.lines)} steps, {len(run.captures)} captured: {args.html}")
     return 0
 
@@ -492,6 +515,7 @@ def add_analyze_and_replay_parsers(sub) -> None:
     rp.add_argument("path", help="a capture folder, e.g. captures/step-2")
     add_set(rp, "StepConfig changes on top of the capture's config (not rollout fields)")
     rp.add_argument("--task", help=TASK_HELP)
+    add_reward_timeout(rp)
     rp.add_argument("--json", help="write {logged, replayed, difference, logps, causes} to this file")
     rp.add_argument("--html", help=HTML_HELP)
     rp.add_argument("--threads", type=ascii_int, default=1)
@@ -505,6 +529,7 @@ def add_doctor_parser(sub) -> None:
     )
     dr.add_argument("path", nargs="?", help="a capture folder, e.g. captures/step-2 (none: the bundled step)")
     dr.add_argument("--task", help=TASK_HELP)
+    add_reward_timeout(dr)
     add_set(dr, "StepConfig changes (on a capture: not rollout fields)")
     dr.add_argument("--json", help="write {findings: [{id, severity, evidence, fix, effect, ...}], ...} to this file")
     dr.add_argument("--html", help="write the report as one standalone page, its figures inline")
@@ -522,9 +547,17 @@ def add_doctor_parser(sub) -> None:
         type=ascii_int,
         metavar="K",
         help="follow each cause's fix for K steps against the run continued alike, same seeds (default: 8 with "
-        "--task, whose reward functions score the new completions; 0: the one-step effect only)",
+        "--task, whose reward functions score the new completions; 0: the one-step effect only; at most what "
+        f"--budget holds at the fastest a step could be: {most(BUDGET['cpu'])} at {BUDGET['cpu']:g} s, "
+        "grpo_debug/horizon_bounds.py)",
     )
-    dr.add_argument("--horizon-seeds", type=ascii_int, default=3, metavar="N", help="seeds per arm (default 3)")
+    dr.add_argument(
+        "--horizon-seeds",
+        type=ascii_int,
+        default=3,
+        metavar="N",
+        help="seeds per arm (default 3; bounded as --horizon)",
+    )
     dr.add_argument(
         "--budget",
         type=float,
@@ -585,7 +618,7 @@ def landing_command(parser, args) -> int:
         try:
             write_json(args.json, out)
         except OSError as e:
-            parser.error(str(e))
+            cannot_write(parser, e)
     return 0
 
 
@@ -608,7 +641,7 @@ def reseal_command(parser, args) -> int:
     try:
         write_checksums(folder)
     except OSError as e:
-        parser.error(str(e))
+        cannot_write(parser, e)
     print(f"{folder}: resealed; before, {before or 'every file was as recorded'}")
     print("its checksums now trust every file as it is: reseal only a capture whose edits you made yourself")
     return 0
@@ -627,6 +660,7 @@ def add_timeline_parser(sub) -> None:
         help="first run the doctor on each captured step without a report (RUN_DIR/reports/step-<k>.html)",
     )
     tl.add_argument("--task", help=TASK_HELP + " (with --doctor)")
+    add_reward_timeout(tl)
     tl.add_argument("--no-flip", action="store_true", help="with --doctor: detect only, no counterfactual flips")
     tl.add_argument("--threads", type=ascii_int, default=1)
     add_device(tl)
@@ -654,7 +688,7 @@ def step_command(parser, args) -> int:
         try:
             write_json(args.json, step_json(run))
         except OSError as e:
-            parser.error(str(e))
+            cannot_write(parser, e)
     if args.html:
         write_token_page(parser, args.html, run, step_.loaded.tokenizer)
     return 0
@@ -697,6 +731,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--budget {budget:g}: a number of seconds above 0")
     if (getattr(args, "horizon", None) or 0) < 0 or getattr(args, "horizon_seeds", 2) < 2:
         parser.error("--horizon must be at least 0 and --horizon-seeds at least 2 (the seed is the unit)")
+    if args.command == "doctor":
+        said = None if budget is not None else f"the default budget, {BUDGET['cuda']:g} s on a GPU (--budget)"
+        problem = horizon_problem(args.horizon or 0, args.horizon_seeds, budget or BUDGET["cuda"], said)
+        if problem:
+            parser.error(problem)
+    if getattr(args, "reward_timeout", None) is not None:
+        try:
+            set_reward_timeout(args.reward_timeout, "--reward-timeout")
+        except ValueError as e:
+            parser.error(str(e))
     if args.command == "train" and (args.steps < 1 or args.seeds < 1 or args.eval_every < 1 or args.first_seed < 0):
         parser.error("--steps, --seeds and --eval-every must be at least 1, --first-seed at least 0")
     commands = {

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from ..config import StepConfig
 from ..detectors.findings import LOUD, SEVERITIES, Finding
+from ..horizon_bounds import horizon_problem
 from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
@@ -40,7 +41,11 @@ def diagnose(
     them (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run. `horizon` K > 0: each cause's fix is
     followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
     reward functions can score new completions, fitted to `budget` seconds (None: no bound; `fit` says what is cut
-    first); `progress`: the horizon's plan and a progress bar on stderr."""
+    first; a horizon past what the budget holds is refused, `horizon_bounds`); `progress`: the horizon's plan and
+    a progress bar on stderr."""
+    problem = horizon_problem(horizon, horizon_seeds, budget) if horizon > 0 else None
+    if problem:
+        raise ValueError(problem)
     task = step.task
     try:
         return _diagnose(step, flip, held_out, horizon, horizon_seeds, budget, progress)

@@ -1,0 +1,90 @@
+"""An output that cannot be written in full is an error (issue 57, item 3): `files.write_atomically` writes a
+character device or a pipe in place (a rename would replace /dev/full with a file) and names the path where a
+write, a flush or the close fails; every writer of the command line answers that with exit status 1 and one line
+(`commands.cannot_write`)."""
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from tiny_capture import captured_step, grpo_debug  # noqa: E402
+
+from grpo_debug.files import write_atomically, write_text_atomically  # noqa: E402
+
+pytestmark = [
+    pytest.mark.usefixtures("task_registry_restored"),
+    pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here"),
+]
+FULL = "/dev/full"
+
+
+@pytest.fixture(autouse=True)
+def devices_stay_devices():
+    """A writer that renamed a file over /dev/full would turn the device into a file (as root): never."""
+    yield
+    for device in (FULL, os.devnull):
+        assert stat.S_ISCHR(os.stat(device).st_mode), f"{device} is no longer a character device"
+    assert not os.path.exists(FULL + ".tmp")
+
+
+def test_a_device_that_is_full_is_an_error_naming_it():
+    with pytest.raises(OSError, match=r"^\[Errno 28\] could not write /dev/full: No space left on device$"):
+        write_text_atomically(FULL, "x" * 100_000)
+    with pytest.raises(OSError, match="could not write /dev/full"):
+        write_atomically(FULL, lambda f: f.write(b"x"), binary=True)
+
+
+def test_a_device_that_takes_it_is_written_in_place():
+    write_text_atomically(os.devnull, json.dumps({"a": 1}))
+
+
+def test_a_pipe_is_written_in_place(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that opening it to write does not wait
+    try:
+        write_text_atomically(fifo, "through")
+        assert os.read(reader, 100) == b"through"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("user")
+    return {"folder": folder, "capture": captured_step(folder)}
+
+
+def a_run(folder: Path) -> Path:
+    """A FlightRecorder folder of two health lines (what timeline reads)."""
+    folder.mkdir()
+    lines = [{"step": k, "time": 0.0, "metrics": {}, "findings": {}, "trigger": [], "capture": None} for k in (1, 2)]
+    (folder / "health.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html"])
+def test_the_doctor_exits_1_when_its_output_is_not_written(user, flag):
+    done = grpo_debug("doctor", user["capture"], "--no-model", flag, FULL, cwd=user["folder"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[-1] == "python -m grpo_debug: error: could not write /dev/full: No space left on device", lines
+
+
+def test_the_timeline_exits_1_when_its_page_is_not_written(tmp_path):
+    done = grpo_debug("timeline", a_run(tmp_path / "run"), "--html", FULL, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "python -m grpo_debug: error: could not write /dev/full: No space left on device"
+    ], done.stderr
+
+
+def test_an_output_that_is_written_exits_0(tmp_path):
+    done = grpo_debug("timeline", a_run(tmp_path / "run"), "--html", tmp_path / "run.html", cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "run.html").stat().st_size > 0, done.stderr
