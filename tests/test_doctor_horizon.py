@@ -116,3 +116,22 @@ def test_the_horizon_keeps_to_its_budget(step):
     assert h["steps"] * h["seeds"] * (1 + len([f for f in cut.findings if f.learning])) <= 8, f"not cut: {h}"
     assert h["cut"]["steps_asked"] == 4 and h["cut"]["seeds_asked"] == 3, h
     assert spent <= 1.2 * budget + 2 * per_step, f"the horizon took {spent:.1f} s against a budget of {budget:.1f} s"
+
+
+def test_a_fix_that_samples_otherwise_is_read_where_both_arms_sample_alike(step):
+    """A colder or hotter sampler earns another batch reward from the same weights: such an arm is compared on the
+    reward of the policy it left, sampled as the run samples at a seed both arms share. A change of sampling that
+    samples alike (top_p 1.0 where it is 1.0) leaves the same weights, so the two differ by exactly 0."""
+    step.run(until="update")
+    as_run = continuations(step, {}, steps=2, seeds=[0, 1])
+    assert all(c.sampled_as_run and c.end_reward is not None for c in as_run), as_run
+    alike = compare(as_run, continuations(step, {"top_p": 1.0}, steps=2, seeds=[0, 1]))
+    assert alike["measured"].startswith("reward after the K steps"), alike["measured"]
+    assert alike["difference"]["mean"] == 0.0, f"a sampler that samples alike differs: {alike['difference']}"
+    hotter = continuations(step, {"temperature": 1.5}, steps=2, seeds=[0, 1])
+    effect = compare(as_run, hotter)
+    assert effect["reward_fixed"] == [c.end_reward for c in hotter], "the hotter arm read from its own batches"
+    assert effect["reward_as_run"] == [c.end_reward for c in as_run], "the run read from its batches, not the end"
+    assert "sampled as the run samples" in effect["verdict"], effect["verdict"]
+    kept = compare(as_run, continuations(step, {"kl_estimator": "k1"}, steps=2, seeds=[0, 1]))
+    assert kept["measured"] == "batch reward of steps 2..K", f"a fix that samples alike is read otherwise: {kept}"

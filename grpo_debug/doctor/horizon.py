@@ -38,10 +38,12 @@ class Continuation:
     update_norms: tuple[float, ...]  # (K,) ||theta_after - theta_before|| of each step
     kl_to_start: float  # KL(start || end) per token on the step's own completions
     kl_by_step: tuple[float, ...] = ()  # (K,) KL(start || after step k) per token, the same completions
+    end_reward: float | None = None  # the policy left after K steps, sampled as the run samples, at its own seed
+    sampled_as_run: bool = True  # the arm samples as the run does (False: its changes touch sampling)
 
     @property
     def learning(self) -> float:
-        """The mean batch reward of steps 2..K: what the moved policy earned."""
+        """The mean batch reward of steps 2..K: what the moved policy earned, sampled as this arm samples."""
         later = self.rewards[1:] or self.rewards
         return sum(later) / len(later)
 
@@ -89,8 +91,9 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
             norms.append(run.update.update_norm)
             moved.append(_scored(step, first))
             step.advance()
+        end = _reward_as_run_samples(step, _seed(seed, steps))
         kl = _kl_to_start(step, first, start_state, moved)
-    return Continuation(seed, tuple(rewards), tuple(norms), kl[-1], tuple(kl))
+    return Continuation(seed, tuple(rewards), tuple(norms), kl[-1], tuple(kl), end, not changes_sampling(changes))
 
 
 def _seed(seed: int, k: int) -> int:
@@ -99,6 +102,16 @@ def _seed(seed: int, k: int) -> int:
 
 def _fresh(cfg, seed: int, k: int):
     return StepRun(cfg.replace(seed=_seed(seed, k)))  # nothing cached: the step samples anew
+
+
+def _reward_as_run_samples(step: GRPOStep, seed: int) -> float:
+    """The mean reward of one batch sampled from the policy as it is now with the run's own sampling settings (the
+    step's config, no arm's changes) at `seed`: a fix that samples otherwise (a temperature, a top_p) changes every
+    batch reward it earns by how it samples, so what it taught is read where both arms sample alike."""
+    torch.manual_seed(seed)
+    cfg = step.cfg.replace(seed=seed)
+    run = step.run(cfg, until="rewards", base=StepRun(cfg), remember=False)
+    return run.rewards.total.nan_to_num(0.0).mean().item()
 
 
 def _scored(step: GRPOStep, first) -> torch.Tensor:
@@ -122,10 +135,19 @@ def continuations(step: GRPOStep, changes: dict, steps: int = HORIZON, seeds=ran
 
 def compare(as_run: list[Continuation], fixed: list[Continuation], level: float = 0.95) -> dict:
     """The fixed arm against the run, paired by seed: the difference in what the moved policy earned, its interval
-    over seeds at `level` (the family's), and both arms' KL to the start and mean update norm."""
+    over seeds at `level` (the family's), and both arms' KL to the start and mean update norm. What the policy
+    earned: the mean batch reward of steps 2..K where both arms sample alike; where the fix changes how it samples,
+    the reward of the policy each arm left after K steps, sampled as the run samples (each arm's own batches differ
+    by the sampling itself: a colder temperature earns more from the same weights)."""
     assert [c.seed for c in as_run] == [c.seed for c in fixed], "the arms are paired by seed"
-    differences = torch.tensor([f.learning - r.learning for r, f in zip(as_run, fixed)])
+    alike = all(c.sampled_as_run for c in (*as_run, *fixed))
+
+    def earned(c: Continuation) -> float:
+        return c.learning if alike or c.end_reward is None else c.end_reward
+
+    differences = torch.tensor([earned(f) - earned(r) for r, f in zip(as_run, fixed)])
     interval = seed_interval(differences, level)
+    measured = "batch reward of steps 2..K" if alike else "reward after the K steps, sampled as the run samples,"
 
     def mean(values) -> float:
         values = list(values)
@@ -134,10 +156,11 @@ def compare(as_run: list[Continuation], fixed: list[Continuation], level: float 
     return {
         "steps": len(as_run[0].rewards),
         "seeds": [c.seed for c in as_run],
-        "reward_as_run": [c.learning for c in as_run],
-        "reward_fixed": [c.learning for c in fixed],
+        "measured": measured,
+        "reward_as_run": [earned(c) for c in as_run],
+        "reward_fixed": [earned(c) for c in fixed],
         "difference": interval.as_dict(),
-        "verdict": verdict(interval, "batch reward of steps 2..K with the fix"),
+        "verdict": verdict(interval, f"{measured} with the fix"),
         "kl_to_start": [mean(c.kl_to_start for c in as_run), mean(c.kl_to_start for c in fixed)],
         "update_norm": [
             mean(n for c in as_run for n in c.update_norms),
