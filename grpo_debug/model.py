@@ -198,3 +198,23 @@ def at_precision(dtype: str, role: str, device_type: str = "cpu"):
     if dtype not in PRECISIONS:
         raise ValueError(f"{role} dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
     return torch.autocast(device_type, dtype=PRECISIONS[dtype], enabled=dtype != "float32")
+
+
+HALVES = ("float16", "bfloat16")
+
+
+def mixed_halves_problem(device: torch.device, weights_dtype: str | None, cfg) -> str | None:
+    """Why weights of one 16-bit type cannot run on this device under `cfg`'s autocast to the other (None: they
+    can): on a CPU, torch's layer norm refuses float16 weights under bfloat16 autocast, and bfloat16 under
+    float16 ("RuntimeError: mixed dtype (CPU)"); a GPU's autocast runs it in float32. Said before any model loads."""
+    if torch.device(device).type != "cpu" or weights_dtype not in HALVES:
+        return None
+    for field in ("dtype", "sampler_dtype"):
+        autocast = getattr(cfg, field)
+        if autocast in HALVES and autocast != weights_dtype:
+            return (
+                f"--dtype {weights_dtype} on the CPU under {field}={autocast} (autocast, the step's precision): "
+                f"torch's CPU layer norm cannot take {weights_dtype} weights under {autocast} autocast; use --dtype "
+                f"{autocast} or float32, or --set {field}=float32 (no autocast), or a GPU"
+            )
+    return None

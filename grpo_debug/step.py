@@ -21,7 +21,7 @@ from .config import PHASES, StepConfig, rollout_fields_refused
 from .evaluation import Evaluation, eval_prompts, evaluate_pair
 from .logprobs import TokenLogProbs, compute_logprobs
 from .loss import LossBreakdown, batch_loss, batch_of
-from .model import LoadedModel, load_model, pick_device, pick_dtype
+from .model import LoadedModel, load_model, mixed_halves_problem, pick_device, pick_dtype
 from .rewards import Rewards, StoredReward, compute_rewards
 from .rollout import Rollout, check_positions, rollout
 from .scoring import Scoring
@@ -104,6 +104,10 @@ class GRPOStep:
         `device` ("cpu", "cuda"; None: where the model is, the CPU when loaded here) and `weights_dtype`
         ("bfloat16"...; None: as loaded): the models are moved there once, and every tensor of the step follows them."""
         self.cfg = cfg or StepConfig()
+        where = pick_device(device) if device else (loaded.policy.device if loaded else "cpu")
+        problem = mixed_halves_problem(where, weights_dtype, self.cfg)
+        if problem:  # before the model loads
+            raise ValueError(problem)
         self.task = task or load_task(self.cfg.task)
         self.loaded = loaded or load_model(self.cfg.model)
         if device is not None or weights_dtype is not None:

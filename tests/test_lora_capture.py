@@ -183,6 +183,32 @@ def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_r
         load_capture(moved)
 
 
+def test_a_lora_capture_short_of_an_adapter_state_tensor_is_refused_naming_it(lora_run, tmp_path):
+    """The optimizer's state of an adapter weight, one tensor removed and resealed: refused when read, naming the
+    file and the tensor (the replay once ended in KeyError: 'exp_avg'); a moment of another shape than its adapter
+    weight (checked against the adapter file's headers) is refused too."""
+    from safetensors.torch import load_file, save_file
+
+    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.capture.reading import CaptureError, load_capture
+
+    folder = tmp_path / "step-2"
+    shutil.copytree(lora_run["capture"], folder)
+    file = folder / "optimizer.safetensors"
+    state = load_file(file)
+    key = sorted(k for k in state if k.endswith("/exp_avg"))[0]
+    removed = {k: v for k, v in state.items() if k != key}
+    save_file(removed, file)
+    write_checksums(folder)
+    with pytest.raises(CaptureError, match=f"{file}: {key} is missing: a parameter with AdamW state holds") as refused:
+        load_capture(folder)
+    assert "\n" not in str(refused.value), str(refused.value)
+    save_file({**state, key: state[key].flatten()}, file)
+    write_checksums(folder)
+    with pytest.raises(CaptureError, match=rf"{key} has shape \({state[key].numel()},\), its parameter"):
+        load_capture(folder)
+
+
 def test_the_doctor_report_builds_on_a_lora_capture(lora_run):
     from grpo_debug.capture import open_capture
     from grpo_debug.detectors.detectors import DETECTORS

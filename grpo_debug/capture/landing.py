@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .replay import trainer_update
+from .saved_weights import stored_key
 
 
 def stored_weights(capture: str | Path) -> dict[str, torch.Tensor]:
@@ -27,14 +28,6 @@ def stored_weights(capture: str | Path) -> dict[str, torch.Tensor]:
     for f in sorted((Path(capture) / "policy").glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
-
-
-def stored_key(name: str, stored: dict) -> str:
-    """A trained parameter's name as its capture stores it (peft drops the adapter's name, `default`)."""
-    for key in (name, name.replace(".default.", "."), name.replace("base_model.model.", "", 1)):
-        if key in stored:
-            return key
-    raise KeyError(f"{name} is not in the captured weights")
 
 
 def landing(step, next_capture: str | Path) -> dict:

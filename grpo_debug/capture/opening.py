@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import StepConfig, rollout_fields_refused
-from ..model import pick_device, pick_dtype
+from ..model import mixed_halves_problem, pick_device, pick_dtype
 from ..step import GRPOStep
 from ..task import register_task
 from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
@@ -38,6 +38,9 @@ def open_capture(path, task=None, *, device=None, weights_dtype=None, **changes)
     ]
     if changed:
         raise ValueError(rollout_fields_refused(changed))
+    problem = mixed_halves_problem(where, weights_dtype, cfg)
+    if problem:
+        raise ValueError(problem)
     loaded, beta_zero = captured_models(capture)
     loaded.to(where, cast)
     capture = on_device(capture, where)

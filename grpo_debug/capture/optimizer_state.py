@@ -13,12 +13,11 @@ A capture keeps
 `trainer_optimizer(model, capture)` rebuilds it on a replayed model: the same class over the same groups, in the
 same order, with that state; an optimizer it cannot rebuild (8-bit, paged, a class outside `torch.optim`) is named
 by `rebuild_problem` and the replay's update is then a fresh AdamW, labelled so. The tensors are read with the
-capture's other files (checksummed first) and checked against the model's parameters before any is used.
+capture's other files (checksummed first) and checked field by field (`optimizer_schema`) before any is used.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -85,35 +84,6 @@ def read(folder: Path, meta: dict) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / meta.get("file", FILE)), device="cpu")
-
-
-def check(meta, tensors: dict[str, torch.Tensor] | None, where: Path) -> str | None:
-    """What is wrong with a capture's optimizer entry and its tensors (None: fine), before a model exists: the
-    groups name each parameter once, the state keys name a grouped parameter, the tensors are finite."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("groups"), list) or not meta["groups"]:
-        return f"{where}: 'optimizer' is not {{class, groups: [{{params: [...], lr, ...}}], ...}}"
-    names = []
-    for i, group in enumerate(meta["groups"]):
-        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
-            return f"{where}: optimizer group {i} has no list of parameter names"
-        lr = group.get("lr")
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
-            return f"{where}: optimizer group {i}'s lr = {lr!r} is not a finite rate >= 0"
-        names += group["params"]
-    if len(set(names)) != len(names):
-        return f"{where}: a parameter is in two optimizer groups"
-    if tensors is None:
-        return None
-    grouped = set(names)
-    for key, value in tensors.items():
-        name = key.rsplit("/", 1)[0]
-        if name not in grouped:
-            return (
-                f"{where.parent / meta.get('file', FILE)}: state {key!r} names no parameter of the optimizer's groups"
-            )
-        if value.is_floating_point() and not bool(value.isfinite().all()):
-            return f"{where.parent / meta.get('file', FILE)}: state {key!r} holds NaN or inf"
-    return None
 
 
 def rebuild_problem(meta: dict | None) -> str | None:

@@ -34,6 +34,7 @@ from . import optimizer_state
 from .checksums import checksum_problem
 from .lora import check_adapter_capture, load_adapter_capture
 from .model_folder import check_model_folder
+from .optimizer_schema import optimizer_problem
 from .trainer_state import FORMAT
 
 # GRPOConfig fields read back under the same StepConfig name: the bridge's own list, plus sampling,
@@ -177,11 +178,11 @@ def check_capture(capture: Capture) -> None:
     g, G = _check_meta(meta, js)
     N = _check_batch(b, pt, meta, js, g, G)
     _check_rows_and_schedule(meta, b, js, pt, N)
-    if meta.get("optimizer") is not None:
-        problem = optimizer_state.check(meta["optimizer"], capture.optimizer_tensors, js)
+    check_policy_folder(capture)
+    if meta.get("optimizer") is not None:  # its tensors against the weights' headers, checked just above
+        problem = optimizer_problem(path, meta, capture.optimizer_tensors)
         if problem:
             raise CaptureError(problem)
-    check_policy_folder(capture)
 
 
 def _check_meta(meta, js: Path) -> tuple[dict, int]:

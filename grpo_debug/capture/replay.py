@@ -18,7 +18,8 @@ from ..specs import loss_spec_of, optimization_of, scoring_of
 from ..update import Iteration, StepResult, new_optimizer
 from . import optimizer_state
 from .lora import is_adapter_model
-from .reading import Capture, config_from_capture
+from .optimizer_schema import state_note
+from .reading import Capture, CaptureError, config_from_capture
 from .trl_step import RankSchedule, checkpointing_of, trl_step
 
 COMPARED = (
@@ -118,9 +119,14 @@ def starting_optimizer(capture: Capture, model, cfg, as_captured) -> tuple[torch
     if problem is not None:
         return new_optimizer(model, optimization_of(cfg)), f"{problem}: {optimizer_state.FRESH}", False
     scale = cfg.learning_rate / as_captured.learning_rate if as_captured.learning_rate else 1.0
-    optimizer = optimizer_state.trainer_optimizer(
-        model, entry, capture.optimizer_tensors, lr=[lr * scale for lr in entry["learning_rate"]]
-    )
+    tensors = capture.optimizer_tensors
+    note = state_note(entry, tensors, capture.meta["step"])  # before the optimizer owns and steps them
+    try:
+        optimizer = optimizer_state.trainer_optimizer(
+            model, entry, tensors, lr=[lr * scale for lr in entry["learning_rate"]]
+        )
+    except ValueError as e:  # a state the weights' headers could not check: a shape the model disagrees with
+        raise CaptureError(f"{capture.optimizer_file}: {e}") from None
     if cfg.weight_decay != as_captured.weight_decay:
         for group in optimizer.param_groups:
             if group["weight_decay"]:
@@ -130,6 +136,7 @@ def starting_optimizer(capture: Capture, model, cfg, as_captured) -> tuple[torch
         f"the trainer's {entry['class']} as captured: its state before step {capture.meta['step']}, "
         f"{len(entry['groups'])} parameter group(s), learning rate {rates}"
         + (" as scheduled for the step" if scale == 1.0 else f" (the scheduled rate x {scale:.6g})")
+        + (f"; {note}" if note else "")
     )
     return optimizer, what, True
 

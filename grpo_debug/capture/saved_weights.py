@@ -48,3 +48,11 @@ def saved_start(model, folder: Path) -> SavedWeights | None:
     if all(name in stored and stored[name][0] == tuple(p.shape) for name, p in trained.items()):
         return SavedWeights({name: stored[name][2] for name in trained}, trained)
     return None
+
+
+def stored_key(name: str, stored: dict) -> str:
+    """A trained parameter's name as its capture stores it (peft drops the adapter's name, `default`)."""
+    for key in (name, name.replace(".default.", "."), name.replace("base_model.model.", "", 1)):
+        if key in stored:
+            return key
+    raise KeyError(f"{name} is not in the captured weights")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..choices import ARM_NAMES, EVAL_SETS
 from ..config import PRESETS, StepConfig
+from ..echo import bounded
 from ..horizon_bounds import horizon_problem, most
 from ..overrides import describe_fields, parse_overrides
 from ..time_limit import set_reward_timeout
@@ -700,11 +701,15 @@ class Parser(argparse.ArgumentParser):
     not read, not a value it read."""
 
     parsed = False
+    echoed: tuple[str, ...] = ()  # the command line's arguments, each cut where a refusal echoes it (`echo.bounded`)
 
     def error(self, message: str):
         if not self.parsed:
             super().error(message)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        super().exit(status, message and bounded(message, self.echoed))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -720,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         add_landing_parser,
     ):
         add(sub)
+    Parser.echoed = tuple(sys.argv[1:] if argv is None else argv)  # the subcommands' parsers too
     args = parser.parse_args(argv)
     parser.parsed = True
     if getattr(args, "threads", 1) < 1:
