@@ -529,7 +529,7 @@ def test_a_reference_named_by_a_hub_id_is_refused_without_the_network_and_a_rese
 def test_the_course_of_the_run_is_kept_step_by_step_whatever_logging_steps_is():
     """The callback's own record of each step (TRL's default logging_steps=10 logs none of a 3-step run): each step's
     mean of what TRL appended, oldest first, capped; a step without numbers is kept with its step alone."""
-    from grpo_debug.capture.callback import remember_step
+    from grpo_debug.capture.course import remember_step
     from grpo_debug.capture.trainer_state import LOGGED_KL_STEPS
 
     course = []

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from grpo_debug.capture import CaptureCallback, FlightRecorder, flight
-from grpo_debug.capture import callback as callback_module
+from grpo_debug.capture import CaptureCallback, FlightRecorder, flight, writing
 from grpo_debug.capture.reading import load_capture
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
@@ -98,7 +97,7 @@ def test_a_full_disk_skips_the_capture_and_training_goes_on(tmp_path, monkeypatc
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(callback_module.torch, "save", no_space)
+    monkeypatch.setattr(writing.torch, "save", no_space)
     recorder = CaptureCallback(tmp_path / "captures", steps=[2])
     trained, said, losses = train_with(recorder, tmp_path)
     assert trained == STEPS and losses == untouched[STEPS], "training's own numbers changed"
@@ -111,7 +110,7 @@ def test_a_capture_the_disk_has_no_room_for_is_refused_before_writing(tmp_path, 
     class Usage:
         free = 1000
 
-    monkeypatch.setattr(callback_module.shutil, "disk_usage", lambda path: Usage())
+    monkeypatch.setattr(writing.shutil, "disk_usage", lambda path: Usage())
     recorder = CaptureCallback(tmp_path / "captures", steps=[1])
     trained, said, _ = train_with(recorder, tmp_path)
     assert trained == STEPS and "MB free" in recorder.skipped[1], recorder.skipped
@@ -167,7 +166,7 @@ def test_a_flight_recorders_failed_capture_is_named_on_its_health_line(tmp_path,
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(callback_module.torch, "save", no_space)
+    monkeypatch.setattr(writing.torch, "save", no_space)
     trained, said, losses = train_with(FlightRecorder(tmp_path / "run"), tmp_path)
     assert trained == STEPS and losses == untouched[STEPS]
     first = health_lines(tmp_path / "run")[0]

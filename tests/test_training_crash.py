@@ -160,13 +160,13 @@ def model_only(tmp_path_factory) -> Path:
 
 def test_a_crash_folder_that_cannot_be_written_leaves_the_users_error_as_it_is(model_only, tmp_path, monkeypatch):
     from grpo_debug.capture import FlightRecorder
-    from grpo_debug.capture import callback as callback_module
+    from grpo_debug.capture import crash as crash_module
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(callback_module, "write_crash", no_space)
-    monkeypatch.setattr(callback_module, "append_line", no_space)
+    monkeypatch.setattr(crash_module, "write_crash", no_space)
+    monkeypatch.setattr(crash_module, "append_line", no_space)
     error = train_until_it_crashes(model_only, FlightRecorder(tmp_path / "flight"))
     assert type(error) is ZeroDivisionError and str(error) == "my reward's own error"
     (note,) = error.__notes__
@@ -179,12 +179,12 @@ def test_a_bug_of_ours_while_recording_the_crash_leaves_the_users_error_as_it_is
     import traceback
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.capture import callback as callback_module
+    from grpo_debug.capture import crash as crash_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(callback_module, "crash_record", broken)
+    monkeypatch.setattr(crash_module, "crash_record", broken)
     error = train_until_it_crashes(model_only, CaptureCallback(tmp_path / "captures", steps=[1]))
     assert type(error) is ZeroDivisionError and not getattr(error, "__notes__", None)
     assert error.__context__ is None and error.__cause__ is None, "our bug was chained to the user's error"
@@ -194,7 +194,7 @@ def test_a_bug_of_ours_while_recording_the_crash_leaves_the_users_error_as_it_is
 
 
 def test_the_users_frame_is_told_from_libraries():
-    from grpo_debug.capture.callback import is_users_file, library_folders
+    from grpo_debug.capture.crash import is_users_file, library_folders
 
     libraries = library_folders()
     import trl

@@ -58,8 +58,9 @@ import torch
 
 from ..files import write_text_atomically
 from . import folder_lock, health
-from .callback import HEALTH_FILE, MAX_WEIGHT_BYTES, CaptureCallback, append_line, at_the_edge
+from .callback import CaptureCallback, at_the_edge
 from .trainer_state import jsonable
+from .writing import HEALTH_FILE, MAX_WEIGHT_BYTES, append_line
 
 INDEX_FILE = "captures.json"
 GRAD_SPIKE = 3.0

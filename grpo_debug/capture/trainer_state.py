@@ -42,6 +42,16 @@ def find_trainer(cls=None):
     return None
 
 
+def policy_model(trainer):
+    """The policy the trainer trains, unwrapped from its accelerator's wrappers (DDP, compile)."""
+    return trainer.accelerator.unwrap_model(trainer.model)
+
+
+def layout(trainer) -> tuple[int, int, int]:
+    """steps_per_generation, num_iterations and gradient_accumulation_steps as the trainer runs them."""
+    return trainer.args.steps_per_generation, trainer.num_iterations, trainer.current_gradient_accumulation_steps
+
+
 def gathered(trainer, tensor: torch.Tensor, pad_first: bool = False, pad_index: float = 0) -> torch.Tensor:
     """Every process's rows of a per-process tensor, in process order, on the CPU. Along dim 1 each is padded
     to the longest: on the left (`pad_first`) for left-padded prompts, on the right for completions."""
