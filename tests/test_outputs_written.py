@@ -88,3 +88,14 @@ def test_the_timeline_exits_1_when_its_page_is_not_written(tmp_path):
 def test_an_output_that_is_written_exits_0(tmp_path):
     done = grpo_debug("timeline", a_run(tmp_path / "run"), "--html", tmp_path / "run.html", cwd=tmp_path)
     assert done.returncode == 0 and (tmp_path / "run.html").stat().st_size > 0, done.stderr
+
+
+def test_a_file_name_too_long_is_refused_before_any_work_naming_it_cut(user):
+    """A name past the file system's NAME_MAX passes the folder's check yet fails at the write: refused first, in one
+    line that echoes the name cut to its start and end with its length."""
+    name = "a" * 100_000
+    done = grpo_debug("doctor", user["capture"], "--no-model", "--json", name, cwd=user["folder"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "a file name longer than 255 bytes" in lines[0] and "(100000 characters)" in lines[0], lines
+    assert len(lines[0]) < 400, f"the name echoed whole: {len(lines[0])} characters"
