@@ -165,7 +165,7 @@ def check_writable(parser, path: str, flag: str = "--json") -> None:
         parser.error(f"{flag} {path or repr(path)}: not a writable file path (its folder must exist and be writable)")
     longest = os.pathconf(folder, "PC_NAME_MAX")
     if len(os.fsencode(os.path.basename(out))) > longest:
-        parser.error(f"{flag} {path}: a file name longer than {longest} bytes, the most this folder's file system takes")
+        parser.error(f"{flag} {path}: a file name longer than {longest} bytes, the most its file system takes")
 
 
 def check_task(parser, task: str | None, capture: str | None) -> None:
