@@ -74,6 +74,54 @@ SAME_NAME = (
     "gradient_accumulation_steps",
 )
 
+# StepConfig fields that are GRPOConfig fields of the same name beside SAME_NAME: how it samples, its batch layout,
+# its optimiser (the TRL bridge writes them too) and vLLM's sampler correction
+SAME_NAME_TOO = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "num_generations",
+    "steps_per_generation",
+    "learning_rate",
+    "max_grad_norm",
+    "weight_decay",
+    "seed",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+)
+# StepConfig fields that GRPOConfig spells otherwise, as the TRL bridge's `grpo_config` writes them: field ->
+# (GRPOConfig field, its value there for the StepConfig value; None: GRPOConfig has no such setting)
+RENAMED = {
+    "max_new_tokens": ("max_completion_length", lambda v: v),
+    "epsilon_low": ("epsilon", lambda v: v),
+    "dropout": ("disable_dropout", lambda v: not v),
+    "sample_dropout": ("disable_dropout", lambda v: not v),  # TRL's one switch sets both
+    "kl_estimator": ("use_bias_correction_kl", {"k3": False, "k3_corrected": True}.get),
+    "dtype": ("bf16", {"float32": False, "bfloat16": True}.get),
+}
+
+
+def grpo_config_changes(changes: dict) -> dict | None:
+    """StepConfig `changes` as GRPOConfig settings ({"max_new_tokens": 64} -> {"max_completion_length": 64}); None
+    where one has no GRPOConfig setting (position_ids is a trainer class, the scoring switches are TRL's own code, a
+    KL estimator other than k3's two) or two disagree on one (dropout on, sample_dropout off)."""
+    out: dict = {}
+    for field, value in changes.items():
+        if field in SAME_NAME or field in SAME_NAME_TOO:
+            name, said = field, value
+        elif field in RENAMED:
+            name, said = RENAMED[field][0], RENAMED[field][1](value)
+            if said is None:
+                return None
+        else:
+            return None
+        if out.get(name, said) != said:
+            return None
+        out[name] = said
+    return out
+
+
 # TracIn's choices (the train command's arms check them before torch loads)
 ValLoss = Literal["seqloss-lastadv", "seqloss-reward"]
 ValSource = Literal["same_batch", "random", "topk"]

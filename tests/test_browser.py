@@ -604,3 +604,79 @@ def test_the_doctor_page_shows_its_verdict_chain_and_evidence_in_a_real_browser(
     assert seen["height"] <= 3 * 800, f"the page is {seen['height']} px: more than 3 screens of 800"
     pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert pngs == [f"{k}-{c['id']}-evidence.png" for k, c in enumerate(seen["cards"], start=1)], pngs
+
+
+# Each figure of each cause card: whether it is the card's horizon plot (the one with a caption) and, per axis, the
+# texts that are no tick label (its label, and an offset such as 1e-7 where matplotlib writes one).
+CAPTURE_PAGE_JS = """() => ({
+  verdict: (document.querySelector('#verdict') || {}).textContent || '',
+  chain: [...document.querySelectorAll('svg.chain rect')].length,
+  cards: [...document.querySelectorAll('div.card')].map(c => ({
+    id: c.id,
+    text: c.textContent,
+    table: [...c.querySelectorAll('table.flip th')].map(th => th.textContent),
+    figures: [...c.querySelectorAll('svg.figure')].map(f => ({
+      horizon: !!f.closest('figure').querySelector('figcaption'),
+      axes: [...f.querySelectorAll('g[id^="matplotlib.axis"]')].map(a => [...a.children]
+        .filter(g => !/^[xy]tick/.test(g.id)).flatMap(g => [...g.querySelectorAll('text')].map(t => t.textContent)))}))})),
+  wide: [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > innerWidth + 1)
+    .map(e => e.tagName + (e.className && e.className.baseVal === undefined ? '.' + e.className : '')),
+  scroll: document.documentElement.scrollWidth})"""
+CAPTURE_AXES = {"truncation": ("completion length (tokens)", "completions")}
+HORIZON_AXES = ("step of the horizon", "batch reward", "KL to the start (nats/token)")
+
+
+@pytest.mark.usefixtures("task_registry_restored")
+def test_a_captures_doctor_page_with_its_task_and_horizon_in_a_real_browser(tmp_path):
+    """`doctor CAPTURE --task user_train.py:digits --horizon 2 --horizon-seeds 2 --html` on a user's one-step TRL
+    run of a tiny Llama (tests/tiny_capture.py: 75% of its completions cut at max_completion_length=8, a warning
+    whose fix is followed over the horizon), opened from disk at 1280 x 800: the verdict names the first cause and
+    its fix in the run's GRPOConfig, the chain picture, each cause's card with its evidence figure (axes labelled),
+    its flip as a table and its horizon plot (axes labelled), nothing wider than the viewport, nothing fetched; the
+    screenshot is kept in tests/artifacts/."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_capture import captured_step, grpo_debug
+
+    capture = captured_step(tmp_path)
+    (tmp_path / "user_train.py").write_text(  # the run's own reward function, by its name
+        "def digits(completions, **kwargs):\n"
+        "    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]\n"
+    )
+    path = tmp_path / "page.html"
+    made = grpo_debug("doctor", capture, "--task", "user_train.py:digits", "--horizon", "2", "--horizon-seeds", "2",
+                      "--html", path, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    with _standalone_page(path, {"width": 1280, "height": 800}) as (page, requests, errors):
+        page.wait_for_selector("#verdict", timeout=30_000)
+        seen = page.evaluate(CAPTURE_PAGE_JS)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "browser_doctor_capture_page.png"
+        page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}; verdict: {seen['verdict']}")
+    assert not errors, errors
+    assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
+    cards = seen["cards"]
+    assert cards and seen["verdict"].startswith(f"First cause: {cards[0]['id']} ("), (seen["verdict"], cards)
+    assert cards[0]["id"] == "truncation", [c["id"] for c in cards]
+    assert (
+        "Fix: GRPOConfig(..., max_completion_length=32). What the fix did: followed 2 steps x 2 seeds"
+        in (seen["verdict"])
+    ), seen["verdict"]
+    assert seen["chain"] >= len(cards), "the chain picture has no box per cause"
+    followed = 0
+    for card in cards:
+        evidence = [f for f in card["figures"] if not f["horizon"]]
+        assert len(evidence) == 1, f"{card['id']}: {len(evidence)} evidence figures"
+        for figure in card["figures"]:
+            assert figure["axes"] and all(figure["axes"]), f"{card['id']}: an axis without a label: {figure['axes']}"
+        labels = {t for axis in evidence[0]["axes"] for t in axis}
+        assert set(CAPTURE_AXES.get(card["id"], ())) <= labels, f"{card['id']}'s evidence axes: {labels}"
+        assert card["table"][:3] == ["", "as run", "with the flip"] and "grad_norm" in card["table"], card["table"]
+        assert "fix in your config: GRPOConfig(..., " in card["text"], card["text"][:500]
+        horizons = [f for f in card["figures"] if f["horizon"]]
+        for figure in horizons:
+            labels = {t for axis in figure["axes"] for t in axis}
+            assert set(HORIZON_AXES) <= labels, f"{card['id']}'s horizon axes: {labels}"
+        followed += len(horizons)
+    assert followed >= 1 and len(cards[0]["figures"]) == 2, "the first cause's fix was not followed over the horizon"
+    assert not seen["wide"] and seen["scroll"] <= 1280, f"wider than the viewport: {seen['wide'][:5]}"

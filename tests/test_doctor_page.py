@@ -4,6 +4,7 @@ picks), its flip as a table and its horizon as a plot; the checks that found not
 no script, no outside resource; every text of the run escaped (markup, bidi controls, NUL, mathtext's `$`); and
 `doctor --png` writes the same figures. No model: the report is planted (the browser test renders a real one)."""
 
+import dataclasses
 import re
 
 import matplotlib
@@ -198,3 +199,88 @@ def test_each_finding_id_picks_its_figure():
         "zero_std_groups": "group (prompt)",
     }, picked
     assert matplotlib.get_backend()  # drawn headless
+
+
+# ---- the fix in the run's own GRPOConfig terms
+
+
+def fixed(*changes, **kw) -> Finding:
+    return Finding("truncation", "warning", "cut", {}, kw.get("effect"), (), (), tuple(changes), kw.get("learning"))
+
+
+def test_a_fix_the_doctor_applied_reads_in_the_runs_grpo_config_names():
+    """The verdict and the card say the fix as the user writes it: the engine's max_new_tokens is GRPOConfig's
+    max_completion_length; a fix that is no GRPOConfig setting (position_ids: a trainer class) keeps its words."""
+    report = Report((fixed(("max_new_tokens", 64)),), {}, 1.0)
+    html = doctor_page.page(report)
+    verdict = re.search(r"id='verdict'>(.*?)</p>", html).group(1)
+    assert "Fix: GRPOConfig(..., max_completion_length=64). What the fix did" in verdict, verdict
+    card = re.search(r"<div class='card warning' id='truncation'>(.*?)</div>", html, flags=re.S).group(1)
+    assert "fix in your config: <code>GRPOConfig(..., max_completion_length=64)</code>" in card, card
+    assert "in general: <code>raise max_completion_length" in card, "the pitfall's own words stay below"
+    assert "max_new_tokens" not in verdict and "max_new_tokens" not in card
+    planted = doctor_page.page(planted_report())
+    assert "Fix: train with grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer" in planted
+    assert "fix in your config" not in planted.split("id='truncation'")[0], "position_ids has no GRPOConfig setting"
+
+
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        ((("scale_rewards", "group"),), 'GRPOConfig(..., scale_rewards="group")'),
+        ((("num_generations", 14),), "GRPOConfig(..., num_generations=14)"),
+        ((("dropout", False), ("sample_dropout", False)), "GRPOConfig(..., disable_dropout=True)"),
+        ((("kl_estimator", "k3_corrected"),), "GRPOConfig(..., use_bias_correction_kl=True)"),
+        ((("learning_rate", 1e-5 * 0.1),), "GRPOConfig(..., learning_rate=1e-06)"),
+        ((("top_p", 1.0), ("top_k", 0), ("min_p", None)), "GRPOConfig(..., top_p=1.0, top_k=0, min_p=None)"),
+        ((("mask", "keep_first_eos"),), ""),  # TRL's own code since PR #4970: no setting
+        ((("kl_estimator", "k1"),), ""),  # no GRPOConfig setting samples k1
+        ((("dropout", False), ("sample_dropout", True)), ""),  # TRL's one switch sets both
+    ],
+)
+def test_each_applied_fix_reads_as_grpo_config_or_not_at_all(changes, said):
+    from grpo_debug.doctor.report import config_fix
+
+    assert config_fix(fixed(*changes), uses_vllm=False) == said
+
+
+def test_the_fix_named_is_the_one_the_horizon_followed_else_the_chains_else_the_flips():
+    from grpo_debug.doctor.report import applied_fix, config_fix
+
+    followed = {**learning(), "changes": {"max_new_tokens": 32}}
+    assert (
+        config_fix(fixed(effect=effect(0.5), learning=followed), False) == "GRPOConfig(..., max_completion_length=32)"
+    )
+    flipped = fixed(effect={**effect(0.5), "toggle": {"mask_truncated_completions": True}})
+    assert config_fix(flipped, False) == "GRPOConfig(..., mask_truncated_completions=True)"
+    assert report_figures.fix_words(fixed(learning=followed)) == "max_completion_length=32", "the horizon's legend"
+    refused = fixed(effect={"toggle": {"mask_truncated_completions": True}, "error": "no"})
+    removes = fixed(effect={**effect(0.5), "toggle": {"max_grad_norm": 0.0}, "removes_gradient": True})
+    assert applied_fix(refused) == applied_fix(removes) == () and config_fix(refused, False) == ""
+    symptom = dataclasses.replace(fixed(("max_new_tokens", 64)), symptom_of=("position_ids",))
+    assert config_fix(symptom, False) == "", "a symptom has no fix of its own"
+
+
+def test_the_grpo_config_names_are_those_the_trl_bridge_writes(tmp_path):
+    """The one table (`choices.RENAMED`, SAME_NAME, SAME_NAME_TOO) against `trl_bridge.grpo_config`: each change
+    on the trl preset lands on the GRPOConfig setting the page names, with the value it says."""
+    from trl import GRPOConfig
+
+    from grpo_debug.capture.trl_bridge import grpo_config
+    from grpo_debug.choices import RENAMED, SAME_NAME, SAME_NAME_TOO, grpo_config_changes
+    from grpo_debug.config import StepConfig
+
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    step_fields = {f.name for f in dataclasses.fields(StepConfig)}
+    names = {*SAME_NAME, *SAME_NAME_TOO}
+    assert names <= trl_fields and names <= step_fields and set(RENAMED) <= step_fields
+    assert {name for name, _ in RENAMED.values()} <= trl_fields
+    base = StepConfig.preset("trl")
+    for changes in ({"max_new_tokens": 64}, {"epsilon_low": 0.3}, {"dropout": False, "sample_dropout": False},
+                    {"kl_estimator": "k3_corrected"}, {"temperature": 0.7, "top_p": 0.5, "top_k": 5},
+                    {"scale_rewards": "batch", "beta": 0.04, "mask_truncated_completions": True},
+                    {"learning_rate": 3e-6, "max_grad_norm": 0.5, "num_generations": 8}):  # fmt: skip
+        cfg = base.replace(**changes)
+        args = grpo_config(cfg, str(tmp_path))
+        for name, value in grpo_config_changes(changes).items():
+            assert getattr(args, name) == value, f"{changes} -> {name}={getattr(args, name)!r}, the page says {value!r}"

@@ -134,7 +134,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
             return out
 
         as_run = arm({})
-        learned = {f.id: compare(as_run, arm(fixes[f.id]), level) for f in kept}
+        learned = {f.id: {**compare(as_run, arm(fixes[f.id]), level), "changes": fixes[f.id]} for f in kept}
     findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
     by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
     cut = [f.id for f in causes[plan["causes"] :]]

@@ -5,8 +5,10 @@ the run, and the report as strict-JSON-ready data. `present` shows it as text, a
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
+from ..choices import grpo_config_changes
 from ..detectors.findings import SEVERITIES, Finding
 from ..pitfalls import PITFALLS
 from .chain import order
@@ -46,6 +48,36 @@ def fix_of(f: Finding, uses_vllm: bool) -> str:
     """The fix shown for a finding: none for a symptom (fix its causes) or an absent one; vLLM's settings only
     for a run that sampled with vLLM."""
     return "" if f.symptom_of or f.severity == "absent" else PITFALLS[f.id].fix_for(uses_vllm)
+
+
+def applied_fix(f: Finding) -> tuple[tuple[str, object], ...]:
+    """The config changes the doctor fixed a finding with, as StepConfig fields: those its horizon followed, else
+    those the differential fixed it with, else its flip's switch (not one refused, nor one that takes the gradient
+    away); () where it applied none."""
+    if f.learning and f.learning.get("changes"):
+        return tuple(f.learning["changes"].items())
+    if f.fixed_with:
+        return f.fixed_with
+    e = f.effect
+    if e and "error" not in e and not e.get("removes_gradient"):
+        return tuple(e["toggle"].items())
+    return ()
+
+
+def _python(value) -> str:
+    if isinstance(value, float):
+        return repr(float(f"{value:.6g}"))  # a scaled rate reads 1e-06, not 1.0000000000000002e-06
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def config_fix(f: Finding, uses_vllm: bool) -> str:
+    """The fix the doctor applied as the user writes it, `GRPOConfig(..., max_completion_length=64)`; "" where
+    it applied none, the finding has no fix of its own (`fix_of`), or the fix is no GRPOConfig setting (a trainer
+    class, a reward function: its words say it)."""
+    changes = grpo_config_changes(dict(applied_fix(f))) if fix_of(f, uses_vllm) else None
+    if not changes:
+        return ""
+    return "GRPOConfig(..., " + ", ".join(f"{k}={_python(v)}" for k, v in changes.items()) + ")"
 
 
 def _finding_json(f: Finding, uses_vllm: bool) -> dict:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 
 from ..detectors.findings import Finding
 from ..doctor.present import flip_name, flip_verdict, horizon_line
-from ..doctor.report import Report, fix_of
+from ..doctor.report import Report, config_fix, fix_of
 from ..pitfalls import PITFALLS
 from ..show.text import page_text as _h
 from .report_figures import carded, evidence_figure, fix_words, horizon_arms
@@ -71,7 +71,8 @@ def did(f: Finding) -> str:
 
 
 def verdict(report: Report) -> str:
-    """The report in one sentence: the first cause, its fix and what the fix did; or that no cause was found."""
+    """The report in one sentence: the first cause, its fix (in the run's GRPOConfig where the doctor applied one
+    there, `config_fix`) and what the fix did; or that no cause was found."""
     causes = report.causes("warning")
     if not causes:
         worth = sum(not f.symptom_of for f in report.present("info"))
@@ -81,7 +82,7 @@ def verdict(report: Report) -> str:
         )
     f = causes[0]
     more = f" ({len(causes) - 1} more cause{'s' if len(causes) > 2 else ''} below)" if len(causes) > 1 else ""
-    fix = fix_of(f, report.uses_vllm) or "no fix of its own"
+    fix = config_fix(f, report.uses_vllm) or fix_of(f, report.uses_vllm) or "no fix of its own"
     return f"First cause: {f.id} ({f.severity}), {PITFALLS[f.id].title}. Fix: {fix}. What the fix did: {did(f)}.{more}"
 
 
@@ -157,9 +158,11 @@ def card(k: int, f: Finding, report: Report) -> str:
         f"<div class='card {f.severity}' id='{_h(f.id)}'><span class='sev'>{k}. {f.severity}</span> <b>{_h(f.id)}</b>: "
         f"{_h(p.title)}<br>{_h(f.summary)}"
     ]
-    fix = fix_of(f, report.uses_vllm)
+    fix, in_config = fix_of(f, report.uses_vllm), config_fix(f, report.uses_vllm)
+    if in_config:
+        parts.append(f"<br>fix in your config: <code>{_h(in_config)}</code>")
     if fix:
-        parts.append(f"<br>fix: <code>{_h(fix)}</code>")
+        parts.append(f"<br>{'in general' if in_config else 'fix'}: <code>{_h(fix)}</code>")
     if f.clears:
         parts.append(f"<br>fixing it ({_h(fix_words(f))} on this step) also clears: {_h(', '.join(f.clears))}")
     if report.exhibits is not None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
+from ..choices import grpo_config_changes
 from ..detectors.findings import LOUD, Finding
+from ..doctor.report import applied_fix
 from ..show.text import visible
 from ..stats import seed_interval
 from .plots import _done
@@ -136,6 +139,8 @@ def horizon_arms(learning: dict, fix: str, level: float = 0.95, title: str | Non
             _band(right, learning["kl_by_seed"][key], colour, label, level)
     left.set(xlabel="step of the horizon", ylabel="batch reward")
     right.set(xlabel="step of the horizon", ylabel="KL to the start (nats/token)")
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps 1..K, not 1.2 or 1.4
     d = learning["difference"]
     said = f"{d['mean']:+.3g} [{d['ci_low']:+.3g}, {d['ci_high']:+.3g}]" if d["ci_low"] is not None else "no interval"
     measured = learning.get("measured", "batch reward of steps 2..K")
@@ -173,9 +178,10 @@ def carded(report) -> list[Finding]:
 
 
 def fix_words(f: Finding) -> str:
-    """The fix a horizon followed, as config changes (`position_ids=True`)."""
-    changes = f.fixed_with or tuple((f.effect or {}).get("toggle", {}).items())
-    return ", ".join(f"{k}={v}" for k, v in changes) or "the fix"
+    """The fix the doctor applied (the one its horizon followed), as config changes: in GRPOConfig's names where it
+    is a GRPOConfig setting (`max_completion_length=32`), else the engine's (`position_ids=True`)."""
+    changes = dict(applied_fix(f))
+    return ", ".join(f"{k}={v}" for k, v in (grpo_config_changes(changes) or changes).items()) or "the fix"
 
 
 def figures_of(report) -> dict:
