@@ -147,7 +147,7 @@ def compare(as_run: list[Continuation], fixed: list[Continuation], level: float 
 
     differences = torch.tensor([earned(f) - earned(r) for r, f in zip(as_run, fixed)])
     interval = seed_interval(differences, level)
-    measured = "batch reward of steps 2..K" if alike else "reward after the K steps, sampled as the run samples,"
+    measured = "batch reward of steps 2..K" if alike else "reward after the K steps (sampled as the run samples)"
 
     def mean(values) -> float:
         values = list(values)

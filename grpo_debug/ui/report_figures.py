@@ -144,7 +144,7 @@ def horizon_arms(learning: dict, fix: str, level: float = 0.95, title: str | Non
     d = learning["difference"]
     said = f"{d['mean']:+.3g} [{d['ci_low']:+.3g}, {d['ci_high']:+.3g}]" if d["ci_low"] is not None else "no interval"
     measured = learning.get("measured", "batch reward of steps 2..K")
-    fig.suptitle(title or f"{len(learning['seeds'])} seeds: {measured} fix - run {said}", fontsize=10)
+    fig.suptitle(title or f"{len(learning['seeds'])} seeds, {measured}: fix - run {said}", fontsize=10)
     return _done(fig, legend_from=left)
 
 
