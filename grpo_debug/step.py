@@ -95,7 +95,7 @@ class GRPOStep:
         device: str | None = None,
         weights_dtype: str | None = None,
     ):
-        """`capture` (a `capture.reading.Capture`) and its `rollout`: a step opened from a TRL run
+        """`capture` (a `capture.captured.Capture`) and its `rollout`: a step opened from a TRL run
         (`grpo_debug.capture.open_capture`). `at_reference`: the
         policy's starting weights are the reference's (False once trained). `update_phase(step, run)`: the
         update phase as the run that was captured took it (`capture.replay.captured_update`: the trainer's

@@ -40,7 +40,7 @@ def test_without_the_model_the_capture_answers_what_it_can_and_agrees_with_the_f
         raise AssertionError("--no-model loaded a model")
 
     monkeypatch.setattr("grpo_debug.model.load_model", no_model)
-    monkeypatch.setattr("grpo_debug.capture.reading.load_model", no_model)
+    monkeypatch.setattr("grpo_debug.capture.captured_inputs.load_model", no_model)
     report = diagnose_without_model(capture)
     ran = {f.id: f for f in report.findings}
     assert set(ran) == set(WITHOUT_MODEL), f"ran {sorted(ran)}, not the detectors a capture answers"

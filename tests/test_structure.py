@@ -108,6 +108,18 @@ def test_no_function_over_60_lines():
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
 
 
+MAX_CAPTURE_FILE_LINES = 500  # the capture wing, a room per idea: recorded, written, read back, checked
+
+
+def test_no_file_of_the_capture_wing_over_500_lines():
+    too_long = {
+        p.name: n
+        for p in (PACKAGE / "capture").glob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_CAPTURE_FILE_LINES
+    }
+    assert not too_long, f"grpo_debug/capture files over {MAX_CAPTURE_FILE_LINES} lines: {too_long}"
+
+
 def test_the_bug_reports_are_named_by_their_claims_not_as_seeds():
     pattern = re.compile(r"\bseeds? 00\d|\bseed-00\d", re.IGNORECASE)
     places = [

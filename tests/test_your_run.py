@@ -467,7 +467,8 @@ def test_a_default_config_is_opened_with_the_values_the_trainer_resolved(tmp_pat
     from user_train import REWARD_FUNCS
 
     from grpo_debug.capture import CaptureCallback
-    from grpo_debug.capture.reading import config_from_capture, load_capture
+    from grpo_debug.capture.captured_config import config_from_capture
+    from grpo_debug.capture.reading import load_capture
 
     build_tiny_model(tmp_path / "model")
     args = GRPOConfig(

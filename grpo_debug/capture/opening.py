@@ -14,7 +14,10 @@ from ..config import StepConfig, rollout_fields_refused
 from ..model import mixed_halves_problem, pick_device, pick_dtype
 from ..step import GRPOStep
 from ..task import register_task
-from .reading import captured_models, captured_rollout, captured_task, config_from_capture, load_capture
+from .captured_config import config_from_capture
+from .captured_inputs import captured_models, captured_rollout
+from .captured_task import captured_task
+from .reading import load_capture
 from .replay import captured_update
 from .saved_weights import saved_start
 

@@ -17,9 +17,10 @@ from ..show.metrics import metrics
 from ..specs import loss_spec_of, optimization_of, scoring_of
 from ..update import Iteration, StepResult, new_optimizer
 from . import optimizer_state
+from .captured import Capture, CaptureError
+from .captured_config import config_from_capture
 from .lora import is_adapter_model
 from .optimizer_schema import state_note
-from .reading import Capture, CaptureError, config_from_capture
 from .trl_step import RankSchedule, checkpointing_of, trl_step
 
 COMPARED = (
@@ -223,7 +224,7 @@ def trainer_update(step, run) -> TrainerUpdate:
 def rank_schedules(capture: Capture) -> list[RankSchedule]:
     """The captured step's micro-batches process by process (`trl_step.RankSchedule`): one process's from
     `schedule.micro_batches` and `rng_states` (M, S); several processes' from `schedule.ranks` and
-    `rng_states` (P, M, S), each at its own widths. The capture was checked when read (`reading`)."""
+    `rng_states` (P, M, S), each at its own widths. The capture was checked when read (`checking`)."""
     schedule, states = capture.schedule, capture.batch.get("rng_states")
     if "ranks" not in schedule:
         micro = tuple(tuple(mb["rows"]) for mb in schedule["micro_batches"])

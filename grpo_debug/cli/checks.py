@@ -228,7 +228,7 @@ _MISSING = object()
 
 
 def _imported(task: str, file: str):
-    """The user's file run as a module (as reading.reward_functions runs it); what it raises, said in one line."""
+    """The user's file run as a module (as captured_task.reward_functions runs it); what it raises, said in one line."""
     from ..task import import_user_file
 
     return import_user_file(file, f"--task {task}")

@@ -57,7 +57,7 @@ def samples_anew(step: GRPOStep, changes: dict) -> bool:
 def take_trainers_optimizer(step: GRPOStep, cfg: StepConfig) -> None:
     """Inside `step.trial()`: the next update of new completions on a capture is the engine's, stepping the trainer's
     optimizer as captured (the replay of the trainer's update takes its own micro-batches, not new ones)."""
-    from ..capture.reading import config_from_capture
+    from ..capture.captured_config import config_from_capture
     from ..capture.replay import starting_optimizer
 
     step.optimizer = starting_optimizer(step.capture, step.policy, cfg, config_from_capture(step.capture))[0]

@@ -21,8 +21,11 @@ from pathlib import Path
 import torch
 
 from ..advantages import advantages_of
+from ..capture.captured_config import config_from_capture
+from ..capture.captured_inputs import captured_rollout
+from ..capture.captured_task import captured_task
 from ..capture.lora import ADAPTER_CONFIG
-from ..capture.reading import captured_rollout, captured_task, config_from_capture, load_capture
+from ..capture.reading import load_capture
 from ..detectors.detectors import DETECTORS
 from ..detectors.findings import Finding, StepFacts
 from ..detectors.logprob_detectors import dropout

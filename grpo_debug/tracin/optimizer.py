@@ -91,7 +91,7 @@ def trainer_adam_state(step, cfg=None) -> AdamState | None:
     parameters, for `first_order.scores_for(..., "adam_trainer", trainer=...)`; None where the capture holds no
     optimizer the replay rebuilds (then only the fresh and batch-warmed states exist)."""
     from ..capture import optimizer_state
-    from ..capture.reading import config_from_capture
+    from ..capture.captured_config import config_from_capture
     from ..capture.replay import starting_optimizer
 
     capture = step.capture
