@@ -210,7 +210,8 @@ def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(r
     dropout = next(f for f in findings if f["id"] == "dropout")
     assert dropout["severity"] == "warning" and "attention_dropout" in dropout["summary"], dropout
     assert dropout["evidence"]["max_logp_gap"] > 0, "two train-mode scorings gave the same log-probs"
-    assert "dropout" in done.stdout and "<div class='finding" in page.read_text()
+    assert "dropout" in done.stdout, done.stdout
+    assert "<div class='card warning' id='dropout'>" in page.read_text(), "the page has no card for the dropout cause"
 
 
 @pytest.mark.slow  # `make test-slow`: the planted runs
