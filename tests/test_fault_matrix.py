@@ -192,9 +192,9 @@ def test_bidi_controls_and_nul_never_reach_a_page_raw(tmp_path):
     """A finding, a reward name or a trigger holding U+202E or NUL: the doctor's and the timeline's pages show
     their escapes (`\\u202e`, `\\x00`), as the token page does."""
     from grpo_debug.doctor import Finding, Report
-    from grpo_debug.ui.doctor_page import page as doctor_page
     from grpo_debug.show.timeline import page as timeline_page
     from grpo_debug.show.timeline import read_run
+    from grpo_debug.ui.doctor_page import page as doctor_page
 
     hostile = "gpj.\u202eexe\x00"
     report = Report((Finding("truncation", "warning", hostile),), {}, 0.0)
