@@ -11,7 +11,7 @@ import torch
 
 from grpo_debug.config import StepConfig
 from grpo_debug.doctor import diagnose
-from grpo_debug.doctor.horizon import compare, continuations
+from grpo_debug.doctor.horizon import compare, continuations, continue_step
 from grpo_debug.doctor.present import text
 from grpo_debug.step import GRPOStep
 
@@ -135,3 +135,7 @@ def test_a_fix_that_samples_otherwise_is_read_where_both_arms_sample_alike(step)
     assert "sampled as the run samples" in effect["verdict"], effect["verdict"]
     kept = compare(as_run, continuations(step, {"kl_estimator": "k1"}, steps=2, seeds=[0, 1]))
     assert kept["measured"] == "batch reward of steps 2..K", f"a fix that samples alike is read otherwise: {kept}"
+    unread = [continue_step(step, {}, 2, s, end_reward=False) for s in (0, 1)]
+    assert all(c.end_reward is None for c in unread), "a continuation sampled an end batch it was not asked for"
+    with pytest.raises(AssertionError, match="end_reward=True"):
+        compare(unread, hotter)

@@ -10,7 +10,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from ..config import StepConfig
+from ..config import StepConfig, changes_sampling
 from ..detectors.findings import LOUD, SEVERITIES, Finding
 from ..horizon_bounds import horizon_problem
 from ..pitfalls import PITFALLS
@@ -113,8 +113,9 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
     if not causes:
         return findings, {"steps": 0, "why": "no cause with a fix on this step to follow"}
     causes.sort(key=lambda f: (chained.index(f.id) if f.id in chained else len(chained), SEVERITIES.index(f.severity)))
+    read_end = any(changes_sampling(fixes[f.id]) for f in causes)  # an arm that samples otherwise: `compare`
     t0 = time.perf_counter()
-    timed = continue_step(step, {}, min(steps, 2), 0)
+    timed = continue_step(step, {}, min(steps, 2), 0, read_end)
     per_step = (time.perf_counter() - t0) / min(steps, 2)
     plan = fit(budget, per_step, len(causes), steps, seeds)
     kept, seeds, steps = causes[: plan["causes"]], plan["seeds"], plan["steps"]
@@ -129,7 +130,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
             out = []
             for s in runs:
                 out.append(timed if not changes and s == 0 and steps == len(timed.rewards) else
-                           continue_step(step, changes, steps, s))  # fmt: skip
+                           continue_step(step, changes, steps, s, read_end))  # fmt: skip
                 bar.update(1)
             return out
 

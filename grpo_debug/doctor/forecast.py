@@ -40,12 +40,12 @@ def forecast_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
         if not grown_only(f):
             out.append(f)
             continue
-        if step.capture is not None and step.stored_rewards:
+        if step.stored_rewards:
             said = "; a forecast from the logged kl alone: pass --task to continue the run and measure it"
             out.append(dataclasses.replace(f, severity="info", summary=f.summary + said))
             continue
         steps = max(1, min(KL_GROWTH_STEPS, math.ceil(f.evidence["steps_to_problem"])))
-        moved = continue_step(step, {}, steps, 0).kl_to_start
+        moved = continue_step(step, {}, steps, 0, end_reward=False).kl_to_start
         evidence = {**f.evidence, "continued_steps": steps, "continued_kl": moved}
         said = f"; continued as it stands for {steps} steps, the policy moved {moved:.3g} nats per token"
         if math.isfinite(moved) and moved < KL_BLOWUP_WARNING:

@@ -63,9 +63,10 @@ def take_trainers_optimizer(step: GRPOStep, cfg: StepConfig) -> None:
     step.optimizer = starting_optimizer(step.capture, step.policy, cfg, config_from_capture(step.capture))[0]
 
 
-def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Continuation:
+def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int, end_reward: bool = True) -> Continuation:
     """The step with `changes` (a change of how it samples: its first step sampled anew too), then steps - 1 more
-    sampled at seeds derived from `seed`; the step is left as it was."""
+    sampled at seeds derived from `seed`; the step is left as it was. `end_reward`: also sample one batch from the
+    policy left, as the run samples (what `compare` reads where an arm samples otherwise; one rollout more)."""
     start_state = step.initial_state
     cfg = step.cfg.replace(**changes)
     anew = samples_anew(step, changes)
@@ -91,7 +92,7 @@ def continue_step(step: GRPOStep, changes: dict, steps: int, seed: int) -> Conti
             norms.append(run.update.update_norm)
             moved.append(_scored(step, first))
             step.advance()
-        end = _reward_as_run_samples(step, _seed(seed, steps))
+        end = _reward_as_run_samples(step, _seed(seed, steps)) if end_reward else None
         kl = _kl_to_start(step, first, start_state, moved)
     return Continuation(seed, tuple(rewards), tuple(norms), kl[-1], tuple(kl), end, not changes_sampling(changes))
 
@@ -141,9 +142,12 @@ def compare(as_run: list[Continuation], fixed: list[Continuation], level: float 
     by the sampling itself: a colder temperature earns more from the same weights)."""
     assert [c.seed for c in as_run] == [c.seed for c in fixed], "the arms are paired by seed"
     alike = all(c.sampled_as_run for c in (*as_run, *fixed))
+    assert alike or all(c.end_reward is not None for c in (*as_run, *fixed)), (
+        "an arm samples otherwise, so both are read on the policy each left: continue them with end_reward=True"
+    )
 
     def earned(c: Continuation) -> float:
-        return c.learning if alike or c.end_reward is None else c.end_reward
+        return c.learning if alike else c.end_reward
 
     differences = torch.tensor([earned(f) - earned(r) for r, f in zip(as_run, fixed)])
     interval = seed_interval(differences, level)
