@@ -4,7 +4,6 @@ cosine schedule, weight decay), the replayed update of step 3 lands on step 4's 
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from arithmetic_task import build_tiny_qwen2  # noqa: E402
+from tiny_capture import qwen2_user, user_train_run  # noqa: E402
 
 from grpo_debug.cli.commands import main  # noqa: E402
 
@@ -23,19 +22,8 @@ SCHEDULE = {"learning_rate": 1e-3, "warmup_steps": 0.1, "weight_decay": 0.01, "l
 @pytest.fixture(scope="module")
 def captures(tmp_path_factory) -> Path:
     """A user's run of 4 steps on a tiny Qwen2, steps 2, 3 and 4 captured."""
-    folder = tmp_path_factory.mktemp("user")
-    build_tiny_qwen2(folder / "my-model")
-    shutil.copy(TESTS / "user_train.py", folder / "user_train.py")
     changes = {**SCHEDULE, "max_steps": 4, "capture": [2, 3, 4]}
-    done = subprocess.run(
-        [sys.executable, "user_train.py", "run", "1", json.dumps(changes)],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"the user's run failed:\n{done.stderr[-3000:]}"
-    return folder / "run" / "captures"
+    return user_train_run(qwen2_user(tmp_path_factory.mktemp("user")), "run", changes)
 
 
 def refusal(capsys, *argv) -> str:

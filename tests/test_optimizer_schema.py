@@ -9,7 +9,6 @@ before the model loads, and a long command-line value is echoed cut to 200 chara
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from arithmetic_task import build_tiny_qwen2  # noqa: E402
+from tiny_capture import qwen2_user, user_train_run  # noqa: E402
 
 from grpo_debug.capture.checksums import write_checksums  # noqa: E402
 from grpo_debug.cli.commands import main  # noqa: E402
@@ -31,18 +30,7 @@ RUN = {"capture": [2, 3], "max_steps": 3, "learning_rate": 1e-3, "weight_decay":
 @pytest.fixture(scope="module")
 def captures(tmp_path_factory) -> Path:
     """A user's 3-step run (user_train.py), steps 2 and 3 captured: AdamW, two groups, state from step 1."""
-    user = tmp_path_factory.mktemp("user")
-    build_tiny_qwen2(user / "my-model")
-    shutil.copy(TESTS / "user_train.py", user / "user_train.py")
-    done = subprocess.run(
-        [sys.executable, "user_train.py", "run", "1", json.dumps(RUN)],
-        cwd=user,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return user / "run" / "captures"
+    return user_train_run(qwen2_user(tmp_path_factory.mktemp("user")), "run", RUN)
 
 
 def damaged(captures: Path, tmp_path: Path, meta=None, tensors=None) -> Path:

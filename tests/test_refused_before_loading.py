@@ -14,7 +14,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from arithmetic_task import build_tiny_llama  # noqa: E402
+from tiny_capture import captured_step  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 BOUND_SECONDS = 15.0  # measured 0.1-0.2 s; CI machines are slow, and this is a bound, not a benchmark
@@ -27,28 +27,10 @@ PROBE = (
 )
 
 
-def digits(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory) -> Path:
     """A user's one-step run of a tiny Llama (a plain GRPOConfig), its step captured."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from grpo_debug.capture import CaptureCallback
-
-    user = tmp_path_factory.mktemp("user")
-    build_tiny_llama(user / "my-llama")
-    args = GRPOConfig(output_dir=str(user / "out"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, max_steps=1, report_to="none", use_cpu=True)  # fmt: skip
-    prompts = [f"What is {a}+{b}? " for a, b in [(1, 2), (3, 4)]]
-    trainer = GRPOTrainer(model=str(user / "my-llama"), reward_funcs=[digits], args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}))  # fmt: skip
-    trainer.add_callback(CaptureCallback(user / "captures", steps=[1]))
-    trainer.train()
-    return user / "captures" / "step-1"
+    return captured_step(tmp_path_factory.mktemp("user"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ cosine schedule, two micro-batches per optimizer step and two passes, on a tiny 
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from arithmetic_task import build_tiny_qwen2  # noqa: E402
+from tiny_capture import qwen2_user, user_train_run  # noqa: E402
 
 from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.capture.checksums import write_checksums  # noqa: E402
@@ -43,23 +42,12 @@ def task_of(captures: Path) -> str:
 
 
 def user_run(folder: Path, name: str, **changes) -> Path:
-    done = subprocess.run(
-        [sys.executable, "user_train.py", name, "1", json.dumps({**SCHEDULE, **changes})],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"the user's run {name} failed:\n{done.stderr[-3000:]}"
-    return folder / name / "captures"
+    return user_train_run(folder, name, {**SCHEDULE, **changes})
 
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("user")
-    build_tiny_qwen2(folder / "my-model")
-    shutil.copy(TESTS / "user_train.py", folder / "user_train.py")
-    return folder
+    return qwen2_user(tmp_path_factory.mktemp("user"))
 
 
 @pytest.fixture(scope="module")

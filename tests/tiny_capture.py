@@ -1,15 +1,20 @@
 """A user's one-step TRL run of a tiny Llama (a plain GRPOConfig, a reward function of their own), its step
-captured by CaptureCallback: the capture the CLI tests of tests/test_user_code_bounds.py and
-tests/test_outputs_written.py run commands on. The recorder's lock is let go at train end (`folder_lock`)."""
+captured by CaptureCallback: the capture the CLI tests of tests/test_user_code_bounds.py,
+tests/test_outputs_written.py and tests/test_refused_before_loading.py run commands on. The recorder's lock is let
+go at train end (`folder_lock`). And the user's script tests/user_train.py run in a folder of its own beside a tiny
+Qwen2 (`qwen2_user`, `user_train_run`), as the tests of the trainer's update, the landing and the optimizer's
+schema run it."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from arithmetic_task import build_tiny_llama
+from arithmetic_task import build_tiny_llama, build_tiny_qwen2
 
 from grpo_debug.capture.folder_lock import LOCK_FILE
 
@@ -49,3 +54,24 @@ def grpo_debug(*arguments, cwd: Path, timeout: float = 120) -> subprocess.Comple
         timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
     )
+
+
+def qwen2_user(folder: Path) -> Path:
+    """`folder` with a tiny Qwen2 in my-model/ and the user's script user_train.py beside it."""
+    build_tiny_qwen2(folder / "my-model")
+    shutil.copy(TESTS / "user_train.py", folder / "user_train.py")
+    return folder
+
+
+def user_train_run(folder: Path, name: str, changes: dict) -> Path:
+    """`python user_train.py NAME 1 CHANGES` in a `qwen2_user` folder (GRPOConfig's defaults with `changes`): the
+    run's captures folder."""
+    done = subprocess.run(
+        [sys.executable, "user_train.py", name, "1", json.dumps(changes)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"the user's run {name} failed:\n{done.stderr[-3000:]}"
+    return folder / name / "captures"
