@@ -234,6 +234,18 @@ def _jupyterlab(tmp_path: Path, root: Path):
                 pass
 
 
+def _doctor_page_seen(path: Path, js: str, shot_name: str):
+    """The doctor's page opened at 1280 x 800 once its verdict is drawn: what `js` reads of it, a full-page
+    screenshot kept as ARTIFACTS/shot_name, the requests it made and its errors."""
+    with _standalone_page(path, {"width": 1280, "height": 800}) as (page, requests, errors):
+        page.wait_for_selector("#verdict", timeout=30_000)
+        seen = page.evaluate(js)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / shot_name
+        page.screenshot(path=str(shot), full_page=True)
+    return seen, shot, requests, errors
+
+
 def _sync_playwright():
     try:
         from playwright.sync_api import sync_playwright
@@ -581,12 +593,7 @@ def test_the_doctor_page_shows_its_verdict_chain_and_evidence_in_a_real_browser(
         timeout=600,
     )
     assert made.returncode == 0, made.stderr
-    with _standalone_page(path, {"width": 1280, "height": 800}) as (page, requests, errors):
-        page.wait_for_selector("#verdict", timeout=30_000)
-        seen = page.evaluate(DOCTOR_PAGE_JS)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "browser_doctor_page.png"
-        page.screenshot(path=str(shot), full_page=True)
+    seen, shot, requests, errors = _doctor_page_seen(path, DOCTOR_PAGE_JS, "browser_doctor_page.png")
     print(f"screenshot: {shot}; page {seen['height']} px high; cards {[c['id'] for c in seen['cards']]}")
     assert not errors, errors
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
@@ -646,12 +653,7 @@ def test_a_captures_doctor_page_with_its_task_and_horizon_in_a_real_browser(tmp_
     made = grpo_debug("doctor", capture, "--task", "user_train.py:digits", "--horizon", "2", "--horizon-seeds", "2",
                       "--html", path, cwd=tmp_path, timeout=300)  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
-    with _standalone_page(path, {"width": 1280, "height": 800}) as (page, requests, errors):
-        page.wait_for_selector("#verdict", timeout=30_000)
-        seen = page.evaluate(CAPTURE_PAGE_JS)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "browser_doctor_capture_page.png"
-        page.screenshot(path=str(shot), full_page=True)
+    seen, shot, requests, errors = _doctor_page_seen(path, CAPTURE_PAGE_JS, "browser_doctor_capture_page.png")
     print(f"screenshot: {shot}; verdict: {seen['verdict']}")
     assert not errors, errors
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
