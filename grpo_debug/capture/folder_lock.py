@@ -37,6 +37,7 @@ from pathlib import Path
 
 LOCK_FILE = ".grpo-debug.lock"
 TRIES = 5  # a releaser removing the file between our open and our lock: try the new file
+RECORD_WAIT = 0.5  # seconds a refusal waits for the holder's record (written right after its lock is taken)
 
 
 class FolderInUse(ValueError):
@@ -81,9 +82,10 @@ def take(folder: str | Path, who: str) -> FolderLock | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            holder = _read(fd)
+            held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+            holder = _holder(fd) if held else {}
             os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if not held:
                 warnings.warn(f"{who}: no lock taken on {folder} ({e.strerror or e}): another run could write there "
                               "too", stacklevel=3)  # fmt: skip
                 return None
@@ -135,6 +137,17 @@ def _read(fd: int) -> dict:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _holder(fd: int) -> dict:
+    """The record of the lock's holder, waited for up to RECORD_WAIT seconds where it is still empty: a holder writes
+    it right after it takes the lock, so two runs started at once would otherwise meet a file that names no one."""
+    deadline = time.monotonic() + RECORD_WAIT
+    record = _read(fd)
+    while not record and time.monotonic() < deadline:
+        time.sleep(0.01)
+        record = _read(fd)
+    return record
 
 
 def _write(fd: int, record: dict) -> None:
