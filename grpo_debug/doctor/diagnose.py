@@ -25,6 +25,7 @@ from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
+from .resampled import signal_tested
 
 
 def diagnose(
@@ -58,7 +59,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
     base = facts.run
-    findings = forecast_tested(step, detect(facts))
+    findings = signal_tested(step, forecast_tested(step, detect(facts)))
     chained: list[str] = []
     fixes: dict[str, dict] = {}
     if flip and delta is not None:

@@ -1,0 +1,111 @@
+"""Whether a step's groups without signal are the run's or this draw's. One batch of a few prompts is one draw: at
+G = 7 and three prompts, two groups of equal rewards are often chance. The share the run meets is measured by
+sampling the step's prompts anew from its weights with the user's reward functions, at twice the group size: each
+group of 2G splits into two groups of G, independent draws as the run samples, and is one group of the fix (double
+num_generations) besides. Severity comes from what the fix measurably gives:
+
+    recovered = share without signal at G - share without signal at 2G       (the same draws, paired)
+
+a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more, or where the run meets half
+its groups without signal or more (NO_SIGNAL_WARNING, the detector's level, now on the run's share, not the draw's);
+a problem where it meets almost none with signal; else info: the draw's share was chance.
+
+    findings = signal_tested(step, findings)
+
+Without reward functions for new completions (a capture's stored rewards) nothing can be resampled: the finding
+stays as the one draw says, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..advantages import summarize_advantages
+from ..detectors.detectors import NO_SIGNAL_WARNING
+from ..detectors.findings import Finding
+from ..step import GRPOStep, StepRun
+
+RESAMPLED_GROUPS = 96  # groups of 2G sampled in all: the recovered share to about +-0.05
+MIN_DRAWS, MAX_DRAWS = 4, 16
+RECOVERED_WARNING = 0.25  # G = 2 on a yes/no reward at pass rate p recovers pq(1 + p^2 + q^2): 0.27 to 0.375 for p
+# in 0.2..0.8; G = 4 at p = 0.5 recovers 0.117
+NO_SIGNAL_PROBLEM = 0.95  # the run's groups nearly all without a gradient, whatever this draw held
+SEED_OFFSET = 7919  # resamples never share the step's own seed
+
+
+def groups_without_signal(rewards: torch.Tensor, G: int) -> torch.Tensor:
+    """(N,) rewards in groups of G -> (N // G,) bool: a group whose advantages are all 0, as the detector counts it
+    (TRL's isclose(std, 0), or equal rewards whose mean float32 rounds)."""
+    adv = summarize_advantages(rewards, G)
+    out = torch.zeros(rewards.numel() // G, dtype=torch.bool)
+    out[adv.zero_std_groups + adv.rounding_std_groups] = True
+    return out
+
+
+def halves_and_whole(rewards: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B * 2G,) rewards sampled in groups of 2G -> ((B, 2) without signal as two groups of G each, (B,) as one group
+    of 2G): the run's group size and the fix's, on the same completions."""
+    return groups_without_signal(rewards, G).view(-1, 2), groups_without_signal(rewards, 2 * G)
+
+
+def draws_for(groups: int) -> int:
+    """How many batches to sample for RESAMPLED_GROUPS groups: a step of few prompts draws more (fixed by the
+    batch's size alone: same step, same numbers)."""
+    return max(MIN_DRAWS, min(MAX_DRAWS, math.ceil(RESAMPLED_GROUPS / max(groups, 1))))
+
+
+def resampled_signal(step: GRPOStep, draws: int) -> dict:
+    """The step's prompts sampled `draws` times at 2G from its weights (seeds SEED_OFFSET + k past the step's), the
+    user's reward functions scoring them: {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}. The
+    caller's random state and the step are left as they were."""
+    cfg = step.cfg
+    G = cfg.num_generations
+    halves, wholes = [], []
+    device = next(step.policy.parameters()).device
+    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        for k in range(draws):
+            anew = cfg.replace(num_generations=2 * G, seed=cfg.seed + SEED_OFFSET + k)
+            run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
+            h, w = halves_and_whole(run.rewards.total.float().cpu(), G)
+            halves.append(h)
+            wholes.append(w)
+    h, w = torch.cat(halves).float(), torch.cat(wholes).float()
+    at_G, at_2G = h.mean().item(), w.mean().item()
+    return {"share_at_G": at_G, "share_at_2G": at_2G, "recovered": at_G - at_2G, "draws": draws, "groups": len(w)}
+
+
+def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
+    """(severity, what the resample says) from `resampled_signal`'s measurement and the severity the step's own
+    draw gave (`drawn`): the run's share decides whether the finding is the run's or the draw's chance."""
+    at_G, at_2G, recovered = measured["share_at_G"], measured["share_at_2G"], measured["recovered"]
+    said = (f"; resampled {measured['groups']} groups at 2G: {at_G:.0%} of groups of G without signal, "
+            f"{at_2G:.0%} at 2G: doubling num_generations gives {recovered:.0%} of the groups a gradient")  # fmt: skip
+    if at_G >= NO_SIGNAL_PROBLEM or (drawn == "problem" and at_G >= NO_SIGNAL_WARNING):
+        return "problem", said + ": the run meets almost no group with a gradient"
+    if recovered >= RECOVERED_WARNING:
+        return "warning", said
+    if at_G >= NO_SIGNAL_WARNING:  # equal rewards whatever is drawn, and more samples do not help
+        return (
+            "warning",
+            said + " (prompts always or never solved, or completions alike: a cause above, or filter them)",
+        )
+    return "info", said + ": the share of this draw is chance"
+
+
+def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
+    """zero_std_groups, where present and new completions can be scored, with its severity from the resample."""
+    out = []
+    for f in findings:
+        if f.id != "zero_std_groups" or f.severity == "absent":
+            out.append(f)
+        elif step.stored_rewards:
+            out.append(dataclasses.replace(f, summary=f.summary + "; one draw (pass --task to resample the run's)"))
+        else:
+            measured = resampled_signal(step, draws_for(f.evidence["of_groups"]))
+            severity, said = severity_of(measured, f.severity)
+            evidence = {**f.evidence, "resampled": measured}
+            out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))
+    return out
