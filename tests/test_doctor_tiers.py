@@ -119,6 +119,23 @@ def test_none_rewards_for_a_quarter_of_the_completions_is_a_warning(facts):
         assert finding.severity == severity, f"{nones} of {n} None rewards: {finding.severity}, not {severity}"
 
 
+def test_a_few_none_rewards_that_come_and_go_with_whitespace_are_a_warning(facts):
+    """Below NONE_WARNING's share, a None is 'does not apply' unless the probe shows it moves with whitespace
+    appended, content kept: then the function reads the text's form, and the rows it drops are no design."""
+    from grpo_debug.detectors.probes import RewardProbe
+
+    n = len(facts.run.rewards.total)
+    values = torch.rand(n)
+    values[:1] = float("nan")
+    probe = RewardProbe("sometimes", 0.0, 0.0, 0.0, 0.0, 0.1, True, none_moved=0.5)
+    steady = dataclasses.replace(probe, none_moved=0.0)
+    for p, severity in ((probe, "warning"), (steady, "info")):
+        one = with_rewards(facts, {"sometimes": values})
+        finding = d.bad_reward(dataclasses.replace(one, reward_probes={"sometimes": p}))
+        assert finding.severity == severity, f"1 of {n} None, none_moved {p.none_moved}: {finding.severity}"
+        assert ("comes and goes with whitespace" in finding.summary) == (severity == "warning"), finding.summary
+
+
 def test_completions_no_function_scored_are_a_problem_only_when_all_are(facts):
     n = len(facts.run.rewards.total)
     everywhere = d.bad_reward(with_rewards(facts, {"never": torch.full((n,), float("nan"))}))

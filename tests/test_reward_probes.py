@@ -85,3 +85,20 @@ def test_a_reward_that_fails_on_a_changed_completion_is_no_evidence_and_no_crash
 
     found = probes(strict)["strict"]
     assert not found.paid_for_length and found.rise_padded == 0.0, f"a failing probe counted as evidence: {found}"
+
+
+def exact_or_none_by_parity(prompts, completions, **kwargs):
+    """exact where the completion's length is even, None where odd: a parity slip, not 'does not apply'."""
+    return [None if len(c) % 2 else r for c, r in zip(completions, exact(prompts, completions))]
+
+
+def exact_or_none_without_digits(prompts, completions, **kwargs):
+    """None where the completion holds no digit (it does not apply): whitespace cannot change that."""
+    return [r if any(ch.isdigit() for ch in c) else None for c, r in zip(completions, exact(prompts, completions))]
+
+
+def test_a_none_that_comes_and_goes_with_a_space_is_told_from_one_that_does_not_apply():
+    found = probes(exact_or_none_by_parity, exact_or_none_without_digits, exact)
+    assert found["exact_or_none_by_parity"].none_moved == 1.0, found["exact_or_none_by_parity"]
+    assert found["exact_or_none_without_digits"].none_moved == 0.0, found["exact_or_none_without_digits"]
+    assert found["exact"].none_moved == 0.0, found["exact"]

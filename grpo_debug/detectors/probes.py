@@ -5,6 +5,7 @@ that pays for correct answers that happen to be longer; changing the length alon
     probes = probe_rewards(task, prompts, completions, G)
     probes["closeness"].paid_for_length   # False: appending whitespace or repeating the last word did not raise it
     probes["always_one"].ignores_completion   # True: one value per prompt whatever the completion
+    probes["parsed_or_none"].none_moved       # 0.5: half the rows turned None or back with one space appended
 
 `prompts`: (N,) each completion's prompt; `completions`: (N,) texts, G consecutive ones per prompt. A function that
 raises or returns a non-number on a changed completion counts as not moved by that change (the step's own rewards
@@ -22,6 +23,7 @@ from ..rewards import call_reward
 from ..task import Task
 
 PAD = " " * 8  # eight spaces appended: the completion longer, its content the same
+SPACE = " "  # one space appended: the same content, its length's parity changed
 PAID_SHARE = 0.5  # a change that raises the reward of more than half the completions it scores...
 PAID_SPREAD = 0.1  # ...by at least a tenth of the function's within-group spread on average pays for length
 
@@ -39,6 +41,8 @@ class RewardProbe:
     varies_across_completions: bool | None  # some prompt got two values from different completions (own, another
     # group's, or its own changed); None: one value for every completion and change tried, so it cannot tell a
     # function that ignores the completion from one that nothing in this batch earns
+    none_moved: float = 0.0  # share of the completions whose reward turned None, or from None to a number, with
+    # whitespace appended (one space or PAD): content kept, so "does not apply" came from the text's form
 
     @property
     def paid_for_length(self) -> bool:
@@ -61,6 +65,7 @@ class RewardProbe:
             "spread": self.spread,
             "paid_for_length": self.paid_for_length,
             "ignores_completion": self.ignores_completion,
+            "none_moved": self.none_moved,
         }
 
 
@@ -96,6 +101,14 @@ def _moved(before: torch.Tensor, after: torch.Tensor) -> bool:
     return bool(((before - after).abs() > 1e-9).any() or (before.isnan() != after.isnan()).any())
 
 
+def _none_moved(own: torch.Tensor, *changed: torch.Tensor) -> float:
+    """Share of the completions whose None-ness differs between `own` and any of the `changed` scorings."""
+    moved = torch.zeros_like(own, dtype=torch.bool)
+    for c in changed:
+        moved |= own.isnan() != c.isnan()
+    return moved.float().mean().item()
+
+
 def _one_value(values: torch.Tensor) -> bool:
     seen = values[~values.isnan()]
     return len(seen) == 0 or (seen.max() - seen.min()).item() <= 1e-9
@@ -126,7 +139,8 @@ def _varies(own: torch.Tensor, borrowed: torch.Tensor, texts: list[str], G: int)
 
 def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int) -> dict[str, RewardProbe]:
     """Every reward function of `task` probed on the step's completions: with whitespace appended, with the last word
-    repeated, and each prompt paired with the next prompt's completions (does it read the completion at all?)."""
+    repeated, with one space appended (does a None come and go with the text's form?), and each prompt paired with
+    the next prompt's completions (does it read the completion at all?)."""
     n = len(completions)
     borrowed = [completions[(i + G) % n] for i in range(n)]
     texts = [t for k in range(n // G) for t in completions[k * G : (k + 1) * G] + borrowed[k * G : (k + 1) * G]]
@@ -135,6 +149,7 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
         own = _scored(func, name, prompts, completions)
         padded_scores = _scored(func, name, prompts, [padded(c) for c in completions])
         repeated_scores = _scored(func, name, prompts, [repeated(c) for c in completions])
+        spaced = _scored(func, name, prompts, [c + SPACE for c in completions])
         rise_p, raised_p = _rise(own, padded_scores)
         rise_r, raised_r = _rise(own, repeated_scores)
         varies = _varies(own, _scored(func, name, prompts, borrowed), texts, G)
@@ -142,5 +157,6 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
             varies = True  # the same completion changed scores otherwise: it reads the completion
         elif varies is False and _one_value(own):
             varies = None  # one value everywhere: ignoring the completion and nothing earning look alike
-        probes[name] = RewardProbe(name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies)
+        none_moved = _none_moved(own, padded_scores, spaced)
+        probes[name] = RewardProbe(name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies, none_moved)
     return probes
