@@ -120,6 +120,25 @@ def test_a_finding_that_began_after_another_with_no_fix_of_its_own_is_its_conseq
     assert from_the_start == {}, f"a level past its threshold from the first logged step has no onset: {from_the_start}"
 
 
+def test_a_problem_begins_where_its_value_reached_the_problems_level():
+    """A learning-rate blow-up's course (stranger tuning seed 38): half the groups without signal at step 1 (a draw
+    of five prompts), the KL at 1141 and every group without signal from step 2. Every group without signal began
+    with the jump, so as a problem it is the jump's consequence; at the warning's level it was there from the start."""
+    from grpo_debug.doctor.onsets import after_onsets, onsets_of
+
+    course = [
+        {"step": 1, "kl": 0.018, "frac_reward_zero_std": 0.6},
+        {"step": 2, "kl": 1140.8, "frac_reward_zero_std": 1.0},
+        {"step": 3, "kl": 5.0, "frac_reward_zero_std": 1.0},
+    ]
+    assert "zero_std_groups" not in onsets_of(course, None), "a warning's level crossed at the first logged step"
+    onsets = onsets_of(course, None, {"zero_std_groups": "problem", "update_size": "problem"})
+    assert onsets["zero_std_groups"] == 2 and onsets["update_size"] == 2, onsets
+    base = {"zero_std_groups": "problem", "update_size": "problem"}
+    marked = {f.id: f for f in after_onsets(planted(base), [], onsets)}
+    assert marked["zero_std_groups"].symptom_of == ("update_size",), marked["zero_std_groups"]
+
+
 def test_groups_without_signal_that_are_groups_of_one_text_follow_from_identical_groups():
     """Two of three groups hold six copies of one completion (sampled at temperature 0.1): any reward gives them one
     value, so the zero-std groups follow from identical_groups and are ranked after it, whatever the history says;

@@ -72,7 +72,11 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
             findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect))
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
-    findings = after_onsets(findings, chained, onsets_of(list(facts.logged_history), base.config.max_grad_norm))
+    findings = after_onsets(
+        findings,
+        chained,
+        onsets_of(list(facts.logged_history), base.config.max_grad_norm, {f.id: f.severity for f in findings}),
+    )
     step.restore_policy()
     followed = None
     if horizon > 0:

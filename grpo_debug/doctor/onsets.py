@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..detectors.detectors import CLIPPED_WARNING, KL_BLOWUP_WARNING, NO_SIGNAL_WARNING, TRUNCATED_WARNING
+from ..detectors.detectors import (
+    CLIPPED_WARNING,
+    KL_BLOWUP_WARNING,
+    NO_SIGNAL_WARNING,
+    TRUNCATED_PROBLEM,
+    TRUNCATED_WARNING,
+)
 from ..detectors.findings import Finding
 from .chain import loud
 
@@ -26,14 +32,21 @@ SIGNALS = {
     "zero_std_groups": ("frac_reward_zero_std", NO_SIGNAL_WARNING),
     "constant_reward": ("reward_std", -REWARD_STD_GONE),  # negative: the finding begins where the value falls to it
 }
+# a finding at problem begins where its value reached the problem's level: every group without signal from the step
+# the KL jumped, though a draw had half of them at the first step
+PROBLEM_LEVELS = {"zero_std_groups": 1.0, "truncation": TRUNCATED_PROBLEM}
 
 
-def onsets_of(history: list[dict], max_grad_norm: float | None) -> dict[str, int]:
+def onsets_of(history: list[dict], max_grad_norm: float | None, severities: dict[str, str] | None = None) -> dict:
     """{finding id: the first logged step whose value reached the finding's level}, for the findings that began after
-    the first logged step (one past its level from the start has no before to compare with)."""
+    the first logged step (one past its level from the start has no before to compare with). `severities` (finding id
+    -> severity): a problem's level is PROBLEM_LEVELS' where it has one, else every level is the warning's."""
     signals = dict(SIGNALS)
     if max_grad_norm:
         signals["grad_clipped"] = ("grad_norm", CLIPPED_WARNING * max_grad_norm)
+    for id, level in PROBLEM_LEVELS.items():
+        if (severities or {}).get(id) == "problem":
+            signals[id] = (signals[id][0], level)
     found = {}
     for id, (name, level) in signals.items():
         logged = [(h["step"], h[name]) for h in history if name in h]
