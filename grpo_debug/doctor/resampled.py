@@ -6,9 +6,10 @@ num_generations) besides. Severity comes from what the fix measurably gives:
 
     recovered = share without signal at G - share without signal at 2G       (the same draws, paired)
 
-a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more, or where the run meets half
-its groups without signal or more (NO_SIGNAL_WARNING, the detector's level, now on the run's share, not the draw's);
-a problem where it meets almost none with signal; else info: the draw's share was chance.
+a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more; a problem where the run
+meets almost no group with signal, or this draw none and the run half or more (NO_SIGNAL_WARNING); else info: the
+draw's share was chance, or the rewards are equal whatever is drawn (prompts the policy always or never solves),
+which no sampling setting of the step changes: worth knowing, not a setting to act on.
 
     findings = signal_tested(step, findings)
 
@@ -87,11 +88,9 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
         return "problem", said + ": the run meets almost no group with a gradient"
     if recovered >= RECOVERED_WARNING:
         return "warning", said
-    if at_G >= NO_SIGNAL_WARNING:  # equal rewards whatever is drawn, and more samples do not help
-        return (
-            "warning",
-            said + " (prompts always or never solved, or completions alike: a cause above, or filter them)",
-        )
+    if at_G >= NO_SIGNAL_WARNING:  # equal rewards whatever is drawn: no sampling setting of this step changes it
+        return "info", said + (": prompts the policy always or never solves (or completions alike: a cause above); "
+                               "filter them or grade the reward")  # fmt: skip
     return "info", said + ": the share of this draw is chance"
 
 
