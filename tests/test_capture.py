@@ -13,6 +13,7 @@ from grpo_debug.capture import CaptureCallback, open_capture
 from grpo_debug.capture.reading import load_capture
 from grpo_debug.capture.trl_bridge import trl_trainer
 from grpo_debug.config import StepConfig
+from grpo_debug.step import StepRun
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -210,6 +211,13 @@ def test_conversational_prompts_under_a_chat_template_round_trip(tmp_path):
     assert tokenizer.decode(prompt_ids) == templated  # the trainer scored the template's tokens, role markers included
     step = open_capture(capture.path)
     assert step.result.rollout.prompts[0] == capture.meta["prompts"][0][0]["content"]  # role markers are special tokens
+    yours = open_capture(capture.path, [conversational(ExactAnswer()), conversational(format_reward)])
+    anew = yours.cfg.replace(seed=yours.cfg.seed + 1)
+    sampled = yours.run(anew, until="rewards", base=StepRun(anew), remember=False).rollout
+    for k in range(2):  # new completions start from the trainer's prompt ids, role markers included
+        want = capture.batch["prompt_ids"][k * 4][capture.batch["prompt_mask"][k * 4].bool()]
+        got = sampled.prompt_ids[k * 4][sampled.prompt_mask[k * 4].bool()]
+        assert torch.equal(got, want), f"prompt {k} sampled anew from {tokenizer.decode(got)!r}, not {templated!r}"
     out = reproduction(step.run(until="update"), step.capture, step.policy, step)
     for name in EXACT:
         assert close(out["replayed"][name], out["logged"][name]), (name, out["replayed"][name], out["logged"][name])

@@ -1,6 +1,7 @@
 """A capture's rewards as a task: the stored values (`StoredReward`), or your own reward functions (`task=[f, g]`,
-`task="my_rewards.py:funcs"`, or a registered task name), which can also score new completions; and the
-captured texts the task's prompts are (`captured_texts`)."""
+`task="my_rewards.py:funcs"`, or a registered task name), which can also score new completions; the captured texts
+as the step shows them (`captured_texts`) and as it samples anew from them (`sampling_prompts`: the trainer's prompt
+ids, a chat template's role markers included)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,21 @@ def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
         for ids, m in zip(b["completion_ids"], b["completion_mask"])
     ]
     return prompts, completions
+
+
+def sampling_prompts(capture: Capture, tokenizer) -> list[str]:
+    """The B prompts as text the rollout's encoding (add_special_tokens=False) turns back into the trainer's prompt
+    ids: the decoded text where it does, else the text with special tokens kept (a chat template's role markers are
+    special tokens, and without them a new completion would start from the bare question). Completions sampled anew
+    start from the prompts the trainer sampled from."""
+    b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
+    texts = []
+    for ids, m in zip(b["prompt_ids"][::G], b["prompt_mask"][::G]):
+        ids = ids[m.bool()].tolist()
+        plain = tokenizer.decode(ids, skip_special_tokens=True)
+        same = tokenizer(plain, add_special_tokens=False)["input_ids"] == ids
+        texts.append(plain if same else tokenizer.decode(ids, skip_special_tokens=False))
+    return texts
 
 
 def reward_functions(spec) -> list:
@@ -68,11 +84,12 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     completions (evaluation, validation sets) are rewarded too; a Task also brings its validation and test
     prompts. In a conversational capture, your functions get message lists, as TRL gave them."""
     prompts, completions = captured_texts(capture, tokenizer)
+    anew = sampling_prompts(capture, tokenizer)
     names = list(capture.meta["rewards"])
     weights = [capture.meta["reward_weights"][name] for name in names]
     has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)
-    yours = _your_task(capture, rewards_from, prompts, weights)
-    prompt_set = _prompt_sets(prompts, yours, has_sets)
+    yours = _your_task(capture, rewards_from, anew, weights, shown=prompts)
+    prompt_set = _prompt_sets(anew, yours, has_sets)
     if yours is None:
         funcs = tuple(_stored_rewards(capture, prompts, completions))
         return Task(task_name(capture), prompt_set, funcs, tuple(weights), held_out=False)
@@ -91,9 +108,12 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     )
 
 
-def _your_task(capture: Capture, rewards_from, prompts: list[str], weights: list[float]) -> Task | None:
+def _your_task(
+    capture: Capture, rewards_from, prompts: list[str], weights: list[float], shown: list[str]
+) -> Task | None:
     """`rewards_from` as a Task: a registered task's name, a Task, or your reward functions (given message lists
-    where the capture is conversational); None without it."""
+    where the capture is conversational: the captured prompt's messages, whether the step shows it as `shown` or
+    samples from it as `prompts`); None without it."""
     if isinstance(rewards_from, str) and ".py:" not in rewards_from:
         try:
             return load_task(rewards_from)
@@ -109,7 +129,7 @@ def _your_task(capture: Capture, rewards_from, prompts: list[str], weights: list
     funcs = reward_functions(rewards_from)
     if capture.conversational:
         G = capture.meta["grpo_config"]["num_generations"]
-        messages = {p: capture.meta["prompts"][i * G] for i, p in enumerate(prompts)}
+        messages = {p: capture.meta["prompts"][i * G] for texts in (prompts, shown) for i, p in enumerate(texts)}
         funcs = [_as_messages(f, messages) for f in funcs]
     return Task(
         name="your reward functions",
