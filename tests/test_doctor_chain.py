@@ -164,3 +164,22 @@ def test_groups_without_signal_that_are_groups_of_one_text_follow_from_identical
     both = [Finding("update_size", "problem", "KL 5.09"), Finding("kl_blowup", "problem", "KL 5.92")]
     kl = {f.id: f for f in after_onsets(both, [], {})}["kl_blowup"]
     assert kl.symptom_of == ("update_size",), f"kl_blowup with no logged history is no symptom: {kl}"
+
+
+def test_a_function_constant_for_want_of_scored_completions_is_bad_rewards_symptom():
+    """A closeness reward that returns None on 19 of 20 completions (fresh tuning seed 146) is constant within every
+    group because no group holds two scored completions: constant_reward follows from bad_reward by construction. A
+    function constant where it did score stays a cause."""
+    from grpo_debug.doctor.construction import by_construction
+
+    def findings(unscored: list[str]) -> list[Finding]:
+        constant = Finding("constant_reward", "problem", "close_or_none is constant within every group",
+                           evidence={"named": ["close_or_none"], "unscored_within_groups": unscored})  # fmt: skip
+        return [constant, Finding("bad_reward", "warning", "None rewards: close_or_none 19/20")]
+
+    marked = {f.id: f for f in by_construction(findings(["close_or_none"]))}
+    assert marked["constant_reward"].symptom_of == ("bad_reward",), marked["constant_reward"]
+    assert "nothing within a group to vary" in marked["constant_reward"].summary, marked["constant_reward"].summary
+    assert [f.id for f in rank(list(marked.values()), [])][0] == "bad_reward", "the consequence ranked first"
+    kept = {f.id: f for f in by_construction(findings([]))}
+    assert not kept["constant_reward"].symptom_of, "a function constant where it scored was explained away"

@@ -78,7 +78,9 @@ def constant_reward(f: StepFacts) -> Finding:
     per, G, r = f.run.rewards.per_function, f.run.config.num_generations, f.run.rollout
     varied_groups = [g for g in range(len(r.prompts)) if g not in set(r.identical_groups)]
     constant = [name for name, v in per.items() if _constant_within_groups(v, G)]
-    evidence = dict(constant_functions=constant, functions=list(per), groups_with_varied_completions=len(varied_groups))
+    unscored = [name for name in constant if bool(((~_groups(per[name].isnan(), G)).sum(1) < 2).all())]
+    evidence = dict(constant_functions=constant, functions=list(per), groups_with_varied_completions=len(varied_groups),
+                    unscored_within_groups=unscored)  # fmt: skip
     probes = f.reward_probes or {}
     ignoring = [n for n in constant if n in probes and probes[n].ignores_completion]
     if probes:
@@ -103,7 +105,7 @@ def constant_reward(f: StepFacts) -> Finding:
     return _finding(
         "constant_reward", severity,
         f"{', '.join(named)} {said}: {len(named)} of {len(per)} reward functions add nothing to any advantage",
-        **evidence,
+        named=named, **evidence,
     )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from ..detectors.detectors import (
 )
 from ..detectors.findings import Finding
 from .chain import loud
+from .construction import by_construction, kl_of_the_same_rate
 
 REWARD_STD_GONE = 1e-6  # the batch's rewards all equal: no function varies any more
 
@@ -64,8 +65,8 @@ UPSTREAM = ("update_size", "kl_blowup")
 def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, int]) -> list[Finding]:
     """Each loud finding that no fix of its own clears (not a cause the chain fixed, no symptom already) and that
     began after another loud finding (or at the step the KL jumped: UPSTREAM), marked a symptom of the earliest such
-    one, with when each began; and kl_blowup a symptom of update_size where both are loud (`kl_of_the_same_rate`)."""
-    findings = identical_behind_zero_std(findings)
+    one, with when each began; the symptoms by construction first, and kl_blowup update_size's last (`construction`)."""
+    findings = by_construction(findings)
     loud_at = {f.id: onsets[f.id] for f in findings if loud(f) and f.id in onsets}
     if len(loud_at) < 2:
         return kl_of_the_same_rate(findings)
@@ -85,35 +86,3 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
             )
         out.append(f)
     return kl_of_the_same_rate(out)
-
-
-def identical_behind_zero_std(findings: list[Finding]) -> list[Finding]:
-    """zero_std_groups a symptom of identical_groups where both are loud and the groups without signal that are not
-    groups of one text fall short of its warning level: G copies of one completion earn one reward from any reward
-    function, so those groups are equal by construction, and the share left is what zero_std_groups says alone."""
-    by_id = {f.id: f for f in findings}
-    zero, same = by_id.get("zero_std_groups"), by_id.get("identical_groups")
-    if not (zero and same and loud(zero) and loud(same)) or zero.symptom_of or "groups" not in zero.evidence:
-        return findings
-    left = set(zero.evidence["groups"]) - set(same.evidence["identical_groups"])
-    share_left = len(left) / max(zero.evidence["of_groups"], 1)
-    if share_left >= NO_SIGNAL_WARNING:
-        return findings
-    said = (
-        f"; of its {len(zero.evidence['groups'])} groups, {len(zero.evidence['groups']) - len(left)} are groups "
-        f"of one text (identical_groups), and the {share_left:.0%} left alone would not warn"
-    )
-    return [
-        dataclasses.replace(f, symptom_of=("identical_groups",), summary=f.summary + said) if f.id == zero.id else f
-        for f in findings
-    ]
-
-
-def kl_of_the_same_rate(findings: list[Finding]) -> list[Finding]:
-    """kl_blowup a symptom of update_size where both are loud: the KL from the reference at the step's start was
-    built by the earlier updates, and this step's update shows the learning rate that made them large."""
-    by_id = {f.id: f for f in findings}
-    size, kl = by_id.get("update_size"), by_id.get("kl_blowup")
-    if not (size and kl and loud(size) and loud(kl)) or kl.symptom_of or size.symptom_of:
-        return findings
-    return [dataclasses.replace(f, symptom_of=("update_size",)) if f.id == "kl_blowup" else f for f in findings]
