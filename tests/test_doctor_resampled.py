@@ -9,6 +9,7 @@ import torch
 from grpo_debug.config import StepConfig
 from grpo_debug.detectors.findings import Finding
 from grpo_debug.doctor.resampled import (
+    MAX_COMPLETIONS,
     MAX_DRAWS,
     MIN_DRAWS,
     RECOVERED_WARNING,
@@ -47,7 +48,8 @@ def test_a_yes_no_reward_at_G_2_recovers_what_the_binomial_says(p):
 
 
 def test_draws_depend_on_the_batch_alone():
-    assert draws_for(3) == MAX_DRAWS and draws_for(1000) == MIN_DRAWS and draws_for(16) == 6, "draws per batch size"
+    assert draws_for(3, 7) == MAX_DRAWS and draws_for(16, 2) == 6, "draws for RESAMPLED_GROUPS groups"
+    assert draws_for(8, 8) == MAX_COMPLETIONS // 128 and draws_for(64, 8) == MIN_DRAWS, "draws within MAX_COMPLETIONS"
 
 
 @pytest.mark.parametrize(
@@ -81,12 +83,16 @@ def test_the_resample_leaves_the_step_and_the_random_state_and_repeats_itself():
     assert first["groups"] == 8 and 0 <= first["share_at_2G"] <= first["share_at_G"] <= 1, first
 
 
-def test_only_a_present_zero_std_finding_is_resampled():
+def test_only_a_loud_zero_std_finding_is_resampled():
     step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=8))
     step.run(until="advantages")
-    quiet = [Finding("zero_std_groups", "absent", "none"), Finding("truncation", "warning", "t")]
-    assert signal_tested(step, quiet) == quiet, "an absent finding, or another one, was changed"
+    quiet = [
+        Finding("zero_std_groups", "absent", "none"),
+        Finding("zero_std_groups", "info", "1 of 4", evidence={"of_groups": 4}),
+        Finding("truncation", "warning", "t"),
+    ]
+    assert signal_tested(step, quiet) == quiet, "a quiet finding, or another one, was changed"
     drawn = Finding("zero_std_groups", "warning", "2 of 2", evidence={"of_groups": 2})
     tested = signal_tested(step, [drawn])[0]
-    assert tested.evidence["resampled"]["draws"] == draws_for(2), tested.evidence
+    assert tested.evidence["resampled"]["draws"] == draws_for(2, 4), tested.evidence
     assert "resampled 32 groups at 2G" in tested.summary, tested.summary

@@ -13,7 +13,8 @@ which no sampling setting of the step changes: worth knowing, not a setting to a
 
     findings = signal_tested(step, findings)
 
-Without reward functions for new completions (a capture's stored rewards) nothing can be resampled: the finding
+Only a loud finding is resampled (a quiet draw costs no rollout), in at most MAX_COMPLETIONS completions past
+MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be resampled: the finding
 stays as the one draw says, and says so.
 """
 
@@ -26,11 +27,12 @@ import torch
 
 from ..advantages import summarize_advantages
 from ..detectors.detectors import NO_SIGNAL_WARNING
-from ..detectors.findings import Finding
+from ..detectors.findings import LOUD, Finding
 from ..step import GRPOStep, StepRun
 
 RESAMPLED_GROUPS = 96  # groups of 2G sampled in all: the recovered share to about +-0.05
 MIN_DRAWS, MAX_DRAWS = 4, 16
+MAX_COMPLETIONS = 1024  # past MIN_DRAWS, no more completions than this: the cost of a few of the step's rollouts
 RECOVERED_WARNING = 0.25  # G = 2 on a yes/no reward at pass rate p recovers pq(1 + p^2 + q^2): 0.27 to 0.375 for p
 # in 0.2..0.8; G = 4 at p = 0.5 recovers 0.117
 NO_SIGNAL_PROBLEM = 0.95  # the run's groups nearly all without a gradient, whatever this draw held
@@ -52,10 +54,12 @@ def halves_and_whole(rewards: torch.Tensor, G: int) -> tuple[torch.Tensor, torch
     return groups_without_signal(rewards, G).view(-1, 2), groups_without_signal(rewards, 2 * G)
 
 
-def draws_for(groups: int) -> int:
-    """How many batches to sample for RESAMPLED_GROUPS groups: a step of few prompts draws more (fixed by the
-    batch's size alone: same step, same numbers)."""
-    return max(MIN_DRAWS, min(MAX_DRAWS, math.ceil(RESAMPLED_GROUPS / max(groups, 1))))
+def draws_for(groups: int, G: int) -> int:
+    """How many batches of `groups` prompts at 2G to sample for RESAMPLED_GROUPS groups, within MAX_COMPLETIONS
+    (a step of few prompts draws more): fixed by the batch's shape alone, so the same step gives the same numbers."""
+    wanted = math.ceil(RESAMPLED_GROUPS / max(groups, 1))
+    affordable = MAX_COMPLETIONS // max(2 * G * groups, 1)
+    return max(MIN_DRAWS, min(MAX_DRAWS, wanted, affordable))
 
 
 def resampled_signal(step: GRPOStep, draws: int) -> dict:
@@ -95,15 +99,16 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
 
 
 def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
-    """zero_std_groups, where present and new completions can be scored, with its severity from the resample."""
+    """zero_std_groups, where loud and new completions can be scored, with its severity from the resample (an info
+    is left as the draw says: a quiet draw costs no rollout)."""
     out = []
     for f in findings:
-        if f.id != "zero_std_groups" or f.severity == "absent":
+        if f.id != "zero_std_groups" or f.severity not in LOUD:
             out.append(f)
         elif step.stored_rewards:
             out.append(dataclasses.replace(f, summary=f.summary + "; one draw (pass --task to resample the run's)"))
         else:
-            measured = resampled_signal(step, draws_for(f.evidence["of_groups"]))
+            measured = resampled_signal(step, draws_for(f.evidence["of_groups"], step.cfg.num_generations))
             severity, said = severity_of(measured, f.severity)
             evidence = {**f.evidence, "resampled": measured}
             out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))
