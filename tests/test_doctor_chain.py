@@ -2,6 +2,8 @@
 with no fix of their own; a symptom of two causes needs both; a clean step has no chain. The detectors here are
 planted: `detect_under` answers what each finding's severity would be with a set of fixes applied."""
 
+import dataclasses
+
 from grpo_debug.detectors.findings import Finding
 from grpo_debug.doctor import Report, rank
 from grpo_debug.doctor.chain import differential
@@ -114,8 +116,13 @@ def test_a_finding_that_began_after_another_with_no_fix_of_its_own_is_its_conseq
     assert "began at step 3, after kl_blowup at step 2" in marked["truncation"].summary, marked["truncation"].summary
     ranked = [f.id for f in rank(list(marked.values()), [])]
     assert ranked.index("kl_blowup") < ranked.index("truncation"), f"the consequence is ranked above: {ranked}"
-    fixed = {f.id: f for f in after_onsets(planted(base), ["truncation"], onsets)}
+    clearing = [
+        dataclasses.replace(f, clears=("zero_std_groups",)) if f.id == "truncation" else f for f in planted(base)
+    ]
+    fixed = {f.id: f for f in after_onsets(clearing, ["truncation"], onsets)}
     assert not fixed["truncation"].symptom_of, "a cause whose fix cleared findings was made a consequence"
+    chained_alone = {f.id: f for f in after_onsets(planted(base), ["truncation"], onsets)}
+    assert chained_alone["truncation"].symptom_of == ("kl_blowup",), "a fix that cleared nothing kept it a cause"
     from_the_start = onsets_of([{"step": 1, "kl": 5.0, "completions/clipped_ratio": 1.0}], max_grad_norm=1.0)
     assert from_the_start == {}, f"a level past its threshold from the first logged step has no onset: {from_the_start}"
 

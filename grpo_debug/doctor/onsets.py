@@ -63,7 +63,7 @@ UPSTREAM = ("update_size", "kl_blowup")
 
 
 def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, int]) -> list[Finding]:
-    """Each loud finding that no fix of its own clears (not a cause the chain fixed, no symptom already) and that
+    """Each loud finding that is no cause whose fix cleared others in the chain, nor a symptom already, and that
     began after another loud finding (or at the step the KL jumped: UPSTREAM), marked a symptom of the earliest such
     one, with when each began; the symptoms by construction first, and kl_blowup update_size's last (`construction`)."""
     findings = by_construction(findings)
@@ -75,7 +75,9 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
     for f in findings:
         began = loud_at.get(f.id)
         later = began is not None and (began > loud_at[first] or (began == loud_at[first] and first in UPSTREAM))
-        later = later and f.id not in UPSTREAM and f.id not in chained and not f.symptom_of
+        later = (
+            later and f.id not in UPSTREAM and not f.clears and not f.symptom_of
+        )  # a fix that cleared others: a cause
         if later:
             when = {"began_at_step": loud_at[f.id], "after": first, "which_began_at_step": loud_at[first]}
             f = dataclasses.replace(
