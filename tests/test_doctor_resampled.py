@@ -3,6 +3,8 @@
 binomial says when G is doubled; a draw's high share that the run does not meet is info; the step and the caller's
 random state are left as they were, and the same step gives the same numbers."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -96,3 +98,9 @@ def test_only_a_loud_zero_std_finding_is_resampled():
     tested = signal_tested(step, [drawn])[0]
     assert tested.evidence["resampled"]["draws"] == draws_for(2, 4), tested.evidence
     assert "resampled 32 groups at 2G" in tested.summary, tested.summary
+
+
+def test_the_readme_states_the_warning_level_as_it_is():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    said = f"doubling num_generations gives {RECOVERED_WARNING:.0%} of the groups a gradient or more"
+    assert said in " ".join(readme.split()), f"README.md does not say: {said}"
