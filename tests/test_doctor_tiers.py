@@ -229,3 +229,20 @@ def test_grad_clipped_tiers(facts, ratio, severity):
     assert unclipped.severity == "absent", unclipped
     no_gradient = dataclasses.replace(run, update=dataclasses.replace(update, grad_norm=0.0))
     assert d.grad_clipped(dataclasses.replace(facts, run=no_gradient)).severity == "absent"
+
+
+@pytest.mark.parametrize("id", ["dropout", "grad_clipped", "sampler_truncation"])
+def test_a_finding_whose_flip_leaves_the_update_as_it_is_is_info(id):
+    """A statistic that says only that something differs (dropout on, a clip, 94% of the mass kept by top_p) is a
+    warning only where flipping it on the step changes the update under the trainer's optimizer (fresh tuning seeds
+    198 and 228: top_p 0.85-0.89 kept 94% of the mass, and scoring over the sampler's support left the update's
+    cosine at 1.000)."""
+    from grpo_debug.detectors.findings import Finding
+    from grpo_debug.doctor.diagnose import severity_from_flip
+
+    effect = {"update_cosine": 1.0000022, "update_norm": [2e-4, 2e-4], "cosmetic": True}
+    found = Finding(id, "warning", "the statistic", effect=effect)
+    assert severity_from_flip(found).severity == "info", severity_from_flip(found)
+    assert "leaves the update as it is" in severity_from_flip(found).summary
+    moved = Finding(id, "warning", "the statistic", effect={**effect, "update_cosine": 0.9, "cosmetic": False})
+    assert severity_from_flip(moved).severity == "warning", "a flip that moves the update was made info"
