@@ -59,9 +59,10 @@ def test_draws_depend_on_the_batch_alone():
     [
         (0.56, 0.17, "warning", "warning"),  # G = 2 on a yes/no reward: the fix recovers 39%
         (0.34, 0.15, "warning", "info"),  # two of three groups in one draw, a third of them in the run
-        (0.93, 0.86, "warning", "info"),  # equal rewards whatever is drawn; doubling G does not help
+        (0.93, 0.86, "warning", "warning"),  # the run's share: doubling G recovers little
         (0.92, 0.84, "problem", "problem"),  # every group in the draw, nearly every one in the run
         (1.0, 1.0, "info", "problem"),
+        (0.82, 0.66, "warning", "warning"),  # G = 2 on a rare yes/no reward (p = 0.1): doubling G recovers 16%
         (0.3, 0.02, "info", "warning"),  # a draw that happened to be quiet, a run that is not
     ],
 )

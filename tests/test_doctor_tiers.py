@@ -231,12 +231,10 @@ def test_grad_clipped_tiers(facts, ratio, severity):
     assert d.grad_clipped(dataclasses.replace(facts, run=no_gradient)).severity == "absent"
 
 
-@pytest.mark.parametrize("id", ["dropout", "grad_clipped", "sampler_truncation"])
+@pytest.mark.parametrize("id", ["dropout", "grad_clipped"])
 def test_a_finding_whose_flip_leaves_the_update_as_it_is_is_info(id):
-    """A statistic that says only that something differs (dropout on, a clip, 94% of the mass kept by top_p) is a
-    warning only where flipping it on the step changes the update under the trainer's optimizer (fresh tuning seeds
-    198 and 228: top_p 0.85-0.89 kept 94% of the mass, and scoring over the sampler's support left the update's
-    cosine at 1.000)."""
+    """A statistic that says only that something differs (dropout on, a clip) is a warning only where flipping it
+    on the step changes the update under the trainer's optimizer."""
     from grpo_debug.detectors.findings import Finding
     from grpo_debug.doctor.diagnose import severity_from_flip
 

@@ -92,7 +92,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
 
 
 # findings whose statistic says only that something differs; whether it matters is what flipping it does to the update
-SEVERITY_FROM_FLIP = ("dropout", "grad_clipped", "sampler_truncation")
+SEVERITY_FROM_FLIP = ("dropout", "grad_clipped")
 
 
 def severity_from_flip(f: Finding) -> Finding:

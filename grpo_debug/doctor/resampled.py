@@ -6,10 +6,10 @@ num_generations) besides. Severity comes from what the fix measurably gives:
 
     recovered = share without signal at G - share without signal at 2G       (the same draws, paired)
 
-a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more; a problem where the run
-meets almost no group with signal, or this draw none and the run half or more (NO_SIGNAL_WARNING); else info: the
-draw's share was chance, or the rewards are equal whatever is drawn (prompts the policy always or never solves),
-which no sampling setting of the step changes: worth knowing, not a setting to act on.
+a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more, or where the run meets half
+its groups without signal or more (NO_SIGNAL_WARNING, the detector's level, on the run's share, not the draw's: a
+yes/no reward at G = 2 always reaches it); a problem where it meets almost none with signal, or this draw none and
+the run half or more; else info: the draw's share was chance.
 
     findings = signal_tested(step, findings)
 
@@ -92,9 +92,8 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
         return "problem", said + ": the run meets almost no group with a gradient"
     if recovered >= RECOVERED_WARNING:
         return "warning", said
-    if at_G >= NO_SIGNAL_WARNING:  # equal rewards whatever is drawn: no sampling setting of this step changes it
-        return "info", said + (": prompts the policy always or never solves (or completions alike: a cause above); "
-                               "filter them or grade the reward")  # fmt: skip
+    if at_G >= NO_SIGNAL_WARNING:  # the run's share, not the draw's: the step learns from half its prompts or fewer
+        return "warning", said + " (a cause above where completions are alike; else prompts always or never solved)"
     return "info", said + ": the share of this draw is chance"
 
 
