@@ -172,6 +172,13 @@ def summarize_advantages(
     )
 
 
+def groups_without_signal(adv: Advantages) -> torch.Tensor:
+    """(B,) bool: the groups whose advantages are all 0, TRL's zero std or equal rewards whose float32 mean rounds."""
+    out = torch.zeros(len(adv.group_std), dtype=torch.bool)
+    out[adv.zero_std_groups + adv.rounding_std_groups] = True
+    return out
+
+
 def advantages_of(cfg, rewards, weights: tuple[float, ...]) -> Advantages:
     """The advantages a `StepConfig` computes from the rewards phase's `Rewards` and the task's reward weights."""
     per_function = None

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_debug.advantages import groups_without_signal, summarize_advantages
 from grpo_debug.config import StepConfig
 from grpo_debug.detectors.findings import Finding
 from grpo_debug.doctor.resampled import (
@@ -16,7 +17,6 @@ from grpo_debug.doctor.resampled import (
     MIN_DRAWS,
     RECOVERED_WARNING,
     draws_for,
-    groups_without_signal,
     halves_and_whole,
     resampled_signal,
     severity_of,
@@ -32,7 +32,8 @@ def test_a_group_of_2G_is_two_groups_of_G_and_one_of_2G():
     halves, whole = halves_and_whole(rewards, 2)
     assert halves.tolist() == [[True, False], [True, True], [False, True]], halves
     assert whole.tolist() == [False, True, False], whole
-    assert groups_without_signal(torch.full((6,), 0.7314), 3).tolist() == [True, True], "float32 copies of one reward"
+    copies = summarize_advantages(torch.full((6,), 0.7314), 3)
+    assert groups_without_signal(copies).tolist() == [True, True], "float32 copies of one reward"
 
 
 @pytest.mark.parametrize("p", [0.2, 0.5, 0.8])

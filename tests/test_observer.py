@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from arithmetic_task import build_tiny_model
+from tiny_capture import user_train_run
 
 from grpo_debug.kernels import PINNED
 
@@ -47,15 +48,7 @@ def test_a_run_with_the_capture_callback_has_the_losses_of_the_run_without_it(tm
     logged = {}
     for name, capture in (("without", None), ("with", [1, 2, 3])):
         changes = {"capture": capture, "max_steps": 3, "learning_rate": 1e-3}
-        done = subprocess.run(
-            [sys.executable, "user_train.py", name, "1", json.dumps(changes)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=users_environment(),
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        user_train_run(tmp_path, name, changes, env=users_environment())
         history = json.loads((tmp_path / name / "log_history.json").read_text())
         logged[name] = [(h["step"], h["loss"], h["grad_norm"]) for h in history if "loss" in h]
     assert (tmp_path / "with" / "captures" / "step-3" / "capture.json").exists(), "the callback captured nothing"

@@ -63,15 +63,16 @@ def qwen2_user(folder: Path) -> Path:
     return folder
 
 
-def user_train_run(folder: Path, name: str, changes: dict) -> Path:
-    """`python user_train.py NAME 1 CHANGES` in a `qwen2_user` folder (GRPOConfig's defaults with `changes`): the
-    run's captures folder."""
+def user_train_run(folder: Path, name: str, changes: dict, env: dict | None = None) -> Path:
+    """`python user_train.py NAME 1 CHANGES` in a folder holding user_train.py and my-model/ (`qwen2_user`'s), under
+    `env` (None: this process's), GRPOConfig's defaults with `changes`: the run's captures folder."""
     done = subprocess.run(
         [sys.executable, "user_train.py", name, "1", json.dumps(changes)],
         cwd=folder,
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert done.returncode == 0, f"the user's run {name} failed:\n{done.stderr[-3000:]}"
     return folder / name / "captures"

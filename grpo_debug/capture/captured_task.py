@@ -32,16 +32,15 @@ def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
     return prompts, completions
 
 
-def sampling_prompts(capture: Capture, tokenizer) -> list[str]:
+def sampling_prompts(capture: Capture, tokenizer, shown: list[str]) -> list[str]:
     """The B prompts as text the rollout's encoding (add_special_tokens=False) turns back into the trainer's prompt
-    ids: the decoded text where it does, else the text with special tokens kept (a chat template's role markers are
-    special tokens, and without them a new completion would start from the bare question). Completions sampled anew
-    start from the prompts the trainer sampled from."""
+    ids: each as `captured_texts` shows it where it does, else with special tokens kept (a chat template's role
+    markers are special tokens, and without them a new completion would start from the bare question). Completions
+    sampled anew start from the prompts the trainer sampled from."""
     b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
     texts = []
-    for ids, m in zip(b["prompt_ids"][::G], b["prompt_mask"][::G]):
+    for plain, ids, m in zip(shown, b["prompt_ids"][::G], b["prompt_mask"][::G]):
         ids = ids[m.bool()].tolist()
-        plain = tokenizer.decode(ids, skip_special_tokens=True)
         same = tokenizer(plain, add_special_tokens=False)["input_ids"] == ids
         texts.append(plain if same else tokenizer.decode(ids, skip_special_tokens=False))
     return texts
@@ -84,7 +83,7 @@ def captured_task(capture: Capture, tokenizer, rewards_from=None) -> Task:
     completions (evaluation, validation sets) are rewarded too; a Task also brings its validation and test
     prompts. In a conversational capture, your functions get message lists, as TRL gave them."""
     prompts, completions = captured_texts(capture, tokenizer)
-    anew = sampling_prompts(capture, tokenizer)
+    anew = sampling_prompts(capture, tokenizer, prompts)
     names = list(capture.meta["rewards"])
     weights = [capture.meta["reward_weights"][name] for name in names]
     has_sets = isinstance(rewards_from, Task) or (isinstance(rewards_from, str) and ".py:" not in rewards_from)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..advantages import TRL_EPS
+from ..advantages import TRL_EPS, groups_without_signal
 from ..pitfalls import PITFALLS
 from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from ..stats import holm, within_group_correlation
@@ -25,8 +25,7 @@ NO_SIGNAL_WARNING = 0.5  # half the groups or more without a gradient: the step 
 def zero_std_groups(f: StepFacts) -> Finding:
     adv, mask, upd = f.run.advantages, f.run.logprobs.mask, f.run.update
     G = f.run.config.num_generations
-    zero = torch.zeros(len(adv.group_std), dtype=torch.bool, device=mask.device)
-    zero[adv.zero_std_groups + adv.rounding_std_groups] = True
+    zero = groups_without_signal(adv).to(mask.device)
     token_share = _masked_mean(zero.repeat_interleave(G).float().unsqueeze(1).expand_as(mask), mask)
     share = zero.float().mean().item()
     evidence = dict(

@@ -50,7 +50,7 @@ def constant_behind_none(findings: list[Finding]) -> list[Finding]:
     constant, bad = by_id.get("constant_reward"), by_id.get("bad_reward")
     if not (constant and bad and loud(constant) and loud(bad)) or constant.symptom_of:
         return findings
-    named = constant.evidence.get("named", constant.evidence.get("constant_functions", []))
+    named = constant.evidence["named"]  # a loud constant_reward names its functions
     unscored = set(constant.evidence.get("unscored_within_groups", []))
     if not named or not set(named) <= unscored:
         return findings

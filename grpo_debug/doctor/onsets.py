@@ -75,9 +75,8 @@ def after_onsets(findings: list[Finding], chained: list[str], onsets: dict[str, 
     for f in findings:
         began = loud_at.get(f.id)
         later = began is not None and (began > loud_at[first] or (began == loud_at[first] and first in UPSTREAM))
-        later = (
-            later and f.id not in UPSTREAM and not f.clears and not f.symptom_of
-        )  # a fix that cleared others: a cause
+        # a cause whose fix cleared others in the chain keeps its place
+        later = later and f.id not in UPSTREAM and not f.clears and not f.symptom_of
         if later:
             when = {"began_at_step": loud_at[f.id], "after": first, "which_began_at_step": loud_at[first]}
             f = dataclasses.replace(

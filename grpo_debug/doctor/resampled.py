@@ -14,8 +14,8 @@ the run half or more; else info: the draw's share was chance.
     findings = signal_tested(step, findings)
 
 Only a loud finding is resampled (a quiet draw costs no rollout), in at most MAX_COMPLETIONS completions past
-MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be resampled: the finding
-stays as the one draw says, and says so.
+MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be
+resampled: the finding stays as the one draw says, and says so.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ..advantages import summarize_advantages
+from ..advantages import groups_without_signal, summarize_advantages
 from ..detectors.detectors import NO_SIGNAL_WARNING
 from ..detectors.findings import LOUD, Finding
 from ..step import GRPOStep, StepRun
@@ -39,19 +39,12 @@ NO_SIGNAL_PROBLEM = 0.95  # the run's groups nearly all without a gradient, what
 SEED_OFFSET = 7919  # resamples never share the step's own seed
 
 
-def groups_without_signal(rewards: torch.Tensor, G: int) -> torch.Tensor:
-    """(N,) rewards in groups of G -> (N // G,) bool: a group whose advantages are all 0, as the detector counts it
-    (TRL's isclose(std, 0), or equal rewards whose mean float32 rounds)."""
-    adv = summarize_advantages(rewards, G)
-    out = torch.zeros(rewards.numel() // G, dtype=torch.bool)
-    out[adv.zero_std_groups + adv.rounding_std_groups] = True
-    return out
-
-
 def halves_and_whole(rewards: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B * 2G,) rewards sampled in groups of 2G -> ((B, 2) without signal as two groups of G each, (B,) as one group
-    of 2G): the run's group size and the fix's, on the same completions."""
-    return groups_without_signal(rewards, G).view(-1, 2), groups_without_signal(rewards, 2 * G)
+    of 2G), as the detector counts a group without signal: the run's group size and the fix's, on the same
+    completions."""
+    as_run, as_fixed = summarize_advantages(rewards, G), summarize_advantages(rewards, 2 * G)
+    return groups_without_signal(as_run).view(-1, 2), groups_without_signal(as_fixed)
 
 
 def draws_for(groups: int, G: int) -> int:
