@@ -546,3 +546,15 @@ def test_the_course_of_the_run_is_kept_step_by_step_whatever_logging_steps_is():
     assert len(course) == LOGGED_KL_STEPS and course[0]["step"] == 3, "the course is not the last steps, capped"
     assert course[-1] == {"step": LOGGED_KL_STEPS + 2, "kl": pytest.approx(0.2 * (LOGGED_KL_STEPS + 2))}, course[-1]
     assert remember_step([], 1, {"kl": [float("nan")]}) == [{"step": 1}], "a NaN mean is kept as a number"
+
+
+def test_the_course_keeps_each_reward_functions_spread():
+    """When each reward function went flat is evidence of its own (a function constant from the first step is no
+    consequence of a later blow-up): TRL's `rewards/<name>/std` is kept beside the run's, its mean is not."""
+    from grpo_debug.capture.course import remember_step
+    from grpo_debug.capture.trainer_state import logged_history
+
+    new = {"reward_std": [0.5], "rewards/polite/std": [0.0, 0.0], "rewards/polite/mean": [1.0], "loss": [0.1]}
+    assert remember_step([], 1, new) == [{"step": 1, "reward_std": 0.5, "rewards/polite/std": 0.0}]
+    logged = [{"step": 1, "loss": 0.1, "rewards/exact/std": 0.4, "rewards/exact/mean": 0.5, "kl": 0.0}]
+    assert logged_history(logged) == [{"step": 1, "rewards/exact/std": 0.4, "kl": 0.0}], "TRL's log loses a std"

@@ -109,14 +109,19 @@ HISTORY_KEYS = (
 )
 
 
+def is_history_key(name: str) -> bool:
+    """One of HISTORY_KEYS, or a reward function's spread (`rewards/<name>/std`): when each function went flat."""
+    return name in HISTORY_KEYS or (name.startswith("rewards/") and name.endswith("/std"))
+
+
 def logged_history(log_history: list[dict]) -> list[dict]:
     """[{"step": k, name: value, ...}] of TRL's training logs up to now (the last LOGGED_KL_STEPS), each with the
-    finite numbers of HISTORY_KEYS it logged: the order in which things went wrong before the captured step."""
+    finite numbers of HISTORY_KEYS and each reward function's std it logged: the order in which things went wrong before the captured step."""
     kept = []
     for h in log_history:
         if "loss" not in h or not isinstance(h.get("step"), int):
             continue
-        values = {k: float(h[k]) for k in HISTORY_KEYS if _finite_number(h.get(k))}
+        values = {k: float(v) for k, v in h.items() if is_history_key(k) and _finite_number(v)}
         kept.append({"step": h["step"], **values})
     return kept[-LOGGED_KL_STEPS:]
 
