@@ -91,14 +91,16 @@ def differential(
 def order(
     findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
 ) -> tuple[Finding, ...]:
-    """Causes first, most severe, then by what their fix did to learning over a few steps (`gain`, where it was
-    followed: larger first), then in the order the chain fixed them (`chained`), then by how far their flip moves
-    the update (`moves`); each symptom right after the last of its causes to be ranked."""
+    """Causes first, most severe, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
+    on it) after those of its severity the step shows, then by what their fix did to learning over a few steps
+    (`gain`, where it was followed: larger first), then in the order the chain fixed them (`chained`), then by how
+    far their flip moves the update (`moves`); each symptom right after the last of its causes to be ranked."""
 
     def key(f: Finding):
         g = gain(f)
         return (
             SEVERITIES.index(f.severity),
+            "at_start" in f.evidence,
             (0, -g) if g is not None else (1, 0.0),
             chained.index(f.id) if f.id in chained else len(chained),
             -moves(f),

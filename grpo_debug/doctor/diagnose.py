@@ -17,12 +17,14 @@ from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
+from .at_start import before_the_jump
 from .chain import differential
 from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
+from .narrowed import narrowing_tested
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 from .resampled import signal_tested
@@ -59,7 +61,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
     base = facts.run
-    findings = signal_tested(step, forecast_tested(step, detect(facts)))
+    findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts))))
     chained: list[str] = []
     fixes: dict[str, dict] = {}
     if flip and delta is not None:
@@ -77,6 +79,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         chained,
         onsets_of(list(facts.logged_history), base.config.max_grad_norm, {f.id: f.severity for f in findings}),
     )
+    findings = before_the_jump(step, findings)
     step.restore_policy()
     followed = None
     if horizon > 0:

@@ -1,0 +1,126 @@
+"""Whether a finding that began after the KL jumped was there before it. Time (`onsets`) marks every group without
+signal, every completion cut, every reward function flat from the step the KL jumped as the jump's consequence;
+a defect of the run's own (groups of two on a yes/no reward, a max_completion_length shorter than the answers, a
+reward that ignores the completion) was there from the start and only looks the same once the policy broke. The
+intervention undoes the updates: the step's prompts are sampled anew from the weights the run began from (TRL's
+reference, beta > 0) at the run's own settings, the user's reward functions scoring them, and each such finding
+is measured there by its detector's own levels:
+
+    findings = before_the_jump(step, findings)
+
+A finding loud at the start is a cause again, its severity from what the start shows (a function named only if
+it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. Without a
+start at hand (beta = 0: TRL keeps no reference, the policy's copy is the captured weights) or without reward
+functions for new completions (a capture's stored rewards), the findings stay as time marked them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..advantages import groups_without_signal, summarize_advantages
+from ..detectors.detectors import NO_SIGNAL_WARNING, TRUNCATED_PROBLEM, TRUNCATED_WARNING
+from ..detectors.findings import Finding
+from ..step import GRPOStep, StepRun
+from .onsets import UPSTREAM
+from .resampled import NO_SIGNAL_PROBLEM, SEED_OFFSET
+
+START_DRAWS = 4  # batches of the step's prompts sampled at the start: the run's shares, not one draw's
+MEASURED_THERE = ("zero_std_groups", "truncation", "constant_reward")
+
+
+@dataclasses.dataclass(frozen=True)
+class AtStart:
+    """The step's prompts sampled START_DRAWS times from the run's starting weights, as the run samples."""
+
+    groups_without_signal: float  # share of groups whose rewards are all equal
+    cut: float  # share of completions that hit max_completion_length without an EOS
+    flat_functions: tuple[str, ...]  # reward functions constant within every group of every draw
+    functions: int  # how many reward functions the run has
+    groups: int
+
+
+def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
+    """`AtStart` from the reference's weights (seeds SEED_OFFSET + k past the step's, as `resampled` draws): the
+    policy is swapped for the reference while sampling and scoring only (no update runs), then put back."""
+    cfg, G = step.cfg, step.cfg.num_generations
+    step.restore_policy()
+    loaded = step.loaded
+    device = next(loaded.policy.parameters()).device  # a LoRA reference is the policy with its adapters off
+    without, cut, flat = [], [], None
+    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        step.loaded = dataclasses.replace(loaded, policy=loaded.reference)
+        try:
+            for k in range(draws):
+                anew = cfg.replace(seed=cfg.seed + SEED_OFFSET + k)
+                run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
+                without.append(groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G)))
+                cut.append((~run.rollout.finished).float().cpu())
+                flat_here = {n for n, v in run.rewards.per_function.items() if _flat_in_every_group(v.cpu(), G)}
+                flat = flat_here if flat is None else flat & flat_here
+        finally:
+            step.loaded = loaded
+    w = torch.cat(without).float()
+    return AtStart(
+        groups_without_signal=w.mean().item(),
+        cut=torch.cat(cut).mean().item(),
+        flat_functions=tuple(n for n in step.task.reward_names if n in (flat or set())),
+        functions=len(step.task.reward_names),
+        groups=len(w),
+    )
+
+
+def _flat_in_every_group(values: torch.Tensor, G: int) -> bool:
+    """(N,) one function's rewards: equal within every group of G (None, NaN, counts as 0, as the detector reads it)."""
+    v = values.nan_to_num(0.0).view(-1, G)
+    scale = 1.0 + v.abs().max().item()
+    return (v - v.mean(1, keepdim=True)).abs().max().item() <= 1e-6 * scale
+
+
+def severity_at_start(id: str, start: AtStart) -> tuple[str, str]:
+    """(severity at the start by the detector's own levels, what the start showed), for one of MEASURED_THERE."""
+    if id == "zero_std_groups":
+        share = start.groups_without_signal
+        said = f"{share:.0%} of {start.groups} groups without signal"
+        return ("problem" if share >= NO_SIGNAL_PROBLEM else "warning" if share >= NO_SIGNAL_WARNING else "info"), said
+    if id == "truncation":
+        said = f"{start.cut:.0%} of completions cut"
+        return ("problem" if start.cut >= TRUNCATED_PROBLEM else "warning" if start.cut >= TRUNCATED_WARNING
+                else "info"), said  # fmt: skip
+    flat = start.flat_functions
+    said = f"{', '.join(flat)} flat within every group" if flat else "every reward function varied within some group"
+    return ("problem" if flat and len(flat) == start.functions else "warning" if flat else "info"), said
+
+
+def marked_by_the_jump(f: Finding) -> bool:
+    """A finding time marked as the consequence of a jump in the KL (`onsets.after_onsets`)."""
+    onset = f.evidence.get("onset") if f.evidence else None
+    return bool(onset) and f.id in MEASURED_THERE and set(f.symptom_of) <= set(UPSTREAM) and onset["after"] in UPSTREAM
+
+
+def before_the_jump(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
+    """Each finding time marked as the KL jump's consequence, measured at the run's start (`sample_at_start`, once
+    for all of them): loud there, a cause again; quiet there, the jump's consequence, as marked."""
+    marked = [f for f in findings if marked_by_the_jump(f)]
+    if not marked or step.at_reference or step.loaded.reference is None or step.stored_rewards:
+        return findings
+    start = sample_at_start(step)
+    out = []
+    for f in findings:
+        if f not in marked:
+            out.append(f)
+            continue
+        severity, said = severity_at_start(f.id, start)
+        evidence = {**f.evidence, "at_start": {**dataclasses.asdict(start), "severity": severity}}
+        if severity == "info":
+            out.append(dataclasses.replace(f, summary=f"{f.summary}; at the weights the run began from: {said}",
+                                           evidence=evidence))  # fmt: skip
+            continue
+        began = f.evidence["onset"]["after"]
+        summary = f"{f.summary}; yet at the weights the run began from (its reference): {said}: there before {began}"
+        if f.id == "constant_reward":
+            evidence["named"] = list(start.flat_functions)
+        out.append(dataclasses.replace(f, severity=severity, summary=summary, symptom_of=(), evidence=evidence))
+    return out

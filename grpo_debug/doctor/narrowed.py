@@ -1,0 +1,78 @@
+"""Whether a narrowed sampler costs the run its signal. Groups of one text (`identical_groups`) in one draw of a few
+prompts say little: at temperature 0.2, two of five groups may be one text by chance or by the setting. The fix is
+measured instead: the step's prompts are sampled anew from its weights, with the user's reward functions, at the
+run's settings and at TRL's sampling defaults (top_p 1, top_k 0, no min_p, temperature 1), the same seeds for both:
+
+    recovered = share of groups without signal as run - share with the sampling fixed
+
+a warning where the fix gives RECOVERED_WARNING of the groups a gradient or more, or where the run meets groups of
+one text in half its groups or more (the detector's level, on the run's share); a problem where nearly every group
+is one text; else info, with what the fix gave.
+
+    findings = narrowing_tested(step, findings)
+
+Only where the settings narrow the distribution (`detectors._narrowed`) and new completions can be scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..advantages import groups_without_signal, summarize_advantages
+from ..config import StepConfig
+from ..detectors.detectors import IDENTICAL_WARNING, _narrowed
+from ..detectors.findings import Finding
+from ..step import GRPOStep, StepRun
+from .resampled import NO_SIGNAL_PROBLEM, RECOVERED_WARNING, SEED_OFFSET, draws_for
+
+TRL_SAMPLING = dict(top_p=1.0, top_k=0, min_p=None)  # GRPOConfig's defaults, with temperature 1 or above
+
+
+def sampled_shares(step: GRPOStep, cfg: StepConfig, draws: int) -> dict:
+    """The step's prompts sampled `draws` times under `cfg` (seeds SEED_OFFSET + k past the step's): the shares of
+    groups of one text and of groups without signal, {"identical", "without_signal", "groups"}. The caller's random
+    state and the step are left as they were."""
+    G, identical, without = cfg.num_generations, [], []
+    device = next(step.policy.parameters()).device
+    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        for k in range(draws):
+            anew = cfg.replace(seed=step.cfg.seed + SEED_OFFSET + k)
+            run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
+            groups = len(run.rollout.prompts)
+            identical.append(torch.tensor([g in set(run.rollout.identical_groups) for g in range(groups)]))
+            without.append(groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G)))
+    same, w = torch.cat(identical).float(), torch.cat(without).float()
+    return {"identical": same.mean().item(), "without_signal": w.mean().item(), "groups": len(w)}
+
+
+def severity_of(as_run: dict, fixed: dict) -> tuple[str, str]:
+    """(severity, what the two samplings say) from `sampled_shares` as the run samples and with the fix."""
+    recovered = as_run["without_signal"] - fixed["without_signal"]
+    said = (f"; resampled {as_run['groups']} groups: {as_run['identical']:.0%} one text and "
+            f"{as_run['without_signal']:.0%} without signal as the run samples, {fixed['without_signal']:.0%} "
+            f"without signal at TRL's sampling defaults: the fix gives {recovered:.0%} of the groups a gradient")  # fmt: skip
+    if as_run["identical"] >= NO_SIGNAL_PROBLEM:
+        return "problem", said
+    if recovered >= RECOVERED_WARNING or as_run["identical"] >= IDENTICAL_WARNING:
+        return "warning", said
+    return "info", said
+
+
+def narrowing_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
+    """identical_groups, where present under narrowed sampling and new completions can be scored, with its severity
+    from the two samplings (`severity_of`)."""
+    cfg = step.cfg
+    out = []
+    for f in findings:
+        if f.id != "identical_groups" or f.severity == "absent" or not _narrowed(cfg) or step.stored_rewards:
+            out.append(f)
+            continue
+        draws = draws_for(cfg.num_prompts, cfg.num_generations)
+        as_run = sampled_shares(step, cfg, draws)
+        fixed = sampled_shares(step, cfg.replace(**TRL_SAMPLING, temperature=max(cfg.temperature, 1.0)), draws)
+        severity, said = severity_of(as_run, fixed)
+        evidence = {**f.evidence, "resampled": {"as_run": as_run, "fixed": fixed}}
+        out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))
+    return out

@@ -1,0 +1,107 @@
+"""Whether a finding time marks as the KL jump's consequence was there before the jump (`doctor.at_start`): the
+step's prompts are sampled anew from the weights the run began from (TRL's reference), never from the policy as it
+is; what is loud there is a cause again, ranked after the causes of its severity the step itself shows; what is
+quiet there stays the jump's consequence; without a start at hand nothing changes."""
+
+import pytest
+import torch
+
+from grpo_debug.config import StepConfig
+from grpo_debug.detectors.findings import Finding
+from grpo_debug.doctor.at_start import AtStart, before_the_jump, sample_at_start, severity_at_start
+from grpo_debug.doctor.chain import order
+from grpo_debug.step import GRPOStep
+from grpo_debug.task import Task, load_task
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+
+
+def polite(completions, **kwargs):
+    return [1.0 for _ in completions]
+
+
+def length(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def broken_step() -> tuple[GRPOStep, AtStart]:
+    """A step whose policy says one token forever (every completion cut, every group one text), its reference the
+    bundled model as loaded; and what the start measured before the policy broke."""
+    task = Task("polite_and_length", load_task(StepConfig().task).prompts, (polite, length))
+    step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=48), task=task)
+    before = sample_at_start(step)
+    wte, eos = step.policy.transformer.wte.weight, step.loaded.tokenizer.eos_token_id
+    norms = wte.norm(dim=1).clone()
+    norms[eos] = 0
+    token = int(norms.argmax())
+    with torch.no_grad():
+        step.policy.transformer.ln_f.bias += 1000 * wte[token] / wte[token].norm()
+    step.start_from_current_weights()  # the broken weights are the step's start; the reference is untouched
+    return step, before
+
+
+def marked(id: str, **evidence) -> Finding:
+    onset = {"began_at_step": 3, "after": "update_size", "which_began_at_step": 2}
+    return Finding(id, "problem", id, evidence={**evidence, "onset": onset}, symptom_of=("update_size",))
+
+
+def test_the_start_is_sampled_from_the_reference_and_the_step_is_left_as_it_was():
+    step, before = broken_step()
+    run = step.run(until="rewards")
+    assert (~run.rollout.finished).all(), "the broken policy was meant to cut every completion"
+    weights = {k: v.clone() for k, v in step.policy.state_dict().items()}
+    start = sample_at_start(step)
+    assert start == before, f"the start was sampled from the broken policy: {start} against {before}"
+    assert start.cut < 1 and start.flat_functions == ("polite",), start
+    assert all(torch.equal(v, step.policy.state_dict()[k]) for k, v in weights.items()), "the policy was changed"
+    assert step.result is run and step.loaded.policy is not step.loaded.reference, "the step was left changed"
+
+
+def test_what_the_start_shows_loud_is_a_cause_again_and_what_it_shows_quiet_stays_a_symptom():
+    step, start = broken_step()
+    step.run(until="rewards")
+    kept = Finding("kl_blowup", "problem", "kl", symptom_of=("update_size",))
+    findings = [
+        Finding("update_size", "warning", "lr"),
+        marked("constant_reward", named=["polite", "length"]),
+        marked("truncation"),
+        marked("zero_std_groups"),
+        kept,
+    ]
+    out = {f.id: f for f in before_the_jump(step, findings)}
+    assert out["kl_blowup"] is kept and out["update_size"] is findings[0], "a finding time did not mark changed"
+    constant = out["constant_reward"]
+    assert constant.symptom_of == () and constant.severity == "warning", constant
+    assert constant.evidence["named"] == ["polite"], f"a function that varies at the start was named: {constant}"
+    cut = severity_at_start("truncation", start)[0]
+    assert out["truncation"].severity == (cut if cut != "info" else "problem"), out["truncation"]
+    assert (out["truncation"].symptom_of == ()) == (cut != "info"), out["truncation"]
+    assert "at the weights the run began from" in out["truncation"].summary, out["truncation"].summary
+    step.at_reference = True  # beta = 0: TRL keeps no reference, the policy's copy is the captured weights
+    assert before_the_jump(step, findings) == findings, "a start that is not at hand was sampled"
+
+
+@pytest.mark.parametrize(
+    ("id", "start", "severity"),
+    [
+        ("zero_std_groups", AtStart(0.6, 0.0, (), 1, 20), "warning"),  # groups of two on a yes/no reward
+        ("zero_std_groups", AtStart(0.1, 0.0, (), 1, 20), "info"),  # the jump's alone
+        ("zero_std_groups", AtStart(0.97, 0.0, (), 1, 20), "problem"),
+        ("truncation", AtStart(0.0, 1.0, (), 1, 20), "problem"),
+        ("truncation", AtStart(0.0, 0.3, (), 1, 20), "warning"),
+        ("truncation", AtStart(0.0, 0.02, (), 1, 20), "info"),
+        ("constant_reward", AtStart(0.0, 0.0, ("polite",), 2, 20), "warning"),
+        ("constant_reward", AtStart(0.0, 0.0, ("polite", "exact"), 2, 20), "problem"),
+        ("constant_reward", AtStart(0.0, 0.0, (), 2, 20), "info"),
+    ],
+)
+def test_the_start_is_read_by_the_detectors_own_levels(id, start, severity):
+    got, said = severity_at_start(id, start)
+    assert got == severity, f"{id} at {start}: {got} ({said})"
+
+
+def test_a_cause_the_start_shows_ranks_after_the_causes_of_its_severity_the_step_shows():
+    at_start = Finding("zero_std_groups", "warning", "z", evidence={"at_start": {"severity": "warning"}})
+    shown = Finding("bad_reward", "warning", "b")
+    ranked = order([at_start, shown, Finding("update_size", "problem", "u")], [], lambda f: 0.0)
+    assert [f.id for f in ranked] == ["update_size", "bad_reward", "zero_std_groups"], ranked
