@@ -190,3 +190,22 @@ def test_a_function_constant_for_want_of_scored_completions_is_bad_rewards_sympt
     assert [f.id for f in rank(list(marked.values()), [])][0] == "bad_reward", "the consequence ranked first"
     kept = {f.id: f for f in by_construction(findings([]))}
     assert not kept["constant_reward"].symptom_of, "a function constant where it scored was explained away"
+
+
+def test_a_sliver_made_by_a_length_paying_function_is_length_rewards_symptom():
+    """A group whose answers all earn one closeness and whose only spread is a length-paying function's 0.025
+    (fresh tuning seed 138) is divided into full-size advantages: advantage_scale follows from length_reward by
+    construction. A sliver another function makes stays a cause."""
+    from grpo_debug.doctor.construction import by_construction
+
+    def findings(slivers: list[str]) -> list[Finding]:
+        scale = Finding("advantage_scale", "warning", "1 group whose reward std is below 1% of the batch's",
+                        evidence={"sliver_functions": slivers})  # fmt: skip
+        return [scale, Finding("length_reward", "warning", "thorough pays for length", evidence={"paid": ["thorough"]})]
+
+    marked = {f.id: f for f in by_construction(findings(["thorough"]))}
+    assert marked["advantage_scale"].symptom_of == ("length_reward",), marked["advantage_scale"]
+    assert [f.id for f in rank(list(marked.values()), [])][0] == "length_reward", "the consequence ranked first"
+    for slivers in (["close"], ["close", "thorough"], []):
+        kept = {f.id: f for f in by_construction(findings(slivers))}
+        assert not kept["advantage_scale"].symptom_of, f"a sliver of {slivers} was explained away"

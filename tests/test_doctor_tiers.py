@@ -244,3 +244,26 @@ def test_a_finding_whose_flip_leaves_the_update_as_it_is_is_info(id):
     assert "leaves the update as it is" in severity_from_flip(found).summary
     moved = Finding(id, "warning", "the statistic", effect={**effect, "update_cosine": 0.9, "cosmetic": False})
     assert severity_from_flip(moved).severity == "warning", "a flip that moves the update was made info"
+
+
+def with_advantages(facts, per_function: dict):
+    from grpo_debug.advantages import summarize_advantages
+
+    f = with_rewards(facts, per_function)
+    adv = summarize_advantages(f.run.rewards.total, f.run.config.num_generations, f.run.config.scale_rewards)
+    return dataclasses.replace(f, run=dataclasses.replace(f.run, advantages=adv))
+
+
+def test_a_sliver_warns_where_the_division_blows_it_up_and_names_whose_it_is(facts):
+    """A group whose only spread is a length-paying function's 0.001 is divided into full-size advantages; one
+    whose spread is float rounding (std 1.3e-7, fresh tuning seed 138's first group) is divided by TRL's 1e-4 eps
+    and stays small: no blow-up to warn of."""
+    assert facts.run.config.scale_rewards == "group" and len(facts.run.rewards.total) == 8, facts.run.config
+    close = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    thorough = torch.tensor([0.05, 0.05, 0.05, 0.051, 0.05, 0.05, 0.05, 0.05])
+    sliver = d.advantage_scale(with_advantages(facts, {"close": close, "thorough": thorough}))
+    assert sliver.severity == "warning" and sliver.evidence["sliver_functions"] == ["thorough"], sliver
+    rounding = close.clone()
+    rounding[3] -= 3e-7
+    kept_small = d.advantage_scale(with_advantages(facts, {"close": rounding, "thorough": torch.full((8,), 0.05)}))
+    assert kept_small.severity == "absent", f"a rounding divided by TRL's eps was read as a sliver: {kept_small}"

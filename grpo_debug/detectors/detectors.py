@@ -421,6 +421,15 @@ def entropy_collapse(f: StepFacts) -> Finding:
 
 
 PHANTOM_RELATIVE = 0.01  # a group std below 1% of the batch's reward std, scaled up to unit size
+FULL_SIZE = 0.5  # ...where its largest |A| reaches half a unit (a std far below TRL's 1e-4 eps is divided by the eps)
+
+
+def _varying_within(per_function: dict[str, torch.Tensor], G: int, groups: list[int]) -> list[str]:
+    """The reward functions whose values differ within any of `groups`: where those groups' slivers come from."""
+    if not groups:
+        return []
+    rows = torch.tensor(groups)
+    return [n for n, v in per_function.items() if not _constant_within_groups(_groups(v, G)[rows].flatten(), G)]
 
 
 def advantage_scale(f: StepFacts) -> Finding:
@@ -428,12 +437,15 @@ def advantage_scale(f: StepFacts) -> Finding:
     std, gets advantages as large as a group whose rewards really differ."""
     adv, cfg = f.run.advantages, f.run.config
     batch_std = f.run.rewards.total.std().item() if len(f.run.rewards.total) > 1 else 0.0
-    tiny = [g for g in adv.phantom_groups if adv.group_std[g].item() < PHANTOM_RELATIVE * batch_std]
-    evidence = dict(scale_rewards=cfg.scale_rewards, phantom_groups=len(adv.phantom_groups), tiny_std_groups=len(tiny),
-                    batch_reward_std=batch_std, max_abs_advantage=adv.max_abs_advantage)  # fmt: skip
-    if cfg.scale_rewards == "none" or not adv.phantom_groups:
+    blown = adv.values.view(-1, cfg.num_generations).abs().amax(1) >= FULL_SIZE  # TRL's eps keeps a rounding's small
+    phantom = [g for g in adv.phantom_groups if blown[g]]
+    tiny = [g for g in phantom if adv.group_std[g].item() < PHANTOM_RELATIVE * batch_std]
+    evidence = dict(scale_rewards=cfg.scale_rewards, phantom_groups=len(phantom), tiny_std_groups=len(tiny),
+                    batch_reward_std=batch_std, max_abs_advantage=adv.max_abs_advantage,
+                    sliver_functions=_varying_within(f.run.rewards.per_function, cfg.num_generations, tiny))  # fmt: skip
+    if cfg.scale_rewards == "none" or not phantom:
         return _finding("advantage_scale", "absent", f"max |A| {adv.max_abs_advantage:.3g}", **evidence)
-    n = len(tiny) or len(adv.phantom_groups)
+    n = len(tiny) or len(phantom)
     groups = f"{n} group{'s' if n != 1 else ''}"
     if tiny:
         return _finding(

@@ -4,8 +4,9 @@
     findings = kl_of_the_same_rate(findings)   # after it: the KL the same learning rate built
 
 G copies of one completion earn one reward from any reward function; a function that scored at most one completion
-of every group (None on the rest) has nothing to vary within a group; the KL from the reference at the step's start
-was built by the updates the same learning rate made.
+of every group (None on the rest) has nothing to vary within a group; a group whose only spread is a length-paying
+function's is a sliver that function made; the KL from the reference at the step's start was built by the updates
+the same learning rate made.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .chain import loud
 
 
 def by_construction(findings: list[Finding]) -> list[Finding]:
-    return constant_behind_none(identical_behind_zero_std(findings))
+    return sliver_behind_paid_length(constant_behind_none(identical_behind_zero_std(findings)))
 
 
 def identical_behind_zero_std(findings: list[Finding]) -> list[Finding]:
@@ -58,6 +59,24 @@ def constant_behind_none(findings: list[Finding]) -> list[Finding]:
             "a group to vary, the Nones' doing (bad_reward)")  # fmt: skip
     return [
         dataclasses.replace(f, symptom_of=("bad_reward",), summary=f.summary + said) if f.id == constant.id else f
+        for f in findings
+    ]
+
+
+def sliver_behind_paid_length(findings: list[Finding]) -> list[Finding]:
+    """advantage_scale a symptom of length_reward where both are loud and every function that varies within the
+    groups of a sliver's std is one that pays for length: without it those groups' rewards are equal, and no
+    sliver is left to blow up."""
+    by_id = {f.id: f for f in findings}
+    scale, length = by_id.get("advantage_scale"), by_id.get("length_reward")
+    if not (scale and length and loud(scale) and loud(length)) or scale.symptom_of:
+        return findings
+    slivers, paid = scale.evidence.get("sliver_functions") or [], length.evidence.get("paid") or []
+    if not slivers or not set(slivers) <= set(paid):
+        return findings
+    said = f"; the slivers are {', '.join(slivers)}'s alone, which pays for length (length_reward)"
+    return [
+        dataclasses.replace(f, symptom_of=("length_reward",), summary=f.summary + said) if f.id == scale.id else f
         for f in findings
     ]
 
