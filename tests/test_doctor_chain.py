@@ -209,3 +209,20 @@ def test_a_sliver_made_by_a_length_paying_function_is_length_rewards_symptom():
     for slivers in (["close"], ["close", "thorough"], []):
         kept = {f.id: f for f in by_construction(findings(slivers))}
         assert not kept["advantage_scale"].symptom_of, f"a sliver of {slivers} was explained away"
+
+
+def test_a_gain_inside_its_noise_ranks_nothing_and_ties_go_to_the_earlier_phase():
+    """Two causes of one severity whose fixes' horizons were 'not detected' (fresh tuning seed 150: -0.0013 and
+    -0.0027, each interval across 0) are ranked as if not followed; with nothing else between them, the one that
+    acts earlier in the step goes first (a reward function before the groups its rewards leave without signal)."""
+    from grpo_debug.doctor.report import rank
+
+    def followed(mean, low, high):
+        return {"difference": {"mean": mean, "ci_low": low, "ci_high": high}}
+
+    zero = Finding("zero_std_groups", "warning", "z", learning=followed(-0.0013, -0.0115, 0.0089))
+    cut = Finding("truncation", "warning", "t", learning=followed(-0.0027, -0.0231, 0.0177))
+    bad = Finding("bad_reward", "warning", "b")
+    assert [f.id for f in rank([zero, bad, cut], [])] == ["truncation", "bad_reward", "zero_std_groups"]
+    gained = dataclasses.replace(zero, learning=followed(0.2, 0.1, 0.3))
+    assert [f.id for f in rank([cut, bad, gained], [])][0] == "zero_std_groups", "a measured gain did not rank first"

@@ -21,10 +21,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ..config import changes_sampling
+from ..config import PHASES, changes_sampling
 from ..detectors.findings import LOUD, SEVERITIES, Finding
 
 ROUNDS = 4
+
+# the phase of the step each finding arises in (`config.PHASES`): what rollout samples, the rewards score, the
+# advantages divide, the loss weighs and the update takes
+ACTS_IN = {
+    **dict.fromkeys(("truncation", "identical_groups", "sampler_truncation"), "rollout"),
+    **dict.fromkeys(
+        ("eos_masked", "temperature", "dropout", "position_ids", "sampler_mismatch", "precision", "entropy_collapse"),
+        "logprobs",
+    ),  # fmt: skip
+    **dict.fromkeys(("bad_reward", "constant_reward", "dominant_reward", "length_reward"), "rewards"),
+    **dict.fromkeys(("zero_std_groups", "advantage_scale", "large_advantages"), "advantages"),
+    **dict.fromkeys(
+        ("kl_off", "kl_estimator", "clip_inactive", "clip_saturated", "sequence_ratio_sum", "loss_normaliser"), "loss"
+    ),  # fmt: skip
+    **dict.fromkeys(("update_size", "grad_clipped", "kl_blowup"), "update"),
+}
 
 Detect = Callable[[dict], dict[str, Finding] | None]
 
@@ -93,8 +109,9 @@ def order(
 ) -> tuple[Finding, ...]:
     """Causes first, most severe, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
     on it) after those of its severity the step shows, then by what their fix did to learning over a few steps
-    (`gain`, where it was followed: larger first), then in the order the chain fixed them (`chained`), then by how
-    far their flip moves the update (`moves`); each symptom right after the last of its causes to be ranked."""
+    (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
+    then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
+    phase can make a later one's finding, never the reverse); each symptom right after the last of its causes."""
 
     def key(f: Finding):
         g = gain(f)
@@ -104,6 +121,7 @@ def order(
             (0, -g) if g is not None else (1, 0.0),
             chained.index(f.id) if f.id in chained else len(chained),
             -moves(f),
+            PHASES.index(ACTS_IN.get(f.id, "evaluation")),
         )
 
     heads = sorted((f for f in findings if not f.symptom_of), key=key)

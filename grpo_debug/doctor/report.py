@@ -101,8 +101,13 @@ def _moves(f: Finding) -> float:
 
 
 def _gain(f: Finding) -> float | None:
-    """What the finding's fix did to learning over the horizon (the fixed arm's batch reward minus the run's)."""
-    return f.learning["difference"]["mean"] if f.learning else None
+    """What the finding's fix did to learning over the horizon (the fixed arm's batch reward minus the run's), where
+    its interval excludes 0; None where it was not followed or the difference was not detected (a point estimate
+    inside its noise ranks nothing)."""
+    if not f.learning or "difference" not in f.learning:
+        return None
+    d = f.learning["difference"]
+    return d["mean"] if d["ci_low"] > 0 or d["ci_high"] < 0 else None
 
 
 def rank(findings: list[Finding], chained: list[str] = ()) -> tuple[Finding, ...]:
