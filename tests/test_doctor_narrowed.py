@@ -52,3 +52,17 @@ def test_sampling_at_trls_defaults_is_not_resampled():
     step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=8, **TRL_SAMPLING))
     step.run(until="advantages")
     assert narrowing_tested(step, [ONE_DRAW]) == [ONE_DRAW], "nothing narrowed, yet the sampler was resampled"
+
+
+def test_the_readme_states_the_levels_as_they_are():
+    from pathlib import Path
+
+    from grpo_debug.detectors.detectors import COLD, IDENTICAL_WARNING
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    for said in (
+        f"a temperature of {COLD:g} or less",
+        f"the fix gives {RECOVERED_WARNING:.0%} of the groups a gradient or more",
+        f"or where {'half' if IDENTICAL_WARNING == 0.5 else f'{IDENTICAL_WARNING:.0%}'} the run's groups are one text",
+    ):
+        assert said in readme, f"README.md does not say: {said}"
