@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_debug.capture import CaptureCallback
 from grpo_debug.capture.trl_bridge import trl_trainer
@@ -159,3 +160,17 @@ def test_a_config_that_leaves_dropout_to_its_defaults_is_read_with_them(tmp_path
     assert "config.attn_pdrop=0.1" in config_dropouts(model_config(tmp_path))  # GPT-2's default: 0.1
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-in-transformers", "p_dropout": 0.3}))
     assert config_dropouts(model_config(tmp_path)) == ["config.p_dropout=0.3"]
+
+
+def test_the_start_of_a_lora_run_is_sampled_from_its_base_with_the_adapters_off(lora_capture):
+    """`doctor.at_start` on a LoRA capture (beta 0.04): TRL's reference is the policy with its adapters off, a
+    wrapper around the policy; sampling from it runs, scores with the user's function and leaves the adapter as it was."""
+    from grpo_debug.capture.opening import open_capture
+    from grpo_debug.doctor.at_start import sample_at_start
+
+    step = open_capture(lora_capture, task=[digits])
+    adapter = {k: v.clone() for k, v in step.policy.named_parameters() if v.requires_grad}
+    start = sample_at_start(step, draws=2)
+    assert start.groups == 2 * step.cfg.num_prompts and 0 <= start.cut <= 1, start
+    assert all(torch.equal(v, dict(step.policy.named_parameters())[k]) for k, v in adapter.items()), "adapter moved"
+    assert step.loaded.reference is not step.loaded.policy, "the reference was left swapped"

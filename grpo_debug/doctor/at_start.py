@@ -44,7 +44,9 @@ class AtStart:
 
 def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
     """`AtStart` from the reference's weights (seeds SEED_OFFSET + k past the step's, as `resampled` draws): the
-    policy is swapped for the reference while sampling and scoring only (no update runs), then put back."""
+    policy is swapped for the reference while sampling and scoring only (no update runs), then put back. The
+    readable sampler: the fast one reaches into the model's attention layers (`fast.shared_prompt`), which a LoRA
+    reference (the policy with its adapters off, `capture.lora.AdapterDisabled`) does not hold as its own."""
     cfg, G = step.cfg, step.cfg.num_generations
     step.restore_policy()
     loaded = step.loaded
@@ -54,7 +56,7 @@ def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
         step.loaded = dataclasses.replace(loaded, policy=loaded.reference)
         try:
             for k in range(draws):
-                anew = cfg.replace(seed=cfg.seed + SEED_OFFSET + k)
+                anew = cfg.replace(seed=cfg.seed + SEED_OFFSET + k, fast=False)  # a LoRA reference is a wrapper
                 run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
                 without.append(groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G)))
                 cut.append((~run.rollout.finished).float().cpu())
