@@ -226,3 +226,39 @@ def test_a_gain_inside_its_noise_ranks_nothing_and_ties_go_to_the_earlier_phase(
     assert [f.id for f in rank([zero, bad, cut], [])] == ["truncation", "bad_reward", "zero_std_groups"]
     gained = dataclasses.replace(zero, learning=followed(0.2, 0.1, 0.3))
     assert [f.id for f in rank([cut, bad, gained], [])][0] == "zero_std_groups", "a measured gain did not rank first"
+
+
+def test_a_cause_only_a_sampling_fix_shows_is_named_behind_it_after_every_cause_the_step_shows():
+    """Rewards in per-mille with scale_rewards='none' whose groups were all one text (top_p 0.37, fresh tuning seed
+    231): every advantage 0, large_advantages quiet on the step; sampled anew at top_p 1 its groups vary and the
+    advantages reach 667, while the resample without the fix keeps them 0 (`diagnose._revealed` marks it). The
+    chain names it behind identical_groups, after every loud cause the step shows and before every quiet one."""
+
+    def detect_under(changes: dict) -> dict[str, Finding]:
+        if "top_p" not in changes:
+            return {f.id: f for f in planted(base)}
+        shown = Finding("large_advantages", "problem", "max |A| 667", evidence={"revealed": True})
+        return {"identical_groups": Finding("identical_groups", "absent", "-"), "large_advantages": shown,
+                "dropout": Finding("dropout", "warning", "d"), "kl_off": Finding("kl_off", "info", "k")}  # fmt: skip
+
+    base = {"identical_groups": "warning", "large_advantages": "absent", "dropout": "warning", "kl_off": "info"}
+    toggles = {"identical_groups": {"top_p": 1.0}}
+    findings, causes = differential(planted(base), toggles, detect_under)
+    by_id = {f.id: f for f in findings}
+    assert by_id["large_advantages"].severity == "problem", by_id["large_advantages"]
+    assert by_id["large_advantages"].evidence["behind"] == "identical_groups", by_id["large_advantages"].evidence
+    assert "hidden behind identical_groups" in by_id["large_advantages"].summary, by_id["large_advantages"].summary
+    ranked = [f.id for f in rank(findings, causes)]
+    assert ranked == ["identical_groups", "dropout", "large_advantages", "kl_off"], ranked
+
+
+def test_only_what_the_fix_made_loud_is_marked_revealed():
+    from grpo_debug.doctor.diagnose import _revealed
+
+    quiet = Finding("large_advantages", "absent", "max |A| 0")
+    loud_now = Finding("large_advantages", "problem", "max |A| 667")
+    assert _revealed(loud_now, quiet).evidence == {"revealed": True}, "a finding only the fix shows was not marked"
+    assert _revealed(Finding("large_advantages", "info", "1"), quiet) is quiet, "a quiet finding was marked"
+    assert _revealed(loud_now, Finding("large_advantages", "warning", "w")).severity == "warning", "the step's lost"
+    signal = Finding("zero_std_groups", "warning", "z")
+    assert _revealed(signal, Finding("zero_std_groups", "info", "i")).severity == "info", "the fix's own signal"

@@ -44,6 +44,9 @@ ACTS_IN = {
 
 Detect = Callable[[dict], dict[str, Finding] | None]
 
+# what a sampling fix changes by itself (the groups' signal): never read as a cause the fix revealed
+SIGNAL_OF_THE_FIX = ("zero_std_groups", "identical_groups")
+
 
 def loud(f: Finding) -> bool:
     return f.severity in LOUD
@@ -67,6 +70,7 @@ def differential(
     clears: dict[str, tuple[str, ...]] = {}
     symptom_of: dict[str, tuple[str, ...]] = {}
     failed: dict[str, str] = {}
+    revealed: dict[str, tuple[str, Finding]] = {}
     for _ in range(rounds):
         candidates = [
             i for i in toggles if i not in causes and i not in symptom_of and i not in failed and loud(current[i])
@@ -88,6 +92,9 @@ def differential(
         for j in others[cause]:
             symptom_of[j] = (cause,) if alone is not None and not loud(alone[j]) else (*causes, cause)
         clears[cause] = tuple(others[cause])
+        for j, g in after[cause].items():  # loud only with the fix (`diagnose._revealed`): behind the cause
+            if g.evidence.get("revealed") and j not in revealed and j in current and not loud(current[j]):
+                revealed[j] = (cause, g)
         causes.append(cause)
         changes.update(toggles[cause])
         current = after[cause]
@@ -101,13 +108,21 @@ def differential(
         )
         for f in findings
     ]
-    return marked, causes
+    return [behind(f, *revealed[f.id]) if f.id in revealed and not loud(f) else f for f in marked], causes
+
+
+def behind(f: Finding, cause: str, shown: Finding) -> Finding:
+    """`f`, quiet on the step, as `cause`'s fix showed it: a cause hidden behind that one (rewards in the thousands
+    whose groups were all one text), ranked after every cause the step itself shows."""
+    said = f"{shown.summary}; hidden behind {cause}: only its fix, sampled anew, shows it"
+    return dataclasses.replace(f, severity=shown.severity, summary=said, evidence={**shown.evidence, "behind": cause})
 
 
 def order(
     findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
 ) -> tuple[Finding, ...]:
-    """Causes first, most severe, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
+    """Causes first, loud ones before the rest, a cause only a fix showed (`behind`) after every loud one the step
+    itself shows, most severe first, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
     on it) after those of its severity the step shows, then by what their fix did to learning over a few steps
     (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
     then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
@@ -116,6 +131,8 @@ def order(
     def key(f: Finding):
         g = gain(f)
         return (
+            f.severity not in LOUD,
+            "behind" in f.evidence,
             SEVERITIES.index(f.severity),
             "at_start" in f.evidence,
             (0, -g) if g is not None else (1, 0.0),

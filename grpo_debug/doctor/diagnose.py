@@ -17,6 +17,7 @@ from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
+from . import chain
 from .at_start import before_the_jump
 from .chain import differential
 from .exhibits import exhibits_of
@@ -233,6 +234,14 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     return {p.toggle[0]: p.toggle[1], **_kept(dict(p.fix_also), step, config)}
 
 
+def _revealed(fixed: Finding, as_found: Finding) -> Finding:
+    """A finding loud with a sampling fix, quiet in the resample without it and on the trainer's step: the fix, not
+    a draw, made it show (`chain.differential` names it behind the cause); else the trainer's finding."""
+    if fixed.severity in LOUD and as_found.severity not in LOUD and fixed.id not in chain.SIGNAL_OF_THE_FIX:
+        return dataclasses.replace(fixed, evidence={**fixed.evidence, "revealed": True})
+    return as_found
+
+
 def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[Finding]):
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
@@ -264,6 +273,6 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
         fixed, again = run_detectors(changes, True), run_detectors(kept, True)
         if fixed is None or again is None:
             return None
-        return {i: f if again[i].severity in LOUD else trainer.get(i, f) for i, f in fixed.items()}
+        return {i: f if again[i].severity in LOUD else _revealed(f, trainer.get(i, f)) for i, f in fixed.items()}
 
     return detect_under
