@@ -154,3 +154,18 @@ def test_stranger_corpus_trains_diagnoses_and_scores_three_tiny_runs(tmp_path):
     planted = sorted(len(row["expected"]) for row in report["per_run"])
     assert planted == [0, 1, 2], f"the quick runs are not clean, single and double: {planted}"
     assert sum(sum(row.values()) for row in report["confusion"].values()) == 2, report["confusion"]
+
+
+def test_the_stranger_tables_state_the_saved_reports():
+    """Each stranger-corpus report saved in benchmarks/results/ has its three rates in benchmarks/README.md as the
+    report computed them (rate and runs, as the tables print them): a table edited by hand fails here."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    readme = " ".join((folder / "README.md").read_text().split())
+    reports = sorted((folder / "results").glob("stranger-*.json"))
+    assert reports, "no stranger-corpus report is saved"
+    for path in reports:
+        r = json.loads(path.read_text())
+        for rate, kind in (("top1_rate_single", "single"), ("both_in_top2_rate_double", "double"),
+                           ("quiet_rate_clean", "clean")):  # fmt: skip
+            said = f"{r[rate]:.0%} ({r['scored'][kind]})"
+            assert said in readme, f"benchmarks/README.md does not state {path.name}'s {rate}: {said}"
