@@ -47,8 +47,8 @@ def step_metrics(trainer, capture: dict, new: dict[str, list]) -> dict:
 
 
 def remember_step(course: list[dict], step: int, new: dict[str, list]) -> list[dict]:
-    """`course` with step `step`'s own numbers added: this process's mean of each history key (`is_history_key`) TRL appended
-    during the step (what TRL would log with logging_steps=1), the last LOGGED_KL_STEPS steps."""
+    """`course` with step `step`'s own numbers added: this process's mean of each history key (`is_history_key`)
+    TRL appended during the step (what TRL would log with logging_steps=1), the last LOGGED_KL_STEPS steps."""
     values = {k: mean_like_trl_log([float(v) for v in vs]) for k, vs in new.items() if is_history_key(k) and vs}
     record = {"step": step, **{k: v for k, v in values.items() if v is not None and math.isfinite(v)}}
     return [*course, record][-LOGGED_KL_STEPS:]

@@ -116,7 +116,8 @@ def is_history_key(name: str) -> bool:
 
 def logged_history(log_history: list[dict]) -> list[dict]:
     """[{"step": k, name: value, ...}] of TRL's training logs up to now (the last LOGGED_KL_STEPS), each with the
-    finite numbers of HISTORY_KEYS and each reward function's std it logged: the order in which things went wrong before the captured step."""
+    finite numbers of HISTORY_KEYS and each reward function's std it logged: the order in which things went wrong
+    before the captured step."""
     kept = []
     for h in log_history:
         if "loss" not in h or not isinstance(h.get("step"), int):

@@ -21,11 +21,11 @@ import dataclasses
 import torch
 
 from ..advantages import groups_without_signal, summarize_advantages
-from ..detectors.detectors import NO_SIGNAL_WARNING, TRUNCATED_PROBLEM, TRUNCATED_WARNING
+from ..detectors.detectors import NO_SIGNAL_WARNING, TRUNCATED_PROBLEM, TRUNCATED_WARNING, _constant_within_groups
 from ..detectors.findings import Finding
 from ..step import GRPOStep, StepRun
 from .onsets import UPSTREAM
-from .resampled import NO_SIGNAL_PROBLEM, SEED_OFFSET
+from .resampled import NO_SIGNAL_PROBLEM, sampled_anew
 
 START_DRAWS = 4  # batches of the step's prompts sampled at the start: the run's shares, not one draw's
 MEASURED_THERE = ("zero_std_groups", "truncation", "constant_reward")
@@ -43,42 +43,27 @@ class AtStart:
 
 
 def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
-    """`AtStart` from the reference's weights (seeds SEED_OFFSET + k past the step's, as `resampled` draws): the
-    policy is swapped for the reference while sampling and scoring only (no update runs), then put back. The
-    readable sampler: the fast one reaches into the model's attention layers (`fast.shared_prompt`), which a LoRA
-    reference (the policy with its adapters off, `capture.lora.AdapterDisabled`) does not hold as its own."""
-    cfg, G = step.cfg, step.cfg.num_generations
-    step.restore_policy()
-    loaded = step.loaded
-    device = next(loaded.policy.parameters()).device  # a LoRA reference is the policy with its adapters off
-    without, cut, flat = [], [], None
-    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        step.loaded = dataclasses.replace(loaded, policy=loaded.reference)
-        try:
-            for k in range(draws):
-                anew = cfg.replace(seed=cfg.seed + SEED_OFFSET + k, fast=False)  # a LoRA reference is a wrapper
-                run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
-                without.append(groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G)))
-                cut.append((~run.rollout.finished).float().cpu())
-                flat_here = {n for n, v in run.rewards.per_function.items() if _flat_in_every_group(v.cpu(), G)}
-                flat = flat_here if flat is None else flat & flat_here
-        finally:
-            step.loaded = loaded
-    w = torch.cat(without).float()
+    """`AtStart` from the reference's weights (`resampled.sampled_anew`, seeds as its draws): the policy is swapped
+    for the reference while sampling and scoring only (no update runs), then put back. The readable sampler: the fast
+    one reaches into the model's attention layers (`fast.shared_prompt`), which a LoRA reference (the policy with its
+    adapters off, `capture.lora.AdapterDisabled`) does not hold as its own."""
+    G = step.cfg.num_generations
+
+    def read(run: StepRun) -> tuple[torch.Tensor, torch.Tensor, set[str]]:
+        without = groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G))
+        flat = {n for n, v in run.rewards.per_function.items() if _constant_within_groups(v.cpu(), G)}
+        return without, (~run.rollout.finished).float().cpu(), flat
+
+    drawn = sampled_anew(step, step.cfg.replace(fast=False), draws, read, policy=step.loaded.reference)
+    w = torch.cat([without for without, _, _ in drawn]).float()
+    flat = set.intersection(*(flat for _, _, flat in drawn))
     return AtStart(
         groups_without_signal=w.mean().item(),
-        cut=torch.cat(cut).mean().item(),
-        flat_functions=tuple(n for n in step.task.reward_names if n in (flat or set())),
+        cut=torch.cat([cut for _, cut, _ in drawn]).mean().item(),
+        flat_functions=tuple(n for n in step.task.reward_names if n in flat),
         functions=len(step.task.reward_names),
         groups=len(w),
     )
-
-
-def _flat_in_every_group(values: torch.Tensor, G: int) -> bool:
-    """(N,) one function's rewards: equal within every group of G (None, NaN, counts as 0, as the detector reads it)."""
-    v = values.nan_to_num(0.0).view(-1, G)
-    scale = 1.0 + v.abs().max().item()
-    return (v - v.mean(1, keepdim=True)).abs().max().item() <= 1e-6 * scale
 
 
 def severity_at_start(id: str, start: AtStart) -> tuple[str, str]:
@@ -109,9 +94,10 @@ def before_the_jump(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
     if not marked or step.at_reference or step.loaded.reference is None or step.stored_rewards:
         return findings
     start = sample_at_start(step)
+    measured = {f.id for f in marked}
     out = []
     for f in findings:
-        if f not in marked:
+        if f.id not in measured:
             out.append(f)
             continue
         severity, said = severity_at_start(f.id, start)

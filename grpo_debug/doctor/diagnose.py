@@ -17,9 +17,8 @@ from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
-from . import chain
 from .at_start import before_the_jump
-from .chain import differential
+from .chain import SIGNAL_OF_THE_FIX, differential
 from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
@@ -237,7 +236,7 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
 def _revealed(fixed: Finding, as_found: Finding) -> Finding:
     """A finding loud with a sampling fix, quiet in the resample without it and on the trainer's step: the fix, not
     a draw, made it show (`chain.differential` names it behind the cause); else the trainer's finding."""
-    if fixed.severity in LOUD and as_found.severity not in LOUD and fixed.id not in chain.SIGNAL_OF_THE_FIX:
+    if fixed.severity in LOUD and as_found.severity not in LOUD and fixed.id not in SIGNAL_OF_THE_FIX:
         return dataclasses.replace(fixed, evidence={**fixed.evidence, "revealed": True})
     return as_found
 

@@ -25,26 +25,24 @@ from ..config import StepConfig
 from ..detectors.detectors import IDENTICAL_WARNING, _narrowed
 from ..detectors.findings import Finding
 from ..step import GRPOStep, StepRun
-from .resampled import NO_SIGNAL_PROBLEM, RECOVERED_WARNING, SEED_OFFSET, draws_for
+from .resampled import NO_SIGNAL_PROBLEM, RECOVERED_WARNING, draws_for, sampled_anew
 
 TRL_SAMPLING = dict(top_p=1.0, top_k=0, min_p=None)  # GRPOConfig's defaults, with temperature 1 or above
 
 
 def sampled_shares(step: GRPOStep, cfg: StepConfig, draws: int) -> dict:
-    """The step's prompts sampled `draws` times under `cfg` (seeds SEED_OFFSET + k past the step's): the shares of
-    groups of one text and of groups without signal, {"identical", "without_signal", "groups"}. The caller's random
-    state and the step are left as they were."""
-    G, identical, without = cfg.num_generations, [], []
-    device = next(step.policy.parameters()).device
-    with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        for k in range(draws):
-            anew = cfg.replace(seed=step.cfg.seed + SEED_OFFSET + k)
-            run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
-            groups = len(run.rollout.prompts)
-            identical.append(torch.tensor([g in set(run.rollout.identical_groups) for g in range(groups)]))
-            without.append(groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G)))
-    same, w = torch.cat(identical).float(), torch.cat(without).float()
-    return {"identical": same.mean().item(), "without_signal": w.mean().item(), "groups": len(w)}
+    """The step's prompts sampled `draws` times under `cfg` (`resampled.sampled_anew`): the shares of groups of one
+    text and of groups without signal, {"identical", "without_signal", "groups"}. The caller's random state and the
+    step are left as they were."""
+    G = cfg.num_generations
+
+    def read(run: StepRun) -> tuple[int, torch.Tensor]:
+        without = groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G))
+        return len(run.rollout.identical_groups), without
+
+    drawn = sampled_anew(step, cfg, draws, read)
+    w = torch.cat([without for _, without in drawn]).float()
+    return {"identical": sum(n for n, _ in drawn) / len(w), "without_signal": w.mean().item(), "groups": len(w)}
 
 
 def severity_of(as_run: dict, fixed: dict) -> tuple[str, str]:

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from ..advantages import groups_without_signal, summarize_advantages
+from ..config import StepConfig
 from ..detectors.detectors import NO_SIGNAL_WARNING
 from ..detectors.findings import LOUD, Finding
 from ..step import GRPOStep, StepRun
@@ -37,6 +40,7 @@ RECOVERED_WARNING = 0.25  # G = 2 on a yes/no reward at pass rate p recovers pq(
 # in 0.2..0.8; G = 4 at p = 0.5 recovers 0.117
 NO_SIGNAL_PROBLEM = 0.95  # the run's groups nearly all without a gradient, whatever this draw held
 SEED_OFFSET = 7919  # resamples never share the step's own seed
+T = TypeVar("T")
 
 
 def halves_and_whole(rewards: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,22 +59,35 @@ def draws_for(groups: int, G: int) -> int:
     return max(MIN_DRAWS, min(MAX_DRAWS, wanted, affordable))
 
 
-def resampled_signal(step: GRPOStep, draws: int) -> dict:
-    """The step's prompts sampled `draws` times at 2G from its weights (seeds SEED_OFFSET + k past the step's), the
-    user's reward functions scoring them: {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}. The
-    caller's random state and the step are left as they were."""
-    cfg = step.cfg
-    G = cfg.num_generations
-    halves, wholes = [], []
-    device = next(step.policy.parameters()).device
+def sampled_anew(step: GRPOStep, cfg: StepConfig, draws: int, read: Callable[[StepRun], T], policy=None) -> list[T]:
+    """The step's prompts sampled `draws` times under `cfg` (seeds SEED_OFFSET + k past the step's), each run up to
+    its rewards and kept as `read(run)`; `policy`: sampled from that model instead of the step's (the run's start,
+    `at_start`), swapped in for the sampling only. The caller's random state, the step and its policy are left as
+    they were."""
+    seed, loaded = step.cfg.seed, step.loaded
+    device = next(loaded.policy.parameters()).device  # a LoRA reference is the policy with its adapters off
+    step.restore_policy()
     with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        for k in range(draws):
-            anew = cfg.replace(num_generations=2 * G, seed=cfg.seed + SEED_OFFSET + k)
-            run = step.run(anew, until="rewards", base=StepRun(anew), remember=False)
-            h, w = halves_and_whole(run.rewards.total.float().cpu(), G)
-            halves.append(h)
-            wholes.append(w)
-    h, w = torch.cat(halves).float(), torch.cat(wholes).float()
+        if policy is not None:
+            step.loaded = dataclasses.replace(loaded, policy=policy)
+        try:
+            out = []
+            for k in range(draws):
+                anew = cfg.replace(seed=seed + SEED_OFFSET + k)
+                out.append(read(step.run(anew, until="rewards", base=StepRun(anew), remember=False)))
+        finally:
+            step.loaded = loaded  # before the trial puts the start's weights back into the policy
+    return out
+
+
+def resampled_signal(step: GRPOStep, draws: int) -> dict:
+    """The step's prompts sampled `draws` times at 2G from its weights (`sampled_anew`), the user's reward functions
+    scoring them: {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}. The caller's random state and the
+    step are left as they were."""
+    G = step.cfg.num_generations
+    split = sampled_anew(step, step.cfg.replace(num_generations=2 * G), draws,
+                         lambda run: halves_and_whole(run.rewards.total.float().cpu(), G))  # fmt: skip
+    h, w = torch.cat([h for h, _ in split]).float(), torch.cat([w for _, w in split]).float()
     at_G, at_2G = h.mean().item(), w.mean().item()
     return {"share_at_G": at_G, "share_at_2G": at_2G, "recovered": at_G - at_2G, "draws": draws, "groups": len(w)}
 
