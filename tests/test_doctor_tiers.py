@@ -267,3 +267,26 @@ def test_a_sliver_warns_where_the_division_blows_it_up_and_names_whose_it_is(fac
     rounding[3] -= 3e-7
     kept_small = d.advantage_scale(with_advantages(facts, {"close": rounding, "thorough": torch.full((8,), 0.05)}))
     assert kept_small.severity == "absent", f"a rounding divided by TRL's eps was read as a sliver: {kept_small}"
+
+
+def with_entropy(facts, nats: float, history: tuple[dict, ...]):
+    lp = dataclasses.replace(facts.run.logprobs, entropies=torch.full_like(facts.run.logprobs.entropies, nats))
+    return dataclasses.replace(facts, run=dataclasses.replace(facts.run, logprobs=lp), logged_history=history)
+
+
+@pytest.mark.parametrize(
+    "history, severity",
+    [
+        (({"step": 1, "entropy": 0.9}, {"step": 2, "entropy": 0.3}, {"step": 3, "entropy": 0.01}), "warning"),
+        (({"step": 1, "entropy": 0.02}, {"step": 2, "entropy": 0.01}, {"step": 3, "entropy": 0.01}), "info"),
+        ((), "warning"),
+    ],
+    ids=["fell during the run", "as low at the first step", "no history to date it"],
+)
+def test_entropy_collapse_is_a_fall_during_the_run(facts, history, severity):
+    low = d.entropy_collapse(with_entropy(facts, d.ENTROPY_COLLAPSE / 5, history))
+    assert low.severity == severity, f"entropy {d.ENTROPY_COLLAPSE / 5} after {history}: {low.summary}"
+    if history:
+        assert f"step {history[0]['step']}" in low.summary, "the summary names the step it compares with"
+    high = d.entropy_collapse(with_entropy(facts, d.ENTROPY_COLLAPSE * 2, history))
+    assert high.severity == "absent", "an entropy above the level is no collapse, whatever the history"

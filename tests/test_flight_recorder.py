@@ -159,7 +159,10 @@ def test_the_signals_use_the_doctors_thresholds():
     assert health.zero_std_groups(d.NO_SIGNAL_WARNING - 0.01).severity == "ok"
     assert health.truncation(d.TRUNCATED_WARNING).severity == "warning" and health.truncation(0.1).severity == "ok"
     assert health.truncation(1.0).severity == "problem", "every completion cut: the doctor says problem, so does health"
-    assert health.entropy_collapse(d.ENTROPY_COLLAPSE / 2).severity == "warning"
+    low = d.ENTROPY_COLLAPSE / 2
+    assert health.entropy_collapse(low, first=1.0).severity == "warning", "a fall below the level warns"
+    assert health.entropy_collapse(low).severity == "ok", "the run's first step has no fall to warn of"
+    assert health.entropy_collapse(low, first=low * 1.5).severity == "ok", "as low at the start: the model's own"
     assert health.clip_saturated(d.CLIP_SATURATED).severity == "warning"
     assert health.update_size(d.UPDATE_WARNING * 2).severity == "warning"
     assert health.length_reward({"a": d.LENGTH_CORRELATION, "b": -0.9}, {"a": 1e-4, "b": 1.0}).severity == "warning"

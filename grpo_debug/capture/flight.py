@@ -117,6 +117,7 @@ class FlightRecorder(CaptureCallback):
         self.min_history, self.trigger_on, self.update_sample = min_history, set(trigger_on), update_sample
         self.history = {name: deque(maxlen=window) for name in ("grad_norm", "reward", "reward_std")}
         self.severity: dict[str, str] = {}  # each signal's severity at the step before
+        self.first_entropy: float | None = None  # TRL's entropy at the run's first step: a collapse is a fall from it
         self.first: list[int] = []  # the first max_captures - 1 steps captured
         self.last: tuple[int, tuple] | None = None  # (step, badness) in the last place
         self.triggered: dict[int, list[dict]] = {}
@@ -184,11 +185,13 @@ class FlightRecorder(CaptureCallback):
             metrics.update({f"rollout_corr/{k}": v for k, v in (s["sampler"] or {}).items()})
         out += [
             health.truncation(metrics.get("completions/clipped_ratio")),
-            health.entropy_collapse(metrics.get("entropy")),
+            health.entropy_collapse(metrics.get("entropy"), self.first_entropy),
             health.clip_saturated(metrics.get("clip_ratio/region_mean")),
             health.kl_blowup(metrics.get("kl")),
         ]
         out += self._run_signals(metrics, g)
+        if self.first_entropy is None and metrics.get("entropy") is not None:
+            self.first_entropy = metrics["entropy"]
         return out, metrics
 
     def _run_signals(self, metrics: dict, generation: dict) -> list[health.Signal]:

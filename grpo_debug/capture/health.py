@@ -160,13 +160,20 @@ def truncation(clipped_ratio: float | None) -> Signal:
     return Signal("truncation", severity, clipped_ratio, summary, TRUNCATED_WARNING)
 
 
-def entropy_collapse(entropy: float | None) -> Signal:
-    """The doctor's entropy_collapse, from TRL's entropy (mean per loss token, nats)."""
+def entropy_collapse(entropy: float | None, first: float | None = None) -> Signal:
+    """The doctor's entropy_collapse, from TRL's entropy (mean per loss token, nats): a fall below the level during
+    the run. `first`: the entropy TRL logged at the run's first step (None: this is the first); an entropy as low
+    there is the model's own sureness, not a collapse."""
     if entropy is None:
         return Signal("entropy_collapse", "ok", None, "TRL logged no entropy", ENTROPY_COLLAPSE, below=True)
-    severity = "warning" if entropy < ENTROPY_COLLAPSE else "ok"
     summary = f"mean token entropy {entropy:.3g} nats"
-    return Signal("entropy_collapse", severity, entropy, summary, ENTROPY_COLLAPSE, below=True)
+    if entropy >= ENTROPY_COLLAPSE:
+        return Signal("entropy_collapse", "ok", entropy, summary, ENTROPY_COLLAPSE, below=True)
+    if first is None or first < ENTROPY_COLLAPSE:
+        summary += f"; {'this is' if first is None else f'{first:.3g} at'} the run's first step: no fall"
+        return Signal("entropy_collapse", "ok", entropy, summary, ENTROPY_COLLAPSE, below=True)
+    return Signal("entropy_collapse", "warning", entropy, f"{summary}; it fell from {first:.3g}", ENTROPY_COLLAPSE,
+                  below=True)  # fmt: skip
 
 
 def clip_saturated(region_mean: float | None) -> Signal:

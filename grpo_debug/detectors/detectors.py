@@ -407,17 +407,35 @@ def clip_saturated(f: StepFacts) -> Finding:
 ENTROPY_COLLAPSE = 0.05  # nats per token
 
 
+def entropy_before(history: tuple[dict, ...] | list[dict]) -> tuple[int, float] | None:
+    """(step, entropy) at the first step TRL logged an entropy: the policy before the run's updates (TRL's
+    entropy is the scoring pass's, before its step's optimizer step); None where nothing was logged."""
+    return next(((int(h["step"]), float(h["entropy"])) for h in history if "entropy" in h), None)
+
+
 def entropy_collapse(f: StepFacts) -> Finding:
+    """A collapse is a fall during the run: an entropy below ENTROPY_COLLAPSE that was as low at the run's first
+    logged step is the model's own sureness (or the sampler's temperature: TRL scores at it), no update made it."""
     lp = f.run.logprobs
     mean = _masked_mean(lp.entropies, lp.mask)
     identical = len(f.run.rollout.identical_groups)
-    evidence = dict(entropy=mean, identical_groups=identical)
+    first = entropy_before(f.logged_history)
+    evidence = dict(entropy=mean, identical_groups=identical, entropy_at_first_logged_step=first)
     if mean >= ENTROPY_COLLAPSE:
         return _finding("entropy_collapse", "absent", f"mean token entropy {mean:.3g} nats", **evidence)
-    return _finding(
-        "entropy_collapse", "warning",
-        f"mean token entropy {mean:.3g} nats; {identical} groups sampled one completion G times", **evidence,
-    )  # fmt: skip
+    said = f"mean token entropy {mean:.3g} nats; {identical} groups sampled one completion G times"
+    if first is not None and first[1] < ENTROPY_COLLAPSE:
+        return _finding(
+            "entropy_collapse", "info",
+            f"{said}; it was {first[1]:.3g} at step {first[0]}, the run's first logged step "
+            f"({'before any update' if first[0] <= 1 else 'no fall logged since'}): the model's own sureness at the "
+            f"run's temperature, not a collapse its updates made",
+            **evidence,
+        )  # fmt: skip
+    dated = (
+        "; TRL logged no entropy to date it" if first is None else f"; it fell from {first[1]:.3g} at step {first[0]}"
+    )
+    return _finding("entropy_collapse", "warning", said + dated, **evidence)
 
 
 PHANTOM_RELATIVE = 0.01  # a group std below 1% of the batch's reward std, scaled up to unit size
