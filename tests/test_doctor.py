@@ -14,7 +14,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from arithmetic_task import build_tiny_llama, build_tiny_model, build_tiny_qwen2  # noqa: E402
-from planted_train import CLEAN_RUNS, DOUBLE_DEFECTS, USER_RUNS  # noqa: E402
+from planted_train import CLEAN_RUNS, DEFECTS, DOUBLE_DEFECTS, USER_RUNS  # noqa: E402
 
 from grpo_debug.capture import open_capture  # noqa: E402
 from grpo_debug.config import StepConfig  # noqa: E402
@@ -28,7 +28,6 @@ pytestmark = pytest.mark.usefixtures("task_registry_restored")
 
 PLANTED = {  # planted_train.py's defect -> the finding that names it
     "constant_reward": "constant_reward",
-    "top_p": "sampler_truncation",
     "attention_dropout": "dropout",
     "position_ids": "position_ids",
     "short_completions": "truncation",
@@ -40,7 +39,6 @@ PLANTED = {  # planted_train.py's defect -> the finding that names it
     "reward_none_half": "bad_reward",
 }
 DOUBLE_PLANTED = {  # two defects -> the two findings that name them
-    "top_p+constant_reward": ("sampler_truncation", "constant_reward"),
     "position_ids+short_completions": ("position_ids", "truncation"),
     "attention_dropout+length_reward": ("dropout", "length_reward"),
     "learning_rate+attention_dropout": ("update_size", "dropout"),
@@ -57,7 +55,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     build_tiny_qwen2(folder / "qwen2-dropout", attention_dropout=0.1)
     shutil.copy(TESTS / "planted_train.py", folder / "planted_train.py")
     captures = {}
-    for defect in ("clean", *PLANTED, *DOUBLE_DEFECTS, *CLEAN_RUNS, *USER_RUNS):
+    for defect in ("clean", *DEFECTS, *DOUBLE_DEFECTS, *CLEAN_RUNS, *USER_RUNS):
         done = subprocess.run(
             [sys.executable, "planted_train.py", defect, f"out-{defect}"],
             cwd=folder,
@@ -97,8 +95,6 @@ def reports(runs) -> dict:
 
 
 def _reward_funcs(run: str) -> list:
-    from planted_train import DEFECTS
-
     return list({**DEFECTS, **DOUBLE_DEFECTS, **CLEAN_RUNS, **USER_RUNS}[run][1])
 
 
@@ -142,6 +138,23 @@ def test_two_defects_at_once_are_both_named_and_each_cause_is_above_its_symptoms
         place = {f.id: k for k, f in enumerate(reports[run].findings)}
         late = [f.id for f in reports[run].findings if any(place[c] > place[f.id] for c in f.symptom_of)]
         assert not late, f"{run}: symptoms ranked above their causes: {late}"
+
+
+@pytest.mark.slow  # `make test-slow`: the planted runs
+@pytest.mark.parametrize("run, other", [("top_p", None), ("top_p+constant_reward", "constant_reward")])
+def test_top_p_without_vllm_is_as_loud_as_its_flip(reports, run, other):
+    """top_p 0.8, the trainer sampling with its own model: the mass the sampler cut biases no importance ratio (that
+    is vLLM's, TRL #6789), so sampler_truncation is named, and loud only where scoring over the sampler's support
+    moves the update under the trainer's optimizer; a defect beside it is named first."""
+    found = next(f for f in reports[run].findings if f.id == "sampler_truncation")
+    assert found.severity != "absent" and found.effect and "error" not in found.effect, f"{run}: not flipped: {found}"
+    expected = "info" if found.effect["cosmetic"] else "warning"
+    assert found.severity == expected, f"{run}: {found.severity} where the flip says {expected}: {found.effect}"
+    causes = ranks(reports[run])
+    assert causes[:1] == ([other] if other else causes[:1]), f"{run}: {other} not the first cause: {causes}"
+    if found.severity == "info":
+        assert "sampler_truncation" not in causes and "leaves the update as it is" in found.summary, found.summary
+    print(f"\n{run}: sampler_truncation {found.severity}, cosine {found.effect['update_cosine']:+.4f}; causes {causes}")
 
 
 @pytest.mark.slow  # `make test-slow`: the planted runs

@@ -246,6 +246,20 @@ def test_a_finding_whose_flip_leaves_the_update_as_it_is_is_info(id):
     assert severity_from_flip(moved).severity == "warning", "a flip that moves the update was made info"
 
 
+def test_a_truncated_sampler_is_judged_by_its_flip_only_without_vllm():
+    """top_p kept 88% of the mass: with vLLM the importance ratio carries that factor on every token (TRL #6789),
+    a consequence in itself; the trainer sampling with its own model has no such ratio, so the flip decides."""
+    from grpo_debug.detectors.findings import Finding
+    from grpo_debug.doctor.diagnose import severity_from_flip
+
+    effect = {"update_cosine": 0.99999, "update_norm": [2e-4, 2e-4], "cosmetic": True}
+    found = Finding("sampler_truncation", "warning", "the sampler kept 88.0% of the mass", effect=effect)
+    assert severity_from_flip(found, uses_vllm=False).severity == "info", "no vLLM ratio, a flip that moves nothing"
+    assert severity_from_flip(found, uses_vllm=True).severity == "warning", "vLLM's ratio carries the kept mass"
+    moved = dataclasses.replace(found, effect={**effect, "update_cosine": 0.9, "cosmetic": False})
+    assert severity_from_flip(moved, uses_vllm=False).severity == "warning", "a flip that moves the update is loud"
+
+
 def with_advantages(facts, per_function: dict):
     from grpo_debug.advantages import summarize_advantages
 

@@ -83,7 +83,9 @@ def sampler_truncation(f: StepFacts) -> Finding:
     return _finding(
         "sampler_truncation", severity,
         f"top_p={cfg.top_p:g}, top_k={cfg.top_k}: the sampler kept {mean:.1%} of the mass on average "
-        f"({below:.0%} of tokens below half); the loss scores the full distribution", **evidence,
+        f"({below:.0%} of tokens below half); the loss scores the full distribution"
+        + ("" if f.uses_vllm else " (the trainer sampled itself: no vLLM importance ratio carries the cut mass)"),
+        **evidence,
     )  # fmt: skip
 
 

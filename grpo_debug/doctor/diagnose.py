@@ -71,7 +71,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         for i in flips:
             toggle = PITFALLS[findings[i].id].toggle
             effect = counterfactual(step, base, delta, *toggle, paired, detected, facts.step_kl)
-            findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect))
+            findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect), facts.uses_vllm)
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
     findings = after_onsets(
@@ -96,13 +96,16 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
 
 # findings whose statistic says only that something differs; whether it matters is what flipping it does to the update
 SEVERITY_FROM_FLIP = ("dropout", "grad_clipped")
+# ...and, where the trainer sampled with its own model, a truncated sampler's: the mass it cut biases vLLM's
+# importance ratio (TRL #6789), which such a run does not have; what is left is which tokens the step can sample
+SEVERITY_FROM_FLIP_WITHOUT_VLLM = ("sampler_truncation",)
 
 
-def severity_from_flip(f: Finding) -> Finding:
+def severity_from_flip(f: Finding, uses_vllm: bool = False) -> Finding:
     """A loud finding of SEVERITY_FROM_FLIP whose flip leaves the update as it is (`flips.COSMETIC`: the update's
     cosine and grad_norm within 1%) is info: under the trainer's optimizer it changes nothing this step learns."""
-    e = f.effect
-    if f.id not in SEVERITY_FROM_FLIP or f.severity not in LOUD or not e or "error" in e or not e["cosmetic"]:
+    e, ids = f.effect, SEVERITY_FROM_FLIP + (() if uses_vllm else SEVERITY_FROM_FLIP_WITHOUT_VLLM)
+    if f.id not in ids or f.severity not in LOUD or not e or "error" in e or not e["cosmetic"]:
         return f
     said = (f"{f.summary}; flipped on this step it leaves the update as it is (cosine {e['update_cosine']:+.3f}, "
             f"norm {e['update_norm'][0]:.3g} -> {e['update_norm'][1]:.3g})")  # fmt: skip
