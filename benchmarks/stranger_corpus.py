@@ -310,10 +310,16 @@ def both_in_top_two(ranked: list[str], expected: dict[str, list[str]]) -> bool:
     return len(top) == 2 and ((top[0] in ids_a and top[1] in ids_b) or (top[0] in ids_b and top[1] in ids_a))
 
 
+def expected_ids(spec: dict) -> dict[str, list[str]]:
+    """defect -> the ids that name it, from the catalogue as it is now (spec.json's `expected` is the catalogue's
+    when the run was drawn: a mended catalogue scores the runs drawn before it)."""
+    return {d: list(CATALOGUE[d].expects) for d in spec["defects"]}
+
+
 def score_run(spec: dict, findings: list[dict]) -> dict:
     """One run's row: what was planted, what the doctor ranked, and whether it counts as named."""
     ranked = causes(findings)
-    expected = spec["expected"]
+    expected = expected_ids(spec)
     row = {
         "name": spec["name"],
         "planted": list(expected) or ["clean"],
@@ -377,27 +383,11 @@ def absent_from_step(spec: dict, capture: Path) -> list[str]:
     return [] if len({len(p) for p in prompts}) > 1 else ["position_ids"]
 
 
-def no_defect_here(spec: dict) -> list[str]:
-    """The planted settings that are no defect in this run, by their mechanism: a truncating sampler
-    (sampler_truncation: top_p 0.8-0.95 or top_k 5-20) biases vLLM's importance ratio by the mass it cut (TRL #6789);
-    a trainer that samples with its own model (every run here: no vLLM on a CPU) has no such ratio, and top_p 0.9 is
-    a setting GRPO guides recommend. The run is scored without it: a single becomes a clean run, a double a single."""
-    return [] if dict(spec["config"]).get("use_vllm") else [d for d in spec["expected"] if d == "sampler_truncation"]
-
-
-def as_scored(spec: dict, as_drawn: bool) -> dict:
-    """The spec with the defects `no_defect_here` lifts out of `expected` (none `as_drawn`)."""
-    lifted = [] if as_drawn else no_defect_here(spec)
-    return {**spec, "expected": {d: ids for d, ids in spec["expected"].items() if d not in lifted}}
-
-
-def report(corpus: Corpus, runs: list[Run], sub: str, half: str, as_drawn: bool = False) -> dict:
-    """The half's scores from the files the stages wrote (nothing is run here); `as_drawn`: every planted defect
-    counts, those `no_defect_here` lifts out too."""
+def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
+    """The half's scores from the files the stages wrote (nothing is run here)."""
     rows, crashes, missing, failed, train_seconds, doctor_seconds, accuracies = [], {}, [], {}, [], [], {}
     reported: set[str] = set()
     not_present: dict[str, list[str]] = {}
-    lifted: dict[str, list[str]] = {}
     for run in runs:
         folder, t = corpus.folder(run), trained(corpus, run)
         spec = json.loads((folder / "spec.json").read_text()) if t else None
@@ -435,9 +425,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str, as_drawn: bool 
             continue
         findings = json.loads((folder / sub / "doctor.json").read_text())["findings"]
         reported |= {f["id"] for f in findings}
-        if not as_drawn and no_defect_here(spec):
-            lifted[run.name] = no_defect_here(spec)
-        rows.append(score_run(as_scored(spec, as_drawn), findings))
+        rows.append(score_run(spec, findings))
     low, high = BASE_ACCURACY_BAND
     known = {k: v for k, v in accuracies.items() if v is not None}
     return {
@@ -464,8 +452,6 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str, as_drawn: bool 
         "failed": failed,
         "missing": missing,
         "planted_but_not_in_the_step": not_present,
-        "labels": "as drawn" if as_drawn else "planted settings that are no defect here lifted out",
-        "planted_but_no_defect_here": lifted,
         # an expected id the doctor does not report (its catalogue lost or renamed it) is never named: mend CATALOGUE
         "expected_ids_the_doctor_lacks": sorted({i for d in CATALOGUE.values() for i in d.expects} - reported),
         "per_run": rows,
@@ -490,8 +476,6 @@ def markdown(scores: dict) -> str:
         f"| clean runs with nothing at warning or above | {percent(scores['quiet_rate_clean'])} | {n['clean']} |",
         f"| doctor seconds per run (median, max) | {s.get('median', 0):.1f}, {s.get('max', 0):.1f} | {s.get('n', 0)} |",
         f"| left out: planted defect not in the captured step | | {len(scores['planted_but_not_in_the_step'])} |",
-        f"| a planted setting that is no defect here, lifted out (`no_defect_here`) | | "
-        f"{len(scores['planted_but_no_defect_here'])} |",
         f"| left out: training or the doctor failed | | {len(scores['failed'])} |",
         f"| left out: not trained or not diagnosed yet | | {len(scores['missing'])} |",
         "",
@@ -543,8 +527,6 @@ def main() -> None:
     parser.add_argument("--doctor", default=None,
                         help="report: this doctor-* folder (default: the half's latest diagnose)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="ignored: every child runs on one thread")
-    parser.add_argument("--as-drawn", action="store_true",
-                        help="report: score every planted defect, those no_defect_here lifts out too")  # fmt: skip
     add_quick(parser)
     args = parser.parse_args()
     if args.quick:
@@ -569,7 +551,7 @@ def main() -> None:
             parser.error(
                 f"no doctor has diagnosed the {args.half} half under {corpus.root} yet (or name one: --doctor)"
             )
-        scores = report(corpus, runs, args.doctor or latest.read_text().strip(), args.half, args.as_drawn)
+        scores = report(corpus, runs, args.doctor or latest.read_text().strip(), args.half)
         print(json.dumps(scores, indent=1))
         print(markdown(scores))
 

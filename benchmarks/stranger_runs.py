@@ -318,9 +318,11 @@ CATALOGUE: dict[str, Defect] = {
             _pairs_of_two,
             tags=("first_reward", "signal"),
         ),
+        # without vLLM no importance ratio carries the mass the sampler cut (TRL #6789): what a truncation can do
+        # to these runs is narrow their groups to one text, which identical_groups names with the same fix
         Defect(
             "sampler_truncation",
-            ("sampler_truncation",),
+            ("sampler_truncation", "identical_groups"),
             "top_p 0.8-0.95 or top_k 5-20",
             _sampler_truncation,
             tags=("sampling",),

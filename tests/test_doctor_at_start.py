@@ -105,3 +105,28 @@ def test_a_cause_the_start_shows_ranks_after_the_causes_of_its_severity_the_step
     shown = Finding("bad_reward", "warning", "b")
     ranked = order([at_start, shown, Finding("update_size", "problem", "u")], [], lambda f: 0.0)
     assert [f.id for f in ranked] == ["update_size", "bad_reward", "zero_std_groups"], ranked
+
+
+def test_a_collapse_is_measured_on_the_same_completions_at_the_start():
+    """The broken policy is sure of its one token, the reference is not: on the step's own completions the
+    updates made the collapse (a warning, saying from what). The reference broken alike was as sure before any
+    update: info (held-out-3 seed 345: 0.0444 nats at the reference, 0.0442 now, learning_rate 3e-6)."""
+    from grpo_debug.detectors.detectors import ENTROPY_COLLAPSE
+    from grpo_debug.doctor.at_start import collapse_at_start, entropies_now_and_at_start
+
+    step, _ = broken_step()
+    with torch.no_grad():
+        step.policy.transformer.ln_f.bias.mul_(10)  # surer still: below the level on every scored token
+    step.start_from_current_weights()
+    run = step.run(until="logprobs")
+    now, start = entropies_now_and_at_start(step, run)
+    assert now < ENTROPY_COLLAPSE <= start, f"the broken policy {now:.3g} nats, its reference {start:.3g}"
+    loud = [Finding("entropy_collapse", "warning", "mean token entropy near 0")]
+    made = collapse_at_start(step, run, loud)[0]
+    assert made.severity == "warning" and f"{start:.3g} nats, now {now:.3g}" in made.summary, made
+    with torch.no_grad():
+        step.loaded.reference.transformer.ln_f.bias.copy_(step.policy.transformer.ln_f.bias)
+    own = collapse_at_start(step, run, loud)[0]
+    assert own.severity == "info" and "as sure before any update" in own.summary, own
+    quiet = [Finding("entropy_collapse", "absent", "mean token entropy 1.2 nats")]
+    assert collapse_at_start(step, run, quiet) == quiet, "a quiet finding was measured"

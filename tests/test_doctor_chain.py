@@ -127,6 +127,25 @@ def test_a_finding_that_began_after_another_with_no_fix_of_its_own_is_its_conseq
     assert from_the_start == {}, f"a level past its threshold from the first logged step has no onset: {from_the_start}"
 
 
+def test_a_function_that_went_flat_when_the_kl_jumped_began_with_the_jump():
+    """held-out-3 seed 287 (studied after its totals were read), as TRL logged it: `exact` varied at step 1 (std
+    0.315) and was flat from step 2, where the KL jumped to 4.68; `thorough` varied throughout. constant_reward,
+    naming exact, began with the jump; naming thorough, or with no spread logged, it has no onset."""
+    from grpo_debug.doctor.onsets import onsets_of
+
+    course = [
+        {"step": 1, "kl": 0.0, "rewards/exact/std": 0.315, "rewards/thorough/std": 0.0047, "reward_std": 0.31},
+        {"step": 2, "kl": 4.68, "rewards/exact/std": 0.0, "rewards/thorough/std": 0.0155, "reward_std": 0.016},
+        {"step": 3, "kl": 4.66, "rewards/exact/std": 0.0, "rewards/thorough/std": 0.0529, "reward_std": 0.053},
+    ]
+    assert onsets_of(course, None, flat=("exact",))["constant_reward"] == 2
+    assert "constant_reward" not in onsets_of(course, None, flat=("thorough",)), "a varying function went flat"
+    assert "constant_reward" not in onsets_of(course, None, flat=("exact", "thorough")), "one still varied"
+    assert "constant_reward" not in onsets_of(course, None, flat=("missing",)), "a function TRL never logged"
+    flat_from_the_start = [{**h, "rewards/exact/std": 0.0} for h in course]
+    assert "constant_reward" not in onsets_of(flat_from_the_start, None, flat=("exact",)), "flat with no before"
+
+
 def test_a_problem_begins_where_its_value_reached_the_problems_level():
     """A learning-rate blow-up's course (stranger tuning seed 38): half the groups without signal at step 1 (a draw
     of five prompts), the KL at 1141 and every group without signal from step 2. Every group without signal began
@@ -171,6 +190,30 @@ def test_groups_without_signal_that_are_groups_of_one_text_follow_from_identical
     both = [Finding("update_size", "problem", "KL 5.09"), Finding("kl_blowup", "problem", "KL 5.92")]
     kl = {f.id: f for f in after_onsets(both, [], {})}["kl_blowup"]
     assert kl.symptom_of == ("update_size",), f"kl_blowup with no logged history is no symptom: {kl}"
+
+
+def test_groups_of_two_alike_whose_own_fix_recovers_more_are_a_cause_beside_the_sampler():
+    """G = 2 under top_p 0.91 (held-out-3 seed 359, studied after its totals were read): 10 of 16 pairs one text;
+    sampled anew, doubling num_generations gives 29% of the groups a gradient and top_p 1 gives 16%, so the groups
+    are alike for their size too: zero_std_groups is a cause again. Where 2G gives 5% (seed 341), or less than the
+    sampling fix, it stays identical_groups' symptom."""
+    from grpo_debug.doctor.narrowed import a_cause_of_its_own
+
+    def findings(own: float, sampling_fix: float) -> list[Finding]:
+        zero = Finding("zero_std_groups", "warning", "69% of groups without signal", symptom_of=("identical_groups",),
+                       evidence={"resampled": {"recovered": own}})  # fmt: skip
+        drawn = {"as_run": {"without_signal": 0.64}, "fixed": {"without_signal": 0.64 - sampling_fix}}
+        same = Finding("identical_groups", "warning", "10 of 16 groups one text", clears=("zero_std_groups",),
+                       evidence={"resampled": drawn})  # fmt: skip
+        return [same, zero]
+
+    kept = {f.id: f for f in a_cause_of_its_own(findings(0.29, 0.16))}
+    assert not kept["zero_std_groups"].symptom_of, "pairs alike that doubling G recovers more were explained away"
+    assert "a cause of its own" in kept["zero_std_groups"].summary and not kept["identical_groups"].clears
+    assert [f.id for f in rank(list(kept.values()), [])][:2] == ["identical_groups", "zero_std_groups"]
+    for own, fix in ((0.05, 0.16), (0.29, 0.40)):
+        marked = {f.id: f for f in a_cause_of_its_own(findings(own, fix))}
+        assert marked["zero_std_groups"].symptom_of == ("identical_groups",), (own, fix, marked["zero_std_groups"])
 
 
 def test_a_function_constant_for_want_of_scored_completions_is_bad_rewards_symptom():
@@ -250,6 +293,32 @@ def test_a_cause_only_a_sampling_fix_shows_is_named_behind_it_after_every_cause_
     assert "hidden behind identical_groups" in by_id["large_advantages"].summary, by_id["large_advantages"].summary
     ranked = [f.id for f in rank(findings, causes)]
     assert ranked == ["identical_groups", "dropout", "large_advantages", "kl_off"], ranked
+
+
+def test_a_finding_a_fix_makes_less_severe_keeps_what_it_leaves_ranked_with_what_fixes_show():
+    """Every completion cut at max_completion_length 6 under per-mille rewards (held-out-3 seed 295, studied after
+    its totals were read): every group without signal on the step; sampled anew with the length raised, 67% of
+    them (a warning: the rest its own) and the rewards' units blow the advantages up to 429 (a problem the fix
+    reveals). Both are read under truncation's fix, so they rank after it by the severity it left them."""
+
+    def detect_under(changes: dict) -> dict[str, Finding]:
+        if "max_new_tokens" not in changes:
+            return {f.id: f for f in planted(base)}
+        return {"truncation": Finding("truncation", "absent", "-"),
+                "zero_std_groups": Finding("zero_std_groups", "warning", "67% of groups without signal"),
+                "large_advantages": Finding("large_advantages", "problem", "max |A| 429", evidence={"revealed": True}),
+                "dropout": Finding("dropout", "info", "d")}  # fmt: skip
+
+    base = {"truncation": "problem", "zero_std_groups": "problem", "large_advantages": "absent", "dropout": "info"}
+    findings, causes = differential(planted(base), {"truncation": {"max_new_tokens": 24}}, detect_under)
+    by_id = {f.id: f for f in findings}
+    zero = by_id["zero_std_groups"]
+    assert zero.severity == "warning" and zero.evidence["lessened_by"] == "truncation" and not zero.symptom_of, zero
+    assert "with truncation's fix it is a warning, the rest its own" in zero.summary, zero.summary
+    assert [f.id for f in rank(findings, causes)][:3] == ["truncation", "large_advantages", "zero_std_groups"]
+    quieted = {**base, "zero_std_groups": "warning"}
+    findings, _ = differential(planted(quieted), {"truncation": {"max_new_tokens": 24}}, detect_under)
+    assert "lessened_by" not in {f.id: f for f in findings}["zero_std_groups"].evidence, "as severe: not lessened"
 
 
 def test_only_what_the_fix_made_loud_is_marked_revealed():

@@ -9,7 +9,9 @@ is measured there by its detector's own levels:
     findings = before_the_jump(step, findings)
 
 A finding loud at the start is a cause again, its severity from what the start shows (a function named only if
-it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. Without a
+it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. A collapse of
+the entropy is measured the same way, on the step's own completions (`collapse_at_start`): the start scores them,
+and where it was as sure of them, no update made the collapse. Without a
 start at hand (beta = 0: TRL keeps no reference, the policy's copy is the captured weights) or without reward
 functions for new completions (a capture's stored rewards), the findings stay as time marked them.
 """
@@ -21,8 +23,16 @@ import dataclasses
 import torch
 
 from ..advantages import groups_without_signal, summarize_advantages
-from ..detectors.detectors import NO_SIGNAL_WARNING, TRUNCATED_PROBLEM, TRUNCATED_WARNING, _constant_within_groups
-from ..detectors.findings import Finding
+from ..detectors.detectors import (
+    ENTROPY_COLLAPSE,
+    NO_SIGNAL_WARNING,
+    TRUNCATED_PROBLEM,
+    TRUNCATED_WARNING,
+    _constant_within_groups,
+)
+from ..detectors.findings import LOUD, Finding, _masked_mean
+from ..logprobs import chunked_logps
+from ..specs import scoring_of
 from ..step import GRPOStep, StepRun
 from .onsets import UPSTREAM
 from .resampled import NO_SIGNAL_PROBLEM, sampled_anew
@@ -111,4 +121,38 @@ def before_the_jump(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
         if f.id == "constant_reward":
             evidence["named"] = list(start.flat_functions)
         out.append(dataclasses.replace(f, severity=severity, summary=summary, symptom_of=(), evidence=evidence))
+    return out
+
+
+def entropies_now_and_at_start(step: GRPOStep, run: StepRun) -> tuple[float, float]:
+    """Mean token entropy of the step's own completions under the policy and under the weights the run began from
+    (TRL's reference), the same tokens at the run's temperature, dropout off in both: the updates undone, the draw
+    kept (the logged history compares other batches)."""
+    scoring, mask = scoring_of(run.config).without_dropout(), run.logprobs.mask
+    step.restore_policy()
+    now = chunked_logps(step.policy, run.rollout, scoring)[1]
+    start = chunked_logps(step.loaded.reference, run.rollout, scoring)[1]
+    return _masked_mean(now, mask), _masked_mean(start, mask)
+
+
+def collapse_at_start(step: GRPOStep, run: StepRun, findings: list[Finding]) -> list[Finding]:
+    """A loud entropy_collapse measured on its own completions at the run's start: as sure there (below
+    ENTROPY_COLLAPSE), the model's own, info; else the updates lowered it, and it says from what."""
+    loud = [f for f in findings if f.id == "entropy_collapse" and f.severity in LOUD]
+    if not loud or step.at_reference or step.loaded.reference is None:
+        return findings
+    now, start = entropies_now_and_at_start(step, run)
+    out = []
+    for f in findings:
+        if f.id != "entropy_collapse":
+            out.append(f)
+            continue
+        evidence = {**f.evidence, "same_completions": {"now": now, "at_start": start}}
+        if start < ENTROPY_COLLAPSE:
+            said = (f"; at the weights the run began from (its reference) the same completions score {start:.3g} "
+                    f"nats (now {now:.3g}): as sure before any update, no collapse the run made")  # fmt: skip
+            out.append(dataclasses.replace(f, severity="info", summary=f.summary + said, evidence=evidence))
+        else:
+            said = f"; the same completions at the weights the run began from: {start:.3g} nats, now {now:.3g}"
+            out.append(dataclasses.replace(f, summary=f.summary + said, evidence=evidence))
     return out

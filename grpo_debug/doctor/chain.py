@@ -71,6 +71,7 @@ def differential(
     symptom_of: dict[str, tuple[str, ...]] = {}
     failed: dict[str, str] = {}
     revealed: dict[str, tuple[str, Finding]] = {}
+    lowered: dict[str, tuple[str, Finding]] = {}
     for _ in range(rounds):
         candidates = [
             i for i in toggles if i not in causes and i not in symptom_of and i not in failed and loud(current[i])
@@ -92,6 +93,10 @@ def differential(
         for j in others[cause]:
             symptom_of[j] = (cause,) if alone is not None and not loud(alone[j]) else (*causes, cause)
         clears[cause] = tuple(others[cause])
+        for j, g in after[cause].items():  # loud still, less severe: the rest is its own (`lessened`)
+            if j != cause and j not in symptom_of and j not in lowered and loud(g) and loud(current[j]):
+                if SEVERITIES.index(g.severity) > SEVERITIES.index(current[j].severity):
+                    lowered[j] = (cause, g)
         for j, g in after[cause].items():  # loud only with the fix (`diagnose._revealed`): behind the cause
             if g.evidence.get("revealed") and j not in revealed and j in current and not loud(current[j]):
                 revealed[j] = (cause, g)
@@ -108,7 +113,15 @@ def differential(
         )
         for f in findings
     ]
+    marked = [lessened(f, *lowered[f.id]) if f.id in lowered and not f.symptom_of else f for f in marked]
     return [behind(f, *revealed[f.id]) if f.id in revealed and not loud(f) else f for f in marked], causes
+
+
+def lessened(f: Finding, cause: str, left: Finding) -> Finding:
+    """`f` at the severity `cause`'s fix leaves it: the part that fix removes is that cause's, what is left is f's
+    own (every group without signal while every completion was cut; half of them, once the answers fit)."""
+    said = f"{f.summary}; with {cause}'s fix it is a {left.severity}, the rest its own: {left.summary}"
+    return dataclasses.replace(f, severity=left.severity, summary=said, evidence={**f.evidence, "lessened_by": cause})
 
 
 def behind(f: Finding, cause: str, shown: Finding) -> Finding:
@@ -121,8 +134,8 @@ def behind(f: Finding, cause: str, shown: Finding) -> Finding:
 def order(
     findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
 ) -> tuple[Finding, ...]:
-    """Causes first, loud ones before the rest, a cause only a fix showed (`behind`) after every loud one the step
-    itself shows, most severe first, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
+    """Causes first, loud ones before the rest, a cause only a fix showed (`behind`) or whose severity is what a fix
+    left (`lessened`) after every loud one the step itself shows, most severe first, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
     on it) after those of its severity the step shows, then by what their fix did to learning over a few steps
     (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
     then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
@@ -132,7 +145,7 @@ def order(
         g = gain(f)
         return (
             f.severity not in LOUD,
-            "behind" in f.evidence,
+            "behind" in f.evidence or "lessened_by" in f.evidence,  # a severity only a fix measured
             SEVERITIES.index(f.severity),
             "at_start" in f.evidence,
             (0, -g) if g is not None else (1, 0.0),

@@ -17,14 +17,14 @@ from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
 from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
-from .at_start import before_the_jump
+from .at_start import before_the_jump, collapse_at_start
 from .chain import SIGNAL_OF_THE_FIX, differential
 from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
 from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
-from .narrowed import narrowing_tested
+from .narrowed import a_cause_of_its_own, narrowing_tested
 from .onsets import after_onsets, onsets_of
 from .report import Report, rank
 from .resampled import signal_tested
@@ -77,9 +77,14 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     findings = after_onsets(
         findings,
         chained,
-        onsets_of(list(facts.logged_history), base.config.max_grad_norm, {f.id: f.severity for f in findings}),
+        onsets_of(
+            list(facts.logged_history),
+            base.config.max_grad_norm,
+            {f.id: f.severity for f in findings},
+            next((tuple(f.evidence.get("named") or ()) for f in findings if f.id == "constant_reward"), ()),
+        ),
     )
-    findings = before_the_jump(step, findings)
+    findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
     followed = None
     if horizon > 0:

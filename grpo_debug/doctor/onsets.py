@@ -38,10 +38,23 @@ SIGNALS = {
 PROBLEM_LEVELS = {"zero_std_groups": 1.0, "truncation": TRUNCATED_PROBLEM}
 
 
-def onsets_of(history: list[dict], max_grad_norm: float | None, severities: dict[str, str] | None = None) -> dict:
+def flat_from(history: list[dict], named: list[str]) -> int | None:
+    """The first logged step from which every function in `named` logged a batch std of 0 (TRL's
+    rewards/<name>/std), one of them having varied at an earlier logged step; None where TRL logged them at no step
+    or they never varied."""
+    keys = [f"rewards/{n}/std" for n in named]
+    logged = [(h["step"], max(h[k] for k in keys)) for h in history if keys and all(k in h for k in keys)]
+    crossed = next((k for k, (_, v) in enumerate(logged) if v <= REWARD_STD_GONE), None)
+    return logged[crossed][0] if crossed else None
+
+
+def onsets_of(
+    history: list[dict], max_grad_norm: float | None, severities: dict[str, str] | None = None, flat: tuple = ()
+) -> dict:
     """{finding id: the first logged step whose value reached the finding's level}, for the findings that began after
     the first logged step (one past its level from the start has no before to compare with). `severities` (finding id
-    -> severity): a problem's level is PROBLEM_LEVELS' where it has one, else every level is the warning's."""
+    -> severity): a problem's level is PROBLEM_LEVELS' where it has one, else every level is the warning's. `flat`:
+    the functions constant_reward names: it began where they went flat (`flat_from`), if TRL logged their spread."""
     signals = dict(SIGNALS)
     if max_grad_norm:
         signals["grad_clipped"] = ("grad_norm", CLIPPED_WARNING * max_grad_norm)
@@ -54,6 +67,9 @@ def onsets_of(history: list[dict], max_grad_norm: float | None, severities: dict
         crossed = next((k for k, (_, v) in enumerate(logged) if (v >= level if level >= 0 else v <= -level)), None)
         if crossed:  # past 0: there was a logged step below the level before it
             found[id] = logged[crossed][0]
+    went_flat = flat_from(history, list(flat))
+    if went_flat is not None:
+        found["constant_reward"] = min(found.get("constant_reward", went_flat), went_flat)
     return found
 
 

@@ -122,3 +122,14 @@ def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
             evidence = {**f.evidence, "resampled": measured}
             out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))
     return out
+
+
+def recovered(f: Finding) -> float | None:
+    """The share of groups a finding's fix, sampled anew, gives a gradient: zero_std_groups' num_generations doubled
+    (`signal_tested`), identical_groups' TRL sampling (`narrowed.narrowing_tested`); None where it was not sampled."""
+    drawn = (f.evidence or {}).get("resampled") or {}
+    if "recovered" in drawn:
+        return drawn["recovered"]
+    if "as_run" in drawn and "fixed" in drawn:
+        return drawn["as_run"]["without_signal"] - drawn["fixed"]["without_signal"]
+    return None
