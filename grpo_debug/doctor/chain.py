@@ -57,6 +57,9 @@ def quieted(before: dict[str, Finding], after: dict[str, Finding]) -> list[str]:
     return [i for i, f in before.items() if loud(f) and i in after and not loud(after[i])]
 
 
+SHARES = ("zero_std_groups", "identical_groups")  # findings that count groups: each cause's fix takes its own part
+
+
 def differential(
     findings: list[Finding], toggles: dict[str, dict], detect_under: Detect, rounds: int = ROUNDS
 ) -> tuple[list[Finding], list[str]]:
@@ -93,8 +96,8 @@ def differential(
         for j in others[cause]:
             symptom_of[j] = (cause,) if alone is not None and not loud(alone[j]) else (*causes, cause)
         clears[cause] = tuple(others[cause])
-        for j, g in after[cause].items():  # loud still, less severe: the rest is its own (`lessened`)
-            if j != cause and j not in symptom_of and j not in lowered and loud(g) and loud(current[j]):
+        for j, g in after[cause].items():  # a share of the groups, loud still, less severe: the rest is its own
+            if j in SHARES and j != cause and j not in symptom_of and j not in lowered and loud(g) and loud(current[j]):
                 if SEVERITIES.index(g.severity) > SEVERITIES.index(current[j].severity):
                     lowered[j] = (cause, g)
         for j, g in after[cause].items():  # loud only with the fix (`diagnose._revealed`): behind the cause
@@ -118,8 +121,9 @@ def differential(
 
 
 def lessened(f: Finding, cause: str, left: Finding) -> Finding:
-    """`f` at the severity `cause`'s fix leaves it: the part that fix removes is that cause's, what is left is f's
-    own (every group without signal while every completion was cut; half of them, once the answers fit)."""
+    """`f`, a share of the step's groups (SHARES), at the severity `cause`'s fix leaves it: the groups that fix gives
+    a gradient were that cause's, the rest are f's own (every group without signal while every completion was cut;
+    two thirds of them once the answers fit). A size (an update's KL, an advantage) is no sum of parts: not here."""
     said = f"{f.summary}; with {cause}'s fix it is a {left.severity}, the rest its own: {left.summary}"
     return dataclasses.replace(f, severity=left.severity, summary=said, evidence={**f.evidence, "lessened_by": cause})
 
