@@ -336,3 +336,19 @@ def test_only_what_the_fix_made_loud_is_marked_revealed():
     assert _revealed(loud_now, Finding("large_advantages", "warning", "w")).severity == "warning", "the step's lost"
     signal = Finding("zero_std_groups", "warning", "z")
     assert _revealed(signal, Finding("zero_std_groups", "info", "i")).severity == "info", "the fix's own signal"
+
+
+def test_a_fix_after_sampling_leaves_the_texts_as_the_trainers_finding_says():
+    """identical_groups' severity comes from sampling anew (1 of 3 groups one text in the draw, every group in the
+    resample: fresh tuning seed 230). A fix that acts after sampling (scale_rewards) scores the same completions, so
+    it cannot have cleared that finding; read afresh by the detector alone it would look quieted by any such fix."""
+    from grpo_debug.config import StepConfig
+    from grpo_debug.doctor.diagnose import _detect_under
+    from grpo_debug.step import GRPOStep
+
+    step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=8))
+    base = step.run(until="update")
+    as_found = Finding("identical_groups", "problem", "resampled: 100% one text", evidence={"resampled": {}})
+    under = _detect_under(step, base, {}, [as_found])({"scale_rewards": "none"})
+    assert under["identical_groups"] is as_found, f"the same completions' texts were read afresh: {under}"
+    assert under["zero_std_groups"].id == "zero_std_groups", "the other detectors ran on the changed step"

@@ -249,13 +249,17 @@ def _revealed(fixed: Finding, as_found: Finding) -> Finding:
     return as_found
 
 
+THE_TEXTS = ("identical_groups",)  # what was sampled: no change after sampling alters it (its severity, resampled)
+
+
 def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[Finding]):
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
     its rollout fields (the other fixes kept), at the same seed, each update the engine's stepping the trainer's
     optimizer (`take_trainers_optimizer`): a finding counts as cleared only where the resample without the change
-    keeps it (else the trainer's finding is kept: a new draw alone quieted it)."""
+    keeps it (else the trainer's finding is kept: a new draw alone quieted it). On the same completions, THE_TEXTS
+    are the trainer's findings as found: their severity came from sampling anew, which the detector alone has not."""
     trainer = {f.id: f for f in as_found}
 
     def run_detectors(changes: dict, anew: bool) -> dict[str, Finding] | None:
@@ -275,7 +279,8 @@ def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[
 
     def detect_under(changes: dict) -> dict[str, Finding] | None:
         if not samples_anew(step, changes):
-            return run_detectors(changes, False)
+            found = run_detectors(changes, False)  # the same completions: their texts are as the trainer's finding says
+            return found and {**found, **{i: trainer[i] for i in THE_TEXTS if i in trainer and i in found}}
         kept = {k: v for k, v in changes.items() if StepConfig.phase_of(k) != "rollout"}  # earlier rounds' fixes
         fixed, again = run_detectors(changes, True), run_detectors(kept, True)
         if fixed is None or again is None:
