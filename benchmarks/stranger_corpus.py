@@ -377,7 +377,7 @@ def absent_from_step(spec: dict, capture: Path) -> list[str]:
     """The planted defects the captured step does not hold, so that no doctor could name them there: position_ids
     where every prompt of the captured batch has one length (nothing left-padded: the batch's few prompts can all
     be two-digit sums). Such a run is left out of the rates and listed."""
-    if "position_ids" not in spec["expected"]:
+    if "position_ids" not in spec["defects"]:
         return []
     prompts = json.loads((capture / "capture.json").read_text())["prompts"]
     return [] if len({len(p) for p in prompts}) > 1 else ["position_ids"]

@@ -167,13 +167,12 @@ def entropy_collapse(entropy: float | None, first: float | None = None) -> Signa
     if entropy is None:
         return Signal("entropy_collapse", "ok", None, "TRL logged no entropy", ENTROPY_COLLAPSE, below=True)
     summary = f"mean token entropy {entropy:.3g} nats"
-    if entropy >= ENTROPY_COLLAPSE:
-        return Signal("entropy_collapse", "ok", entropy, summary, ENTROPY_COLLAPSE, below=True)
-    if first is None or first < ENTROPY_COLLAPSE:
+    fell = entropy < ENTROPY_COLLAPSE and first is not None and first >= ENTROPY_COLLAPSE
+    if fell:
+        summary += f"; it fell from {first:.3g}"
+    elif entropy < ENTROPY_COLLAPSE:
         summary += f"; {'this is' if first is None else f'{first:.3g} at'} the run's first step: no fall"
-        return Signal("entropy_collapse", "ok", entropy, summary, ENTROPY_COLLAPSE, below=True)
-    return Signal("entropy_collapse", "warning", entropy, f"{summary}; it fell from {first:.3g}", ENTROPY_COLLAPSE,
-                  below=True)  # fmt: skip
+    return Signal("entropy_collapse", "warning" if fell else "ok", entropy, summary, ENTROPY_COLLAPSE, below=True)
 
 
 def clip_saturated(region_mean: float | None) -> Signal:

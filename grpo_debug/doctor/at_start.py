@@ -11,9 +11,9 @@ is measured there by its detector's own levels:
 A finding loud at the start is a cause again, its severity from what the start shows (a function named only if
 it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. A collapse of
 the entropy is measured the same way, on the step's own completions (`collapse_at_start`): the start scores them,
-and where it was as sure of them, no update made the collapse. Without a
-start at hand (beta = 0: TRL keeps no reference, the policy's copy is the captured weights) or without reward
-functions for new completions (a capture's stored rewards), the findings stay as time marked them.
+and where it was as sure of them, no update made the collapse. Without a start at hand (beta = 0: TRL keeps no
+reference, the policy's copy is the captured weights) or without reward functions for new completions (a capture's
+stored rewards), the findings stay as time marked them.
 """
 
 from __future__ import annotations

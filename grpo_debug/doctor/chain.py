@@ -139,8 +139,9 @@ def order(
     findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
 ) -> tuple[Finding, ...]:
     """Causes first, loud ones before the rest, a cause only a fix showed (`behind`) or whose severity is what a fix
-    left (`lessened`) after every loud one the step itself shows, most severe first, a cause only the run's start shows (`at_start`: no fix of the step's own was tried
-    on it) after those of its severity the step shows, then by what their fix did to learning over a few steps
+    left (`lessened`) after every loud one the step itself shows, most severe first, a cause only the run's start
+    shows (`at_start`: no fix of the step's own was tried on it) after those of its severity the step shows, then by
+    what their fix did to learning over a few steps
     (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
     then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
     phase can make a later one's finding, never the reverse); each symptom right after the last of its causes."""
