@@ -248,16 +248,22 @@ def bad_reward(f: StepFacts) -> Finding:
         said.append(f"{unscorable}/{n} completions no function scored (reward NaN and advantage 0, as in TRL 1.16)")
     probes = f.reward_probes or {}
     by_form = {k: probes[k].none_moved for k, c in none.items() if c and k in probes and probes[k].none_moved > 0}
-    evidence["none_moved_by_whitespace"] = by_form
+    latent = {k: probes[k].none_moved for k, c in none.items()
+              if not c and k in probes and probes[k].none_moved >= NONE_WARNING}  # fmt: skip
+    evidence["none_moved_by_whitespace"] = by_form | latent
     if by_form:
         said.append("a None that comes and goes with whitespace appended, content kept: "
                     + ", ".join(f"{k} on {share:.0%} of completions" for k, share in by_form.items())
                     + " (it reads the text's form, not its answer)")  # fmt: skip
+    if latent:
+        said.append("no None on this step, but whitespace appended, content kept, turns "
+                    + ", ".join(f"{k} None on {share:.0%} of completions" for k, share in latent.items())
+                    + " (it reads the text's form: a completion that differs only so loses its signal)")  # fmt: skip
     if not said:
         return _finding("bad_reward", "absent", "every reward is a finite number", **evidence)
     if rewards.infinite or unscorable >= UNSCORABLE_PROBLEM * n:
         severity = "problem"
-    elif by_form or max(none.values()) >= NONE_WARNING * n:
+    elif by_form or latent or max(none.values()) >= NONE_WARNING * n:
         severity = "warning"
     else:
         severity = "info"
