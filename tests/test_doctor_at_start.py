@@ -130,3 +130,30 @@ def test_a_collapse_is_measured_on_the_same_completions_at_the_start():
     assert own.severity == "info" and "as sure before any update" in own.summary, own
     quiet = [Finding("entropy_collapse", "absent", "mean token entropy 1.2 nats")]
     assert collapse_at_start(step, run, quiet) == quiet, "a quiet finding was measured"
+
+
+@pytest.mark.parametrize(("max_abs", "severity"), [(800.0, "problem"), (12.0, "warning"), (1.5, "absent")])
+def test_advantages_a_step_without_signal_cannot_show_are_read_at_the_start(max_abs, severity):
+    """Every advantage 0 after the jump: large_advantages, absent on the step, is read from the start's draws by its
+    own levels (stranger tuning seed 598: rewards x1000, scale_rewards='none', max |A| 800 at the start); a finding
+    the step itself shows loud is left as it is."""
+    from grpo_debug.doctor.at_start import advantages_at_start
+
+    start = AtStart(0.1, 0.0, (), 1, 20, max_abs_advantage=max_abs)
+    blind = Finding("large_advantages", "absent", "max |A| 0", evidence={"scale_rewards": "none"})
+    got = advantages_at_start(blind, start)
+    assert got.severity == severity, f"max |A| {max_abs} at the start: {got.severity}, not {severity}"
+    assert (got.evidence.get("at_start") is not None) == (severity != "absent"), got.evidence
+    shown = Finding("large_advantages", "warning", "max |A| 40")
+    assert advantages_at_start(shown, start) is shown, "a finding the step showed loud was replaced"
+
+
+def test_the_start_measures_advantages_only_where_the_jump_left_none():
+    step, _ = broken_step()
+    step.run(until="rewards")
+    blind = Finding("large_advantages", "absent", "a", evidence={"scale_rewards": "group"})
+    for zero_severity in ("problem", "warning"):
+        zero = Finding("zero_std_groups", zero_severity, "z", evidence=marked("zero_std_groups").evidence,
+                       symptom_of=("update_size",))  # fmt: skip
+        out = {f.id: f for f in before_the_jump(step, [Finding("update_size", "warning", "lr"), zero, blind])}
+        assert out["large_advantages"].severity == "absent", f"group-scaled advantages read as large: {out}"

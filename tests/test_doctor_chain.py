@@ -352,3 +352,29 @@ def test_a_fix_after_sampling_leaves_the_texts_as_the_trainers_finding_says():
     under = _detect_under(step, base, {}, [as_found])({"scale_rewards": "none"})
     assert under["identical_groups"] is as_found, f"the same completions' texts were read afresh: {under}"
     assert under["zero_std_groups"].id == "zero_std_groups", "the other detectors ran on the changed step"
+
+
+def test_the_kl_began_where_it_moved_from_step_ones_and_equal_rewards_where_the_batch_went_flat():
+    """Stranger tuning seed 518 as TRL logged it (learning_rate 0.036, dropout on): step 1's KL, logged before any
+    update, is the policy's dropout (0.34 nats); it jumped to 5.3 at step 2, where every completion was cut and the
+    batch's rewards went flat (std 1.5e-8, which TRL's isclose still logged as frac_reward_zero_std 0). The KL's
+    onset is step 2, and so is zero_std_groups': all three are the jump's consequences."""
+    from grpo_debug.doctor.onsets import after_onsets, onsets_of
+
+    course = [
+        {"step": 1, "kl": 0.343, "completions/clipped_ratio": 0.0, "reward_std": 0.171, "frac_reward_zero_std": 0.0},
+        {"step": 2, "kl": 5.31, "completions/clipped_ratio": 1.0, "reward_std": 1.5e-8, "frac_reward_zero_std": 0.0},
+        {"step": 3, "kl": 7.00, "completions/clipped_ratio": 1.0, "reward_std": 1.5e-8, "frac_reward_zero_std": 0.0},
+    ]
+    severities = dict.fromkeys(("truncation", "zero_std_groups", "update_size", "constant_reward"), "problem")
+    onsets = onsets_of(course, 1.0, severities)
+    expected = {"kl_blowup": 2, "update_size": 2, "truncation": 2, "constant_reward": 2, "zero_std_groups": 2}
+    assert onsets == expected, onsets
+    marked = {f.id: f for f in after_onsets(planted({**severities, "dropout": "warning"}), [], onsets)}
+    for consequence in ("truncation", "zero_std_groups", "constant_reward"):
+        assert marked[consequence].symptom_of == ("update_size",), marked[consequence]
+    assert not marked["dropout"].symptom_of, "dropout has no onset: it stays a cause"
+    noisy_from_the_start = onsets_of([{**h, "kl": 0.34 + 0.01 * h["step"]} for h in course], 1.0)
+    assert "kl_blowup" not in noisy_from_the_start, f"a KL that stayed at step 1's noise began: {noisy_from_the_start}"
+    later = onsets_of([{**h, "step": h["step"] + 4} for h in course], 1.0)
+    assert "kl_blowup" not in later, "a history that starts past step 1 has no reference in it: no onset from 0.34"

@@ -48,6 +48,24 @@ def test_a_cold_sampler_that_costs_the_run_its_signal_warns_and_the_step_is_left
     assert as_run == sampled_shares(step, step.cfg, as_run["groups"] // 2), "the same step gave other numbers"
 
 
+def test_where_every_completion_is_cut_both_samplings_let_them_finish():
+    """Cut completions earn rewards whatever the sampler does: with truncation loud, the run's sampling and TRL's
+    defaults are both measured with truncation's fix (max_new_tokens x4; stranger tuning seed 542: every completion
+    cut at 6 tokens under temperature 0.24, where the fix had measured 0% and, finished, measures 19%)."""
+    from grpo_debug.doctor.narrowed import finishing
+
+    cfg = StepConfig(num_prompts=2, num_generations=4, max_new_tokens=6, temperature=0.1)
+    for severity, expected in (("problem", {"max_new_tokens": 24}), ("warning", {"max_new_tokens": 24}), ("info", {})):
+        assert finishing(cfg, [Finding("truncation", severity, "cut")]) == expected, severity
+    step = GRPOStep(cfg)
+    step.run(until="advantages")
+    cut = Finding("truncation", "problem", "every completion cut")
+    tested = narrowing_tested(step, [ONE_DRAW, cut])[0]
+    assert tested.evidence["resampled"]["finished"] == {"max_new_tokens": 24}, tested.evidence
+    assert "(both sampled with max_new_tokens=24: truncation's fix)" in tested.summary, tested.summary
+    assert step.cfg.max_new_tokens == 6, "the resample left the step changed"
+
+
 def test_sampling_at_trls_defaults_is_not_resampled():
     step = GRPOStep(StepConfig(num_prompts=2, num_generations=4, max_new_tokens=8, **TRL_SAMPLING))
     step.run(until="advantages")

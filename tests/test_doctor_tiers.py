@@ -135,6 +135,7 @@ def test_a_few_none_rewards_that_come_and_go_with_whitespace_are_a_warning(facts
         assert finding.severity == severity, f"1 of {n} None, none_moved {p.none_moved}: {finding.severity}"
         assert ("comes and goes with whitespace" in finding.summary) == (severity == "warning"), finding.summary
 
+
 def test_a_none_that_only_whitespace_brings_is_a_warning_though_this_step_has_none(facts):
     """A function that returns None by the text's parity scores every completion of a step whose answers all have
     even length: the probe (one space appended, content kept) turns it None on NONE_WARNING's share or more, so it is
@@ -148,7 +149,6 @@ def test_a_none_that_only_whitespace_brings_is_a_warning_though_this_step_has_no
         finding = d.bad_reward(dataclasses.replace(scored, reward_probes={"by_parity": probe}))
         assert finding.severity == severity, f"no None, none_moved {moved}: {finding.severity}, not {severity}"
         assert ("no None on this step" in finding.summary) == (severity == "warning"), finding.summary
-
 
 
 def test_completions_no_function_scored_are_a_problem_only_when_all_are(facts):

@@ -9,7 +9,8 @@ is measured there by its detector's own levels:
     findings = before_the_jump(step, findings)
 
 A finding loud at the start is a cause again, its severity from what the start shows (a function named only if
-it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. A collapse of
+it is flat there too); one quiet there stays the jump's consequence, and says what the start showed. Where the jump
+left no group with signal, the advantages the step cannot show are read from the start's draws (`large_advantages`). A collapse of
 the entropy is measured the same way, on the step's own completions (`collapse_at_start`): the start scores them,
 and where it was as sure of them, no update made the collapse. Without a start at hand (beta = 0: TRL keeps no
 reference, the policy's copy is the captured weights) or without reward functions for new completions (a capture's
@@ -22,9 +23,11 @@ import dataclasses
 
 import torch
 
-from ..advantages import groups_without_signal, summarize_advantages
+from ..advantages import advantages_of, groups_without_signal, summarize_advantages
 from ..detectors.detectors import (
     ENTROPY_COLLAPSE,
+    LARGE_ADVANTAGE_PROBLEM,
+    LARGE_ADVANTAGE_WARNING,
     NO_SIGNAL_WARNING,
     TRUNCATED_PROBLEM,
     TRUNCATED_WARNING,
@@ -50,6 +53,7 @@ class AtStart:
     flat_functions: tuple[str, ...]  # reward functions constant within every group of every draw
     functions: int  # how many reward functions the run has
     groups: int
+    max_abs_advantage: float = 0.0  # the largest |advantage| of any draw, scaled as the run scales them
 
 
 def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
@@ -59,20 +63,22 @@ def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
     adapters off, `capture.lora.AdapterDisabled`) does not hold as its own."""
     G = step.cfg.num_generations
 
-    def read(run: StepRun) -> tuple[torch.Tensor, torch.Tensor, set[str]]:
+    def read(run: StepRun) -> tuple[torch.Tensor, torch.Tensor, set[str], float]:
         without = groups_without_signal(summarize_advantages(run.rewards.total.float().cpu(), G))
         flat = {n for n, v in run.rewards.per_function.items() if _constant_within_groups(v.cpu(), G)}
-        return without, (~run.rollout.finished).float().cpu(), flat
+        advantages = advantages_of(run.config, run.rewards, step.task.weights)  # scaled as the run scales them
+        return without, (~run.rollout.finished).float().cpu(), flat, advantages.max_abs_advantage
 
     drawn = sampled_anew(step, step.cfg.replace(fast=False), draws, read, policy=step.loaded.reference)
-    w = torch.cat([without for without, _, _ in drawn]).float()
-    flat = set.intersection(*(flat for _, _, flat in drawn))
+    w = torch.cat([without for without, *_ in drawn]).float()
+    flat = set.intersection(*(flat for _, _, flat, _ in drawn))
     return AtStart(
         groups_without_signal=w.mean().item(),
-        cut=torch.cat([cut for _, cut, _ in drawn]).mean().item(),
+        cut=torch.cat([cut for _, cut, _, _ in drawn]).mean().item(),
         flat_functions=tuple(n for n in step.task.reward_names if n in flat),
         functions=len(step.task.reward_names),
         groups=len(w),
+        max_abs_advantage=max(a for *_, a in drawn),
     )
 
 
@@ -121,7 +127,25 @@ def before_the_jump(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
         if f.id == "constant_reward":
             evidence["named"] = list(start.flat_functions)
         out.append(dataclasses.replace(f, severity=severity, summary=summary, symptom_of=(), evidence=evidence))
+    if any(f.id == "zero_std_groups" and f.severity == "problem" for f in marked):
+        out = [advantages_at_start(f, start) if f.id == "large_advantages" else f for f in out]
     return out
+
+
+def advantages_at_start(f: Finding, start: AtStart) -> Finding:
+    """large_advantages, blind on a step whose every advantage the jump made 0, measured on the start's draws by
+    its own levels (stranger tuning seed 598: rewards x1000 under scale_rewards='none', every reward 0 after
+    learning_rate 0.02 broke the policy; max |A| 800 at the start): loud there, a cause of its own."""
+    a = start.max_abs_advantage
+    severity = "problem" if a >= LARGE_ADVANTAGE_PROBLEM else "warning" if a >= LARGE_ADVANTAGE_WARNING else "info"
+    if f.severity in LOUD or severity == "info":
+        return f
+    said = (f"every advantage of this step is 0 (no group with signal since the KL jumped), yet at the weights the "
+            f"run began from (its reference), sampled as the run samples: max |A| {a:.3g}, past "
+            f"{LARGE_ADVANTAGE_WARNING if severity == 'warning' else LARGE_ADVANTAGE_PROBLEM:g}: the rewards' units "
+            f"set the step (scale_rewards={f.evidence.get('scale_rewards')!r})")  # fmt: skip
+    evidence = {**f.evidence, "at_start": {**dataclasses.asdict(start), "severity": severity}}
+    return dataclasses.replace(f, severity=severity, summary=said, symptom_of=(), evidence=evidence)
 
 
 def entropies_now_and_at_start(step: GRPOStep, run: StepRun) -> tuple[float, float]:

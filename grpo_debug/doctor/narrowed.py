@@ -29,7 +29,8 @@ import torch
 from ..advantages import groups_without_signal, summarize_advantages
 from ..config import StepConfig
 from ..detectors.detectors import IDENTICAL_WARNING, _narrowed
-from ..detectors.findings import Finding
+from ..detectors.findings import LOUD, Finding
+from ..pitfalls import PITFALLS
 from ..step import GRPOStep, StepRun
 from .resampled import NO_SIGNAL_PROBLEM, RECOVERED_WARNING, draws_for, recovered, sampled_anew
 
@@ -64,6 +65,16 @@ def severity_of(as_run: dict, fixed: dict) -> tuple[str, str]:
     return "info", said
 
 
+def finishing(cfg: StepConfig, findings: list[Finding]) -> dict:
+    """The config change that lets completions finish where truncation is loud (its fix, `PITFALLS`' fix_scales),
+    else {}: rewards of cut completions are equal whatever the sampler does, so a sampling fix is measured with
+    that fix in both arms (stranger tuning seed 542: every completion cut at 6 tokens, temperature 0.24)."""
+    if not any(f.id == "truncation" and f.severity in LOUD for f in findings):
+        return {}
+    field, factor = PITFALLS["truncation"].fix_scales
+    return {field: type(getattr(cfg, field))(getattr(cfg, field) * factor)}
+
+
 def narrowing_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
     """identical_groups, where present under narrowed sampling and new completions can be scored, with its severity
     from the two samplings (`severity_of`)."""
@@ -73,11 +84,14 @@ def narrowing_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
         if f.id != "identical_groups" or f.severity == "absent" or not _narrowed(cfg) or step.stored_rewards:
             out.append(f)
             continue
-        draws = draws_for(cfg.num_prompts, cfg.num_generations)
-        as_run = sampled_shares(step, cfg, draws)
-        fixed = sampled_shares(step, cfg.replace(**TRL_SAMPLING, temperature=max(cfg.temperature, 1.0)), draws)
+        draws, finished = draws_for(cfg.num_prompts, cfg.num_generations), finishing(cfg, findings)
+        as_run = sampled_shares(step, cfg.replace(**finished), draws)
+        fixed = sampled_shares(step, cfg.replace(**TRL_SAMPLING, temperature=max(cfg.temperature, 1.0), **finished),
+                               draws)  # fmt: skip
         severity, said = severity_of(as_run, fixed)
-        evidence = {**f.evidence, "resampled": {"as_run": as_run, "fixed": fixed}}
+        if finished:
+            said += f" (both sampled with {', '.join(f'{k}={v}' for k, v in finished.items())}: truncation's fix)"
+        evidence = {**f.evidence, "resampled": {"as_run": as_run, "fixed": fixed, "finished": finished}}
         out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))
     return out
 

@@ -54,7 +54,9 @@ def onsets_of(
     """{finding id: the first logged step whose value reached the finding's level}, for the findings that began after
     the first logged step (one past its level from the start has no before to compare with). `severities` (finding id
     -> severity): a problem's level is PROBLEM_LEVELS' where it has one, else every level is the warning's. `flat`:
-    the functions constant_reward names: it began where they went flat (`flat_from`), if TRL logged their spread."""
+    the functions constant_reward names: it began where they went flat (`flat_from`), if TRL logged their spread.
+    TRL logs step 1's KL before any update, the policy still the reference: what it logs there is scoring noise (the
+    policy's dropout; stranger tuning seed 518: 0.34 at step 1, 5.3 at step 2), so the KL is counted from it."""
     signals = dict(SIGNALS)
     if max_grad_norm:
         signals["grad_clipped"] = ("grad_norm", CLIPPED_WARNING * max_grad_norm)
@@ -64,9 +66,14 @@ def onsets_of(
     found = {}
     for id, (name, level) in signals.items():
         logged = [(h["step"], h[name]) for h in history if name in h]
+        if name == "kl" and logged and logged[0][0] == 1:
+            logged = [(k, v - logged[0][1]) for k, v in logged]  # moved since the reference: step 1's is noise
         crossed = next((k for k, (_, v) in enumerate(logged) if (v >= level if level >= 0 else v <= -level)), None)
         if crossed:  # past 0: there was a logged step below the level before it
             found[id] = logged[crossed][0]
+    if "constant_reward" in found:  # the batch's rewards all equal, so every group's: TRL's isclose (atol 1e-8) can
+        # log frac_reward_zero_std 0 on float noise (stranger tuning seed 518: reward_std 1.5e-8)
+        found["zero_std_groups"] = min(found.get("zero_std_groups", found["constant_reward"]), found["constant_reward"])
     went_flat = flat_from(history, list(flat))
     if went_flat is not None:
         found["constant_reward"] = min(found.get("constant_reward", went_flat), went_flat)

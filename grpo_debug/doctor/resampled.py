@@ -6,15 +6,18 @@ num_generations) besides. Severity comes from what the fix measurably gives:
 
     recovered = share without signal at G - share without signal at 2G       (the same draws, paired)
 
-a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more, or where the run meets half
-its groups without signal or more (NO_SIGNAL_WARNING, the detector's level, on the run's share, not the draw's: a
-yes/no reward at G = 2 always reaches it); a problem where it meets almost none with signal, or this draw none and
-the run half or more; else info: the draw's share was chance.
+a warning where doubling G gives a gradient to RECOVERED_WARNING of the groups or more, or where the draw and the run
+both meet half their groups without signal or more (NO_SIGNAL_WARNING, the detector's level, on the run's share, not
+the draw's alone: a yes/no reward at G = 2 always reaches it); a draw below that level is lifted by what the fix gives
+alone (prompts the run always or never solves are the task's, stranger tuning seeds 337, 345: no fix here); a
+problem where it meets almost none with signal, or this draw none and the run half or more; else info: the draw's
+share was chance.
 
     findings = signal_tested(step, findings)
 
-Only a loud finding is resampled (a quiet draw costs no rollout), in at most MAX_COMPLETIONS completions past
-MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be
+Every draw that holds a group without signal is resampled, its severity info or loud: one batch of a few prompts
+cannot tell the run's share (three of eight groups comes as often from a run at half; stranger tuning seed 562, G =
+2 on a yes/no reward), in at most MAX_COMPLETIONS completions past MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be
 resampled: the finding stays as the one draw says, and says so.
 """
 
@@ -102,17 +105,21 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
         return "problem", said + ": the run meets almost no group with a gradient"
     if recovered >= RECOVERED_WARNING:
         return "warning", said
-    if at_G >= NO_SIGNAL_WARNING:  # the run's share, not the draw's: the step learns from half its prompts or fewer
+    if (
+        at_G >= NO_SIGNAL_WARNING and drawn in LOUD
+    ):  # the run's share, as the draw: learns from half its prompts or fewer
         return "warning", said + " (a cause above where completions are alike; else prompts always or never solved)"
     return "info", said + ": the share of this draw is chance"
 
 
 def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
-    """zero_std_groups, where loud and new completions can be scored, with its severity from the resample (an info
-    is left as the draw says: a quiet draw costs no rollout)."""
+    """zero_std_groups, where its draw holds a group without signal and new completions can be scored, with its
+    severity from the resample (a draw with none costs no rollout)."""
     out = []
     for f in findings:
-        if f.id != "zero_std_groups" or f.severity not in LOUD:
+        if f.id != "zero_std_groups" or f.severity == "absent":
+            out.append(f)
+        elif step.stored_rewards and f.severity not in LOUD:
             out.append(f)
         elif step.stored_rewards:
             out.append(dataclasses.replace(f, summary=f.summary + "; one draw (pass --task to resample the run's)"))
