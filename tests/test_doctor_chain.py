@@ -378,3 +378,35 @@ def test_the_kl_began_where_it_moved_from_step_ones_and_equal_rewards_where_the_
     assert "kl_blowup" not in noisy_from_the_start, f"a KL that stayed at step 1's noise began: {noisy_from_the_start}"
     later = onsets_of([{**h, "step": h["step"] + 4} for h in course], 1.0)
     assert "kl_blowup" not in later, "a history that starts past step 1 has no reference in it: no onset from 0.34"
+
+
+def test_groups_of_twice_the_size_dilute_groups_of_one_text_and_clear_nothing():
+    """Stranger tuning seed 510, temperature 0.24: resampled at 2G (zero_std_groups' fix) a group of one text is
+    rarer, yet the sampler is as narrow; the chain does not make identical_groups that fix's symptom (the sampling
+    fix gave 36% of the groups a gradient, 2G 7%), while the sampling fix may still clear zero_std_groups."""
+    from grpo_debug.doctor.chain import DILUTED
+
+    assert ("zero_std_groups", "identical_groups") in DILUTED
+    base = {"zero_std_groups": "warning", "identical_groups": "warning"}
+    detect_under, _ = world(base, {"identical_groups": {"num_generations"}})
+    findings, causes = differential(planted(base), {"zero_std_groups": {"num_generations": 10}}, detect_under)
+    by_id = {f.id: f for f in findings}
+    assert by_id["identical_groups"].symptom_of == () and by_id["zero_std_groups"].clears == (), findings
+    detect_under, _ = world(base, {"zero_std_groups": {"temperature"}, "identical_groups": {"temperature"}})
+    findings, causes = differential(planted(base), {"identical_groups": {"temperature": 1.0}}, detect_under)
+    assert {f.id: f for f in findings}["zero_std_groups"].symptom_of == ("identical_groups",), findings
+
+
+def test_ranking_places_a_symptoms_symptoms_after_it_and_leaves_nothing_out():
+    """A symptom of a symptom follows it; a cycle of symptoms (each the other's: the chain one way, construction the
+    other, seed 510 before DILUTED) is still reported, after the rest: a report never drops a finding."""
+    import dataclasses
+
+    cause, first, second = Finding("update_size", "problem", "u"), Finding("truncation", "problem", "t"), None
+    first = dataclasses.replace(first, symptom_of=("update_size",))
+    second = Finding("zero_std_groups", "problem", "z", symptom_of=("truncation",))
+    assert [f.id for f in rank([second, first, cause], [])] == ["update_size", "truncation", "zero_std_groups"]
+    a = Finding("zero_std_groups", "warning", "z", symptom_of=("identical_groups",))
+    b = Finding("identical_groups", "warning", "i", symptom_of=("zero_std_groups",))
+    ranked = rank([a, b, Finding("length_reward", "warning", "l")], [])
+    assert {f.id for f in ranked} == {"zero_std_groups", "identical_groups", "length_reward"}, ranked
