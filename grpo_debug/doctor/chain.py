@@ -64,6 +64,11 @@ DILUTED = {("zero_std_groups", "identical_groups")}
 SHARES = ("zero_std_groups", "identical_groups")  # findings that count groups: each cause's fix takes its own part
 
 
+def cleared(fix: str, before: dict[str, Finding], after: dict[str, Finding], taken) -> list[str]:
+    """The findings `fix` quieted that no earlier fix took (`taken`), itself and what it only dilutes aside."""
+    return [j for j in quieted(before, after) if j != fix and j not in taken and (fix, j) not in DILUTED]
+
+
 def differential(
     findings: list[Finding], toggles: dict[str, dict], detect_under: Detect, rounds: int = ROUNDS
 ) -> tuple[list[Finding], list[str]]:
@@ -94,10 +99,7 @@ def differential(
         candidates = [i for i in candidates if i not in failed]
         if not candidates:
             break
-        others = {
-            i: [j for j in quieted(current, after[i]) if j != i and j not in symptom_of and (i, j) not in DILUTED]
-            for i in candidates
-        }
+        others = {i: cleared(i, current, after[i], symptom_of) for i in candidates}
         cause = min(candidates, key=lambda i: (-len(others[i]), SEVERITIES.index(current[i].severity), position[i]))
         alone = detect_under(toggles[cause]) if changes else after[cause]
         for j in others[cause]:
