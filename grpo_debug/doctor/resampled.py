@@ -17,8 +17,9 @@ share was chance.
 
 Every draw that holds a group without signal is resampled, its severity info or loud: one batch of a few prompts
 cannot tell the run's share (three of eight groups comes as often from a run at half; stranger tuning seed 562, G =
-2 on a yes/no reward), in at most MAX_COMPLETIONS completions past MIN_DRAWS batches. Without reward functions for new completions (a capture's stored rewards) nothing can be
-resampled: the finding stays as the one draw says, and says so.
+2 on a yes/no reward), in at most MAX_COMPLETIONS completions past MIN_DRAWS batches. Without reward functions for
+new completions (a capture's stored rewards) nothing can be resampled: the finding stays as the one draw says, and
+says so.
 """
 
 from __future__ import annotations
@@ -105,9 +106,8 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
         return "problem", said + ": the run meets almost no group with a gradient"
     if recovered >= RECOVERED_WARNING:
         return "warning", said
-    if (
-        at_G >= NO_SIGNAL_WARNING and drawn in LOUD
-    ):  # the run's share, as the draw: learns from half its prompts or fewer
+    as_drawn = drawn in LOUD  # the run's share lifts a draw at the level alone; one below, only the fix's gain
+    if at_G >= NO_SIGNAL_WARNING and as_drawn:  # the step learns from half its prompts or fewer
         return "warning", said + " (a cause above where completions are alike; else prompts always or never solved)"
     return "info", said + ": the share of this draw is chance"
 
