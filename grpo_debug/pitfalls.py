@@ -27,6 +27,12 @@ class Pitfall:
     fix_also: tuple[tuple[str, object], ...] = ()  # what `fix` also changes (rollout fields: a new rollout)
     fix_scales: tuple[str, float] | None = None  # (field, factor): the differential's fix multiplies this field
 
+    def scaled(self, config) -> dict:
+        """{field: its value in `config` times the factor} (`fix_scales`), in the field's own type."""
+        field, factor = self.fix_scales
+        value = getattr(config, field)
+        return {field: type(value)(value * factor)}
+
     def fix_for(self, uses_vllm: bool) -> str:
         """The fix that applies to a run: vLLM's settings only where it sampled with vLLM."""
         return self.fix if uses_vllm or self.fix_without_vllm is None else self.fix_without_vllm

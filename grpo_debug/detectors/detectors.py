@@ -487,6 +487,13 @@ LARGE_ADVANTAGE_WARNING = 10.0  # the policy term outweighs a unit-scale one ten
 LARGE_ADVANTAGE_PROBLEM = 100.0  # a hundredfold: the rewards' units, not their ranking, set the step
 
 
+def advantage_severity(max_abs_advantage: float) -> str:
+    """large_advantages' level for the largest |advantage|: problem, warning, or absent."""
+    if max_abs_advantage >= LARGE_ADVANTAGE_PROBLEM:
+        return "problem"
+    return "warning" if max_abs_advantage >= LARGE_ADVANTAGE_WARNING else "absent"
+
+
 def large_advantages(f: StepFacts) -> Finding:
     adv, cfg = f.run.advantages, f.run.config
     G = cfg.num_generations
@@ -494,10 +501,11 @@ def large_advantages(f: StepFacts) -> Finding:
     evidence = dict(max_abs_advantage=adv.max_abs_advantage, group_normalised_bound=bound,
                     scale_rewards=cfg.scale_rewards, beta=cfg.beta)  # fmt: skip
     said = f"max |A| {adv.max_abs_advantage:.3g} (a group normalised by its std reaches at most {bound:.2g} at G={G})"
-    if adv.max_abs_advantage >= LARGE_ADVANTAGE_PROBLEM:
+    severity = advantage_severity(adv.max_abs_advantage)
+    if severity == "problem":
         return _finding("large_advantages", "problem", f"{said}: past {LARGE_ADVANTAGE_PROBLEM:g}, the rewards' "
                         f"units set the step (scale_rewards={cfg.scale_rewards!r})", **evidence)  # fmt: skip
-    if adv.max_abs_advantage >= LARGE_ADVANTAGE_WARNING:
+    if severity == "warning":
         return _finding("large_advantages", "warning", f"{said}: past {LARGE_ADVANTAGE_WARNING:g}, the policy term "
                         "outweighs a unit-scale one (and beta's KL term) tenfold", **evidence)  # fmt: skip
     return _finding("large_advantages", "absent", said, **evidence)

@@ -32,6 +32,7 @@ from ..detectors.detectors import (
     TRUNCATED_PROBLEM,
     TRUNCATED_WARNING,
     _constant_within_groups,
+    advantage_severity,
 )
 from ..detectors.findings import LOUD, Finding, _masked_mean
 from ..logprobs import chunked_logps
@@ -70,15 +71,15 @@ def sample_at_start(step: GRPOStep, draws: int = START_DRAWS) -> AtStart:
         return without, (~run.rollout.finished).float().cpu(), flat, advantages.max_abs_advantage
 
     drawn = sampled_anew(step, step.cfg.replace(fast=False), draws, read, policy=step.loaded.reference)
-    w = torch.cat([without for without, *_ in drawn]).float()
-    flat = set.intersection(*(flat for _, _, flat, _ in drawn))
+    withouts, cuts, flats, largest = zip(*drawn)
+    w, flat = torch.cat(withouts).float(), set.intersection(*flats)
     return AtStart(
         groups_without_signal=w.mean().item(),
-        cut=torch.cat([cut for _, cut, _, _ in drawn]).mean().item(),
+        cut=torch.cat(cuts).mean().item(),
         flat_functions=tuple(n for n in step.task.reward_names if n in flat),
         functions=len(step.task.reward_names),
         groups=len(w),
-        max_abs_advantage=max(a for *_, a in drawn),
+        max_abs_advantage=max(largest),
     )
 
 
@@ -137,8 +138,8 @@ def advantages_at_start(f: Finding, start: AtStart) -> Finding:
     its own levels (stranger tuning seed 598: rewards x1000 under scale_rewards='none', every reward 0 after
     learning_rate 0.02 broke the policy; max |A| 800 at the start): loud there, a cause of its own."""
     a = start.max_abs_advantage
-    severity = "problem" if a >= LARGE_ADVANTAGE_PROBLEM else "warning" if a >= LARGE_ADVANTAGE_WARNING else "info"
-    if f.severity in LOUD or severity == "info":
+    severity = advantage_severity(a)
+    if f.severity in LOUD or severity == "absent":
         return f
     said = (f"every advantage of this step is 0 (no group with signal since the KL jumped), yet at the weights the "
             f"run began from (its reference), sampled as the run samples: max |A| {a:.3g}, past "

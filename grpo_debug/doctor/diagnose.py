@@ -230,10 +230,8 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     if f.severity not in LOUD:
         return None
     if p.fix_scales is not None:
-        field, factor = p.fix_scales
-        if _samples_anew(step) or StepConfig.phase_of(field) != "rollout":
-            value = getattr(config, field)
-            return {field: type(value)(value * factor)}
+        if _samples_anew(step) or StepConfig.phase_of(p.fix_scales[0]) != "rollout":
+            return p.scaled(config)
     if p.toggle is None:
         return _kept(dict(p.fix_also), step, config) or None
     if not _flippable(f, config, vllm) or f.effect is None or "error" in f.effect or f.effect["removes_gradient"]:

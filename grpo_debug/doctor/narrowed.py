@@ -71,8 +71,7 @@ def finishing(cfg: StepConfig, findings: list[Finding]) -> dict:
     that fix in both arms (stranger tuning seed 542: every completion cut at 6 tokens, temperature 0.24)."""
     if not any(f.id == "truncation" and f.severity in LOUD for f in findings):
         return {}
-    field, factor = PITFALLS["truncation"].fix_scales
-    return {field: type(getattr(cfg, field))(getattr(cfg, field) * factor)}
+    return PITFALLS["truncation"].scaled(cfg)
 
 
 def narrowing_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
