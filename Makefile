@@ -1,6 +1,7 @@
 # `make lab`: set up everything on a fresh machine, then start JupyterLab on notebooks/.
 # `make test`: the same set-up, then the tests (about ten minutes on two cores): each notebook's .py and .ipynb in
-# sync, pytest, nbval; `make test-slow`: the checks too slow for that (marked `slow`); CI runs both.
+# sync, pytest, nbval; `make test-slow`: the checks too slow for that (marked `slow`); `make test-kernels`: every
+# notebook under other CPU kernels against the same stored outputs; CI runs all three.
 # Both install the exact versions in requirements.lock; `make lock` moves them to today's newest releases,
 # and `make test-latest` runs every test on the newest releases pyproject.toml allows, in .venv-latest.
 # A second run skips what is already installed.
@@ -25,7 +26,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-slow test-latest lock notebooks setup stockfish chromium data model evaluate
+.PHONY: lab test test-slow test-kernels test-latest lock notebooks setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +120,15 @@ test: setup
 
 test-slow: setup
 	$(PYTEST) -m slow
+
+# Every notebook again under other CPU kernels, against the same stored outputs: MKL's compatible path (what an AMD
+# CPU and an Intel one compute alike) and 2 torch threads (float sums split in two). A stored output that holds
+# digits one machine's kernels decided fails here, on the developers' machine, before it fails on a user's.
+NBVAL = $(BIN)/python -m pytest -n auto -p no:cacheprovider --nbval $(NOTEBOOKS) \
+  --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
+test-kernels: setup
+	MKL_CBWR=COMPATIBLE $(NBVAL)
+	GRPO_DEBUG_THREADS=2 $(NBVAL)
 
 data: setup
 	$(BIN)/python -m grpo_debug.chess.data build

@@ -7,11 +7,11 @@ notebooks' set-up, the command line, the chess scripts; the Makefile and the tes
 import: a debugger imported into someone's training must not change the kernels that training runs. Variables
 already set are kept.
 
-MKL (torch's float32 matmuls) is not pinned: it picks its own code path, and on a CPU with AVX512 and bfloat16
-(Sapphire Rapids) the stored notebook outputs differ from it at the float-rounding level. `MKL_CBWR=AVX2` (MKL's
-reproducible mode) brings most of them back but not all (notebook 02's sampler/trainer gap: 1.65e-05 against the
-stored 1.99e-05), and costs 1.6x on a float32 matmul there; pinning it means re-executing every stored output and
-the committed experiments under it, which has not been done.
+MKL (torch's float32 matmuls) is not pinned: it picks its own code path (AVX-512 on an Intel CPU that has it,
+another on an AMD one), and each rounds the last bits differently. Pinning it (`MKL_CBWR`) would make the notebooks'
+runs differ from the user's runs they replay. So the stored notebook outputs hold only the digits every path
+computes alike (`digits.py`, `notebooks/sanitize.cfg`), and `make test-kernels` checks them under
+`MKL_CBWR=COMPATIBLE` and at 2 threads.
 """
 
 import os

@@ -81,10 +81,13 @@ passes_table
 # exponentially in the log-probs a step pushed down.
 
 # %%
+from grpo_debug.digits import significant  # pass 2's numbers follow an update: 3 digits hold on every CPU
+
 it1, it2 = two.update.iterations
 print(f"pass 2: {it2.metrics['clip_ratio/region_mean']:.4f} of the scored tokens clipped; "
       f"the ratio spans {it2.ratio[it2.trained.bool()].min().item():.3f} to {it2.ratio[it2.trained.bool()].max().item():.3f}; "
-      f"kl {it1.metrics['kl']:.4f} -> {it2.metrics['kl']:.4f}; grad_norm {it1.grad_norms[0]:.4f} -> {it2.grad_norms[0]:.4f}")
+      f"kl {significant(it1.metrics['kl'])} -> {significant(it2.metrics['kl'])}; "
+      f"grad_norm {significant(it1.grad_norms[0])} -> {significant(it2.grad_norms[0])}")
 
 # %% [markdown]
 # ## The ratio, per pass

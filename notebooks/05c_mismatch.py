@@ -154,6 +154,7 @@ bias
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.choices import DTYPES, SAMPLER_DTYPES
+from grpo_debug.digits import order_of, significant
 from grpo_debug.sampler import sequence_ratios
 
 precision_runs, rollout_seconds = {}, {}
@@ -164,7 +165,7 @@ if CAPTURE is None:  # each sampler precision samples anew: a capture's rollout 
         for trainer in DTYPES:
             precision_runs[(sampler, trainer)] = step.run(
                 cfg.replace(sampler_dtype=sampler, dtype=trainer), until="logprobs", base=sampled, remember=False)
-    print("seconds to sample the step:", ", ".join(f"{k} {v:.1f}" for k, v in rollout_seconds.items()))
+    print("time to sample the step:", ", ".join(f"{k} {v:.1f} s" for k, v in rollout_seconds.items()))
 
 # %%
 def precision_row(run):
@@ -178,7 +179,9 @@ def precision_row(run):
             "verdict": health_line(m).removeprefix("sampler vs trainer: ")}
 
 
-with pd.option_context("display.float_format", "{:.3g}".format):
+# one significant digit: a sampler's bfloat16 noise is float32's rounding rounded again, and its statistics move by
+# 10-20% from one CPU's matmul kernels to another's; their order of magnitude is what they say
+with pd.option_context("display.float_format", lambda x: significant(x, 1)):
     precision = pd.DataFrame({pair: precision_row(run) for pair, run in precision_runs.items()}).T
     if CAPTURE is None:
         precision.index.names = ["sampler", "trainer"]
@@ -189,9 +192,10 @@ if CAPTURE is None:
     spread = precision["spread (nats/token)"]
     k3 = precision["k3 KL"]
     bf16, fp16, both = ("bfloat16", "float32"), ("float16", "float32"), ("bfloat16", "bfloat16")
-    print(f"sampler bfloat16, trainer float32: spread {spread[bf16]:.2g} nats per token, k3 KL {k3[bf16]:.2g}; "
-          f"sampler float16: spread {spread[fp16]:.2g}, k3 KL {k3[fp16]:.2g} ({k3[bf16] / k3[fp16]:.0f} times "
-          f"smaller); both in bfloat16: spread {spread[both]:.2g}, k3 KL {k3[both]:.2g}")
+    one = lambda x: significant(x, 1)  # noqa: E731  (the table's digits above)
+    print(f"sampler bfloat16, trainer float32: spread {one(spread[bf16])} nats per token, k3 KL {k3[bf16]:.2g}; "
+          f"sampler float16: spread {one(spread[fp16])}, k3 KL {k3[fp16]:.2g} ({one(k3[bf16] / k3[fp16])} times "
+          f"smaller); both in bfloat16: spread {one(spread[both])}, k3 KL {k3[both]:.2g}")
 
 # %% [markdown]
 # **What to notice.** On this small model every pair is healthy by verl's thresholds: the rounding of a
@@ -231,7 +235,7 @@ print(f"TRL #4772: {TRL_4772_DRIFT} nats per token reaches the cap of {cap:g} af
 def describe(name, r):
     walk = (math.log(cap) / (2 * r.token_spread)) ** 2 if r.token_spread else math.inf
     print(f"{name}:\n  drift {r.token_drift:+.2g} nats per token (the cap after {length_at_cap(r.token_drift, cap):.3g} "
-          f"tokens at it), spread {r.token_spread:.2g} (a random walk's 2 spreads reach ln {cap:g} after {walk:.3g} "
+          f"tokens at it), spread {r.token_spread:.2g} (a random walk's 2 spreads reach ln {cap:g} after about {order_of(walk)} "
           f"tokens)\n  lengths {r.lengths.min().item()} to {r.lengths.max().item()}, sequence ratios "
           f"{r.log_ratio.exp().min().item():.3g} to {r.log_ratio.exp().max().item():.3g}: "
           f"{outside_cap(r, None, cap).float().mean().item():.0%} above {cap:g} (masked under TRL's defaults), "

@@ -75,7 +75,7 @@ delta = torch.cat([(after[name].detach().to(before.device) - before).flatten() f
 weight_norm = torch.cat([v.flatten() for v in step.initial_state.values()]).norm().item()  # the trained weights'
 moved = int((delta != 0).sum())
 print(f"loss {u.loss:.2e}  but grad_norm {u.grad_norm:.4f} (clipped: {u.clipped}); learning rate {cfg.learning_rate:g}")
-print(f"{moved} of {delta.numel()} weights moved; max |delta| {delta.abs().max():.3e}; "
+print(f"{moved / delta.numel():.2%} of the {delta.numel()} weights moved; max |delta| {delta.abs().max():.3e}; "
       f"{(delta.abs() > 0.99 * cfg.learning_rate).sum() / max(moved, 1):.1%} of them by at least 0.99 lr")
 print(f"update norm {u.update_norm:.4f}; lr x sqrt(weights moved) = {cfg.learning_rate * moved ** 0.5:.4f}; "
       f"{u.update_norm / weight_norm:.3%} of the weights' norm {weight_norm:.1f}")

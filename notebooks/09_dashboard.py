@@ -62,6 +62,7 @@ print("the dashboard's step now:", step.cfg.mask, step.cfg.kl_estimator)
 import math
 
 from grpo_debug.config import StepConfig
+from grpo_debug.digits import significant
 from grpo_debug.ui.tables import compare_variants
 
 base = "every fix on" if CAPTURE is None else "as captured"  # a capture's step is the run's own config
@@ -74,7 +75,7 @@ table = compare_variants(step, {base: {}, "T not applied": {"logprob_temperature
 moved = table.index[(table["loss"] - table.loc[base, "loss"]).abs() > 1e-6].tolist()
 print(f"rows whose loss differs from {base}:", ", ".join(moved))
 gap, kl = table.loc["dropout", "logps/max_sampler_gap"], table.loc["dropout", "kl"]
-print(f"dropout: kl {kl:.4g} nats per token ({cfg.kl_estimator}), largest per-token log-prob gap {gap:.3g} nats")
+print(f"dropout: kl {significant(kl)} nats per token ({cfg.kl_estimator}), largest per-token log-prob gap {gap:.3g} nats")
 if cfg.kl_estimator.startswith("k3"):
     print(f"  (k3 = exp(d) - d - 1 per token: that one token alone adds up to exp({gap:.3g}) = {math.exp(gap):.3g} "
           "to the sum over tokens)")

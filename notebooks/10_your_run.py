@@ -112,8 +112,11 @@ print(f"the captured config is the {run.config.preset_name() or 'custom'} preset
 # A capture also holds the trainer's optimizer as it was before the step: AdamW's moments, its parameter groups
 # (no weight decay on biases and norms) and the learning rate its scheduler set for the step. So the update phase
 # on a capture is the trainer's own step, and where the run also captured step k+1, the replayed step k must land
-# on its weights: the cosine between our move and the trainer's, the ratio of their norms, and whether the
-# weights are bit-equal (`grpo_debug.capture.landing`).
+# on its weights: the cosine between our move and the trainer's, the ratio of their norms, and how far the weights
+# after are from the trainer's (`grpo_debug.capture.landing`). Whether they are bit-equal is a fact about the CPU's
+# float32 matmul kernels, not about the replay: on one Intel Xeon with AVX-512 they were bit-equal under MKL's
+# compatible path (`MKL_CBWR=COMPATIBLE`) and within float rounding under MKL's own AVX-512 path, whose kernels
+# follow each matmul's shape (README, "Same seed, same numbers"). The line below says what this CPU gives.
 
 # %%
 from grpo_debug.capture.landing import landing
@@ -122,9 +125,10 @@ following = Path(CAPTURE).parent / f"step-{step.capture.meta['step'] + 1}"
 print(f"the update phase steps with: {report['optimizer']}")
 if following.is_dir():
     land = landing(step, following)
+    close = land["max_abs_difference"] < 0.1 * land["learning_rate"]  # Adam moves a weight by about lr at most
     print(f"replayed step {step.capture.meta['step']} against {following.name}: cosine {land['cosine']:.6f}, "
-          f"norm ratio {land['norm_ratio']:.6f}, largest weight difference {land['max_abs_difference']:.2g}, "
-          f"bit-equal: {land['bit_equal']}")
+          f"norm ratio {land['norm_ratio']:.6f}, largest weight difference below a tenth of the learning rate: "
+          f"{close} (measured on this CPU: largest {land['max_abs_difference']:.2g}, bit-equal {land['bit_equal']})")
     assert land["cosine"] >= 0.99 and abs(land["norm_ratio"] - 1) <= 0.02, (
         f"the replayed update is not the trainer's: {land}")
 else:

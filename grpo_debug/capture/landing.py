@@ -34,7 +34,8 @@ def landing(step, next_capture: str | Path) -> dict:
     """`step` (an opened capture of step k) replayed with the trainer's optimizer, against the trainer's own move
     to `next_capture` (step k+1 of the same run): {"cosine", "norm_ratio" (ours / the trainer's; NaN where either
     did not move), "max_abs_difference" of the weights after, "bit_equal", "trainer_norm", "exact" (the trainer's
-    optimizer was rebuilt), "optimizer" (what stepped, in words)}. The policy is left where the step was."""
+    optimizer was rebuilt), "optimizer" (what stepped, in words), "learning_rate" (the largest group's rate as it
+    stepped)}. The policy is left where the step was."""
     before, after = stored_weights(step.capture.path), stored_weights(next_capture)
     update = trainer_update(step, step.run(until="advantages"))
     dot = ours_sq = theirs_sq = 0.0
@@ -59,4 +60,5 @@ def landing(step, next_capture: str | Path) -> dict:
         "trainer_norm": math.sqrt(theirs_sq),
         "exact": update.exact,
         "optimizer": update.optimizer,
+        "learning_rate": max(update.learning_rate, default=math.nan),
     }

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..digits import significant
 from ..step import StepRun
 from .loss_gradients import gradient_of_loss_wrt_logps
 from .text import CONTROL, escape_code
@@ -233,7 +234,7 @@ SCRIPT = """(function () {
 
 
 def _fmt(value: float) -> str:
-    return "n/a" if not math.isfinite(value) else f"{value:.4g}"
+    return "n/a" if not math.isfinite(value) else significant(value)  # the digits every CPU computes alike
 
 
 def _shown(token: str) -> str:

@@ -12,10 +12,22 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from ..digits import DIGITS, significant  # noqa: E402
 
-def setup(threads: int = 1) -> None:
-    """One torch thread (float sums in a fixed order), 4-digit pandas floats, a fixed figure style."""
-    torch.set_num_threads(threads)
+
+def threads_asked() -> int:
+    """The torch threads the variable GRPO_DEBUG_THREADS asks for (1 when unset): the kernel-varying test runs the
+    notebooks at 2 to show that their stored outputs do not depend on it."""
+    value = os.environ.get("GRPO_DEBUG_THREADS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"GRPO_DEBUG_THREADS={value!r}: give a whole number of torch threads, 1 or more")
+    return int(value)
+
+
+def setup(threads: int | None = None) -> None:
+    """One torch thread (float sums in a fixed order; `threads`, or the variable GRPO_DEBUG_THREADS, for more),
+    pandas floats at 3 significant digits (`grpo_debug/digits.py`: what every CPU computes alike), a fixed figure style."""
+    torch.set_num_threads(threads or threads_asked())
     pinned = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
     if pinned and torch.backends.cpu.get_cpu_capability() != pinned:
         warnings.warn(
@@ -25,7 +37,8 @@ def setup(threads: int = 1) -> None:
             stacklevel=2,
         )
     torch.use_deterministic_algorithms(True, warn_only=True)
-    pd.set_option("display.precision", 4)
+    pd.set_option("display.precision", DIGITS)
+    pd.set_option("display.float_format", significant)
     pd.set_option("display.max_colwidth", 70)
     pd.set_option("display.width", 140)
     transformers.utils.logging.set_verbosity_error()  # no progress bars or warnings with timings in outputs
