@@ -4,8 +4,10 @@ but for the batch shape), a model in a relative folder, two reward functions of 
     python user_train.py OUT LOGGING_STEPS '{"num_iterations": 2, ...}'   (GRPOConfig changes, JSON)
 
 `model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not
-imported), `optimizer_state` (the callback's, default true), `chat` (message-list prompts) and `mixed_lengths` (prompts of
-different lengths, so left padding) are read from the JSON too.
+imported), `optimizer_state` (the callback's, default true), `chat` (message-list prompts), `mixed_lengths` (prompts of
+different lengths, so left padding), `train_only` (a piece of a parameter name: the model is loaded by the script and
+every other parameter frozen before the trainer is built) and `answer_column` (the dataset holds each prompt's
+`answer`, and a third reward, `correct`, reads it as TRL passes it) are read from the JSON too.
 """
 
 import json
@@ -28,6 +30,11 @@ def short(completions, **kwargs):
     return [-len(text(c)) / 16 for c in completions]
 
 
+def correct(prompts, completions, answer, **kwargs):
+    """TRL's documented pattern: a dataset column arrives as a keyword, one value per completion."""
+    return [float(str(a) in text(c)) for c, a in zip(completions, answer)]
+
+
 REWARD_FUNCS = [digits, short]
 
 if __name__ == "__main__":
@@ -40,8 +47,20 @@ if __name__ == "__main__":
     if changes.pop("mixed_lengths", False):  # every prompt of its own length: TRL left-pads the shorter ones
         pairs = [(1, 2), (13, 4), (15, 61), (7, 1001), (222, 444), (9, 100000), (4444, 4444), (66666, 3333)]
     prompts = [f"What is {a}+{b}? " for a, b in pairs]
+    columns = {"prompt": prompts}
+    reward_funcs = list(REWARD_FUNCS)
+    if changes.pop("answer_column", False):
+        columns["answer"] = [a + b for a, b in pairs]
+        reward_funcs.append(correct)
+    train_only = changes.pop("train_only", None)
+    if train_only is not None:  # part of the model trains: the rest frozen before the trainer is built
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model)
+        for name, param in model.named_parameters():
+            param.requires_grad = train_only in name
     if changes.pop("chat", False):  # a conversational dataset: the tokenizer's chat template applies
-        prompts = [[{"role": "user", "content": p}] for p in prompts]
+        columns["prompt"] = [[{"role": "user", "content": p}] for p in prompts]
     args = GRPOConfig(
         output_dir=out,
         per_device_train_batch_size=changes.pop("per_device_train_batch_size", 4),
@@ -53,9 +72,7 @@ if __name__ == "__main__":
         logging_steps=logging_steps,
         **changes,
     )
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=REWARD_FUNCS, args=args, train_dataset=Dataset.from_dict({"prompt": prompts})
-    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_dict(columns))
     if steps is not None:
         from grpo_debug.capture import CaptureCallback
 

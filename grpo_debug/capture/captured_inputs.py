@@ -51,6 +51,36 @@ def _check_tokenizer(capture: Capture, tokenizer) -> None:
         )
 
 
+def trained_names(capture: Capture) -> set[str] | None:
+    """The parameters the run trained, by name: the capture's `policy.trainable` (None: all of them), else, for a
+    capture written before it was recorded, the names the trainer's optimizer groups held (Trainer builds its
+    groups from the parameters that require a gradient), else None."""
+    policy = capture.meta["policy"]
+    if "trainable" in policy:
+        return None if policy["trainable"] is None else set(policy["trainable"])
+    optimizer = capture.meta.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("groups"), list):
+        return {n for g in optimizer["groups"] for n in g["params"]}
+    return None
+
+
+def freeze_as_captured(capture: Capture, policy) -> None:
+    """Freeze what the run froze: every parameter the run did not train stops requiring a gradient, so the replay's
+    gradients, update and optimizer cover the run's own trained set. A trained name the model lacks is refused."""
+    trained = trained_names(capture)
+    if trained is None:
+        return
+    params = dict(policy.named_parameters())
+    unknown = sorted(trained - set(params))
+    if unknown:
+        raise CaptureError(
+            f"{capture.path / 'capture.json'}: the run trained {unknown[0]!r}, which the captured policy does not "
+            f"have ({len(unknown)} such name(s))"
+        )
+    for name, param in params.items():
+        param.requires_grad_(name in trained)
+
+
 def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
     """The captured policy (its weights before the step) and TRL's frozen reference, loaded as TRL loaded it
     (beta != 0), else the policy's own copy; and whether that copy is it (beta = 0: TRL has no reference).
@@ -65,6 +95,7 @@ def captured_models(capture: Capture) -> tuple[LoadedModel, bool]:
     policy_folder = str(capture.path.resolve() / capture.meta["policy"]["folder"])
     loaded = load_model(policy_folder, reference=reference_name is None)  # beta = 0: its start is the reference
     _check_tokenizer(capture, loaded.tokenizer)
+    freeze_as_captured(capture, loaded.policy)
     if reference_name is None:
         return loaded, True
     if Path(str(reference_name)).is_dir():  # a local folder from outside the capture: checked like the policy's

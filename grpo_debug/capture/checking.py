@@ -60,6 +60,12 @@ def _check_meta(meta, js: Path) -> tuple[dict, int]:
     for name, values in meta["rewards"].items():
         ok = isinstance(values, list) and all(v is None or isinstance(v, number) for v in values)
         need(ok, js, f"rewards of {name!r} are not a list of numbers (or null)")
+    trainable = meta["policy"].get("trainable")
+    need(
+        trainable is None or (isinstance(trainable, list) and all(isinstance(n, str) for n in trainable)),
+        js,
+        f"policy.trainable = {str(trainable)[:60]!r} is neither null nor a list of parameter names",
+    )
     for name, w in meta["reward_weights"].items():
         need(
             isinstance(w, number) and not isinstance(w, bool), js, f"reward weight of {name!r} = {w!r} is not a number"

@@ -135,17 +135,27 @@ def write_policy(path: Path, trainer, step: int, weights: dict | None, max_weigh
     name = resolved_name(model.config._name_or_path)
     if weights is not None and is_adapter_model(model):
         return write_adapter(model, trainer.processing_class, path / "policy", weights, step)
+    trainable = trainable_names(model)
     if weights is not None:
         model.save_pretrained(path / "policy", state_dict=weights)
         trainer.processing_class.save_pretrained(path / "policy")
         note = f"the policy's weights before optimizer step {step}, and its tokenizer (`save_pretrained`)."
-        return {"folder": "policy", "name_or_path": name}, note
+        return {"folder": "policy", "name_or_path": name, "trainable": trainable}, note
     output_dir = str(Path(trainer.args.output_dir).resolve())
     note = (
         f"not written: the weights are larger than {max_weight_bytes} bytes. Reload the "
         f"checkpoint of step {step - 1} from `{trainer.args.output_dir}`."
     )
-    return {"folder": None, "name_or_path": name, "checkpoint_step": step - 1, "output_dir": output_dir}, note
+    entry = {"folder": None, "name_or_path": name, "checkpoint_step": step - 1, "output_dir": output_dir}
+    return {**entry, "trainable": trainable}, note
+
+
+def trainable_names(model) -> list[str] | None:
+    """The parameters the run trains, by name (`requires_grad`), or None where it trains all of them: a run that
+    froze part of its model is replayed with the same part frozen (`captured_inputs.captured_models`)."""
+    names = [n for n, p in model.named_parameters()]
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    return None if len(trainable) == len(names) else trainable
 
 
 def capture_meta(trainer, step: int, capture: dict, generation: dict, policy: dict, trl_version: str) -> dict:
