@@ -2,7 +2,8 @@
 tiny Qwen2 in the user's folder, run from another directory) that take a part of TRL the replay must follow, each
 replayed, landed and diagnosed as the trainer took it.
 
-- a partly frozen model (`requires_grad=False` on all but the final norm before the trainer is built)"""
+- a partly frozen model (`requires_grad=False` on all but the final norm before the trainer is built)
+- `mask_truncated_completions=True`: TRL scores a truncated completion's text, then masks it from the loss"""
 
 import json
 import subprocess
@@ -32,6 +33,12 @@ def user(tmp_path_factory) -> Path:
 def frozen(user) -> Path:
     """A 3-step run training only the final norm, steps 2 and 3 captured."""
     return user_train_run(user, "frozen", {"train_only": FINAL_NORM, "max_steps": 3, "capture": [2, 3]})
+
+
+@pytest.fixture(scope="module")
+def truncated(user) -> Path:
+    """A 2-step run under mask_truncated_completions (16 tokens: a tiny random model rarely stops), step 2 captured."""
+    return user_train_run(user, "truncated", {"mask_truncated_completions": True, "capture": [2]})
 
 
 def reproduced(report: dict) -> list[str]:
@@ -81,3 +88,23 @@ def test_an_old_capture_without_the_trainable_list_freezes_what_the_optimizer_gr
     step = open_capture(old)
     trains = [n for n, p in step.policy.named_parameters() if p.requires_grad]
     assert trains == [f"{FINAL_NORM}.weight"], f"read from the optimizer's groups, the replay trains {trains}"
+
+
+def test_under_mask_truncated_completions_rewards_are_recomputed_on_the_texts_trl_scored(truncated, user):
+    step = open_capture(truncated / "step-2", f"{user / 'user_train.py'}:REWARD_FUNCS")
+    meta, mask = step.capture.meta, step.capture.batch["completion_mask"]
+    masked = int((~mask.bool().any(1)).sum())
+    assert masked >= 2, f"the run truncated {masked} completions: the test needs some"
+    run = step.run(until="update")
+    assert list(run.rollout.completions) == meta["completions"], (
+        "the texts handed to the reward functions are not the ones TRL logged for this step"
+    )
+    for name, logged in meta["rewards"].items():
+        ours = run.rewards.per_function[name].tolist()
+        assert all(abs(a - b) <= 1e-6 for a, b in zip(ours, logged)), f"{name}: recomputed {ours}, TRL's {logged}"
+    report = reproduction(run, step.capture, step.policy, step)
+    for name in ("reward", "reward_std", "loss", "grad_norm"):
+        assert name in report["logged"], f"TRL logged no {name}: {sorted(report['logged'])}"
+    assert reproduced(report) == list(report["logged"]), (
+        f"under mask_truncated_completions the replay is not the trainer's: {report['logged']} vs {report['replayed']}"
+    )

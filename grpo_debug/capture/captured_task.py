@@ -19,14 +19,16 @@ def task_name(capture: Capture) -> str:
 
 
 def captured_texts(capture: Capture, tokenizer) -> tuple[list[str], list[str]]:
-    """The B prompts and B*G completions as our rollout decodes them (special tokens removed)."""
+    """The B prompts and B*G completions as our rollout decodes them (special tokens removed). A completion is the
+    text TRL gave the reward functions: under `mask_truncated_completions` TRL decodes before it masks, so a row
+    whose mask it zeroed (no EOS: the whole row is the completion) is decoded whole, not as an empty string."""
     b, G = capture.batch, capture.meta["grpo_config"]["num_generations"]
     prompts = [
         tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
         for ids, m in zip(b["prompt_ids"][::G], b["prompt_mask"][::G])
     ]
     completions = [
-        tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+        tokenizer.decode(ids[m.bool()] if m.any() else ids, skip_special_tokens=True)
         for ids, m in zip(b["completion_ids"], b["completion_mask"])
     ]
     return prompts, completions
