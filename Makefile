@@ -124,7 +124,7 @@ test-slow: setup
 # Every notebook again under other CPU kernels, against the same stored outputs: MKL's compatible path (what an AMD
 # CPU and an Intel one compute alike) and 2 torch threads (float sums split in two). A stored output that holds
 # digits one machine's kernels decided fails here, on the developers' machine, before it fails on a user's.
-NBVAL = $(BIN)/python -m pytest -n auto -p no:cacheprovider --nbval $(NOTEBOOKS) \
+NBVAL = $(BIN)/python -m pytest -n auto --dist loadscope -p no:cacheprovider --nbval $(NOTEBOOKS) \
   --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
 test-kernels: setup
 	MKL_CBWR=COMPATIBLE $(NBVAL)
