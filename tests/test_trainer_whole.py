@@ -3,7 +3,8 @@ tiny Qwen2 in the user's folder, run from another directory) that take a part of
 replayed, landed and diagnosed as the trainer took it.
 
 - a partly frozen model (`requires_grad=False` on all but the final norm before the trainer is built)
-- `mask_truncated_completions=True`: TRL scores a truncated completion's text, then masks it from the loss"""
+- `mask_truncated_completions=True`: TRL scores a truncated completion's text, then masks it from the loss
+- a reward that reads a dataset column (`def correct(prompts, completions, answer, **kwargs)`)"""
 
 import json
 import subprocess
@@ -39,6 +40,17 @@ def frozen(user) -> Path:
 def truncated(user) -> Path:
     """A 2-step run under mask_truncated_completions (16 tokens: a tiny random model rarely stops), step 2 captured."""
     return user_train_run(user, "truncated", {"mask_truncated_completions": True, "capture": [2]})
+
+
+@pytest.fixture(scope="module")
+def answered(user) -> Path:
+    """A 2-step run whose dataset holds each prompt's answer, read by the reward function `correct`."""
+    return user_train_run(user, "answered", {"answer_column": True, "capture": [2]})
+
+
+def command(*argv, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_debug", *map(str, argv)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
 
 
 def reproduced(report: dict) -> list[str]:
@@ -108,3 +120,49 @@ def test_under_mask_truncated_completions_rewards_are_recomputed_on_the_texts_tr
     assert reproduced(report) == list(report["logged"]), (
         f"under mask_truncated_completions the replay is not the trainer's: {report['logged']} vs {report['replayed']}"
     )
+
+
+def test_a_reward_that_reads_a_dataset_column_is_recomputed_as_trl_called_it(answered, user, tmp_path):
+    meta = json.loads((answered / "step-2" / "capture.json").read_text())
+    assert "answer" in meta["columns"] and len(meta["columns"]["answer"]) == len(meta["completions"]), meta["columns"]
+    assert list(meta["rewards"]) == ["digits", "short", "correct"], list(meta["rewards"])
+    for prompt, answer in zip(meta["prompts"], meta["columns"]["answer"]):  # each row's own answer, in row order
+        a, b = prompt.removeprefix("What is ").removesuffix("? ").split("+")
+        assert answer == int(a) + int(b), f"row {prompt!r} captured with the answer {answer}"
+    step = open_capture(answered / "step-2", f"{user / 'user_train.py'}:COLUMN_REWARD_FUNCS")
+    run = step.run(until="update")
+    for name, logged in meta["rewards"].items():
+        ours = run.rewards.per_function[name].tolist()
+        assert all(abs(a - b) <= 1e-6 for a, b in zip(ours, logged)), f"{name}: recomputed {ours}, TRL's {logged}"
+    new = step.run(step.cfg, until="rewards", remember=False).rollout  # the captured rollout: the same rows
+    assert len(new.completions) == len(meta["completions"])
+    out = tmp_path / "replay.json"
+    done = command(
+        "replay", answered / "step-2", "--task", "user_train.py:COLUMN_REWARD_FUNCS", "--json", out, cwd=user
+    )
+    assert done.returncode == 0, f"replay --task refused a reward that reads a column:\n{done.stderr[-2000:]}"
+    replayed = json.loads(out.read_text())
+    assert abs(replayed["replayed"]["reward"] - replayed["logged"]["reward"]) <= 1e-6, replayed
+    out = tmp_path / "doctor.json"
+    done = command("doctor", answered / "step-2", "--task", "user_train.py:COLUMN_REWARD_FUNCS", "--horizon", "0",
+                   "--held-out", "0", "--json", out, cwd=user)  # fmt: skip
+    assert done.returncode == 0, f"doctor --task refused a reward that reads a column:\n{done.stderr[-2000:]}"
+
+
+def test_a_column_the_capture_does_not_hold_is_refused_in_one_line_naming_it(truncated, user):
+    done = command("replay", truncated / "step-2", "--task", "user_train.py:correct", cwd=user)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "needs 'answer'" in lines[-1] and "no dataset column" in lines[-1], done.stderr
+
+
+def test_a_reward_function_weighted_0_is_named_where_it_silences_the_function(user, tmp_path):
+    """TRL's reward_weights [0, 1, 0]: digits and correct are logged, and nothing they score reaches an advantage."""
+    weighted = user_train_run(user, "weighted", {"answer_column": True, "reward_weights": [0.0, 1.0, 0.0]})
+    out = tmp_path / "doctor.json"
+    done = command("doctor", weighted / "step-2", "--no-flip", "--horizon", "0", "--held-out", "0", "--json", out,
+                   cwd=user)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    constant = next(f for f in json.loads(out.read_text())["findings"] if f["id"] == "constant_reward")
+    assert constant["evidence"]["weighted_zero"] == ["digits", "correct"], constant
+    said = constant["summary"] if "summary" in constant else json.dumps(constant)
+    assert "digits, correct are weighted 0" in said, f"the weight of 0 is named nowhere: {said}"

@@ -36,6 +36,7 @@ def correct(prompts, completions, answer, **kwargs):
 
 
 REWARD_FUNCS = [digits, short]
+COLUMN_REWARD_FUNCS = [digits, short, correct]  # with `answer_column`
 
 if __name__ == "__main__":
     out, logging_steps = sys.argv[1], int(sys.argv[2])
@@ -51,7 +52,7 @@ if __name__ == "__main__":
     reward_funcs = list(REWARD_FUNCS)
     if changes.pop("answer_column", False):
         columns["answer"] = [a + b for a, b in pairs]
-        reward_funcs.append(correct)
+        reward_funcs = list(COLUMN_REWARD_FUNCS)
     train_only = changes.pop("train_only", None)
     if train_only is not None:  # part of the model trains: the rest frozen before the trainer is built
         from transformers import AutoModelForCausalLM

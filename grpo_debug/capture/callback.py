@@ -46,6 +46,7 @@ import torch
 from transformers import TrainerCallback
 
 from . import folder_lock, optimizer_state
+from .columns import batch_columns
 from .course import logged_fields, metric_marks, new_metrics, new_record, remember_step, step_metrics
 from .crash import record_crash, without_frame
 from .lora import is_adapter_model, no_base_reason
@@ -192,7 +193,7 @@ class CaptureCallback(TrainerCallback):
 
     def _kept_generation(self, output: dict, *args, **kwargs) -> None:
         if self.trainer.model.training:
-            self._on_generation(output)
+            self._on_generation(output, args[0] if args else kwargs.get("inputs"))
 
     def _kept_micro_batch(self, inputs: dict, *args, **kwargs) -> None:
         """The micro-batch TRL just prepared (TRL counts `_step` up after training_step: it is this one's)."""
@@ -428,8 +429,9 @@ class CaptureCallback(TrainerCallback):
 
     # ---- what is kept
 
-    def _on_generation(self, output: dict) -> None:
-        """Keep the generation batch if it feeds a wanted step: the optimizer steps its micro-batches belong to."""
+    def _on_generation(self, output: dict, inputs: list | None = None) -> None:
+        """Keep the generation batch if it feeds a wanted step: the optimizer steps its micro-batches belong to.
+        `inputs`: TRL's dataset rows of the batch, whose columns it passes to the reward functions."""
         t = self.trainer
         S, mu, GA = layout(t)
         first = t.state.global_step + 1
@@ -444,12 +446,15 @@ class CaptureCallback(TrainerCallback):
         rewards = {name: list(t._logs["rewards"][name])[-n:] for name in t.reward_func_names}
         weights_of = t.reward_weights.tolist() if isinstance(t.reward_weights, torch.Tensor) else list(t.reward_weights)
         local = {k: output[k].detach().cpu() for k in ("prompt_ids", "completion_ids", "advantages")}
+        columns, dropped = dataset_columns(t, inputs, n)
         self.generation = {
             "tensors": tensors,
             "prompts": list(t._logs["prompt"])[-n:],
             "completions": list(t._logs["completion"])[-n:],
             "rewards": rewards,
             "reward_weights": dict(zip(t.reward_func_names, weights_of)),
+            "columns": columns,
+            "columns_dropped": dropped,
             "advantages": list(t._logs["advantages"])[-n:],
             "processes": t.accelerator.num_processes,
             "local": local,
@@ -491,3 +496,16 @@ class CaptureCallback(TrainerCallback):
         from accelerate.utils import gather_object
 
         return rows_in_generation_order(gather_object([own_share(capture, self.generation["local"])]))
+
+
+def dataset_columns(trainer, inputs, n: int) -> tuple[dict[str, list], dict[str, str]]:
+    """`columns.batch_columns` of the generation batch's dataset rows, gathered over processes in process order (as
+    the batch's tensors are); nothing where the rows are not one per completion of the n gathered."""
+    from accelerate.utils import gather_object
+
+    rows = inputs if isinstance(inputs, list) and all(isinstance(r, dict) for r in inputs) else []
+    processes = trainer.accelerator.num_processes
+    columns, dropped = batch_columns(rows, gather_object if processes > 1 else lambda values: values)
+    if len(rows) * processes != n:
+        return {}, {k: "the batch's rows are not one per completion" for k in (*columns, *dropped)}
+    return columns, dropped

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..rewards import StoredReward
 from ..task import Task, callable_name, import_user_file, load_task, task_names
 from .captured import Capture
+from .columns import columns_by_prompt, with_columns
 
 
 def task_name(capture: Capture) -> str:
@@ -114,7 +115,7 @@ def _your_task(
 ) -> Task | None:
     """`rewards_from` as a Task: a registered task's name, a Task, or your reward functions (given message lists
     where the capture is conversational: the captured prompt's messages, whether the step shows it as `shown` or
-    samples from it as `prompts`); None without it."""
+    samples from it as `prompts`; and the dataset's columns the capture holds, as keywords); None without it."""
     if isinstance(rewards_from, str) and ".py:" not in rewards_from:
         try:
             return load_task(rewards_from)
@@ -128,10 +129,14 @@ def _your_task(
     if isinstance(rewards_from, Task) or rewards_from is None:
         return rewards_from
     funcs = reward_functions(rewards_from)
+    G = capture.meta["grpo_config"]["num_generations"]
     if capture.conversational:
-        G = capture.meta["grpo_config"]["num_generations"]
         messages = {p: capture.meta["prompts"][i * G] for texts in (prompts, shown) for i, p in enumerate(texts)}
         funcs = [_as_messages(f, messages) for f in funcs]
+    columns = capture.meta.get("columns") or {}
+    if columns:  # the dataset's columns, as TRL passes them: looked up by the prompt each completion answers
+        by_prompt = columns_by_prompt(columns, [[a, b] for a, b in zip(prompts, shown)], G)
+        funcs = [with_columns(f, by_prompt, list(columns)) for f in funcs]
     return Task(
         name="your reward functions",
         prompts=lambda s, n: prompts[:n],

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .captured import Capture, CaptureError
+from .columns import check_columns
 from .lora import check_adapter_capture
 from .model_folder import check_model_folder
 from .optimizer_schema import optimizer_problem
@@ -125,6 +126,8 @@ def _check_batch(b, pt: Path, meta: dict, js: Path, g: dict, G: int) -> int:
         js,
         f"{len(meta['prompts'])} prompts and {len(meta['completions'])} completions for {N} rows in batch.pt",
     )
+    problem = check_columns(meta, N)
+    need(problem is None, js, problem)
     for name in ("prompt_mask", "completion_mask"):
         need(bool(((b[name] == 0) | (b[name] == 1)).all()), pt, f"{name} holds values other than 0 and 1")
     mask = b["completion_mask"].bool()

@@ -182,6 +182,8 @@ def capture_meta(trainer, step: int, capture: dict, generation: dict, policy: di
         "completions": jsonable(generation["completions"]),
         "rewards": jsonable(generation["rewards"]),
         "reward_weights": generation["reward_weights"],
+        "columns": generation.get("columns", {}),  # the dataset's columns TRL passed to the reward functions
+        "columns_dropped": generation.get("columns_dropped", {}),
         "advantages": jsonable(generation["advantages"]),
         "processes": generation["processes"],
         "schedule": schedule(t, capture, generation),

@@ -6,6 +6,7 @@ refused in one line before any capture or model is read, in well under a second 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -175,8 +176,9 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
     than one number, or None, per completion), before any model loads."""
     if not task:
         return
+    columns = capture_columns(capture)
     try:
-        funcs = task_functions(task)
+        funcs = task_functions(task, list(columns))
     except ValueError as e:
         parser.error(str(e))
     if funcs is None:  # a registered task: the bundled step's own rewards
@@ -186,16 +188,27 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
 
     try:
         prompt, completion = _first_row(capture)
+        first = {name: values[:1] for name, values in columns.items()}  # the first row's columns, as TRL passes them
         for func in funcs:
-            call_reward(func, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
+            called = functools.partial(func, **first) if first else func
+            call_reward(called, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
     except (ValueError, TimeoutError) as e:  # TimeoutError: time_limit.RewardTimeout (--reward-timeout)
         parser.error(str(e))
 
 
-def task_functions(task: str) -> list | None:
+def capture_columns(capture: str | None) -> dict[str, list]:
+    """The dataset columns the capture holds (capture.json's `columns`, TRL's reward_kwargs), {} where it holds none
+    or cannot be read (its own checks refuse it later)."""
+    columns = capture_meta(capture).get("columns", {})
+    ok = isinstance(columns, dict) and all(isinstance(v, list) and v for v in columns.values())
+    return columns if ok else {}
+
+
+def task_functions(task: str, columns: list[str] = ()) -> list | None:
     """The reward functions `--task FILE.py:NAME` names, torch-free (None: a registered task's name): the file
     exists, imports, NAME is a callable or a non-empty list of them, each callable as TRL calls a reward
-    function (`signature_problem`). ValueError, one line, for anything else."""
+    function with the dataset's `columns` the capture holds (`signature_problem`). ValueError, one line, for
+    anything else."""
     from ..task import callable_name, task_names
 
     if ".py:" not in task:
@@ -218,7 +231,7 @@ def task_functions(task: str) -> list | None:
         )
     funcs = list(value) if isinstance(value, (list, tuple)) else [value]
     for func in funcs:
-        problem = signature_problem(func)
+        problem = signature_problem(func, columns)
         if problem:
             raise ValueError(f"--task {task}: reward function {callable_name(func)!r} {problem}")
     return funcs
@@ -250,16 +263,38 @@ def _kind(value) -> str:
     return f"{shown} (type {type(value).__name__})" if len(shown) <= 40 else f"of type {type(value).__name__}"
 
 
-def signature_problem(func) -> str | None:
+TRL_EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")  # TRL 1.16's other keywords
+
+
+def signature_problem(func, columns: list[str] = ()) -> str | None:
     """Why `func` cannot be called as a reward function, or None: TRL calls it with keywords (prompts=,
-    completions=, completion_ids=, trainer_state= and the dataset's columns; the doctor with prompts= and
-    completions=), so both must bind. A callable whose signature Python cannot read (a builtin) is let through."""
+    completions=, completion_ids=, trainer_state= and the dataset's columns; the doctor with prompts=,
+    completions= and the `columns` the capture holds), so those must bind. A parameter it needs that is none of
+    them is a dataset column the capture does not hold, named. A callable whose signature Python cannot read (a
+    builtin) is let through."""
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):
         return None
+    given = {"prompts", "completions", *columns}
+    needed = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given
+    ]
+    keywords = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    takes_both = keywords or {"prompts", "completions"} <= set(signature.parameters)
+    needed = needed if takes_both else []  # one that cannot take prompts= and completions= is refused below
+    if needed and needed[0] in TRL_EXTRAS:
+        return f"needs {needed[0]!r}, which TRL passes to a reward function and this release does not yet"
+    if needed:
+        held = f"the columns {list(columns)}" if columns else "no dataset column"
+        return (
+            f"needs {needed[0]!r}, a dataset column TRL passes as a keyword, and the capture holds {held}: capture "
+            "a run whose dataset has it (grpo_debug captures every column TRL passes to the reward functions)"
+        )
     try:
-        signature.bind(prompts=[], completions=[])
+        signature.bind(prompts=[], completions=[], **{name: [] for name in columns})
     except TypeError as e:
         return (
             f"takes {signature}: it cannot be called as TRL calls a reward function, with keywords prompts= and "

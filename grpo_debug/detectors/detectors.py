@@ -80,10 +80,23 @@ def constant_reward(f: StepFacts) -> Finding:
     unscored = [name for name in constant if bool(((~_groups(per[name].isnan(), G)).sum(1) < 2).all())]
     evidence = dict(constant_functions=constant, functions=list(per), groups_with_varied_completions=len(varied_groups),
                     unscored_within_groups=unscored)  # fmt: skip
+    weights = dict(zip(per, f.reward_weights))
+    silenced = [name for name in per if weights.get(name) == 0]  # TRL multiplies by the weight: 0 adds nothing
+    if silenced:
+        evidence.update(reward_weights=weights, weighted_zero=silenced)
+    weighted = (f"; {', '.join(silenced)} {'is' if len(silenced) == 1 else 'are'} weighted 0 "
+                f"(reward_weights {list(weights.values())}): nothing {'it scores' if len(silenced) == 1 else 'they score'} "
+                "reaches an advantage") if silenced else ""  # fmt: skip
     probes = f.reward_probes or {}
     ignoring = [n for n in constant if n in probes and probes[n].ignores_completion]
     if probes:
         evidence["probed"] = {n: p.as_dict() for n, p in probes.items()}
+    if not constant and silenced:
+        carried = len(silenced) < len(per)
+        return _finding("constant_reward", "info" if carried else "problem",
+                        f"every reward function varies within some group{weighted}"
+                        + (" (a weight of 0 logs a function without training on it)" if carried else
+                           ": no reward function reaches the advantages"), named=[], **evidence)  # fmt: skip
     if not constant:
         return _finding("constant_reward", "absent", "every reward function varies within some group", **evidence)
     reads = [n for n in constant if n in probes and probes[n].varies_across_completions]
@@ -100,11 +113,12 @@ def constant_reward(f: StepFacts) -> Finding:
     named = ignoring or [n for n in constant if n not in reads]
     said = ("gave the same value for every completion of each prompt, its own, another prompt's and changed ones"
             if ignoring else "is constant within every group")  # fmt: skip
-    severity = "problem" if len(named) == len(per) else "warning"
+    nothing = [n for n in per if n in named or n in silenced]
+    severity = "problem" if len(nothing) == len(per) else "warning"
     return _finding(
         "constant_reward", severity,
-        f"{', '.join(named)} {said}: {len(named)} of {len(per)} reward functions add nothing to any advantage",
-        named=named, **evidence,
+        f"{', '.join(named)} {said}{weighted}: {len(nothing)} of {len(per)} reward functions add nothing to any "
+        "advantage", named=named, **evidence,
     )  # fmt: skip
 
 
