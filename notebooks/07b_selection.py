@@ -141,7 +141,9 @@ plots.reward_changes({f"{name}, {opt}, {'as written' if s == 'influence>0' else 
 
 # %%
 import torch
+from IPython.display import display
 
+from grpo_debug.digits import significant
 from grpo_debug.tracin.first_order import predicted_subset_change
 from grpo_debug.tracin.influence import per_sample_train_gradients, signs, validation_gradient
 
@@ -180,7 +182,8 @@ print(f"adamw: TracIn's prediction read as an SGD step at AdamW's lr is {'at lea
 by = selection["L_val change"]
 for optimizer in OPTIMIZERS:
     print(f"{optimizer}: L_val change top half {by[(optimizer, 'top_half')]:+.4f}, bottom half {by[(optimizer, 'bottom_half')]:+.4f}")
-selection
+with pd.option_context("display.float_format", lambda x: significant(x, 2)):  # L_val after an Adam step: 2 digits
+    display(selection)
 
 # %%
 plots.selection_results([results[("random 64", opt, s)] for opt in OPTIMIZERS for s in SELECTIONS])
