@@ -250,7 +250,7 @@ def describe(name, r):
           f"{outside_cap(r, None, cap).float().mean().item():.0%} of the sequence ratios above {cap:g} (masked under "
           f"TRL's defaults), {outside_cap(r, 1 / cap, None).float().mean().item():.0%} below 1/{cap:g}\n"
           f"  (measured on this CPU: drift {r.token_drift:+.2g} nats per token, the cap after {at_cap:.3g} tokens at it; "
-          f"spread {r.token_spread:.2g}, a random walk's 2 spreads reach ln {cap:g} after about {order_of(walk)} tokens; "
+          f"spread {r.token_spread:.2g},\n   a random walk's 2 spreads reach ln {cap:g} after about {order_of(walk)} tokens; "
           f"sequence ratios {r.log_ratio.exp().min().item():.3g} to {r.log_ratio.exp().max().item():.3g})")
 
 
