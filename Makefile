@@ -122,13 +122,14 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # Every notebook again under other CPU kernels, against the same stored outputs: MKL's compatible path (what an AMD
-# CPU and an Intel one compute alike) and 2 torch threads (float sums split in two). A stored output that holds
-# digits one machine's kernels decided fails here, on the developers' machine, before it fails on a user's.
+# CPU and an Intel one compute alike), and `make test`'s notebooks at 2 torch threads (float sums split in two). A
+# stored output that holds digits one machine's kernels decided fails here, on the developers' machine, before it
+# fails on a user's. tests/test_digits.py (the digits and the sanitizer) brings tests/conftest.py's tiers.
 NBVAL = $(BIN)/python -m pytest -n auto --dist loadscope -p no:cacheprovider --nbval $(NOTEBOOKS) \
   --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
 test-kernels: setup
-	MKL_CBWR=COMPATIBLE $(NBVAL)
-	GRPO_DEBUG_THREADS=2 $(NBVAL)
+	MKL_CBWR=COMPATIBLE $(NBVAL) tests/test_digits.py
+	GRPO_DEBUG_THREADS=2 $(NBVAL) tests/test_digits.py -m "not slow"
 
 data: setup
 	$(BIN)/python -m grpo_debug.chess.data build
