@@ -133,9 +133,10 @@ class FlightRecorder(CaptureCallback):
     def _keeps(self, fed_steps: list[int]) -> bool:
         return True
 
-    def _on_generation(self, output: dict) -> None:
-        """Keep the batch (`CaptureCallback`), and what it says about the rewards, once per batch."""
-        super()._on_generation(output)
+    def _on_generation(self, output: dict, inputs: list | None = None) -> None:
+        """Keep the batch (`CaptureCallback`, the dataset's columns with it), and what it says about the rewards,
+        once per batch."""
+        super()._on_generation(output, inputs)
         t, g = self.trainer, self.generation
         g["metrics"] = {k: float(v[-1]) for k, v in self._new_metrics().items() if health.is_generation_metric(k)}
         g["signals"] = health.generation_signals(g["rewards"], g["reward_weights"], g["tensors"], t.num_generations)
