@@ -46,7 +46,7 @@ import torch
 from transformers import TrainerCallback
 
 from . import folder_lock, optimizer_state
-from .columns import batch_columns
+from .columns import dataset_columns
 from .course import logged_fields, metric_marks, new_metrics, new_record, remember_step, step_metrics
 from .crash import record_crash, without_frame
 from .lora import is_adapter_model, no_base_reason
@@ -496,16 +496,3 @@ class CaptureCallback(TrainerCallback):
         from accelerate.utils import gather_object
 
         return rows_in_generation_order(gather_object([own_share(capture, self.generation["local"])]))
-
-
-def dataset_columns(trainer, inputs, n: int) -> tuple[dict[str, list], dict[str, str]]:
-    """`columns.batch_columns` of the generation batch's dataset rows, gathered over processes in process order (as
-    the batch's tensors are); nothing where the rows are not one per completion of the n gathered."""
-    from accelerate.utils import gather_object
-
-    rows = inputs if isinstance(inputs, list) and all(isinstance(r, dict) for r in inputs) else []
-    processes = trainer.accelerator.num_processes
-    columns, dropped = batch_columns(rows, gather_object if processes > 1 else lambda values: values)
-    if len(rows) * processes != n:
-        return {}, {k: "the batch's rows are not one per completion" for k in (*columns, *dropped)}
-    return columns, dropped

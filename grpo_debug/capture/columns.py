@@ -79,3 +79,16 @@ def with_columns(func, by_prompt: dict[str, dict], names: list[str]):
 
     reward.__name__ = callable_name(func)
     return reward
+
+
+def dataset_columns(trainer, inputs, n: int) -> tuple[dict[str, list], dict[str, str]]:
+    """`columns.batch_columns` of the generation batch's dataset rows, gathered over processes in process order (as
+    the batch's tensors are); nothing where the rows are not one per completion of the n gathered."""
+    from accelerate.utils import gather_object
+
+    rows = inputs if isinstance(inputs, list) and all(isinstance(r, dict) for r in inputs) else []
+    processes = trainer.accelerator.num_processes
+    columns, dropped = batch_columns(rows, gather_object if processes > 1 else lambda values: values)
+    if len(rows) * processes != n:
+        return {}, {k: "the batch's rows are not one per completion" for k in (*columns, *dropped)}
+    return columns, dropped
