@@ -32,6 +32,8 @@ def order_of(x: float) -> str:
     """`x`'s power of ten ("1e+12"), for a number derived from float-rounding noise (how long a random walk of
     per-token noise takes to reach a cap): its order of magnitude is what it says on every CPU."""
     x = float(x)
-    if not math.isfinite(x) or x == 0:
-        return str(x) if x != 0 else "0"
+    if x == 0:
+        return "0"
+    if not math.isfinite(x):
+        return str(x)
     return f"{math.copysign(1, x) * 10 ** round(math.log10(abs(x))):.0e}"

@@ -153,9 +153,9 @@ def write_policy(path: Path, trainer, step: int, weights: dict | None, max_weigh
 def trainable_names(model) -> list[str] | None:
     """The parameters the run trains, by name (`requires_grad`), or None where it trains all of them: a run that
     froze part of its model is replayed with the same part frozen (`captured_inputs.captured_models`)."""
-    names = [n for n, p in model.named_parameters()]
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    return None if len(trainable) == len(names) else trainable
+    params = list(model.named_parameters())
+    trainable = [n for n, p in params if p.requires_grad]
+    return None if len(trainable) == len(params) else trainable
 
 
 def capture_meta(trainer, step: int, capture: dict, generation: dict, policy: dict, trl_version: str) -> dict:

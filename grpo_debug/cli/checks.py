@@ -276,15 +276,18 @@ def signature_problem(func, columns: list[str] = ()) -> str | None:
         signature = inspect.signature(func)
     except (TypeError, ValueError):
         return None
+    params = signature.parameters.values()
+    keywords = any(p.kind is p.VAR_KEYWORD for p in params)
+    takes_both = keywords or {"prompts", "completions"} <= set(signature.parameters)  # if not, refused below
     given = {"prompts", "completions", *columns}
     needed = [
         p.name
-        for p in signature.parameters.values()
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given
+        for p in params
+        if takes_both
+        and p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in given
     ]
-    keywords = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    takes_both = keywords or {"prompts", "completions"} <= set(signature.parameters)
-    needed = needed if takes_both else []  # one that cannot take prompts= and completions= is refused below
     if needed and needed[0] in TRL_EXTRAS:
         return f"needs {needed[0]!r}, which TRL passes to a reward function and this release does not yet"
     if needed:
