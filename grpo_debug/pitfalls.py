@@ -84,6 +84,15 @@ PITFALLS: dict[str, Pitfall] = {
             "03_rewards: Malformed completions get documented scores, not exceptions",
         ),
         _p(
+            "rewards_not_own",
+            "the rewards are not the completions' own: recomputed, rescored or reordered, they change",
+            "make each reward a function of its completion (and its dataset row) alone: no randomness, no state kept "
+            "between calls, no dependence on a row's position in the batch; the functions given must be the run's",
+            "a reward that reads the wrong row, keeps a counter or samples a judge at a temperature; a recomputation "
+            "that is not the step the trainer took",
+            "03_rewards",
+        ),
+        _p(
             "truncation",
             "completions stop at max_completion_length without an EOS",
             "raise max_completion_length, or mask_truncated_completions=True (DAPO's overlong filtering)",
@@ -268,6 +277,14 @@ PITFALLS: dict[str, Pitfall] = {
             "05b_off_policy: Micro-batches and their normalisers",
             ("loss_type", "dapo"),
             panel="pitfalls",
+        ),
+        _p(
+            "signal_lost",
+            "the learning signal is lost at one stage of the step (samples, rewards, advantages, tokens, loss, "
+            "parameters, update), whatever the cause",
+            "change the setting the finding traces at that stage (its `fix` says which)",
+            "the doctor's signal path: a step that learns nothing for a cause no other entry names",
+            "10_doctor",
         ),
     )
 }

@@ -16,6 +16,7 @@ from ..show.diagnostics import ON_POLICY, first_pass_ratio_gap
 from ..stats import holm, within_group_correlation
 from . import logprob_detectors
 from .findings import Finding, StepFacts, _finding, _groups, _masked_mean
+from .signal_path import signal_lost  # noqa: F401 (found by `_detector`, as the catalogue names it)
 
 # ---- rewards and advantages
 
@@ -282,6 +283,66 @@ def bad_reward(f: StepFacts) -> Finding:
     else:
         severity = "info"
     return _finding("bad_reward", severity, "; ".join(said), **evidence)
+
+
+NOT_OWN_PROBLEM = 0.5  # half the rows or more scored otherwise: the advantages are mostly the reward's noise
+
+
+def rewards_not_own(f: StepFacts) -> Finding:
+    """Rewards that are not the completions' own: recomputed on the very completions the trainer scored, they differ
+    from what it logged (the rows named); or scored again, or in reverse order, the same completions get other
+    scores (`probes`). Either way the advantages are not what the completions earned."""
+    per, n = f.run.rewards.per_function, len(f.run.rewards.total)
+    probes = f.reward_probes or {}
+    drift = {
+        name: _differing_rows(per[name], logged) for name, logged in (f.logged_rewards or {}).items() if name in per
+    }
+    drift = {name: rows for name, rows in drift.items() if rows}
+    again = {k: p.rescored_moved for k, p in probes.items() if p.rescored_moved > 0}
+    order = {k: p.reordered_moved for k, p in probes.items() if p.reordered_moved > 0}
+    evidence = dict(differs_from_logged={k: rows[:16] for k, rows in drift.items()},
+                    rows_differing={k: len(rows) for k, rows in drift.items()}, compared=f.logged_rewards is not None,
+                    rescored_moved=again, reordered_moved=order)  # fmt: skip
+    said = []
+    if drift:
+        said.append("recomputed on the completions the trainer scored, " + ", ".join(
+            f"{k} differs from the trainer's logged rewards on {len(rows)}/{n} rows (first: row {rows[0]}, "
+            f"{_value(per[k][rows[0]].item())} here, {_value(f.logged_rewards[k][rows[0]])} logged)"
+            for k, rows in drift.items()))  # fmt: skip
+    if again:
+        said.append("scored again, " + ", ".join(f"{k} changed {v:.0%} of its scores" for k, v in again.items()))
+    if order:
+        said.append(
+            "scored in reverse order, " + ", ".join(f"{k} changed {v:.0%} of its scores" for k, v in order.items())
+        )
+    if not said:
+        how = "equal the trainer's logged ones and " if f.logged_rewards is not None else ""
+        checked = "; scored again and in reverse order they do not move" if probes else ""
+        if not how and not checked:
+            return _finding("rewards_not_own", "absent", "not checked: the reward functions are not at hand (--task)",
+                            **evidence)  # fmt: skip
+        return _finding("rewards_not_own", "absent", f"the recomputed rewards {how}are the completions' own{checked}"
+                        if how else f"the rewards are the completions' own{checked}", **evidence)  # fmt: skip
+    share = max([len(r) / n for r in drift.values()] + list(again.values()) + list(order.values()))
+    severity = "problem" if share >= NOT_OWN_PROBLEM else "warning"
+    return _finding("rewards_not_own", severity, "the rewards are not the completions' own: " + "; ".join(said),
+                    **evidence)  # fmt: skip
+
+
+def _differing_rows(ours: torch.Tensor, logged: tuple) -> list[int]:
+    """The rows where a recomputed reward differs from the logged one beyond float32's rounding (None is NaN)."""
+    theirs = torch.tensor([math.nan if v is None else float(v) for v in logged], dtype=torch.float64)
+    mine = ours.detach().double().cpu()
+    if len(theirs) != len(mine):
+        return list(range(len(mine)))
+    scale = 1.0 + torch.cat([mine, theirs]).nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().max().item()
+    differs = ((mine - theirs).abs() > 1e-6 * scale) & ~(mine.isnan() & theirs.isnan())
+    differs |= mine.isnan() != theirs.isnan()
+    return differs.nonzero().flatten().tolist()
+
+
+def _value(v) -> str:
+    return "None" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
 
 TRUNCATED_WARNING = 0.25  # a quarter of the completions cut: their rewards judge unfinished text

@@ -47,6 +47,9 @@ class StepFacts:
     kl_history: tuple[tuple[int, float], ...] = ()  # (step, kl) TRL logged up to the captured step, oldest first
     reward_probes: dict | None = None  # {function: probes.RewardProbe}; None: the functions are not at hand
     logged_history: tuple[dict, ...] = ()  # what TRL logged at each step up to the captured one, oldest first
+    logged_rewards: dict[str, tuple] | None = None  # the trainer's rewards of these very completions, per function
+    # (None: a reward the function did not give), where the step recomputed them with the user's functions
+    parameters: dict | None = None  # the trainable tensors and what the update moved (`facts.parameters_moved`)
 
 
 def _finding(id: str, severity: str, summary: str, **evidence) -> Finding:

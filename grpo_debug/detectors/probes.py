@@ -43,6 +43,8 @@ class RewardProbe:
     # function that ignores the completion from one that nothing in this batch earns
     none_moved: float = 0.0  # share of the completions whose reward turned None, or from None to a number, with
     # whitespace appended (one space or PAD): content kept, so "does not apply" came from the text's form
+    rescored_moved: float = 0.0  # share of the completions whose reward changed when the same batch was scored again
+    reordered_moved: float = 0.0  # ...when the batch was scored in reverse order (each row's reward put back)
 
     @property
     def paid_for_length(self) -> bool:
@@ -66,7 +68,15 @@ class RewardProbe:
             "paid_for_length": self.paid_for_length,
             "ignores_completion": self.ignores_completion,
             "none_moved": self.none_moved,
+            "rescored_moved": self.rescored_moved,
+            "reordered_moved": self.reordered_moved,
         }
+
+    @property
+    def not_own(self) -> bool:
+        """Its scores are not the completions' own: the same completions, scored again or in another order, got
+        other scores."""
+        return self.rescored_moved > 0 or self.reordered_moved > 0
 
 
 def padded(text: str) -> str:
@@ -137,16 +147,33 @@ def _varies(own: torch.Tensor, borrowed: torch.Tensor, texts: list[str], G: int)
     return False if told else None
 
 
+def _changed(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Share of the rows whose score differs between two scorings of the same completions (a None against a number
+    counts; float rounding of 1e-6 of the scale does not)."""
+    scale = 1.0 + torch.cat([a, b]).nan_to_num(0.0).abs().max().item()
+    moved = ((a - b).abs() > 1e-6 * scale) | (a.isnan() != b.isnan())
+    return moved.float().mean().item() if len(a) else 0.0
+
+
+def _reordered(func, name: str, prompts: list[str], completions: list[str]) -> torch.Tensor:
+    """The function's rewards with the batch given in reverse order, each put back on its own row."""
+    back = _scored(func, name, prompts[::-1], completions[::-1])
+    return back.flip(0)
+
+
 def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int) -> dict[str, RewardProbe]:
-    """Every reward function of `task` probed on the step's completions: with whitespace appended, with the last word
-    repeated, with one space appended (does a None come and go with the text's form?), and each prompt paired with
-    the next prompt's completions (does it read the completion at all?)."""
+    """Every reward function of `task` probed on the step's completions: scored twice as they are and once in reverse
+    order (are its scores the completions' own?), with whitespace appended, with the last word repeated, with one
+    space appended (does a None come and go with the text's form?), and each prompt paired with the next prompt's
+    completions (does it read the completion at all?)."""
     n = len(completions)
     borrowed = [completions[(i + G) % n] for i in range(n)]
     texts = [t for k in range(n // G) for t in completions[k * G : (k + 1) * G] + borrowed[k * G : (k + 1) * G]]
     probes = {}
     for name, func in zip(task.reward_names, task.reward_funcs):
         own = _scored(func, name, prompts, completions)
+        rescored = _changed(own, _scored(func, name, prompts, completions))
+        reordered = _changed(own, _reordered(func, name, prompts, completions))
         padded_scores = _scored(func, name, prompts, [padded(c) for c in completions])
         repeated_scores = _scored(func, name, prompts, [repeated(c) for c in completions])
         spaced = _scored(func, name, prompts, [c + SPACE for c in completions])
@@ -158,5 +185,7 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
         elif varies is False and _one_value(own):
             varies = None  # one value everywhere: ignoring the completion and nothing earning look alike
         none_moved = _none_moved(own, padded_scores, spaced)
-        probes[name] = RewardProbe(name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies, none_moved)
+        probes[name] = RewardProbe(
+            name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies, none_moved, rescored, reordered
+        )
     return probes

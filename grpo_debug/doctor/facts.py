@@ -13,6 +13,7 @@ import torch
 from ..detectors.detectors import DETECTORS
 from ..detectors.findings import Finding, StepFacts
 from ..detectors.probes import probe_rewards
+from ..detectors.signal_path import explained
 from ..evaluation import EvalSide, eval_side
 from ..model import absolute_positions, dropout_sources
 from ..rollout import Sampling
@@ -138,6 +139,7 @@ def k3_per_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
+    parameters = parameters_moved(step, run)  # before `moved_kl` puts the step's start back
     step_kl = moved_kl(step, run)
     weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
     capture, r, lp = step.capture, run.rollout, run.logprobs
@@ -162,7 +164,40 @@ def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
         kl_history=kl_history(step.capture) if step.capture is not None else (),
         reward_probes=_probes(step, run),
         logged_history=tuple(step.capture.logged_history) if step.capture is not None else (),
+        logged_rewards=logged_rewards(step, run),
+        parameters=parameters,
     )
+
+
+def logged_rewards(step: GRPOStep, run: StepRun) -> dict[str, tuple] | None:
+    """The rewards the trainer logged for the run's completions, per function, where the step recomputed them with
+    the user's reward functions on the captured completions themselves; None otherwise (stored rewards, a bundled
+    step, or completions sampled anew)."""
+    capture = step.capture
+    if capture is None or step.stored_rewards:
+        return None
+    captured = capture.batch["completion_ids"]
+    ours = run.rollout.completion_ids
+    if ours.shape != captured.shape or not torch.equal(ours.cpu(), captured.cpu()):
+        return None
+    return {name: tuple(values) for name, values in capture.meta["rewards"].items()}
+
+
+def parameters_moved(step: GRPOStep, run: StepRun) -> dict:
+    """The policy's parameter tensors: how many train, their share of the weights, and how many the run's update
+    moved (None where no update ran; a tied weight counted once). Called while the policy holds the updated weights."""
+    named = list(step.policy.named_parameters())
+    trained = [(name, p) for name, p in named if p.requires_grad]
+    moved = None
+    if run.update is not None and step.updated:
+        moved = int(sum(bool((p.detach() != step.initial_state[name]).any()) for name, p in trained))
+    total = sum(p.numel() for _, p in named)
+    return {
+        "tensors": len(named),
+        "trainable_tensors": len(trained),
+        "moved_tensors": moved,
+        "trainable_share": sum(p.numel() for _, p in trained) / max(total, 1),
+    }
 
 
 def kl_history(capture) -> tuple[tuple[int, float], ...]:
@@ -200,5 +235,6 @@ def uses_vllm(step: GRPOStep) -> bool:
 
 
 def detect(facts: StepFacts) -> list[Finding]:
-    """Every detector on the facts, in catalogue order."""
-    return [detector(facts) for detector in DETECTORS]
+    """Every detector on the facts, in catalogue order; the signal's path lost where a catalogued finding of the
+    same stage is loud is that finding's (`signal_path.explained`)."""
+    return explained([detector(facts) for detector in DETECTORS])

@@ -18,6 +18,7 @@ from ..stats import prompt_interval, verdict
 from ..step import GRPOStep, StepRun
 from .facts import detect, facts_of, held_out_side, update_vector
 
+NO_GRADIENT = 1e-12  # a grad_norm at or below this is no gradient: float rounding of a zero loss
 COSMETIC = 0.01  # a flip whose update keeps a cosine above 1 - this, and grad_norm within this share, is cosmetic
 
 
@@ -70,9 +71,15 @@ def counterfactual(
         detected[change_key({field: value})] = {f.id: f for f in detect(facts)}
         flipped_kl = facts.step_kl
     step.restore_policy()
-    removes = (  # the gradient and the update both gone (Adam turns a merely smaller gradient into a full step)
-        flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
-        and moved.norm().item() <= REMOVES_GRADIENT * base_update.norm().item()
+    # no gradient with the flip or without it: whatever the update does (the trainer's momentum alone) the flip
+    # cannot show in it; an effect not seen here is not measured, never "none"
+    measurable = max(base.update.grad_norm, flipped.update.grad_norm) > NO_GRADIENT
+    removes = (
+        measurable
+        and (  # the gradient and the update both gone (Adam turns a merely smaller gradient into a full step)
+            flipped.update.grad_norm <= REMOVES_GRADIENT * base.update.grad_norm
+            and moved.norm().item() <= REMOVES_GRADIENT * base_update.norm().item()
+        )
     )
     return {
         "toggle": {field: value},
@@ -82,7 +89,8 @@ def counterfactual(
         "update_norm": [base_update.norm().item(), moved.norm().item()],
         "moved_kl": [moved_kl_as_run, flipped_kl],
         "dlogp_moved": dlogp_moved,
-        "cosmetic": cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
+        "cosmetic": measurable and cosine >= 1 - COSMETIC and grad_change <= COSMETIC,
+        "measurable": measurable,
         "removes_gradient": removes,
         "held_out_reward": reward,
     }

@@ -18,7 +18,10 @@ def norms(effect: dict) -> str:
 
 
 def flip_verdict(e: dict) -> str:
-    """What a flip did to the update, in words: moves it, cosmetic, shrinks the gradient, or removes the update."""
+    """What a flip did to the update, in words: moves it, cosmetic, shrinks the gradient, removes the update, or
+    cannot show on this step (no gradient either way)."""
+    if e.get("measurable") is False:
+        return "not measurable on this step: no gradient with the flip or without it"
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
     g0, g1 = e["grad_norm"]
     if not e.get("removes_gradient") and g0 > 0 and g1 < 0.01 * g0:
@@ -87,10 +90,30 @@ def horizon_line(report: Report) -> str:
     return f"each cause's fix followed {h['steps']} steps x {h['seeds']} seeds ({h['level']:.2%} intervals)"
 
 
+def signal_path_of(report: Report) -> list[dict]:
+    """The step's signal path as the `signal_lost` finding measured it (`detectors.signal_path`): one dict per stage;
+    [] in a report without it (one written before it was measured, or `--no-model`)."""
+    found = next((f for f in report.findings if f.id == "signal_lost"), None)
+    return list(found.evidence.get("path", ())) if found else []
+
+
+def signal_lines(report: Report) -> list[str]:
+    """The signal's path, stage by stage: the share each lets through and what it measured."""
+    path = signal_path_of(report)
+    if not path:
+        return []
+    lines = ["the learning signal, stage by stage (the share each stage lets through of what came in):"]
+    for s in path:
+        kept = "  n/a" if s["kept"] is None else f"{s['kept']:5.0%}"
+        mark = "  <- lost here" if s["lost"] else ""
+        lines.append(f"  {s['stage']:<10} {kept}  {s['said']}{mark}")
+    return lines
+
+
 def text(report: Report, at_least: str = "info") -> str:
     shown = report.present(at_least)
     causes = sum(not f.symptom_of for f in shown)
-    lines = [
+    lines = signal_lines(report) + [
         f"the doctor: {len(shown)} findings at {at_least} or above ({causes} causes, {len(shown) - causes} "
         "symptoms), causes first, each symptom after its cause"
     ]

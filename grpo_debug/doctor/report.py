@@ -46,8 +46,10 @@ class Report:
 
 def fix_of(f: Finding, uses_vllm: bool) -> str:
     """The fix shown for a finding: none for a symptom (fix its causes) or an absent one; vLLM's settings only
-    for a run that sampled with vLLM."""
-    return "" if f.symptom_of or f.severity == "absent" else PITFALLS[f.id].fix_for(uses_vllm)
+    for a run that sampled with vLLM; a finding's own where its evidence says which (the signal's stage)."""
+    if f.symptom_of or f.severity == "absent":
+        return ""
+    return f.evidence.get("fix") or PITFALLS[f.id].fix_for(uses_vllm)
 
 
 def applied_fix(f: Finding) -> tuple[tuple[str, object], ...]:

@@ -40,6 +40,9 @@ table.flip td, table.flip th { border-bottom: 1px solid #ddd; padding: 2px 10px;
 table.flip th:first-child { text-align: left; } table.flip caption { text-align: left; font-size: 13px; }
 code { background: #eee; padding: 0 .2em; overflow-wrap: anywhere; }
 p, li, summary, caption { overflow-wrap: anywhere; }
+table.signal { border-collapse: collapse; font-size: 13px; margin: .3em 0 .8em; }
+table.signal td, table.signal th { border-bottom: 1px solid #ddd; padding: 2px 10px; text-align: left; }
+table.signal tr.lost { background: #fff3e0; font-weight: bold; }
 ul.worth { padding-left: 1.2em; margin: .3em 0; } details { margin: .3em 0; }
 """
 
@@ -208,6 +211,24 @@ def collapsed(report: Report) -> str:
     return "".join(out)
 
 
+def signal_table(report: Report) -> str:
+    """The learning signal's path, one row per stage: the share it lets through, what it measured, the stage where
+    it was lost marked; "" in a report without it."""
+    from ..doctor.present import signal_path_of
+
+    path = signal_path_of(report)
+    if not path:
+        return ""
+    share = lambda kept: "n/a" if kept is None else f"{kept:.0%}"  # noqa: E731
+    rows = "".join(
+        f"<tr{' class=lost' if s['lost'] else ''}><td>{_h(s['stage'])}</td><td>{share(s['kept'])}</td>"
+        f"<td>{_h(s['said'])}</td></tr>"
+        for s in path
+    )
+    return ("<h2>The learning signal, stage by stage</h2><table class='signal'><tr><th>stage</th><th>lets through"
+            f"</th><th>measured</th></tr>{rows}</table>")  # fmt: skip
+
+
 def page(report: Report, title: str = "grpo-debug doctor") -> str:
     """The standalone page (no script, no outside resource, every figure inline)."""
     shown = carded(report)
@@ -218,6 +239,7 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
         f"<style>{STYLE}</style></head><body><h1>{_h(title)}</h1>",
         f"<p class='verdict{quiet}' id='verdict'>{_h(verdict(report))}</p>",
         f"<p class='meta'>{len(report.findings)} checks in {report.seconds:.1f} s; {_h(horizon_line(report))}</p>",
+        signal_table(report),
         f"<h2>The causal chain</h2>{chain_svg(report)}",
         f"<h2>{heading}</h2>",
         *(card(k, f, report) for k, f in enumerate(shown, start=1)),

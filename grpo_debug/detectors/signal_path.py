@@ -1,0 +1,240 @@
+"""The learning signal's path through one GRPO step, measured stage by stage: what each stage lets through of what
+came in, and what it lost to. Whatever broke a step, its signal is lost at one of these:
+
+    samples      the completions the sampler drew: groups with two different texts (and the mass it kept)
+    rewards      groups whose weighted reward varies (only they give an advantage)
+    advantages   rows of those groups with a non-zero advantage, and their scale
+    tokens       completion tokens that carry the policy term's gradient (masks, top_entropy_quantile, the clip)
+    loss         the policy term's gradient against the KL term's, d loss / d logp per token
+    parameters   trainable tensors the update moved
+    update       the KL one update moved the policy by on its own completions, and what set its size
+
+    stages = signal_path(facts)        # a Stage per stage, in the signal's order
+    signal_lost(facts)                 # the first stage that loses nearly all of it: a Finding
+
+A stage is measured on every step. Where a step loses nearly all its signal at one stage, that is a finding
+whether or not a catalogued pitfall names it; where one does (a loud finding of the stage's own), `explained`
+says which, and the catalogued finding leads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..logprobs import completion_mask
+from ..show.loss_gradients import gradient_of_loss_wrt_logps
+from .findings import LOUD, Finding, StepFacts, _finding
+
+LOST = 0.1  # a stage that lets through a tenth of its signal or less has lost nearly all of it
+KL_SWAMPS = 2.0  # the KL term's gradient twice the policy term's or more: the step mostly pulls back to the reference
+# a step that moves the policy by less than this (KL per token on its own completions) needs over 10,000 steps of its
+# size, all pointing one way, to move as far as one step at the calibration's quiet rate (0.02 nats; KL grows as the
+# square of the distance). On the bundled step (2026-11-28): learning_rate 1e-4 moves 0.024, TRL's default 1e-6
+# 3.3e-6, 1e-8 8.3e-10, 1e-10 5.2e-11, where float32 rounds most of the update away; a LoRA run at TRL's default
+# rate moves 7.5e-9 on its first steps (its B starts at 0): slow, not lost
+MOVED_NOTHING = 1e-10
+ZERO = 1e-12  # an advantage or a gradient below this is float rounding, not signal
+
+STAGES = ("samples", "rewards", "advantages", "tokens", "loss", "parameters", "update")
+CATALOGUED = {  # each catalogued pitfall's stage: a loud one there explains what the stage lost
+    "samples": ("identical_groups", "sampler_truncation", "temperature"),
+    "rewards": ("zero_std_groups", "constant_reward", "dominant_reward", "length_reward", "bad_reward",
+                "rewards_not_own"),
+    "advantages": ("advantage_scale", "large_advantages"),
+    "tokens": ("eos_masked", "truncation", "clip_saturated", "clip_inactive"),
+    "loss": ("kl_off", "kl_estimator", "loss_normaliser", "sequence_ratio_sum", "precision", "dropout",
+             "position_ids", "sampler_mismatch"),
+    "parameters": (),
+    "update": ("update_size", "grad_clipped", "kl_blowup", "entropy_collapse"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kept: float | None  # the share of what came in that this stage lets through; None: not measured on this step
+    said: str  # what it measured, in one sentence
+    lost_to: str = ""  # the setting that removed the rest, in TRL's names ("" where none did, or nothing was lost)
+    fix: str = ""  # what to change, where the stage lost nearly all
+    measured: dict = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        return self.kept is not None and self.kept <= LOST
+
+    def as_dict(self) -> dict:
+        return {"stage": self.name, "kept": self.kept, "lost": self.lost, "said": self.said, "lost_to": self.lost_to,
+                "measured": self.measured}  # fmt: skip
+
+
+def samples(f: StepFacts) -> Stage:
+    r, cfg = f.run.rollout, f.run.config
+    B = len(r.prompts)
+    distinct = 1 - len(r.identical_groups) / B
+    mass = None
+    if f.kept_mass is not None and bool(f.run.logprobs.mask.any()):
+        m = f.run.logprobs.mask
+        mass = ((f.kept_mass * m).sum() / m.sum()).item()
+    narrowed = [s for s in (f"top_p {cfg.top_p:g}" if cfg.top_p < 1 else "", f"top_k {cfg.top_k}" if cfg.top_k else "",
+                            f"min_p {cfg.min_p:g}" if cfg.min_p else "", f"temperature {cfg.temperature:g}") if s]  # fmt: skip
+    said = f"{B - len(r.identical_groups)}/{B} groups hold two different completions"
+    if mass is not None:
+        said += f"; the sampler kept {mass:.0%} of the policy's probability mass per token ({', '.join(narrowed)})"
+    return Stage("samples", distinct, said, ", ".join(narrowed) if distinct <= LOST else "",
+                 "sample wider (raise temperature, top_p, top_k) or raise num_generations",
+                 dict(groups=B, identical_groups=len(r.identical_groups), kept_mass=mass))  # fmt: skip
+
+
+def rewards(f: StepFacts) -> Stage:
+    per, adv = f.run.rewards.per_function, f.run.advantages
+    B = len(adv.group_mean)
+    flat = set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+    varied = 1 - len(flat) / B
+    weights = dict(zip(per, f.reward_weights))
+    silenced = [n for n, w in weights.items() if w == 0]
+    lost_to = ""
+    if varied <= LOST and silenced and len(silenced) == len(per):
+        lost_to = f"reward_weights {list(weights.values())}"
+    said = f"{B - len(flat)}/{B} groups' weighted rewards vary"
+    if silenced:
+        said += f" ({', '.join(silenced)} weighted 0)"
+    return Stage("rewards", varied, said, lost_to,
+                 "make the reward graded, or sample groups whose completions differ in what it pays for",
+                 dict(groups=B, flat_groups=len(flat), weighted_zero=silenced))  # fmt: skip
+
+
+def advantages(f: StepFacts) -> Stage:
+    adv, G = f.run.advantages, f.run.config.num_generations
+    flat = set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+    rows = torch.tensor([i // G not in flat for i in range(len(adv.values))])
+    A = adv.values.detach().float().cpu()
+    if not bool(rows.any()):
+        return Stage("advantages", None, "no group with varied rewards: no advantage to measure",
+                     measured=dict(rows=0))  # fmt: skip
+    nonzero = (A[rows].abs() > ZERO).float().mean().item()
+    scale = A[rows].abs().mean().item()
+    return Stage("advantages", nonzero, f"{nonzero:.0%} of the rows of varied groups have a non-zero advantage "
+                 f"(mean |A| {scale:.3g}, scale_rewards {f.run.config.scale_rewards!r})", "",
+                 "check the advantage computation: varied rewards gave zero advantages",
+                 dict(rows=int(rows.sum()), nonzero=nonzero, mean_abs=scale))  # fmt: skip
+
+
+def tokens(f: StepFacts) -> Stage:
+    r, lp, loss, cfg = f.run.rollout, f.run.logprobs, f.run.loss, f.run.config
+    generated = completion_mask(r, "keep_first_eos").to(lp.mask.device)
+    total = generated.sum().item()
+    trained = loss.trained.float() * (~loss.clipped).float()
+    carry = trained.sum().item() / max(total, 1.0)
+    truncated = (generated * (~r.finished).float().unsqueeze(1).to(generated.device)) if cfg.mask_truncated_completions \
+        else torch.zeros_like(generated)  # fmt: skip
+    removed = {
+        "mask_truncated_completions=True": truncated.sum().item(),
+        f"the loss mask (mask {cfg.mask!r})": ((generated - lp.mask).clamp(min=0) - truncated).clamp(min=0).sum().item(),
+        _token_filter(cfg): (lp.mask - loss.trained.float()).clamp(min=0).sum().item(),
+        f"the clip (epsilon_low {cfg.epsilon_low:g}, epsilon_high {cfg.epsilon_high:g})":
+            (loss.trained.float() * loss.clipped.float()).sum().item(),
+    }  # fmt: skip
+    removed = {k: v / max(total, 1.0) for k, v in removed.items() if v > 0}
+    top = max(removed, key=removed.get) if removed else ""
+    said = f"{carry:.0%} of the {int(total)} completion tokens carry the policy term's gradient"
+    if removed:
+        said += "; removed by " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(removed.items(), key=lambda kv: -kv[1]))
+    return Stage("tokens", carry, said, top, f"loosen what removed them: {top}" if top else "",
+                 dict(tokens=int(total), carrying=carry, removed=removed))  # fmt: skip
+
+
+def _token_filter(cfg) -> str:
+    said = [f"top_entropy_quantile {cfg.top_entropy_quantile:g}"] if cfg.top_entropy_quantile < 1 else []
+    said += [f"off_policy_mask_threshold {cfg.off_policy_mask_threshold:g}"] if cfg.off_policy_mask_threshold else []
+    return " and ".join(said) or "the token masks"
+
+
+def loss(f: StepFacts) -> Stage:
+    """d loss / d logp per token, the policy term's (beta 0) against the rest (the KL term's, and the entropy bonus
+    where on): the signal the backward pass sends into the model, the model's Jacobian not applied."""
+    run, cfg = f.run, f.run.config
+    whole = gradient_of_loss_wrt_logps(run, cfg)
+    policy = gradient_of_loss_wrt_logps(run, cfg.replace(beta=0.0, entropy_coef=0.0)) if cfg.beta or cfg.entropy_coef \
+        else whole  # fmt: skip
+    kl = whole - policy
+    p, k = policy.norm().item(), kl.norm().item()
+    cosine = (policy.flatten() @ whole.flatten()).item() / (p * whole.norm().item()) if p > ZERO and k > ZERO else None
+    measured = dict(policy_gradient=p, kl_gradient=k, cosine_policy_total=cosine, beta=cfg.beta)
+    if p <= ZERO:
+        return Stage("loss", 0.0 if k > ZERO else None, "the policy term sends no gradient"
+                     + (f"; the KL term's is {k:.3g} (beta {cfg.beta:g})" if k > ZERO else ""), measured=measured)  # fmt: skip
+    ratio = k / p
+    said = f"the policy term's gradient {p:.3g}, the KL term's {k:.3g} (beta {cfg.beta:g}: {ratio:.2g}x)"
+    if cosine is not None:
+        said += f", the whole's cosine with the policy term's {cosine:+.2f}"
+    kept = 1.0 if ratio < KL_SWAMPS else min(1 / (1 + ratio), LOST)  # swamped: the KL term sets the direction
+    return Stage("loss", kept, said, f"beta {cfg.beta:g}" if ratio >= KL_SWAMPS else "",
+                 "lower beta (the KL weight)", {**measured, "kl_over_policy": ratio})  # fmt: skip
+
+
+def parameters(f: StepFacts) -> Stage:
+    p = f.parameters
+    if not p:
+        return Stage("parameters", None, "not measured on this step")
+    trainable, total, moved = p["trainable_tensors"], p["tensors"], p["moved_tensors"]
+    said = f"{trainable}/{total} parameter tensors train ({p['trainable_share']:.2%} of the weights)"
+    if moved is None or f.run.update is None or f.run.update.grad_norm <= ZERO:
+        return Stage("parameters", None, said + "; no update with a gradient to see which moved", measured=dict(p))
+    said += f", {moved} of them moved"
+    kept = moved / trainable if trainable else 0.0
+    return Stage("parameters", kept, said, "requires_grad=False" if trainable == 0 else "",
+                 "train the parameters the run means to (requires_grad)", dict(p))  # fmt: skip
+
+
+def update(f: StepFacts) -> Stage:
+    upd, cfg = f.run.update, f.run.config
+    if upd is None or f.step_kl is None:
+        return Stage("update", None, "no update measured on this step")
+    rate = upd.learning_rates[0] if upd.learning_rates else cfg.learning_rate
+    clip = cfg.max_grad_norm / upd.grad_norm if cfg.max_grad_norm and upd.grad_norm > cfg.max_grad_norm else 1.0
+    relative = upd.update_norm / f.weight_norm if f.weight_norm else math.inf
+    measured = dict(moved_kl=f.step_kl, learning_rate=rate, grad_norm=upd.grad_norm, clip_factor=clip,
+                    update_norm=upd.update_norm, relative=relative)  # fmt: skip
+    said = (f"one update moved the policy by KL {f.step_kl:.3g} nats per token on its own completions "
+            f"(learning_rate {rate:g}, grad_norm {upd.grad_norm:.3g}"
+            + (f", clipped x{clip:.2g}" if clip < 1 else "") + f"; {relative:.2g} of the weights' norm)")  # fmt: skip
+    if upd.grad_norm <= ZERO:
+        return Stage("update", None, said + ": no gradient to step with", measured=measured)
+    nothing = f.step_kl < MOVED_NOTHING
+    lost_to = f"learning_rate {rate:g}" if nothing else ""
+    return Stage("update", 0.0 if nothing else 1.0, said, lost_to, "raise learning_rate", measured)
+
+
+def signal_path(f: StepFacts) -> tuple[Stage, ...]:
+    return tuple(measure(f) for measure in (samples, rewards, advantages, tokens, loss, parameters, update))
+
+
+def signal_lost(f: StepFacts) -> Finding:
+    """The first stage of the signal's path that lets through a tenth of it or less (`LOST`): problem where it lets
+    through none, else warning; absent where every stage lets most of it through."""
+    stages = signal_path(f)
+    path = [s.as_dict() for s in stages]
+    lost = next((s for s in stages if s.lost), None)
+    if lost is None:
+        return _finding("signal_lost", "absent", "every stage lets the signal through: "
+                        + "; ".join(f"{s.name} {s.kept:.0%}" for s in stages if s.kept is not None), path=path)  # fmt: skip
+    severity = "problem" if lost.kept == 0 else "warning"
+    traced = f": {lost.lost_to}" if lost.lost_to else ""
+    return _finding("signal_lost", severity, f"the learning signal is lost at the {lost.name}{traced} ({lost.said})",
+                    path=path, stage=lost.name, lost_to=lost.lost_to, fix=lost.fix)  # fmt: skip
+
+
+def explained(findings: list[Finding]) -> list[Finding]:
+    """`signal_lost` where a loud catalogued finding of its stage is there: info, naming it (the catalogued finding
+    leads, with its own fix); the others as they are."""
+    loud = {x.id for x in findings if x.severity in LOUD}
+    out = []
+    for x in findings:
+        by = [i for i in CATALOGUED.get(x.evidence.get("stage", ""), ()) if i in loud] if x.id == "signal_lost" else []
+        if by and x.severity in LOUD:
+            x = Finding(x.id, "info", f"{x.summary}; named by {', '.join(by)}", {**x.evidence, "explained_by": by})
+        out.append(x)
+    return out
