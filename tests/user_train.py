@@ -6,8 +6,9 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 `model` (a folder), `capture` (the steps; null: the same script without the callback, grpo_debug not
 imported), `optimizer_state` (the callback's, default true), `chat` (message-list prompts), `mixed_lengths` (prompts of
 different lengths, so left padding), `train_only` (a piece of a parameter name: the model is loaded by the script and
-every other parameter frozen before the trainer is built) and `answer_column` (the dataset holds each prompt's
-`answer`, and a third reward, `correct`, reads it as TRL passes it) are read from the JSON too.
+every other parameter frozen before the trainer is built), `answer_column` (the dataset holds each prompt's
+`answer`, and a third reward, `correct`, reads it as TRL passes it) and `judged` (the second reward a judge's noisy
+score) are read from the JSON too.
 """
 
 import json
@@ -35,7 +36,15 @@ def correct(prompts, completions, answer, **kwargs):
     return [float(str(a) in text(c)) for c, a in zip(completions, answer)]
 
 
+def judged(completions, **kwargs):
+    """A judge sampled at a temperature, as an API-based reward often is: each score partly chance."""
+    import random
+
+    return [sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1) + random.random() for c in completions]
+
+
 REWARD_FUNCS = [digits, short]
+JUDGED_REWARD_FUNCS = [digits, judged]  # with `judged`
 COLUMN_REWARD_FUNCS = [digits, short, correct]  # with `answer_column`
 
 if __name__ == "__main__":
@@ -53,6 +62,8 @@ if __name__ == "__main__":
     if changes.pop("answer_column", False):
         columns["answer"] = [a + b for a, b in pairs]
         reward_funcs = list(COLUMN_REWARD_FUNCS)
+    if changes.pop("judged", False):
+        reward_funcs = list(JUDGED_REWARD_FUNCS)
     train_only = changes.pop("train_only", None)
     if train_only is not None:  # part of the model trains: the rest frozen before the trainer is built
         from transformers import AutoModelForCausalLM

@@ -5,7 +5,8 @@ came in, and what it lost to. Whatever broke a step, its signal is lost at one o
     rewards      groups whose weighted reward varies (only they give an advantage)
     advantages   rows of those groups with a non-zero advantage, and their scale
     tokens       completion tokens that carry the policy term's gradient (masks, top_entropy_quantile, the clip)
-    loss         the policy term's gradient against the KL term's, d loss / d logp per token
+    loss         the policy term's gradient against the KL term's, d loss / d logp per token (lost where the KL term's
+                 is the larger: the step mostly pulls back to the reference)
     parameters   trainable tensors the update moved
     update       the KL one update moved the policy by on its own completions, and what set its size
 
@@ -29,7 +30,7 @@ from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from .findings import LOUD, Finding, StepFacts, _finding
 
 LOST = 0.1  # a stage that lets through a tenth of its signal or less has lost nearly all of it
-KL_SWAMPS = 2.0  # the KL term's gradient twice the policy term's or more: the step mostly pulls back to the reference
+KL_SWAMPS = 1.0  # the KL term's gradient larger than the policy term's: the step mostly pulls back to the reference
 # a step that moves the policy by less than this (KL per token on its own completions) needs over 10,000 steps of its
 # size, all pointing one way, to move as far as one step at the calibration's quiet rate (0.02 nats; KL grows as the
 # square of the distance). On the bundled step (2026-11-28): learning_rate 1e-4 moves 0.024, TRL's default 1e-6
@@ -40,11 +41,11 @@ ZERO = 1e-12  # an advantage or a gradient below this is float rounding, not sig
 
 STAGES = ("samples", "rewards", "advantages", "tokens", "loss", "parameters", "update")
 CATALOGUED = {  # each catalogued pitfall's stage: a loud one there explains what the stage lost
-    "samples": ("identical_groups", "sampler_truncation", "temperature"),
+    "samples": ("identical_groups", "sampler_truncation", "temperature", "truncation"),
     "rewards": ("zero_std_groups", "constant_reward", "dominant_reward", "length_reward", "bad_reward",
                 "rewards_not_own"),
     "advantages": ("advantage_scale", "large_advantages"),
-    "tokens": ("eos_masked", "truncation", "clip_saturated", "clip_inactive"),
+    "tokens": ("eos_masked", "clip_saturated", "clip_inactive"),
     "loss": ("kl_off", "kl_estimator", "loss_normaliser", "sequence_ratio_sum", "precision", "dropout",
              "position_ids", "sampler_mismatch"),
     "parameters": (),
@@ -60,10 +61,11 @@ class Stage:
     lost_to: str = ""  # the setting that removed the rest, in TRL's names ("" where none did, or nothing was lost)
     fix: str = ""  # what to change, where the stage lost nearly all
     measured: dict = field(default_factory=dict)
+    swamped: bool = False  # the stage's own signal outweighed by another (the loss: the KL term's gradient)
 
     @property
     def lost(self) -> bool:
-        return self.kept is not None and self.kept <= LOST
+        return self.swamped or (self.kept is not None and self.kept <= LOST)
 
     def as_dict(self) -> dict:
         return {"stage": self.name, "kept": self.kept, "lost": self.lost, "said": self.said, "lost_to": self.lost_to,
@@ -170,9 +172,9 @@ def loss(f: StepFacts) -> Stage:
     said = f"the policy term's gradient {p:.3g}, the KL term's {k:.3g} (beta {cfg.beta:g}: {ratio:.2g}x)"
     if cosine is not None:
         said += f", the whole's cosine with the policy term's {cosine:+.2f}"
-    kept = 1.0 if ratio < KL_SWAMPS else min(1 / (1 + ratio), LOST)  # swamped: the KL term sets the direction
-    return Stage("loss", kept, said, f"beta {cfg.beta:g}" if ratio >= KL_SWAMPS else "",
-                 "lower beta (the KL weight)", {**measured, "kl_over_policy": ratio})  # fmt: skip
+    swamped = ratio > KL_SWAMPS  # the KL term's pull back to the reference outweighs what the rewards ask
+    return Stage("loss", 1 / (1 + ratio) if swamped else 1.0, said, f"beta {cfg.beta:g}" if swamped else "",
+                 "lower beta (the KL weight)", {**measured, "kl_over_policy": ratio}, swamped)  # fmt: skip
 
 
 def parameters(f: StepFacts) -> Stage:
@@ -204,7 +206,8 @@ def update(f: StepFacts) -> Stage:
     if upd.grad_norm <= ZERO:
         return Stage("update", None, said + ": no gradient to step with", measured=measured)
     nothing = f.step_kl < MOVED_NOTHING
-    lost_to = f"learning_rate {rate:g}" if nothing else ""
+    scheduled = f" as scheduled from learning_rate {cfg.learning_rate:g}" if rate != cfg.learning_rate else ""
+    lost_to = f"learning_rate {rate:g}{scheduled}" if nothing else ""
     return Stage("update", 0.0 if nothing else 1.0, said, lost_to, "raise learning_rate", measured)
 
 

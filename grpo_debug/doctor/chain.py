@@ -148,7 +148,8 @@ def order(
     findings: list[Finding], chained: list[str], moves: Callable[[Finding], float], gain: Callable = lambda f: None
 ) -> tuple[Finding, ...]:
     """Causes first, loud ones before the rest, a cause only a fix showed (`behind`) or whose severity is what a fix
-    left (`lessened`) after every loud one the step itself shows, most severe first, a cause only the run's start
+    left (`lessened`) after every loud one the step itself shows, most severe first, the signal's loss
+    (`signal_lost`: what the step learns, measured) first of its severity, a cause only the run's start
     shows (`at_start`: no fix of the step's own was tried on it) after those of its severity the step shows, then by
     what their fix did to learning over a few steps
     (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
@@ -162,6 +163,7 @@ def order(
             f.severity not in LOUD,
             "behind" in f.evidence or "lessened_by" in f.evidence,  # a severity only a fix measured
             SEVERITIES.index(f.severity),
+            f.id != "signal_lost",  # the stage where the step's learning signal is lost leads its severity
             "at_start" in f.evidence,
             (0, -g) if g is not None else (1, 0.0),
             chained.index(f.id) if f.id in chained else len(chained),

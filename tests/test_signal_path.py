@@ -1,0 +1,140 @@
+"""The doctor follows the learning signal (issue 69's examples, each on a real GRPOTrainer run of the user's script
+tests/user_train.py: a plain GRPOConfig, a tiny Qwen2 in the user's folder, the doctor run from that folder): the
+stage where the signal is lost is named, and the setting that lost it traced, for causes no catalogued pitfall names.
+
+- learning_rate 1e-10: the update moves nothing (the update stage, learning_rate)
+- top_entropy_quantile 0.02: 2% of the completion tokens carry a gradient (the tokens stage, top_entropy_quantile)
+- beta 10: the KL term's gradient outweighs the policy term's (the loss stage, beta)
+- a judge's noisy score: the rewards are not the completions' own (rescored, reordered, against the logged ones)
+- reward functions edited after the run: the recomputed rewards differ from the trainer's logged ones, rows named
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from tiny_capture import qwen2_user, user_train_run  # noqa: E402
+
+from grpo_debug.detectors.findings import Finding  # noqa: E402
+from grpo_debug.doctor.diagnose import severity_from_flip  # noqa: E402
+from grpo_debug.doctor.present import flip_verdict  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("task_registry_restored")
+STAGES = ["samples", "rewards", "advantages", "tokens", "loss", "parameters", "update"]
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> Path:
+    return qwen2_user(tmp_path_factory.mktemp("user"))
+
+
+def doctor(captures: Path, user: Path, funcs: str = "user_train.py:REWARD_FUNCS") -> dict:
+    """`python -m grpo_debug doctor` on the run's last captured step, from the user's folder, with their rewards."""
+    step = sorted(captures.glob("step-*"))[-1]
+    out = user / f"{captures.parent.name}-report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_debug", "doctor", str(step), "--task", funcs, "--horizon", "0", "--held-out", "0",
+         "--json", str(out)],
+        cwd=user, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"the doctor failed on {step}:\n{done.stderr[-2000:]}"
+    report = json.loads(out.read_text())
+    report["text"] = done.stdout
+    return report
+
+
+def first_loud(report: dict) -> dict:
+    loud = [f for f in report["findings"] if f["severity"] in ("problem", "warning")]
+    assert loud, f"the doctor was silent: {[(f['id'], f['severity']) for f in report['findings']]}"
+    return loud[0]
+
+
+def stage(report: dict, name: str) -> dict:
+    found = next(f for f in report["findings"] if f["id"] == "signal_lost")
+    return next(s for s in found["evidence"]["path"] if s["stage"] == name)
+
+
+def test_a_learning_rate_far_too_small_is_lost_at_the_update(user):
+    report = doctor(user_train_run(user, "tiny_rate", {"learning_rate": 1e-10}), user)
+    first = first_loud(report)
+    assert first["id"] == "signal_lost" and first["evidence"]["stage"] == "update", first
+    assert first["evidence"]["lost_to"].startswith("learning_rate"), first["evidence"]["lost_to"]
+    assert "learning_rate" in first["fix"], first["fix"]
+    update = stage(report, "update")
+    assert update["measured"]["moved_kl"] < 1e-10, update
+    path = [line.split()[0] for line in report["text"].splitlines() if line.startswith("  ") and "%" in line[:20]]
+    assert path[:7] == STAGES, f"the text report does not open with the signal's path: {report['text'][:1500]}"
+    assert "<- lost here" in report["text"].split("the doctor:")[0], report["text"][:1500]
+
+
+def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
+    report = doctor(user_train_run(user, "few_tokens", {"top_entropy_quantile": 0.02}), user)
+    first = first_loud(report)
+    assert first["id"] == "signal_lost" and first["evidence"]["stage"] == "tokens", first
+    assert first["evidence"]["lost_to"] == "top_entropy_quantile 0.02", first["evidence"]
+    tokens = stage(report, "tokens")
+    assert tokens["kept"] <= 0.1 and tokens["measured"]["removed"]["top_entropy_quantile 0.02"] >= 0.9, tokens
+
+
+def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completions_own(user):
+    report = doctor(user_train_run(user, "judged", {"judged": True}), user, "user_train.py:JUDGED_REWARD_FUNCS")
+    found = next(f for f in report["findings"] if f["id"] == "rewards_not_own")
+    assert found["severity"] in ("problem", "warning"), found
+    e = found["evidence"]
+    assert set(e["rescored_moved"]) == {"judged"} and set(e["reordered_moved"]) == {"judged"}, e
+    assert set(e["rows_differing"]) == {"judged"}, f"only judged should differ from the logged rewards: {e}"
+    assert first_loud(report)["id"] in ("rewards_not_own", "signal_lost"), first_loud(report)
+
+
+def test_a_clean_run_loses_no_stage_and_its_rewards_are_its_own(user):
+    report = doctor(user_train_run(user, "plain", {}), user)
+    by_id = {f["id"]: f for f in report["findings"]}
+    assert by_id["signal_lost"]["severity"] == "absent", by_id["signal_lost"]["summary"]
+    assert by_id["rewards_not_own"]["severity"] == "absent", by_id["rewards_not_own"]
+    assert "equal the trainer's logged ones" in by_id["rewards_not_own"]["summary"], by_id["rewards_not_own"]
+    assert [s["stage"] for s in by_id["signal_lost"]["evidence"]["path"]] == STAGES
+
+
+@pytest.mark.slow
+def test_a_kl_weight_that_swamps_the_policy_term_is_lost_at_the_loss(user):
+    report = doctor(user_train_run(user, "swamped", {"beta": 10.0, "learning_rate": 1e-2, "max_steps": 3,
+                                                     "capture": [3]}), user)  # fmt: skip
+    loss = stage(report, "loss")
+    assert loss["measured"]["kl_over_policy"] > 1, loss
+    first = first_loud(report)
+    assert first["id"] == "signal_lost" and first["evidence"]["stage"] == "loss", first
+    assert first["evidence"]["lost_to"] == "beta 10", first["evidence"]
+
+
+@pytest.mark.slow
+def test_reward_functions_edited_after_the_run_differ_from_the_logged_rewards_on_named_rows(user):
+    (user / "edited.py").write_text(
+        "def digits(completions, **kwargs):\n"
+        "    return [2.0 * sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]\n\n\n"
+        "def short(completions, **kwargs):\n"
+        "    return [-len(c) / 16 for c in completions]\n\n\n"
+        "REWARD_FUNCS = [digits, short]\n"
+    )
+    report = doctor(user_train_run(user, "edited", {}), user, "edited.py:REWARD_FUNCS")
+    found = next(f for f in report["findings"] if f["id"] == "rewards_not_own")
+    e = found["evidence"]
+    assert found["severity"] in ("problem", "warning") and list(e["rows_differing"]) == ["digits"], found
+    assert e["differs_from_logged"]["digits"], e
+    assert not e["rescored_moved"] and not e["reordered_moved"], f"edited, not noisy: {e}"
+    assert "logged" in found["summary"] and "row" in found["summary"], found["summary"]
+
+
+def test_a_flip_on_a_step_with_no_gradient_either_way_is_not_measurable_never_cosmetic():
+    """The trainer's momentum moves the weights alike with and without the flip when neither has a gradient: the
+    cosine is 1, and it says nothing of what the flip would do to a step that learns."""
+    effect = {"toggle": {"dropout": False}, "grad_norm": [0.0, 0.0], "update_cosine": 1.0, "update_norm": [0.3, 0.3],
+              "dlogp_moved": 0.0, "cosmetic": False, "measurable": False, "removes_gradient": False}  # fmt: skip
+    found = Finding("dropout", "warning", "dropout is on in the trainer's forwards", {}, effect)
+    kept = severity_from_flip(found)
+    assert kept.severity == "warning", f"a flip that cannot show was read as no effect: {kept.summary}"
+    assert flip_verdict(effect).startswith("not measurable on this step"), flip_verdict(effect)
