@@ -81,6 +81,38 @@ short_table(report, at_least="info")
 print(details(report, at_least="warning"))
 
 # %% [markdown]
+# ## The learning signal, stage by stage
+#
+# A catalogue finds what it lists. What a user asks is "why does my step not learn", and GRPO's learning signal takes
+# one path through the step, measured on every step whatever broke it (`grpo_debug/detectors/signal_path.py`):
+#
+# | stage | lets through |
+# |---|---|
+# | samples | the groups with two different completions (and the mass the sampler kept) |
+# | rewards | the groups whose weighted reward varies: only they get an advantage |
+# | advantages | the rows of those groups with a non-zero advantage |
+# | tokens | the completion tokens that carry the policy term's gradient (masks, `top_entropy_quantile`, the clip) |
+# | loss | the policy term's gradient $\partial \mathcal{L}/\partial \log\pi$ against the KL term's |
+# | parameters | the trainable tensors the update moved |
+# | update | the KL one update moves the policy by on its own completions |
+#
+# A stage that lets through a tenth or less of what came in (or a KL term whose gradient outweighs the policy
+# term's) is `signal_lost`, named by the stage and the setting it traced, whether or not a catalogued pitfall
+# explains it; where a loud one of that stage does, it leads and `signal_lost` says so at info.
+
+# %% tags=["nbval-ignore-output"]
+import pandas as pd
+
+from grpo_debug.doctor.present import signal_path_of
+
+path = pd.DataFrame(signal_path_of(report))
+path[["stage", "kept", "lost", "said"]]
+
+# %%
+lost = path[path["lost"]]
+print("the stage where the signal is lost:", lost["stage"].iloc[0] if len(lost) else "none (every stage lets most through)")
+
+# %% [markdown]
 # ## The evidence, drawn
 #
 # `doctor --html report.html` writes the report as one page: the verdict in a sentence, the causal chain as a picture,
@@ -129,6 +161,9 @@ for f in loud:
 # ## Checks
 
 # %%
+assert list(path["stage"]) == ["samples", "rewards", "advantages", "tokens", "loss", "parameters", "update"], (
+    f"the signal's path is not measured stage by stage in order: {list(path['stage'])}"
+)
 order = [("problem", "warning", "info", "absent").index(f.severity) for f in report.findings if not f.symptom_of]
 assert order == sorted(order), f"the causes are not ranked by severity: {[f.severity for f in report.findings]}"
 place = {f.id: k for k, f in enumerate(report.findings)}

@@ -172,8 +172,6 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
     probes = {}
     for name, func in zip(task.reward_names, task.reward_funcs):
         own = _scored(func, name, prompts, completions)
-        rescored = _changed(own, _scored(func, name, prompts, completions))
-        reordered = _changed(own, _reordered(func, name, prompts, completions))
         padded_scores = _scored(func, name, prompts, [padded(c) for c in completions])
         repeated_scores = _scored(func, name, prompts, [repeated(c) for c in completions])
         spaced = _scored(func, name, prompts, [c + SPACE for c in completions])
@@ -185,6 +183,8 @@ def probe_rewards(task: Task, prompts: list[str], completions: list[str], G: int
         elif varies is False and _one_value(own):
             varies = None  # one value everywhere: ignoring the completion and nothing earning look alike
         none_moved = _none_moved(own, padded_scores, spaced)
+        rescored = _changed(own, _scored(func, name, prompts, completions))
+        reordered = _changed(own, _reordered(func, name, prompts, completions))
         probes[name] = RewardProbe(
             name, rise_p, raised_p, rise_r, raised_r, _spread(own, G), varies, none_moved, rescored, reordered
         )

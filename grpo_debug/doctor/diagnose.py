@@ -224,8 +224,8 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     """The config changes the differential fixes a loud finding with: its scaled field (`fix_scales`: a rollout
     field only where the step can sample anew), else its toggle and what the fix changes beside it (`fix_also`,
     rollout fields likewise), else `fix_also` alone (a fix that samples anew). None: no fix on this step (no switch,
-    already set, vLLM's on a run without vLLM, a flip refused, or one that takes the gradient away: it would clear
-    findings by scoring nothing)."""
+    already set, vLLM's on a run without vLLM, a flip refused, one that takes the gradient away: it would clear
+    findings by scoring nothing, or one not measurable: no gradient with it or without)."""
     p = PITFALLS[f.id]
     if f.severity not in LOUD:
         return None
@@ -234,9 +234,15 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
             return p.scaled(config)
     if p.toggle is None:
         return _kept(dict(p.fix_also), step, config) or None
-    if not _flippable(f, config, vllm) or f.effect is None or "error" in f.effect or f.effect["removes_gradient"]:
+    e = f.effect
+    if not _flippable(f, config, vllm) or e is None or "error" in e or e["removes_gradient"] or not _measurable(e):
         return None
     return {p.toggle[0]: p.toggle[1], **_kept(dict(p.fix_also), step, config)}
+
+
+def _measurable(effect: dict) -> bool:
+    """A flip with a gradient on one side at least (an effect written before this was recorded: measurable)."""
+    return effect.get("measurable", True)
 
 
 def _revealed(fixed: Finding, as_found: Finding) -> Finding:

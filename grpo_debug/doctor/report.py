@@ -55,13 +55,13 @@ def fix_of(f: Finding, uses_vllm: bool) -> str:
 def applied_fix(f: Finding) -> tuple[tuple[str, object], ...]:
     """The config changes the doctor fixed a finding with, as StepConfig fields: those its horizon followed, else
     those the differential fixed it with, else its flip's switch (not one refused, nor one that takes the gradient
-    away); () where it applied none."""
+    away, nor one not measurable); () where it applied none."""
     if f.learning and f.learning.get("changes"):
         return tuple(f.learning["changes"].items())
     if f.fixed_with:
         return f.fixed_with
     e = f.effect
-    if e and "error" not in e and not e.get("removes_gradient"):
+    if e and "error" not in e and not e.get("removes_gradient") and e.get("measurable", True):
         return tuple(e["toggle"].items())
     return ()
 
@@ -95,9 +95,11 @@ def _finding_json(f: Finding, uses_vllm: bool) -> dict:
 
 
 def _moves(f: Finding) -> float:
-    """How far the finding's flip moves the update (1 - cosine); -1 where it was not flipped, or where the flip
-    takes the gradient away (it deletes the update rather than correcting it)."""
+    """How far the finding's flip moves the update (1 - cosine); -1 where it was not flipped, where the flip
+    takes the gradient away (it deletes the update rather than correcting it), or where it is not measurable."""
     if not f.effect or "update_cosine" not in f.effect or f.effect.get("removes_gradient"):
+        return -1.0
+    if not f.effect.get("measurable", True):  # no gradient on either side: the cosine of two momenta says nothing
         return -1.0
     return 1 - f.effect["update_cosine"]
 
