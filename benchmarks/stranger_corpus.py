@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import add_quick
-from stranger_runs import CATALOGUE, Run, draw_run, spec_json, user_script
+from stranger_runs import CATALOGUE, KINDS, OUTSIDE, Run, draw_run, spec_json, studied, user_script
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -313,11 +313,37 @@ def both_in_top_two(ranked: list[str], expected: dict[str, list[str]]) -> bool:
 def expected_ids(spec: dict) -> dict[str, list[str]]:
     """defect -> the ids that name it, from the catalogue as it is now (spec.json's `expected` is the catalogue's
     when the run was drawn: a mended catalogue scores the runs drawn before it)."""
-    return {d: list(CATALOGUE[d].expects) for d in spec["defects"]}
+    return {d: list(KINDS[d].expects) for d in spec["defects"]}
+
+
+def score_outside(spec: dict, findings: list[dict]) -> dict:
+    """An outside kind's row: right where the doctor's first loud finding speaks of the stage where the kind loses
+    the signal (the report's `stage`), the setting traced where its summary names it; silent where nothing is loud."""
+    (kind,) = spec["defects"]
+    defect = OUTSIDE[kind]
+    loud = [f for f in findings if f["severity"] in LOUD and not f["symptom_of"]]
+    first = loud[0] if loud else None
+    row = {
+        "name": spec["name"],
+        "planted": [kind],
+        "outside": kind,
+        "stage_expected": defect.stage,
+        "first": first and first["id"],
+        "first_stage": first and first.get("stage"),
+        "loud": [f["id"] for f in loud],
+        "silent": first is None,
+        "right": bool(first) and first.get("stage") == defect.stage,
+    }
+    if defect.setting:
+        said = (first or {}).get("summary", "") + " " + str((first or {}).get("evidence", {}).get("lost_to", ""))
+        row["setting_traced"] = row["right"] and defect.setting in said
+    return row
 
 
 def score_run(spec: dict, findings: list[dict]) -> dict:
     """One run's row: what was planted, what the doctor ranked, and whether it counts as named."""
+    if any(d in OUTSIDE for d in spec["defects"]):
+        return score_outside(spec, findings)
     ranked = causes(findings)
     expected = expected_ids(spec)
     row = {
@@ -362,7 +388,7 @@ def by_defect(rows: list[dict]) -> dict[str, dict]:
     id."""
     out: dict[str, dict] = {}
     for r in rows:
-        for d, where in r["named"].items():
+        for d, where in r.get("named", {}).items():
             e = out.setdefault(d, {"runs": 0, "first_in_single": 0, "singles": 0, "in_top2": 0, "named_as": {}})
             e["runs"] += 1
             e["singles"] += len(r["named"]) == 1
@@ -438,6 +464,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
             "double": sum("both_top2" in r for r in rows),
         },
         "top1_rate_single": rate(rows, "top1"),
+        "outside": outside_scores(rows),
         "both_in_top2_rate_double": rate(rows, "both_top2"),
         "quiet_rate_clean": rate(rows, "quiet"),
         "by_defect": by_defect(rows),
@@ -456,6 +483,21 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         "expected_ids_the_doctor_lacks": sorted({i for d in CATALOGUE.values() for i in d.expects} - reported),
         "per_run": rows,
     }
+
+
+def outside_scores(rows: list[dict]) -> dict:
+    """The outside kinds' runs: right (the first loud finding's stage is the kind's), silent, the setting traced,
+    and per kind."""
+    rows = [r for r in rows if "outside" in r]
+    kinds: dict[str, dict] = {}
+    for r in rows:
+        k = kinds.setdefault(r["outside"], {"runs": 0, "right": 0, "silent": 0, "first": {}})
+        k["runs"] += 1
+        k["right"] += r["right"]
+        k["silent"] += r["silent"]
+        k["first"][f"{r['first']}:{r['first_stage']}"] = k["first"].get(f"{r['first']}:{r['first_stage']}", 0) + 1
+    return {"runs": len(rows), "right_rate": rate(rows, "right"), "silent_rate": rate(rows, "silent"),
+            "setting_traced_rate": rate(rows, "setting_traced"), "by_kind": kinds}  # fmt: skip
 
 
 def percent(x: float | None) -> str:
@@ -482,11 +524,29 @@ def markdown(scores: dict) -> str:
         "| defect | expected ids | runs | first (singles) | in top 2 | named as |",
         "|---|---|---|---|---|---|",
     ]
+    o = scores.get("outside", {})
+    if o.get("runs"):
+        lines[6:6] = [
+            f"| outside kinds: first loud finding at the stage that lost the signal | {percent(o['right_rate'])} | "
+            f"{o['runs']} |",
+            f"| outside kinds: nothing at warning or above | {percent(o['silent_rate'])} | {o['runs']} |",
+            f"| outside kinds: the setting traced | {percent(o['setting_traced_rate'])} | |",
+        ]
+        lines += [""]
     for d, e in sorted(scores["by_defect"].items()):
         named = ", ".join(f"{k} {v}" for k, v in e["named_as"].items())
         lines.append(f"| {d} | {', '.join(CATALOGUE[d].expects)} | {e['runs']} | {e['first_in_single']}/{e['singles']} "
                      f"| {e['in_top2']}/{e['runs']} | {named} |")  # fmt: skip
     columns = sorted({c for row in scores["confusion"].values() for c in row})
+    if o.get("runs"):
+        lines += [
+            "",
+            "| outside kind | stage | runs | right | silent | first loud finding:stage |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kind, k in sorted(o["by_kind"].items()):
+            firsts = ", ".join(f"{f} {n}" for f, n in k["first"].items())
+            lines.append(f"| {kind} | {OUTSIDE[kind].stage} | {k['runs']} | {k['right']} | {k['silent']} | {firsts} |")
     lines += ["", "| planted \\ first cause | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for planted, row in sorted(scores["confusion"].items()):
         lines.append(f"| {planted} | " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
@@ -499,7 +559,7 @@ def markdown(scores: dict) -> str:
 def seeds_of(args) -> list[int]:
     """--seeds, or 0..--runs - 1; of --half's parity where it names a half."""
     seeds = args.seeds if args.seeds else range(args.runs)
-    return [s for s in seeds if args.half in (None, "all") or (s % 2 == 0) == (args.half == "tuning")]
+    return [s for s in seeds if args.half in (None, "all") or studied(s) == (args.half == "tuning")]
 
 
 def quick(args) -> dict:
@@ -520,7 +580,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=120, help="seeds 0..RUNS-1 (default 120)")
     parser.add_argument("--seeds", type=int, nargs="*", help="these seeds only")
     parser.add_argument("--half", choices=["tuning", "held-out", "all"], default=None,
-                        help="even seeds (tuning) or odd (held-out); required by diagnose and report")  # fmt: skip
+                        help="the studied runs (tuning: the catalogue's even seeds, the studied outside kinds' even seeds) or the "
+             "rest (held-out); required by diagnose and report")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--horizon", type=int, default=None, help="the doctor's --horizon (default: its own)")
     parser.add_argument("--retry-failed", action="store_true", help="train: train failed runs again")

@@ -86,7 +86,7 @@ class Run:
 
     @property
     def half(self) -> str:
-        return "tuning" if self.seed % 2 == 0 else "held-out"
+        return "tuning" if studied(self.seed) else "held-out"
 
     @property
     def capture_step(self) -> int:
@@ -181,22 +181,37 @@ def inverse_error(prompts, completions, **kwargs):
 }
 
 
+DERIVED = {  # suffix -> the derived function's body, F the function it derives from (the user's mistakes)
+    "_x1000": ("F, in per-mille.", "return [1000 * r for r in F(prompts, completions)]"),
+    "_or_none": ("F, where it applies (None: it does not).",
+                 "scores = F(prompts, completions)\n"
+                 "    return [None if len(text(c)) % 2 else s for c, s in zip(completions, scores)]"),
+    "_judged": ("F as a judge sampled at a temperature scores it: partly chance.",
+                "return [s + random.gauss(0.0, 0.3) for s in F(prompts, completions)]"),
+    "_shifted": ("F, each completion checked against the next row's question (an off-by-one in the zip).",
+                 "return F(prompts[1:] + prompts[:1], completions)"),
+    "_counted": ("F, less as the run goes on: a bonus that decays with every call (state kept between calls).",
+                 "CALLS[0] += 1\n"
+                 "    return [s * 0.9 ** CALLS[0] for s in F(prompts, completions)]"),
+    "_first_bonus": ("F, and a bonus to every fourth row of the batch (a position, not the completion).",
+                     "return [s + (0.5 if i % 4 == 0 else 0.0) for i, s in enumerate(F(prompts, completions))]"),
+    "_role": ("F of the message's role instead of its content (the wrong field of a chat completion).",
+              "return F(prompts, [[{'role': 'assistant', 'content': c[0]['role']}] for c in completions])"),
+}  # fmt: skip
+
+
 def derived_source(name: str) -> str:
-    """`F_x1000` (F in per-mille) and `F_or_none` (F, but None wherever the completion's length is odd: a parity
-    slip that makes F 'not apply' to about half the rows), for a function F of REWARD_SOURCES."""
-    if name.endswith("_x1000"):
-        base = name[: -len("_x1000")]
-        return f'''
-def {name}(prompts, completions, **kwargs):
-    """{base}, in per-mille."""
-    return [1000 * r for r in {base}(prompts, completions)]
-'''
-    base = name[: -len("_or_none")]
+    """`F<suffix>` for a function F of REWARD_SOURCES and a suffix of DERIVED: `F_x1000` (F in per-mille),
+    `F_or_none` (None wherever the completion's length is odd: a parity slip that makes F 'not apply' to about half
+    the rows), and the mistakes of the outside kinds (a noisy judge, an off-by-one, state kept, a position, the wrong
+    chat field)."""
+    suffix = next(x for x in DERIVED if name.endswith(x))
+    base = name[: -len(suffix)]
+    doc, body = DERIVED[suffix]
     return f'''
 def {name}(prompts, completions, **kwargs):
-    """{base}, where it applies (None: it does not)."""
-    scores = {base}(prompts, completions)
-    return [None if len(text(c)) % 2 else s for c, s in zip(completions, scores)]
+    """{doc.replace("F", base, 1)}"""
+    {body.replace("F(", base + "(")}
 '''
 
 
@@ -208,7 +223,7 @@ def sources_needed(names: tuple[str, ...]) -> list[str]:
     """The functions REWARD_FUNCS names and the ones they call, each once, callees first."""
     needed = []
     for name in names:
-        for suffix in ("_x1000", "_or_none"):
+        for suffix in DERIVED:
             if name.endswith(suffix):
                 needed.append(name[: -len(suffix)])
         needed.append(name)
@@ -247,6 +262,9 @@ class Defect:
     needs: tuple[tuple[str, object], ...] = ()
     tags: tuple[str, ...] = ()
     expects_crash: bool = False
+    stage: str | None = None  # the stage of the signal's path where it loses the signal (the outside kinds: named
+    # right where the doctor's first loud finding speaks of this stage)
+    setting: str | None = None  # ...and the words of the setting that did it, in that finding's summary
 
 
 def _replace_first_reward(run: Run, name: str) -> Run:
@@ -421,6 +439,87 @@ CATALOGUE: dict[str, Defect] = {
 }
 
 
+# ---- defects outside the catalogue: a user's real mistakes that no catalogued pitfall names, each scored by the
+# stage of the signal's path the doctor's first loud finding speaks of (`signal_path.stage_of`, the report's
+# "stage"). Half the kinds are studied (the doctor may be changed looking at their even seeds); the other half's
+# runs are never looked at one by one, only reported whole.
+
+
+def _frozen(run: Run, rng: random.Random) -> Run:
+    """Everything but the final norm frozen by the user's script before the trainer is built (no adapter)."""
+    return dataclasses.replace(run, model=dataclasses.replace(run.model, lora=False), trainer="frozen")
+
+
+def _first_reward_as(suffix: str):
+    return lambda run, rng: _replace_first_reward(run, f"{run.rewards[0]}{suffix}")
+
+
+def _weight_zero(run: Run, rng: random.Random) -> Run:
+    """The task's reward weighted 0 (a weight meant for a logged-only function put on the one that trains)."""
+    weights = run.settings.get("reward_weights") or (1.0,) * len(run.rewards)
+    return run.with_config(reward_weights=(0.0, *weights[1:]) if len(weights) > 1 else (0.0,))
+
+
+def _masked_short(run: Run, rng: random.Random) -> Run:
+    return _short_completions(run, rng).with_config(mask_truncated_completions=True)
+
+
+def _kl_swamp(run: Run, rng: random.Random) -> Run:
+    return run.with_config(beta=float(f"{10 ** rng.uniform(0.7, 1.3):.3g}"), max_steps=3,
+                           learning_rate=float(f"{10 ** rng.uniform(-2.5, -2):.3g}"))  # fmt: skip
+
+
+OUTSIDE: dict[str, Defect] = {
+    d.name: d
+    for d in (
+        Defect("tiny_rate", (), "learning_rate 1e-11 to 1e-9",
+               lambda run, rng: run.with_config(learning_rate=float(f"{10 ** rng.uniform(-11, -9):.3g}")),
+               stage="update", setting="learning_rate"),
+        Defect("few_tokens", (), "top_entropy_quantile 0.01-0.05: a few tokens a completion train",
+               lambda run, rng: run.with_config(top_entropy_quantile=round(rng.uniform(0.01, 0.05), 3)),
+               stage="tokens", setting="top_entropy_quantile"),
+        Defect("kl_swamp", (), "beta 5-20 at a rate that moves the policy, captured at step 3", _kl_swamp,
+               stage="loss", setting="beta"),
+        Defect("noisy_judge", (), "the first reward a judge's score with noise (sd 0.3)", _first_reward_as("_judged"),
+               stage="rewards"),
+        Defect("weight_zero", (), "reward_weights 0 on the task's one reward", _weight_zero,
+               needs=(("kind", "closeness"),), stage="rewards", setting="weight"),
+        Defect("frozen", (), "every parameter but the final norm frozen (requires_grad=False)", _frozen,
+               needs=(("arch", "qwen2"),), stage="parameters", setting="requires_grad"),
+        Defect("off_by_one", (), "the first reward checks each completion against the next row's question",
+               _first_reward_as("_shifted"), stage="rewards"),
+        Defect("stateful", (), "the first reward decays with every call (a counter kept between calls)",
+               _first_reward_as("_counted"), stage="rewards"),
+        Defect("position_bonus", (), "a bonus to every fourth row of the batch", _first_reward_as("_first_bonus"),
+               stage="rewards"),
+        Defect("wrong_field", (), "a chat run's reward reads the message's role, not its content",
+               _first_reward_as("_role"), needs=(("chat", True),), stage="rewards"),
+        Defect("masked_short", (), "mask_truncated_completions with room for under most answers", _masked_short,
+               stage="tokens", setting="mask_truncated_completions"),
+        Defect("warmup_forever", (), "warmup_steps 20,000-100,000 in a run of a few steps",
+               lambda run, rng: run.with_config(warmup_steps=rng.choice([20000, 50000, 100000])),
+               stage="update", setting="learning_rate"),
+    )
+}  # fmt: skip
+OUTSIDE_BASE = 1000  # seeds from here draw one outside kind each
+STUDIED_KINDS = ("tiny_rate", "few_tokens", "kl_swamp", "noisy_judge", "weight_zero", "frozen")
+HELD_OUT_KINDS = tuple(k for k in OUTSIDE if k not in STUDIED_KINDS)
+KINDS = {**CATALOGUE, **OUTSIDE}
+
+
+def outside_kind(seed: int) -> str:
+    """Seeds OUTSIDE_BASE + 2j and + 2j + 1 share the kind j cycles to."""
+    return tuple(OUTSIDE)[((seed - OUTSIDE_BASE) // 2) % len(OUTSIDE)]
+
+
+def studied(seed: int) -> bool:
+    """Whether a run may be looked at while changing the doctor: the catalogue's even seeds, and an outside kind's
+    even seeds where the kind is a studied one. Every other run is held out (by seed, by kind or both)."""
+    if seed < OUTSIDE_BASE:
+        return seed % 2 == 0
+    return seed % 2 == 0 and outside_kind(seed) in STUDIED_KINDS
+
+
 def _plantable_together(a: Defect, b: Defect) -> bool:
     return not (a.expects_crash or b.expects_crash or set(a.tags) & set(b.tags))
 
@@ -439,7 +538,9 @@ DOUBLE_KINDS = tuple(
 def defects_of(seed: int) -> tuple[str, ...]:
     """The schedule: pair p = seed // 2 of seeds is clean, single, single, double by p % 4 (a quarter clean, half
     single, a quarter double, in both halves alike); the singles cycle through the catalogue, the doubles through
-    DOUBLE_KINDS, each kind given to both seeds of its pair."""
+    DOUBLE_KINDS, each kind given to both seeds of its pair; from OUTSIDE_BASE on, one outside kind each."""
+    if seed >= OUTSIDE_BASE:
+        return (outside_kind(seed),)
     pair = seed // 2
     block, slot = divmod(pair, 4)
     if slot == 0:
@@ -450,7 +551,7 @@ def defects_of(seed: int) -> tuple[str, ...]:
 
 
 def draw_task(rng: random.Random, needs: dict) -> TaskSpec:
-    kind = rng.choice(TASK_KINDS)
+    kind = needs.get("kind", rng.choice(TASK_KINDS))
     top = needs.get("top", rng.choice([9, 49]))
     op = rng.choice(["+", "+", "-"])
     chat = needs.get("chat", rng.random() < 0.3)
@@ -501,7 +602,7 @@ def draw_run(seed: int) -> Run:
     on a clean run drawn to meet their needs."""
     rng = random.Random(seed)
     names = defects_of(seed)
-    needs = {k: v for name in names for k, v in CATALOGUE[name].needs}
+    needs = {k: v for name in names for k, v in KINDS[name].needs}
     task = draw_task(rng, needs)
     model = draw_model(rng, needs, task.chat)
     rewards, weights = task_rewards(task.kind, rng)
@@ -510,17 +611,17 @@ def draw_run(seed: int) -> Run:
     run = Run(seed, task, model, (), rewards, trainer, names)
     run = run.with_config(**draw_config(rng, task, model, weights))
     for name in names:
-        run = CATALOGUE[name].plant(run, rng)
+        run = KINDS[name].plant(run, rng)
     return run
 
 
 def expected(run: Run) -> dict[str, list[str]]:
     """defect -> the finding ids any one of which names it."""
-    return {name: list(CATALOGUE[name].expects) for name in run.defects}
+    return {name: list(KINDS[name].expects) for name in run.defects}
 
 
 def expects_crash(run: Run) -> bool:
-    return any(CATALOGUE[name].expects_crash for name in run.defects)
+    return any(KINDS[name].expects_crash for name in run.defects)
 
 
 def spec_json(run: Run) -> dict:
@@ -531,7 +632,9 @@ def spec_json(run: Run) -> dict:
         "half": run.half,
         "expected": expected(run),
         "expects_crash": expects_crash(run),
-        "what": {name: CATALOGUE[name].what for name in run.defects},
+        "what": {name: KINDS[name].what for name in run.defects},
+        "stage": {name: KINDS[name].stage for name in run.defects if KINDS[name].stage},
+        "studied": studied(run.seed),
         "lines": run.task.lines(),  # what the model warms up on: question -> answer
     }
 
@@ -552,6 +655,7 @@ def user_script(run: Run) -> str:
         f"My GRPO run: {'answers in <a></a> to ' if t.tagged else ''}'What is a{t.op}b?' with a, b up to {t.top}"
         f"{', as chat messages' if t.chat else ''}, on my small {run.model.arch} in model/."
     )
+    frozen = run.trainer == "frozen"
     imports = ["from datasets import Dataset"]
     if run.model.lora:
         imports.append("from peft import LoraConfig")
@@ -561,9 +665,11 @@ def user_script(run: Run) -> str:
         ours.insert(0, "from grpo_debug.capture.trl_bridge import PositionIdsGRPOTrainer as GRPOTrainer")
     else:
         imports.append("from trl import GRPOConfig, GRPOTrainer")
+    if frozen:
+        imports.insert(1, "from transformers import AutoModelForCausalLM")
     prompts = '[[{"role": "user", "content": q}] for q in QUESTIONS]' if t.chat else "QUESTIONS"
     trainer_lines = [
-        'model="model"',
+        "model=model" if frozen else 'model="model"',
         "reward_funcs=REWARD_FUNCS",
         "args=args",
         f'train_dataset=Dataset.from_dict({{"prompt": {prompts}}})',
@@ -573,7 +679,14 @@ def user_script(run: Run) -> str:
     functions = "\n\n\n".join(reward_source(name).strip() for name in sources_needed(run.rewards))
     questions = "".join(f"    {q!r},\n" for q, _ in t.lines())
     nl = "\n"
-    modules = "import math\nimport re" if "math." in functions else "import re"
+    modules = "\n".join(f"import {m}" for m in ("math", "random", "re") if m == "re" or f"{m}." in functions)
+    state = "\n\nCALLS = [0]  # the reward's calls so far\n" if "CALLS[0]" in functions else ""
+    load = ""
+    if frozen:  # the user's own freezing: everything but the final norm, before the trainer is built
+        load = ("    model = AutoModelForCausalLM.from_pretrained(\"model\")\n"
+                "    for name, param in model.named_parameters():\n"
+                "        param.requires_grad = name.endswith((\"norm.weight\", \"ln_f.weight\")) and \".layers.\" "
+                "not in name and \".h.\" not in name\n")  # fmt: skip
     return f'''"""{title}
 
     python user_train.py        (trains; the last step is captured in out/captures/)
@@ -586,7 +699,7 @@ def user_script(run: Run) -> str:
 {nl.join(ours)}
 
 QUESTIONS = [
-{questions}]
+{questions}]{state}
 
 
 {HELPERS.strip()}
@@ -598,7 +711,7 @@ QUESTIONS = [
 REWARD_FUNCS = [{", ".join(run.rewards)}]
 
 if __name__ == "__main__":
-    args = GRPOConfig(
+{load}    args = GRPOConfig(
         output_dir="out",
 {nl.join(_config_lines(run))}
         use_cpu=True,

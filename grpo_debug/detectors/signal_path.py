@@ -38,6 +38,7 @@ KL_SWAMPS = 1.0  # the KL term's gradient larger than the policy term's: the ste
 # rate moves 7.5e-9 on its first steps (its B starts at 0): slow, not lost
 MOVED_NOTHING = 1e-10
 ZERO = 1e-12  # an advantage or a gradient below this is float rounding, not signal
+FROZEN = 0.01  # a full model training under 1% of its weights: frozen, where no adapter is what trains
 
 STAGES = ("samples", "rewards", "advantages", "tokens", "loss", "parameters", "update")
 CATALOGUED = {  # each catalogued pitfall's stage: a loud one there explains what the stage lost
@@ -178,11 +179,18 @@ def loss(f: StepFacts) -> Stage:
 
 
 def parameters(f: StepFacts) -> Stage:
+    """The trainable tensors the update moved; lost where a full model (no adapter) trains under `FROZEN` of its
+    weights: a model frozen by mistake (an adapter trains a small share by design)."""
     p = f.parameters
     if not p:
         return Stage("parameters", None, "not measured on this step")
-    trainable, total, moved = p["trainable_tensors"], p["tensors"], p["moved_tensors"]
-    said = f"{trainable}/{total} parameter tensors train ({p['trainable_share']:.2%} of the weights)"
+    trainable, total, moved, share = p["trainable_tensors"], p["tensors"], p["moved_tensors"], p["trainable_share"]
+    said = f"{trainable}/{total} parameter tensors train ({share:.2%} of the weights)"
+    if share < FROZEN and not p.get("adapter"):
+        return Stage("parameters", share, said + ", no adapter among them: the rest frozen",
+                     f"requires_grad=False on {1 - share:.2%} of the weights",
+                     "train the parameters the run means to (requires_grad=True), or an adapter (peft_config)",
+                     dict(p))  # fmt: skip
     if moved is None or f.run.update is None or f.run.update.grad_norm <= ZERO:
         return Stage("parameters", None, said + "; no update with a gradient to see which moved", measured=dict(p))
     said += f", {moved} of them moved"
@@ -230,13 +238,24 @@ def signal_lost(f: StepFacts) -> Finding:
                     path=path, stage=lost.name, lost_to=lost.lost_to, fix=lost.fix)  # fmt: skip
 
 
+def stage_of(f: Finding) -> str | None:
+    """The stage of the signal's path a finding speaks of: `signal_lost`'s own, truncation's the tokens where TRL
+    masks cut completions from the loss (else what was sampled), every other catalogued finding's by `CATALOGUED`;
+    None for one of no stage."""
+    if f.id == "signal_lost":
+        return f.evidence.get("stage")
+    if f.id == "truncation" and f.evidence.get("masked"):
+        return "tokens"
+    return next((stage for stage, ids in CATALOGUED.items() if f.id in ids), None)
+
+
 def explained(findings: list[Finding]) -> list[Finding]:
     """`signal_lost` where a loud catalogued finding of its stage is there: info, naming it (the catalogued finding
     leads, with its own fix); the others as they are."""
-    loud = {x.id for x in findings if x.severity in LOUD}
     out = []
     for x in findings:
-        by = [i for i in CATALOGUED.get(x.evidence.get("stage", ""), ()) if i in loud] if x.id == "signal_lost" else []
+        stage = x.evidence.get("stage") if x.id == "signal_lost" else None
+        by = [y.id for y in findings if y.id != x.id and y.severity in LOUD and stage and stage_of(y) == stage]
         if by and x.severity in LOUD:
             x = Finding(x.id, "info", f"{x.summary}; named by {', '.join(by)}", {**x.evidence, "explained_by": by})
         out.append(x)

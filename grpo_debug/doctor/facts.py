@@ -197,6 +197,7 @@ def parameters_moved(step: GRPOStep, run: StepRun) -> dict:
         "trainable_tensors": len(trained),
         "moved_tensors": moved,
         "trainable_share": sum(p.numel() for _, p in trained) / max(total, 1),
+        "adapter": any("lora_" in name for name, _ in trained),  # a peft adapter trains a small share by design
     }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..choices import grpo_config_changes
 from ..detectors.findings import SEVERITIES, Finding
+from ..detectors.signal_path import stage_of
 from ..pitfalls import PITFALLS
 from .chain import order
 
@@ -91,6 +92,7 @@ def _finding_json(f: Finding, uses_vllm: bool) -> dict:
         "origin": p.origin,
         "teach": p.teach,
         "toggle": None if p.toggle is None else {"field": p.toggle[0], "value": p.toggle[1]},
+        "stage": stage_of(f),
     }
 
 
