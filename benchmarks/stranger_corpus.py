@@ -376,7 +376,7 @@ def confusion(rows: list[dict]) -> dict[str, dict[str, int]]:
     """planted (a single defect, or clean) -> first-ranked cause ('-': none at warning or above) -> runs."""
     table: dict[str, dict[str, int]] = {}
     for r in rows:
-        if len(r["planted"]) == 1:
+        if len(r["planted"]) == 1 and "causes" in r:  # an outside kind's row is scored by its stage instead
             first = r["causes"][0] if r["causes"] else "-"
             cell = table.setdefault(r["planted"][0], {})
             cell[first] = cell.get(first, 0) + 1

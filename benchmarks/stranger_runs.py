@@ -465,7 +465,9 @@ def _masked_short(run: Run, rng: random.Random) -> Run:
 
 
 def _kl_swamp(run: Run, rng: random.Random) -> Run:
-    return run.with_config(beta=float(f"{10 ** rng.uniform(0.7, 1.3):.3g}"), max_steps=3,
+    """beta 10-30 at a rate that moves the policy, captured at step 6: by then the KL term pulls back harder than the
+    rewards push (at step 3 of the first draw, 0.55x: the defect not yet in the step)."""
+    return run.with_config(beta=float(f"{10 ** rng.uniform(1, 1.5):.3g}"), max_steps=6,
                            learning_rate=float(f"{10 ** rng.uniform(-2.5, -2):.3g}"))  # fmt: skip
 
 
@@ -478,7 +480,7 @@ OUTSIDE: dict[str, Defect] = {
         Defect("few_tokens", (), "top_entropy_quantile 0.01-0.05: a few tokens a completion train",
                lambda run, rng: run.with_config(top_entropy_quantile=round(rng.uniform(0.01, 0.05), 3)),
                stage="tokens", setting="top_entropy_quantile"),
-        Defect("kl_swamp", (), "beta 5-20 at a rate that moves the policy, captured at step 3", _kl_swamp,
+        Defect("kl_swamp", (), "beta 10-30 at a rate that moves the policy, captured at step 6", _kl_swamp,
                stage="loss", setting="beta"),
         Defect("noisy_judge", (), "the first reward a judge's score with noise (sd 0.3)", _first_reward_as("_judged"),
                stage="rewards"),

@@ -166,3 +166,41 @@ def test_a_reward_function_weighted_0_is_named_where_it_silences_the_function(us
     assert constant["evidence"]["weighted_zero"] == ["digits", "correct"], constant
     said = constant["summary"] if "summary" in constant else json.dumps(constant)
     assert "digits, correct are weighted 0" in said, f"the weight of 0 is named nowhere: {said}"
+
+
+@pytest.mark.slow
+def test_a_reward_that_reads_a_dataset_column_is_followed_over_steps_by_the_horizon(answered, user, tmp_path):
+    """The horizon samples new completions of the captured prompts and scores them with `correct`, which needs each
+    prompt's answer: every new completion keeps its prompt's column."""
+    out = tmp_path / "doctor.json"
+    done = command("doctor", answered / "step-2", "--task", "user_train.py:COLUMN_REWARD_FUNCS", "--horizon", "2",
+                   "--held-out", "0", "--json", out, cwd=user)  # fmt: skip
+    assert done.returncode == 0, f"the horizon failed on a reward that reads a column:\n{done.stderr[-2000:]}"
+    horizon = json.loads(out.read_text())["horizon"]
+    assert horizon["steps"] == 2 and len(horizon["as_run_rewards_by_step"]) == 2, horizon
+
+
+def test_the_flight_recorder_keeps_the_columns_and_its_captures_replay_with_them(user, tmp_path):
+    """A run recorded by the FlightRecorder (no CaptureCallback), its dataset holding each prompt's answer: the step
+    it captured holds the column, and `replay --task` recomputes `correct` from it as TRL did."""
+    flight = user_train_run(user, "flown", {"answer_column": True, "flight": True, "max_steps": 3})
+    steps = sorted(flight.glob("step-*"))
+    assert steps, f"the recorder captured no step (its health: {(flight / 'health.jsonl').read_text()[:800]})"
+    meta = json.loads((steps[0] / "capture.json").read_text())
+    assert len(meta["columns"]["answer"]) == len(meta["completions"]), meta.get("columns_dropped")
+    out = tmp_path / "replay.json"
+    done = command("replay", steps[0], "--task", "user_train.py:COLUMN_REWARD_FUNCS", "--json", out, cwd=user)
+    assert done.returncode == 0, f"replay --task refused a flight capture with a column:\n{done.stderr[-2000:]}"
+    assert max(json.loads(out.read_text())["rewards"].values()) <= 1e-6, json.loads(out.read_text())["rewards"]
+
+
+def test_a_reward_that_reads_the_trainer_state_is_recomputed_at_the_captured_step(user, tmp_path):
+    """TRL passes trainer_state (and log_metric, log_extra) to every reward function: a curriculum that reads the
+    global step is recomputed at the step the trainer was at, and `replay --task` gives its logged rewards."""
+    staged = user_train_run(user, "staged", {"staged": True, "max_steps": 3, "capture": [3]})
+    out = tmp_path / "replay.json"
+    done = command("replay", staged / "step-3", "--task", "user_train.py:STAGED_REWARD_FUNCS", "--json", out,
+                   cwd=user)  # fmt: skip
+    assert done.returncode == 0, f"replay --task refused a reward that reads trainer_state:\n{done.stderr[-2000:]}"
+    drift = json.loads(out.read_text())["rewards"]
+    assert drift["staged"] <= 1e-6, f"the curriculum was recomputed at another step than the trainer's: {drift}"

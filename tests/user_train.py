@@ -7,8 +7,9 @@ but for the batch shape), a model in a relative folder, two reward functions of 
 imported), `optimizer_state` (the callback's, default true), `chat` (message-list prompts), `mixed_lengths` (prompts of
 different lengths, so left padding), `train_only` (a piece of a parameter name: the model is loaded by the script and
 every other parameter frozen before the trainer is built), `answer_column` (the dataset holds each prompt's
-`answer`, and a third reward, `correct`, reads it as TRL passes it) and `judged` (the second reward a judge's noisy
-score) are read from the JSON too.
+`answer`, and a third reward, `correct`, reads it as TRL passes it), `judged` (the second reward a judge's noisy
+score), `staged` (the second a curriculum reading TRL's trainer_state) and `flight` (the FlightRecorder records the
+run instead of CaptureCallback) are read from the JSON too.
 """
 
 import json
@@ -43,7 +44,14 @@ def judged(completions, **kwargs):
     return [sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1) + random.random() for c in completions]
 
 
+def staged(completions, trainer_state, log_metric, **kwargs):
+    """A curriculum: shortness pays more as the run goes on (TRL passes its TrainerState and a metric logger)."""
+    log_metric("staged/step", trainer_state.global_step)
+    return [-(1 + trainer_state.global_step) * len(text(c)) / 16 for c in completions]
+
+
 REWARD_FUNCS = [digits, short]
+STAGED_REWARD_FUNCS = [digits, staged]  # with `staged`
 JUDGED_REWARD_FUNCS = [digits, judged]  # with `judged`
 COLUMN_REWARD_FUNCS = [digits, short, correct]  # with `answer_column`
 
@@ -52,6 +60,7 @@ if __name__ == "__main__":
     changes = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     model = changes.pop("model", "my-model")
     steps = changes.pop("capture", [2])
+    flight = changes.pop("flight", False)
     optimizer_state = changes.pop("optimizer_state", True)
     pairs = [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 0), (4, 4), (6, 3)]
     if changes.pop("mixed_lengths", False):  # every prompt of its own length: TRL left-pads the shorter ones
@@ -64,6 +73,8 @@ if __name__ == "__main__":
         reward_funcs = list(COLUMN_REWARD_FUNCS)
     if changes.pop("judged", False):
         reward_funcs = list(JUDGED_REWARD_FUNCS)
+    if changes.pop("staged", False):
+        reward_funcs = list(STAGED_REWARD_FUNCS)
     train_only = changes.pop("train_only", None)
     if train_only is not None:  # part of the model trains: the rest frozen before the trainer is built
         from transformers import AutoModelForCausalLM
@@ -85,7 +96,11 @@ if __name__ == "__main__":
         **changes,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_dict(columns))
-    if steps is not None:
+    if flight:  # the flight recorder instead: health every step, the steps that trigger captured
+        from grpo_debug.capture import FlightRecorder
+
+        trainer.add_callback(FlightRecorder(f"{out}/captures"))
+    elif steps is not None:
         from grpo_debug.capture import CaptureCallback
 
         trainer.add_callback(CaptureCallback(f"{out}/captures", steps=steps, optimizer_state=optimizer_state))

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..rewards import StoredReward
 from ..task import Task, callable_name, import_user_file, load_task, task_names
 from .captured import Capture
-from .columns import columns_by_prompt, with_columns
+from .columns import columns_by_prompt, trainer_keywords, with_columns, with_trainer_keywords
 
 
 def task_name(capture: Capture) -> str:
@@ -133,6 +133,9 @@ def _your_task(
     if capture.conversational:
         messages = {p: capture.meta["prompts"][i * G] for texts in (prompts, shown) for i, p in enumerate(texts)}
         funcs = [_as_messages(f, messages) for f in funcs]
+    config = capture.meta["grpo_config"]
+    keywords = trainer_keywords(int(capture.meta["step"]), config.get("max_steps"))
+    funcs = [with_trainer_keywords(f, keywords) for f in funcs]
     columns = capture.meta.get("columns") or {}
     if columns:  # the dataset's columns, as TRL passes them: looked up by the prompt each completion answers
         by_prompt = columns_by_prompt(columns, [[a, b] for a, b in zip(prompts, shown)], G)

@@ -92,3 +92,25 @@ def dataset_columns(trainer, inputs, n: int) -> tuple[dict[str, list], dict[str,
     if len(rows) * processes != n:
         return {}, {k: "the batch's rows are not one per completion" for k in (*columns, *dropped)}
     return columns, dropped
+
+
+def trainer_keywords(step: int, max_steps: int | None) -> dict:
+    """What TRL 1.16 passes every reward function beside the prompts, the completions and the columns
+    (`_calculate_rewards`'s reward_kwargs): `trainer_state`, its TrainerState at the step's generation
+    (`global_step` the optimizer steps done before it: a schedule that reads it scores as in the run), and
+    `log_extra`, `log_metric`, which log nothing here. TRL's `completion_ids` is not given (a function that needs
+    it is refused in one line), nor `environments`."""
+    from transformers import TrainerState
+
+    state = TrainerState(global_step=max(step - 1, 0), max_steps=max_steps or 0)
+    return {"trainer_state": state, "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None}
+
+
+def with_trainer_keywords(func, keywords: dict):
+    """`func` called with TRL's other keywords (`trainer_keywords`) as well, as TRL calls it."""
+
+    def reward(prompts, completions, **kwargs):
+        return func(prompts=prompts, completions=completions, **{**keywords, **kwargs})
+
+    reward.__name__ = callable_name(func)
+    return reward

@@ -183,14 +183,19 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
         parser.error(str(e))
     if funcs is None:  # a registered task: the bundled step's own rewards
         return
+    from ..capture.columns import trainer_keywords
     from ..rewards import call_reward
     from ..task import callable_name
 
     try:
         prompt, completion = _first_row(capture)
         first = {name: values[:1] for name, values in columns.items()}  # the first row's columns, as TRL passes them
+        meta = capture_meta(capture) if capture else {}
+        config = meta.get("grpo_config") if isinstance(meta.get("grpo_config"), dict) else {}
+        step = meta.get("step") if isinstance(meta.get("step"), int) else 1
+        first |= trainer_keywords(step, config.get("max_steps") if isinstance(config.get("max_steps"), int) else None)
         for func in funcs:
-            called = functools.partial(func, **first) if first else func
+            called = functools.partial(func, **first)
             call_reward(called, f"{task.rpartition(':')[0]}:{callable_name(func)}", [prompt], [completion])
     except (ValueError, TimeoutError) as e:  # TimeoutError: time_limit.RewardTimeout (--reward-timeout)
         parser.error(str(e))
@@ -263,14 +268,15 @@ def _kind(value) -> str:
     return f"{shown} (type {type(value).__name__})" if len(shown) <= 40 else f"of type {type(value).__name__}"
 
 
-TRL_EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")  # TRL 1.16's other keywords
+TRL_EXTRAS = ("completion_ids", "environments")  # TRL 1.16's other keywords the replay does not pass
+TRL_GIVEN = ("trainer_state", "log_extra", "log_metric")  # ...and those it does (`columns.trainer_keywords`)
 
 
 def signature_problem(func, columns: list[str] = ()) -> str | None:
     """Why `func` cannot be called as a reward function, or None: TRL calls it with keywords (prompts=,
-    completions=, completion_ids=, trainer_state= and the dataset's columns; the doctor with prompts=,
-    completions= and the `columns` the capture holds), so those must bind. A parameter it needs that is none of
-    them is a dataset column the capture does not hold, named. A callable whose signature Python cannot read (a
+    completions=, completion_ids=, trainer_state=, log_extra=, log_metric= and the dataset's columns; the doctor
+    with all of them but completion_ids, and the `columns` the capture holds), so those must bind. A parameter it
+    needs that is none of them is a dataset column the capture does not hold, named. A callable whose signature Python cannot read (a
     builtin) is let through."""
     try:
         signature = inspect.signature(func)
@@ -279,7 +285,7 @@ def signature_problem(func, columns: list[str] = ()) -> str | None:
     params = signature.parameters.values()
     keywords = any(p.kind is p.VAR_KEYWORD for p in params)
     takes_both = keywords or {"prompts", "completions"} <= set(signature.parameters)  # if not, refused below
-    given = {"prompts", "completions", *columns}
+    given = {"prompts", "completions", *TRL_GIVEN, *columns}
     needed = [
         p.name
         for p in params
@@ -297,7 +303,7 @@ def signature_problem(func, columns: list[str] = ()) -> str | None:
             "a run whose dataset has it (grpo_debug captures every column TRL passes to the reward functions)"
         )
     try:
-        signature.bind(prompts=[], completions=[], **{name: [] for name in columns})
+        signature.bind(prompts=[], completions=[], **{name: [] for name in (*TRL_GIVEN, *columns)})
     except TypeError as e:
         return (
             f"takes {signature}: it cannot be called as TRL calls a reward function, with keywords prompts= and "
