@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import add_quick
-from stranger_runs import CATALOGUE, KINDS, OUTSIDE, Run, draw_run, spec_json, studied, user_script
+from stranger_runs import CATALOGUE, KINDS, OUTSIDE, STUDIED_KINDS, Run, draw_run, spec_json, studied, user_script
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -327,6 +327,7 @@ def score_outside(spec: dict, findings: list[dict]) -> dict:
         "name": spec["name"],
         "planted": [kind],
         "outside": kind,
+        "kind_held_out": kind not in STUDIED_KINDS,
         "stage_expected": defect.stage,
         "first": first and first["id"],
         "first_stage": first and first.get("stage"),
@@ -496,8 +497,11 @@ def outside_scores(rows: list[dict]) -> dict:
         k["right"] += r["right"]
         k["silent"] += r["silent"]
         k["first"][f"{r['first']}:{r['first_stage']}"] = k["first"].get(f"{r['first']}:{r['first_stage']}", 0) + 1
+    unseen = [r for r in rows if r["kind_held_out"]]
     return {"runs": len(rows), "right_rate": rate(rows, "right"), "silent_rate": rate(rows, "silent"),
-            "setting_traced_rate": rate(rows, "setting_traced"), "by_kind": kinds}  # fmt: skip
+            "setting_traced_rate": rate(rows, "setting_traced"), "by_kind": kinds,
+            "held_out_kinds": {"runs": len(unseen), "right_rate": rate(unseen, "right"),
+                               "silent_rate": rate(unseen, "silent")}}  # fmt: skip
 
 
 def percent(x: float | None) -> str:
@@ -531,6 +535,10 @@ def markdown(scores: dict) -> str:
             f"{o['runs']} |",
             f"| outside kinds: nothing at warning or above | {percent(o['silent_rate'])} | {o['runs']} |",
             f"| outside kinds: the setting traced | {percent(o['setting_traced_rate'])} | |",
+            f"| held-out kinds only: right | {percent(o['held_out_kinds']['right_rate'])} | "
+            f"{o['held_out_kinds']['runs']} |",
+            f"| held-out kinds only: nothing at warning or above | {percent(o['held_out_kinds']['silent_rate'])} | "
+            f"{o['held_out_kinds']['runs']} |",
         ]
         lines += [""]
     for d, e in sorted(scores["by_defect"].items()):
