@@ -120,7 +120,8 @@ def severity_from_flip(f: Finding, uses_vllm: bool = False) -> Finding:
 def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, seeds: int, budget, chained, progress):
     """Each cause's fix followed for `steps` steps against the run (`horizon`), within `budget` seconds (None: no
     bound): one continuation step is timed first and the plan cut to fit, the most likely causes kept (`fit`); the
-    findings with `learning` set, and what was done and cut, or why nothing was (no reward functions for new
+    findings with `learning` set, and what was done and cut (a fix the step cannot take over steps, a length past the
+    model's positions, is listed in `not_followed` with why), or why nothing was (no reward functions for new
     completions, no fix to follow)."""
     if step.stored_rewards:
         why = "one-step effects only: the capture's stored rewards score its own completions, not new ones (--task)"
@@ -151,7 +152,12 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
             return out
 
         as_run = arm({})
-        learned = {f.id: {**compare(as_run, arm(fixes[f.id]), level), "changes": fixes[f.id]} for f in kept}
+        learned, unfollowed = {}, {}
+        for f in kept:
+            try:
+                learned[f.id] = {**compare(as_run, arm(fixes[f.id]), level), "changes": fixes[f.id]}
+            except ValueError as e:  # a fix the step cannot take over steps (a length past the model's positions)
+                unfollowed[f.id] = str(e)
     findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
     by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
     cut = [f.id for f in causes[plan["causes"] :]]
@@ -164,6 +170,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         "estimate_seconds": plan["estimate"],
         "budget_seconds": budget,
         "cut": {"causes": cut, "steps_asked": plan["steps_asked"], "seeds_asked": plan["seeds_asked"]},
+        "not_followed": unfollowed,
     }
 
 

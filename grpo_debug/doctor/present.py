@@ -87,7 +87,9 @@ def horizon_line(report: Report) -> str:
         return "one-step effects only (--horizon K follows each fix for K steps, with --task)"
     if not h["steps"]:
         return f"not followed over steps: {h['why']}"
-    return f"each cause's fix followed {h['steps']} steps x {h['seeds']} seeds ({h['level']:.2%} intervals)"
+    said = f"each cause's fix followed {h['steps']} steps x {h['seeds']} seeds ({h['level']:.2%} intervals)"
+    unfollowed = h.get("not_followed") or {}
+    return said + "".join(f"; {k}'s fix not followed: {why}" for k, why in unfollowed.items())
 
 
 def signal_path_of(report: Report) -> list[dict]:
