@@ -147,7 +147,7 @@ def dominant_reward(f: StepFacts) -> Finding:
         return _finding("dominant_reward", "absent", "one reward function, or no variance to share")
     shares = {name: (p * total).sum().item() / variance for name, p in parts.items()}
     top = max(shares, key=shares.get)
-    evidence = dict(variance_shares=shares)
+    evidence = dict(variance_shares=shares, reward_weights=dict(zip(per, f.reward_weights)))
     varied = [n for n in parts if not _constant_within_groups(per[n], G)]  # a constant one is constant_reward's
     erased = [n for n in varied if n != top and abs(shares[n]) < ERASED_SHARE]
     paid = [n for n in erased if f.reward_probes and n in f.reward_probes and f.reward_probes[n].paid_for_length]
@@ -161,7 +161,7 @@ def dominant_reward(f: StepFacts) -> Finding:
             f"{', '.join(erased)} {'varies' if len(erased) == 1 else 'vary'} within groups but "
             f"{'carries' if len(erased) == 1 else 'carry'} under {ERASED_SHARE:.0%} of the advantages' variance "
             f"({', '.join(f'{n} {shares[n]:.2%}' for n in erased)}): {top} ({shares[top]:.0%}) erases "
-            f"{'it' if len(erased) == 1 else 'them'}", erased=erased, **evidence,
+            f"{'it' if len(erased) == 1 else 'them'}{_weighted(f.reward_weights)}", erased=erased, **evidence,
         )  # fmt: skip
     if shares[top] < DOMINANT_SHARE:
         return _finding("dominant_reward", "absent", f"largest share of the advantage variance {shares[top]:.0%}",
@@ -171,6 +171,11 @@ def dominant_reward(f: StepFacts) -> Finding:
         f"{top} carries {shares[top]:.0%} of the advantages' within-group variance (a covariance share: above "
         "100% when the other functions pull against it)", **evidence,
     )  # fmt: skip
+
+
+def _weighted(weights: tuple[float, ...]) -> str:
+    """The weights a finding about the weighted sum was measured under, where they are not TRL's default (all 1)."""
+    return "" if all(w == 1 for w in weights) else f" (under reward_weights {list(weights)})"
 
 
 LENGTH_CORRELATION = 0.7  # within-group Pearson r between a reward and the completion length
@@ -200,9 +205,17 @@ def length_reward(f: StepFacts) -> Finding:
     tests = {name: within_group_correlation(v, lengths, G) for name, v in {**per, "total": f.run.rewards.total}.items()}
     correlations = {name: t[0] for name, t in tests.items()}
     evidence = dict(within_group_correlation=correlations, one_sided_p={k: t[1] for k, t in tests.items()})
+    weights = dict(zip(per, f.reward_weights))
     if probes:
         evidence["probed"] = {n: p.as_dict() for n, p in probes.items()}
         paid = [n for n, p in probes.items() if p.paid_for_length]
+        silenced = [n for n in paid if weights.get(n) == 0]  # TRL multiplies by the weight: 0 pays nothing
+        paid = [n for n in paid if n not in silenced]
+        if silenced and not paid:
+            return _finding("length_reward", "info",
+                            f"{', '.join(silenced)} pays for length, but is weighted 0 (reward_weights "
+                            f"{list(weights.values())}): what it pays reaches no advantage", paid=[],
+                            weighted_zero=silenced, **evidence)  # fmt: skip
         if paid:
             p = probes[paid[0]]
             how = max((p.rise_padded, "whitespace appended", p.raised_padded),
@@ -261,7 +274,13 @@ def bad_reward(f: StepFacts) -> Finding:
                     + ", ".join(f"{k} {c}/{n}" for k, c in none.items() if c))  # fmt: skip
     if unscorable:
         said.append(f"{unscorable}/{n} completions no function scored (reward NaN and advantage 0, as in TRL 1.16)")
-    probes = f.reward_probes or {}
+    weights = dict(zip(rewards.per_function, f.reward_weights))
+    silenced = [k for k, c in none.items() if c and weights.get(k) == 0]  # its None, like its number, weighs 0
+    if silenced:
+        evidence["weighted_zero"] = silenced
+        said.append(f"({', '.join(silenced)} weighted 0: {'its' if len(silenced) == 1 else 'their'} None rewards "
+                    "change no advantage)")  # fmt: skip
+    probes = {k: p for k, p in (f.reward_probes or {}).items() if weights.get(k) != 0}
     by_form = {k: probes[k].none_moved for k, c in none.items() if c and k in probes and probes[k].none_moved > 0}
     latent = {k: probes[k].none_moved for k, c in none.items()
               if not c and k in probes and probes[k].none_moved >= NONE_WARNING}  # fmt: skip
@@ -278,7 +297,7 @@ def bad_reward(f: StepFacts) -> Finding:
         return _finding("bad_reward", "absent", "every reward is a finite number", **evidence)
     if rewards.infinite or unscorable >= UNSCORABLE_PROBLEM * n:
         severity = "problem"
-    elif by_form or latent or max(none.values()) >= NONE_WARNING * n:
+    elif by_form or latent or max((c for k, c in none.items() if k not in silenced), default=0) >= NONE_WARNING * n:
         severity = "warning"
     else:
         severity = "info"
