@@ -362,8 +362,8 @@ def test_other_multi_process_layouts_are_replayed_process_by_process(dropout_qwe
 def test_a_multi_process_schedule_that_does_not_add_up_is_refused(two_micro_batches_each, tmp_path, damage, problem):
     import shutil
 
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError
+    from grpo_debug.checksums import write_checksums
 
     path = Path(shutil.copytree(two_micro_batches_each, tmp_path / "damaged"))
     meta = json.loads((path / "capture.json").read_text())
@@ -452,8 +452,8 @@ def test_a_capture_of_another_format_or_a_schedule_out_of_bounds_is_refused(bund
     each micro-batch's pass and index in range, each a full share of the batch (resealed: the checksums pass)."""
     import shutil
 
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError
+    from grpo_debug.checksums import write_checksums
 
     path = Path(shutil.copytree(bundled, tmp_path / "damaged"))
     meta = json.loads((path / "capture.json").read_text())

@@ -270,7 +270,8 @@ def test_a_captures_index_past_its_bound_is_refused_before_it_is_read(tmp_path, 
 
 
 def test_a_capture_json_or_manifest_past_its_bound_is_refused_before_it_is_read(capture, monkeypatch):
-    from grpo_debug.capture import checksums, reading
+    from grpo_debug import checksums
+    from grpo_debug.capture import reading
     from grpo_debug.capture.reading import CaptureError, load_capture
 
     monkeypatch.setattr(checksums, "MAX_MANIFEST_BYTES", 100)
@@ -336,8 +337,8 @@ def test_at_every_rename_a_reader_finds_each_listed_capture_whole(tmp_path, monk
     import os
 
     from grpo_debug.capture import FlightRecorder, flight
-    from grpo_debug.capture.checksums import checksum_problem
     from grpo_debug.capture.trl_bridge import trl_trainer
+    from grpo_debug.checksums import checksum_problem
     from grpo_debug.config import StepConfig
     from grpo_debug.show.timeline import read_run
 

@@ -77,8 +77,8 @@ def lora_run(tmp_path_factory) -> dict:
 
 
 def test_a_lora_capture_holds_the_adapter_and_names_the_base_by_path_and_hash(lora_run):
-    from grpo_debug.capture.checksums import sha256
     from grpo_debug.capture.reading import load_capture
+    from grpo_debug.checksums import sha256
 
     capture, base = lora_run["capture"], lora_run["base"]
     policy = sorted(p.name for p in (capture / "policy").iterdir())
@@ -135,8 +135,8 @@ def _with_changed_base_weight(base: Path) -> None:
 def test_a_capture_whose_base_changed_is_refused_before_anything_is_built(lora_run, tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     capture, base = lora_run["capture"], lora_run["base"]
     built = []  # the base is checked as a model folder (its config read, built on the meta device) after its hash
@@ -189,8 +189,8 @@ def test_a_lora_capture_short_of_an_adapter_state_tensor_is_refused_naming_it(lo
     weight (checked against the adapter file's headers) is refused too."""
     from safetensors.torch import load_file, save_file
 
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     folder = tmp_path / "step-2"
     shutil.copytree(lora_run["capture"], folder)

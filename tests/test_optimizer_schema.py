@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from tiny_capture import qwen2_user, user_train_run  # noqa: E402
 
-from grpo_debug.capture.checksums import write_checksums  # noqa: E402
+from grpo_debug.checksums import write_checksums  # noqa: E402
 from grpo_debug.cli.commands import main  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")

@@ -18,10 +18,10 @@ sys.path.insert(0, str(TESTS))
 from tiny_capture import qwen2_user, user_train_run  # noqa: E402
 
 from grpo_debug.capture import open_capture  # noqa: E402
-from grpo_debug.capture.checksums import write_checksums  # noqa: E402
 from grpo_debug.capture.landing import landing  # noqa: E402
 from grpo_debug.capture.reading import CaptureError, load_capture  # noqa: E402
 from grpo_debug.capture.replay import trainer_update  # noqa: E402
+from grpo_debug.checksums import write_checksums  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 STEPS = 5

@@ -52,8 +52,8 @@ def test_a_bundled_model_state_with_a_payload_is_refused(planted, tmp_path):
 def test_a_capture_batch_with_a_payload_is_refused(planted, tmp_path):
     import json
 
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     capture = tmp_path / "step-2"
     planted(capture / "batch.pt", lambda p: {"prompt_ids": p})

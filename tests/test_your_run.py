@@ -372,8 +372,8 @@ def good_capture(user_dir) -> Path:
 def test_a_damaged_capture_is_refused_naming_the_file(good_capture, tmp_path, how, resealed, capsys):
     """As damaged, the checksums catch it; with checksums.json rewritten over the damage (an edit made on
     purpose), the checks of what the files hold still refuse it."""
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError, load_capture
+    from grpo_debug.checksums import write_checksums
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -398,8 +398,8 @@ def test_a_reference_from_outside_the_capture_is_checked_before_it_is_built(good
     """The reference folder a capture names is not the capture's own: its config is bounded by its weights'
     headers before transformers builds anything (a config describing ~9.7B parameters allocated them)."""
     from grpo_debug.capture import open_capture
-    from grpo_debug.capture.checksums import write_checksums
     from grpo_debug.capture.reading import CaptureError
+    from grpo_debug.checksums import write_checksums
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)
@@ -512,7 +512,7 @@ def test_a_config_too_large_for_its_weights_is_refused_within_a_memory_and_time_
     """Under a 3 GB address-space limit and a 120 s timeout, in a fresh process: the check reads the weights'
     headers and bounds the config by them before building anything (before: the 100000-layer config ran past
     120 s with memory rising, the ~9.7B one allocated its parameters)."""
-    from grpo_debug.capture.checksums import write_checksums
+    from grpo_debug.checksums import write_checksums
 
     copy = tmp_path / "capture"
     shutil.copytree(good_capture, copy)

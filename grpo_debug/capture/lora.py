@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .checksums import sha256
+from ..checksums import sha256
 
 BASE_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "config.json")
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
+from ..checksums import checksum_problem
 from ..files import MAX_READ_BYTES, read_bounded
 from . import optimizer_state
 from .captured import Capture, CaptureError
 from .checking import check_capture, need
-from .checksums import checksum_problem
 
 
 def load_capture(path: str | Path) -> Capture:

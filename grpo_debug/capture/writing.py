@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
+from ..checksums import write_checksums
 from ..files import write_text_atomically
 from ..kernels import kernels_in_use
 from . import optimizer_state
-from .checksums import write_checksums
 from .lora import adapter_state, is_adapter_model, tensor_bytes, write_adapter
 from .rows import random_states
 from .trainer_state import FORMAT, README, jsonable, layout, policy_model, resolved_name, resolved_settings

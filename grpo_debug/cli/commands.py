@@ -633,7 +633,7 @@ def add_reseal_parser(sub) -> None:
 
 def reseal_command(parser, args) -> int:
     """checksums.json written anew: the capture's files, as they are now, are what the readers will trust."""
-    from ..capture.checksums import checksum_problem, write_checksums
+    from ..checksums import checksum_problem, write_checksums
 
     folder = Path(args.path)
     if not (folder / "capture.json").is_file():

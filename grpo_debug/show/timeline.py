@@ -104,7 +104,7 @@ HASHED_ON_THE_PAGE = 16 * 2**20  # larger files (weights, the batch) are checked
 def capture_problem(capture: Path) -> str | None:
     """Why a listed capture cannot be opened, where a glance tells (the doctor verifies every byte): its folder is
     missing, or its checksums do not hold (a file missing or added, a small file changed)."""
-    from ..capture.checksums import checksum_problem  # torch-free
+    from ..checksums import checksum_problem  # torch-free
 
     if not capture.is_dir():
         return f"{capture} is missing (listed in {INDEX_FILE})"

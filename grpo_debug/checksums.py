@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..files import read_bounded, write_text_atomically
+from .files import read_bounded, write_text_atomically
 
 MANIFEST = "checksums.json"
 MAX_MANIFEST_BYTES = 16 * 2**20  # a manifest lists a capture's files: far below this
