@@ -587,7 +587,10 @@ def draw_config(rng: random.Random, task: TaskSpec, model: ModelSpec, weights) -
         per_device_train_batch_size=batch // accumulation,
         gradient_accumulation_steps=accumulation if accumulation > 1 else None,
         max_completion_length=rng.randint(shortest, 24),
-        learning_rate=float(f"{10 ** rng.uniform(-6, -4):.3g}"),
+        # LoRA trains at about ten times full fine-tuning's rate (PEFT's and TRL's LoRA examples: 1e-4 to 2e-4); at
+        # 1e-6 a tiny adapter's update left every log-prob unchanged in float32 (seed 646, tuning half, 2026-11-28):
+        # a run that cannot learn, which a clean run must not be
+        learning_rate=float(f"{10 ** (rng.uniform(-6, -4) + (1 if model.lora else 0)):.3g}"),
         max_steps=rng.randint(2, 4),
         beta=rng.choice([None, 0.04]),
         loss_type=rng.choice(CLEAN_LOSS_TYPES),

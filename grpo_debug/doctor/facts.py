@@ -134,8 +134,8 @@ def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
 def k3_per_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
     """KL(pi_start || pi_now) per masked token from (N, C) log(pi_now / pi_start) on tokens sampled from pi_start:
     k3, E[rho - 1 - log rho] (the log-ratio clamped to +-20 so that a broken model gives a number, not inf)."""
-    log_ratio = log_ratio.clamp(-20, 20)
-    return ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum().item() / max(mask.sum().item(), 1.0)
+    log_ratio = log_ratio.double().clamp(-20, 20)  # float64: float32's exp(x) - 1 - x is 0 for |x| below ~1e-4
+    return ((torch.expm1(log_ratio) - log_ratio) * mask.double()).sum().item() / max(mask.sum().item(), 1.0)
 
 
 def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
