@@ -37,10 +37,6 @@ KL_SWAMPS = 1.0  # the KL term's gradient larger than the policy term's: the ste
 # 3.3e-6, 1e-8 8.3e-10, 1e-10 5.2e-11, where float32 rounds most of the update away; a LoRA run at TRL's default
 # rate moves 7.5e-9 on its first steps (its B starts at 0): slow, not lost
 MOVED_NOTHING = 1e-10
-# an adapter's update, against the adapter's own norm: LoRA's B starts at 0, so a healthy adapter's first steps move
-# the policy by a KL of 1e-12 (a 4-step r=4 run at 4.7e-5, the stranger corpus's seed 646) while its weights move by
-# 1.5e-4 of their norm; a full model at learning_rate 1e-9 moves 1.6e-8 of its norm, at 1e-10 3.2e-10
-ADAPTER_MOVED_NOTHING = 1e-8
 ZERO = 1e-12  # an advantage or a gradient below this is float rounding, not signal
 FROZEN = 0.01  # a full model training under 1% of its weights: frozen, where no adapter is what trains
 
@@ -218,8 +214,6 @@ def update(f: StepFacts) -> Stage:
     if upd.grad_norm <= ZERO:
         return Stage("update", None, said + ": no gradient to step with", measured=measured)
     nothing = f.step_kl < MOVED_NOTHING
-    if f.parameters and f.parameters.get("adapter"):  # a LoRA B starts at 0: its first steps' KL grows as |B|^2, by
-        nothing = relative < ADAPTER_MOVED_NOTHING  # design; what is lost is a step that does not move the adapter
     scheduled = f" as scheduled from learning_rate {cfg.learning_rate:g}" if rate != cfg.learning_rate else ""
     lost_to = f"learning_rate {rate:g}{scheduled}" if nothing else ""
     return Stage("update", 0.0 if nothing else 1.0, said, lost_to, "raise learning_rate", measured)
