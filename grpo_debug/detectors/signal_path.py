@@ -91,10 +91,15 @@ def samples(f: StepFacts) -> Stage:
                  dict(groups=B, identical_groups=len(r.identical_groups), kept_mass=mass))  # fmt: skip
 
 
+def _flat_groups(adv) -> set[int]:
+    """The groups whose weighted rewards do not vary: TRL's zero-std groups and those whose std is float rounding."""
+    return set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+
+
 def rewards(f: StepFacts) -> Stage:
     per, adv = f.run.rewards.per_function, f.run.advantages
     B = len(adv.group_mean)
-    flat = set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+    flat = _flat_groups(adv)
     varied = 1 - len(flat) / B
     weights = dict(zip(per, f.reward_weights))
     silenced = [n for n, w in weights.items() if w == 0]
@@ -111,7 +116,7 @@ def rewards(f: StepFacts) -> Stage:
 
 def advantages(f: StepFacts) -> Stage:
     adv, G = f.run.advantages, f.run.config.num_generations
-    flat = set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+    flat = _flat_groups(adv)
     rows = torch.tensor([i // G not in flat for i in range(len(adv.values))])
     A = adv.values.detach().float().cpu()
     if not bool(rows.any()):

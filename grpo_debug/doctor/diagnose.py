@@ -26,7 +26,7 @@ from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .narrowed import a_cause_of_its_own, narrowing_tested
 from .onsets import after_onsets, onsets_of
-from .report import Report, rank
+from .report import Report, flip_measurable, rank
 from .resampled import signal_tested
 
 
@@ -242,14 +242,9 @@ def _fix_changes(step: GRPOStep, f: Finding, config, vllm: bool) -> dict | None:
     if p.toggle is None:
         return _kept(dict(p.fix_also), step, config) or None
     e = f.effect
-    if not _flippable(f, config, vllm) or e is None or "error" in e or e["removes_gradient"] or not _measurable(e):
+    if not _flippable(f, config, vllm) or e is None or "error" in e or e["removes_gradient"] or not flip_measurable(e):
         return None
     return {p.toggle[0]: p.toggle[1], **_kept(dict(p.fix_also), step, config)}
-
-
-def _measurable(effect: dict) -> bool:
-    """A flip with a gradient on one side at least (an effect written before this was recorded: measurable)."""
-    return effect.get("measurable", True)
 
 
 def _revealed(fixed: Finding, as_found: Finding) -> Finding:

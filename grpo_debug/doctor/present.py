@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..detectors.findings import LOUD, Finding
 from ..pitfalls import PITFALLS
-from .report import Report, fix_of
+from .report import Report, fix_of, flip_measurable
 
 
 def norms(effect: dict) -> str:
@@ -20,7 +20,7 @@ def norms(effect: dict) -> str:
 def flip_verdict(e: dict) -> str:
     """What a flip did to the update, in words: moves it, cosmetic, shrinks the gradient, removes the update, or
     cannot show on this step (no gradient either way)."""
-    if e.get("measurable") is False:
+    if not flip_measurable(e):
         return "not measurable on this step: no gradient with the flip or without it"
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
     g0, g1 = e["grad_norm"]

@@ -53,6 +53,12 @@ def fix_of(f: Finding, uses_vllm: bool) -> str:
     return f.evidence.get("fix") or PITFALLS[f.id].fix_for(uses_vllm)
 
 
+def flip_measurable(effect: dict) -> bool:
+    """Whether a flip could show on its step: a gradient with it or without it (`flips.counterfactual`'s
+    `measurable`; an effect written before that was recorded counts as measurable)."""
+    return effect.get("measurable", True)
+
+
 def applied_fix(f: Finding) -> tuple[tuple[str, object], ...]:
     """The config changes the doctor fixed a finding with, as StepConfig fields: those its horizon followed, else
     those the differential fixed it with, else its flip's switch (not one refused, nor one that takes the gradient
@@ -62,7 +68,7 @@ def applied_fix(f: Finding) -> tuple[tuple[str, object], ...]:
     if f.fixed_with:
         return f.fixed_with
     e = f.effect
-    if e and "error" not in e and not e.get("removes_gradient") and e.get("measurable", True):
+    if e and "error" not in e and not e.get("removes_gradient") and flip_measurable(e):
         return tuple(e["toggle"].items())
     return ()
 
@@ -101,7 +107,7 @@ def _moves(f: Finding) -> float:
     takes the gradient away (it deletes the update rather than correcting it), or where it is not measurable."""
     if not f.effect or "update_cosine" not in f.effect or f.effect.get("removes_gradient"):
         return -1.0
-    if not f.effect.get("measurable", True):  # no gradient on either side: the cosine of two momenta says nothing
+    if not flip_measurable(f.effect):  # no gradient on either side: the cosine of two momenta says nothing
         return -1.0
     return 1 - f.effect["update_cosine"]
 
