@@ -450,9 +450,10 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         if gone:
             not_present[run.name] = gone
             continue
-        findings = json.loads((folder / sub / "doctor.json").read_text())["findings"]
+        doctor = json.loads((folder / sub / "doctor.json").read_text())
+        findings = doctor["findings"]
         reported |= {f["id"] for f in findings}
-        rows.append(score_run(spec, findings))
+        rows.append({**score_run(spec, findings), **probe_row(spec, doctor.get("probe"))})
     low, high = BASE_ACCURACY_BAND
     known = {k: v for k, v in accuracies.items() if v is not None}
     return {
@@ -466,6 +467,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         },
         "top1_rate_single": rate(rows, "top1"),
         "outside": outside_scores(rows),
+        "probe": probe_scores(rows),
         "both_in_top2_rate_double": rate(rows, "both_top2"),
         "quiet_rate_clean": rate(rows, "quiet"),
         "by_defect": by_defect(rows),
@@ -484,6 +486,38 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         "expected_ids_the_doctor_lacks": sorted({i for d in CATALOGUE.values() for i in d.expects} - reported),
         "per_run": rows,
     }
+
+
+PIPELINE_STAGES = ("tokens", "loss", "parameters", "update")  # the optimizer's side of the signal's path
+
+
+def probe_row(spec: dict, probe: dict | None) -> dict:
+    """What the doctor's probe said on a run whose side is known: an outside kind's (the pipeline where its stage is
+    one of PIPELINE_STAGES, else the reward) or a clean run's (the pipeline carries the probe); right where the probe
+    says the kind's side. Nothing for a catalogue defect (its side is not one) or a doctor that ran no probe."""
+    if probe is None or (spec["defects"] and spec["defects"][0] not in OUTSIDE):
+        return {}
+    side = "pipeline" if spec["defects"] and OUTSIDE[spec["defects"][0]].stage in PIPELINE_STAGES else "reward"
+    said = {True: "reward", False: "pipeline", None: None}[probe["carries"]]
+    return {"probe": {"side": side, "said": said, "right": said == side, "rise": (probe.get("rise") or {}).get("mean"),
+                      "seconds": probe.get("seconds")}}  # fmt: skip
+
+
+def probe_scores(rows: list[dict]) -> dict:
+    """The probe's word against each run's side: per side, the runs, how many it put on their side, how many it
+    could not probe; the held-out kinds apart."""
+
+    def scores(kept: list[dict]) -> dict:
+        out = {}
+        for side in ("pipeline", "reward"):
+            on = [r["probe"] for r in kept if r["probe"]["side"] == side]
+            out[side] = {"runs": len(on), "right": sum(p["right"] for p in on), "no_probe": sum(p["said"] is None for p in on)}
+        return out
+
+    probed = [r for r in rows if "probe" in r]
+    seconds = [r["probe"]["seconds"] for r in probed if r["probe"]["seconds"] is not None]
+    return {**scores(probed), "held_out_kinds": scores([r for r in probed if r.get("kind_held_out")]),
+            "seconds": spread(seconds) if seconds else None}  # fmt: skip
 
 
 def outside_scores(rows: list[dict]) -> dict:
@@ -555,6 +589,14 @@ def markdown(scores: dict) -> str:
         for kind, k in sorted(o["by_kind"].items()):
             firsts = ", ".join(f"{f} {n}" for f, n in k["first"].items())
             lines.append(f"| {kind} | {OUTSIDE[kind].stage} | {k['runs']} | {k['right']} | {k['silent']} | {firsts} |")
+    pr = scores.get("probe") or {}
+    if pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs"):
+        lines += ["", "| the probe on runs whose side is known | runs | probe said their side | no probe | held-out kinds: said / runs |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for side, what in (("pipeline", "the pipeline loses the signal (outside kinds of the optimizer's side)"),
+                           ("reward", "the reward (outside kinds of the reward's side, clean runs)")):  # fmt: skip
+            p, h = pr[side], pr["held_out_kinds"][side]
+            lines.append(f"| {what} | {p['runs']} | {p['right']} | {p['no_probe']} | {h['right']} / {h['runs']} |")
     lines += ["", "| planted \\ first cause | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for planted, row in sorted(scores["confusion"].items()):
         lines.append(f"| {planted} | " + " | ".join(str(row.get(c, "")) for c in columns) + " |")

@@ -15,6 +15,7 @@ its name; a component name two functions report is prefixed with the function's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import numbers
 import time
@@ -106,10 +107,15 @@ def _fails(func, name: str, prompts: list, completions: list, i: int, error: Bas
     return False
 
 
-def call_reward(func, name: str, prompts: list[str], completions: list[str]):
+def call_reward(func, name: str, prompts: list[str], completions: list[str], completion_ids=None):
     """(rewards (N,), components {name: (N,)}, errors [N]) of one reward function: its `details` when it has
-    one, else the function itself (its reward is then its one component)."""
+    one, else the function itself (its reward is then its one component). A function with `takes_completion_ids`
+    (the doctor's probe) also gets `completion_ids`, each completion's token ids as TRL passes them."""
     n = len(completions)
+    if getattr(func, "takes_completion_ids", False):
+        if completion_ids is None:
+            raise ValueError(f"reward function {name!r} reads completion_ids, which this scoring does not have")
+        func = functools.partial(func, completion_ids=completion_ids)
     details = getattr(func, "details", None)
     if callable(details):
         where = f"{batch_of(n)} (its details method)"
@@ -156,8 +162,11 @@ def _refuse_infinite(values: torch.Tensor, names: tuple[str, ...], prompts: list
         )
 
 
-def compute_rewards(prompts: list[str], completions: list[str], num_generations: int, task: Task | str) -> Rewards:
-    """Score sample i against prompt i // num_generations with every reward function of `task`."""
+def compute_rewards(
+    prompts: list[str], completions: list[str], num_generations: int, task: Task | str, completion_ids=None
+) -> Rewards:
+    """Score sample i against prompt i // num_generations with every reward function of `task`; `completion_ids`
+    (each completion's token ids, up to its EOS) for a function that reads them (`call_reward`)."""
     start = time.perf_counter()
     task, G = as_task(task), num_generations
     if len(completions) != len(prompts) * G:
@@ -165,7 +174,7 @@ def compute_rewards(prompts: list[str], completions: list[str], num_generations:
     repeated = [prompts[i // G] for i in range(len(completions))]
     per_function, reported, errors = {}, {}, {}
     for name, func in zip(task.reward_names, task.reward_funcs):
-        per_function[name], reported[name], errors[name] = call_reward(func, name, repeated, completions)
+        per_function[name], reported[name], errors[name] = call_reward(func, name, repeated, completions, completion_ids)
     values = torch.stack(list(per_function.values()), dim=1)  # (N, F)
     infinite = {
         name: torch.isinf(values[:, k]).nonzero().flatten().tolist() for k, name in enumerate(task.reward_names)

@@ -300,7 +300,8 @@ class GRPOStep:
 
     def _rewards(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Rewards:
         r = done["rollout"]
-        rewards = compute_rewards(r.prompts, r.completions, r.num_generations, self.task)
+        ids = [row[:n].tolist() for row, n in zip(r.completion_ids, r.completion_lengths.tolist())]
+        rewards = compute_rewards(r.prompts, r.completions, r.num_generations, self.task, ids)
         return rewards.to(r.completion_ids.device)  # scored from text; the step's tensors live with the policy
 
     def _advantages(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:

@@ -286,8 +286,10 @@ def doctor_command(parser, args) -> int:
         parser.error(str(e))
     if args.no_model and not args.path:
         parser.error("--no-model reads a capture's own tensors: give the capture's folder")
-    if args.no_model and (args.horizon or args.set or args.held_out or args.device or args.dtype):
-        parser.error("--no-model runs no step: --horizon, --held-out, --set, --device and --dtype need the model")
+    if args.no_model and (args.horizon or args.probe or args.set or args.held_out or args.device or args.dtype):
+        parser.error(
+            "--no-model runs no step: --horizon, --probe, --held-out, --set, --device and --dtype need the model"
+        )
     check_task(parser, args.task, args.path)
     if args.path:
         check_capture_folder(parser, args.path)
@@ -300,6 +302,7 @@ def doctor_command(parser, args) -> int:
     from ..doctor import diagnose, diagnose_without_model
     from ..doctor.horizon import HORIZON
     from ..doctor.present import text
+    from ..doctor.probe import PROBE_STEPS
     from ..files import write_text_atomically
     from ..model import ModelUnavailable
     from ..step import GRPOStep
@@ -317,8 +320,9 @@ def doctor_command(parser, args) -> int:
             step = open_capture(args.path, args.task, **where, **overrides) if args.path else GRPOStep(cfg, **where)
             horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
             budget = args.budget if args.budget is not None else BUDGET["cpu" if where["device"] == "cpu" else "cuda"]
+            probe = args.probe if args.probe is not None else (PROBE_STEPS if args.path else 0)
             report = diagnose(
-                step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget=budget, progress=True
+                step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget, True, probe
             )
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
@@ -551,6 +555,14 @@ def add_doctor_parser(sub) -> None:
         "--task, whose reward functions score the new completions; 0: the one-step effect only; at most what "
         f"--budget holds at the fastest a step could be: {most(BUDGET['cpu'])} at {BUDGET['cpu']:g} s, "
         "grpo_debug/horizon_bounds.py)",
+    )
+    dr.add_argument(
+        "--probe",
+        type=ascii_int,
+        metavar="K",
+        help="is it the reward or the pipeline: a probe reward the model can learn (a token it samples 20-80%% of "
+        "the time) trained K steps on the run's own config and optimizer, 3 seeds, within --budget (default: 4 on a "
+        "capture, 0 on the bundled step; 0: off)",
     )
     dr.add_argument(
         "--horizon-seeds",

@@ -26,6 +26,7 @@ from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .narrowed import a_cause_of_its_own, narrowing_tested
 from .onsets import after_onsets, onsets_of
+from .probe import PROBE_SEEDS, run_probe
 from .report import Report, flip_measurable, rank
 from .resampled import signal_tested
 
@@ -38,6 +39,7 @@ def diagnose(
     horizon_seeds: int = SEEDS,
     budget: float | None = None,
     progress: bool = False,
+    probe: int = 0,
 ) -> Report:
     """Every detector on the step, each present finding with a toggle flipped on it (`flip`), the differential,
     ranked. Where the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of
@@ -45,18 +47,19 @@ def diagnose(
     followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
     reward functions can score new completions, fitted to `budget` seconds (None: no bound; `fit` says what is cut
     first; a horizon past what the budget holds is refused, `horizon_bounds`); `progress`: the horizon's plan and
-    a progress bar on stderr."""
+    a progress bar on stderr. `probe` K > 0: a probe reward the model can learn trained K steps on the run's
+    pipeline (`probe`), within the budget before the horizon takes the rest."""
     problem = horizon_problem(horizon, horizon_seeds, budget) if horizon > 0 else None
     if problem:
         raise ValueError(problem)
     task = step.task
     try:
-        return _diagnose(step, flip, held_out, horizon, horizon_seeds, budget, progress)
+        return _diagnose(step, flip, held_out, horizon, horizon_seeds, budget, progress, probe)
     finally:
         step.task = task  # `examine` reads an infinite reward as None for the diagnosis alone
 
 
-def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, budget, progress) -> Report:
+def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, budget, progress, probe) -> Report:
     start = time.perf_counter()
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
@@ -86,6 +89,12 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     )
     findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
+    probed = None
+    if probe > 0:
+        if progress:
+            print(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds", file=sys.stderr)
+        probed = run_probe(step, base, probe, PROBE_SEEDS, budget)
+        budget = None if budget is None else max(budget - probed.get("seconds", 0.0), 0.0)
     followed = None
     if horizon > 0:
         findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, budget, chained, progress)
@@ -96,6 +105,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         facts.uses_vllm,
         followed,
         exhibits=exhibits_of(facts),
+        probe=probed,
     )
 
 

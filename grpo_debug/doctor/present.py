@@ -99,6 +99,17 @@ def signal_path_of(report: Report) -> list[dict]:
     return list(found.evidence.get("path", ())) if found else []
 
 
+def probe_line(report: Report) -> str:
+    """Whether the pipeline carries a reward the model can learn (`probe`), with the probe's curve."""
+    p = report.probe
+    if p is None:
+        return "probe: not run (--probe K trains a probe reward K steps on the run's pipeline)"
+    if p["carries"] is None:
+        return f"probe: {p['why']}"
+    curve = " -> ".join(f"{m:.2f}" for m in p["mass_by_step"])
+    return f"probe: {p['said']} (mass by step, mean of {len(p['seeds'])} seeds: {curve})"
+
+
 def signal_lines(report: Report) -> list[str]:
     """The signal's path, stage by stage: the share each lets through and what it measured."""
     path = signal_path_of(report)
@@ -134,6 +145,7 @@ def text(report: Report, at_least: str = "info") -> str:
     if report.not_run:
         lines.append(f"not run without the model ({len(report.not_run)}): {', '.join(report.not_run)}")
     lines.append(horizon_line(report))
+    lines.append(probe_line(report))
     lines.append(f"({report.seconds:.1f} s)")
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ class Report:
     horizon: dict | None = None  # how the fixes were followed over steps (`horizon`), or why they were not
     not_run: tuple[str, ...] = ()  # detectors not run: they need the model (`doctor --no-model`)
     exhibits: dict | None = None  # the step's numbers the report's figures draw (`exhibits`); None: not measured
+    probe: dict | None = None  # the probe reward trained on the run's pipeline (`probe.run_probe`); None: not run
 
     def causes(self, at_least: str = "warning") -> list[Finding]:
         """The findings at `at_least` or more severe that are no symptom of another."""
@@ -42,6 +43,7 @@ class Report:
             "horizon": self.horizon,
             "not_run": list(self.not_run),
             "exhibits": self.exhibits,
+            "probe": self.probe,
         }
 
 
