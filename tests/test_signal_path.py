@@ -70,6 +70,9 @@ def test_a_learning_rate_far_too_small_is_lost_at_the_update(user):
     path = [line.split()[0] for line in report["text"].splitlines() if line.startswith("  ") and "%" in line[:20]]
     assert path[:7] == STAGES, f"the text report does not open with the signal's path: {report['text'][:1500]}"
     assert "<- lost here" in report["text"].split("the doctor:")[0], report["text"][:1500]
+    probe = report["probe"]  # on by default on a capture: the pipeline moves nothing, whatever the reward
+    assert probe["carries"] is False and probe["kl_moved"] < 1e-10, probe
+    assert "does not carry" in probe["said"] and "probe:" in report["text"], probe["said"]
 
 
 def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
@@ -82,22 +85,26 @@ def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
 
 
 def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completions_own(user):
-    report = doctor(user_train_run(user, "judged", {"judged": True}), user, "user_train.py:JUDGED_REWARD_FUNCS")
+    report = doctor(user_train_run(user, "judged", {"judged": True, "learning_rate": 3e-4}), user, "user_train.py:JUDGED_REWARD_FUNCS")
     found = next(f for f in report["findings"] if f["id"] == "rewards_not_own")
     assert found["severity"] in ("problem", "warning"), found
     e = found["evidence"]
     assert set(e["rescored_moved"]) == {"judged"} and set(e["reordered_moved"]) == {"judged"}, e
     assert set(e["rows_differing"]) == {"judged"}, f"only judged should differ from the logged rewards: {e}"
     assert first_loud(report)["id"] in ("rewards_not_own", "signal_lost"), first_loud(report)
+    probe = report["probe"]  # the pipeline learns a reward the model can learn: the judge is where it is lost
+    assert probe["carries"] is True and probe["rise"]["ci_low"] > 0, probe
+    assert "lost at the reward" in probe["said"], probe["said"]
 
 
 def test_a_clean_run_loses_no_stage_and_its_rewards_are_its_own(user):
-    report = doctor(user_train_run(user, "plain", {}), user)
+    report = doctor(user_train_run(user, "plain", {"learning_rate": 3e-4}), user)  # a rate this tiny model learns at
     by_id = {f["id"]: f for f in report["findings"]}
     assert by_id["signal_lost"]["severity"] == "absent", by_id["signal_lost"]["summary"]
     assert by_id["rewards_not_own"]["severity"] == "absent", by_id["rewards_not_own"]
     assert "equal the trainer's logged ones" in by_id["rewards_not_own"]["summary"], by_id["rewards_not_own"]
     assert [s["stage"] for s in by_id["signal_lost"]["evidence"]["path"]] == STAGES
+    assert report["probe"]["carries"] is True, report["probe"]
 
 
 @pytest.mark.slow
