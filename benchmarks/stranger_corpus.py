@@ -493,25 +493,32 @@ PIPELINE_STAGES = ("tokens", "loss", "parameters", "update")  # the optimizer's 
 
 def probe_row(spec: dict, probe: dict | None) -> dict:
     """What the doctor's probe said on a run whose side is known: an outside kind's (the pipeline where its stage is
-    one of PIPELINE_STAGES, else the reward) or a clean run's (the pipeline carries the probe); right where the probe
-    says the kind's side. Nothing for a catalogue defect (its side is not one) or a doctor that ran no probe."""
+    one of PIPELINE_STAGES, else the reward) or a clean run's (the reward: nothing planted in the pipeline). Its
+    verdict: carries (the reward's side), slow or turned away (the pipeline's), None (no probe). Nothing for a
+    catalogue defect (its side is not one) or a doctor that ran no probe."""
     if probe is None or (spec["defects"] and spec["defects"][0] not in OUTSIDE):
         return {}
     side = "pipeline" if spec["defects"] and OUTSIDE[spec["defects"][0]].stage in PIPELINE_STAGES else "reward"
-    said = {True: "reward", False: "pipeline", None: None}[probe["carries"]]
-    return {"probe": {"side": side, "said": said, "right": said == side, "rise": (probe.get("rise") or {}).get("mean"),
-                      "seconds": probe.get("seconds")}}  # fmt: skip
+    verdict = probe.get("verdict")
+    said = None if verdict is None else ("reward" if verdict == "carries" else "pipeline")
+    return {"probe": {"side": side, "verdict": verdict, "said": said, "right": said == side,
+                      "rise": (probe.get("rise") or {}).get("mean"), "kl_moved": probe.get("kl_moved"),
+                      "learning_rate": spec.get("config", {}).get("learning_rate"), "seconds": probe.get("seconds")}}  # fmt: skip
+
+
+VERDICTS = ("carries", "slow", "turned away", None)
 
 
 def probe_scores(rows: list[dict]) -> dict:
-    """The probe's word against each run's side: per side, the runs, how many it put on their side, how many it
-    could not probe; the held-out kinds apart."""
+    """The probe's verdicts against each run's side: per side, the runs, each verdict's count and how many it put
+    on their side; the held-out kinds apart."""
 
     def scores(kept: list[dict]) -> dict:
         out = {}
         for side in ("pipeline", "reward"):
             on = [r["probe"] for r in kept if r["probe"]["side"] == side]
-            out[side] = {"runs": len(on), "right": sum(p["right"] for p in on), "no_probe": sum(p["said"] is None for p in on)}
+            out[side] = {"runs": len(on), "right": sum(p["right"] for p in on),
+                         **{str(v): sum(p["verdict"] == v for p in on) for v in VERDICTS}}  # fmt: skip
         return out
 
     probed = [r for r in rows if "probe" in r]
@@ -591,12 +598,13 @@ def markdown(scores: dict) -> str:
             lines.append(f"| {kind} | {OUTSIDE[kind].stage} | {k['runs']} | {k['right']} | {k['silent']} | {firsts} |")
     pr = scores.get("probe") or {}
     if pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs"):
-        lines += ["", "| the probe on runs whose side is known | runs | probe said their side | no probe | held-out kinds: said / runs |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for side, what in (("pipeline", "the pipeline loses the signal (outside kinds of the optimizer's side)"),
-                           ("reward", "the reward (outside kinds of the reward's side, clean runs)")):  # fmt: skip
+        lines += ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | no probe | on their side "
+                  "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for side, what in (("pipeline", "outside kinds of the pipeline's stages"),
+                           ("reward", "outside kinds of the reward's stages, and clean runs")):  # fmt: skip
             p, h = pr[side], pr["held_out_kinds"][side]
-            lines.append(f"| {what} | {p['runs']} | {p['right']} | {p['no_probe']} | {h['right']} / {h['runs']} |")
+            lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | {p['None']} | "
+                         f"{p['right']} | {h['right']} / {h['runs']} |")  # fmt: skip
     lines += ["", "| planted \\ first cause | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for planted, row in sorted(scores["confusion"].items()):
         lines.append(f"| {planted} | " + " | ".join(str(row.get(c, "")) for c in columns) + " |")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -145,3 +146,41 @@ def test_a_flip_on_a_step_with_no_gradient_either_way_is_not_measurable_never_co
     kept = severity_from_flip(found)
     assert kept.severity == "warning", f"a flip that cannot show was read as no effect: {kept.summary}"
     assert flip_verdict(effect).startswith("not measurable on this step"), flip_verdict(effect)
+
+
+def test_a_flip_with_no_gradient_on_its_step_is_measured_on_its_prompts_sampled_anew(user, monkeypatch):
+    """resampled_effect on a real capture (the user's rewards): fresh draws of the step's prompts from its start
+    weights with the trainer's optimizer; a flip that changes nothing reads cosmetic (both arms on the same
+    completions: cosine 1), one that rescales each group's advantages moves the update; the step is left as it was."""
+    from grpo_debug.capture.opening import open_capture
+    from grpo_debug.doctor.flips import NO_GRADIENT, resampled_effect
+    from grpo_debug.step import trained_state
+
+    captures = user_train_run(user, "resample", {"learning_rate": 3e-4})
+    monkeypatch.chdir(user)
+    step = open_capture(str(sorted(captures.glob("step-*"))[-1]), "user_train.py:REWARD_FUNCS")
+    base = step.run(step.cfg, until="update")
+    step.restore_policy()
+    start = {k: v.clone() for k, v in trained_state(step.policy).items()}
+    same = resampled_effect(step, base.config, "scale_rewards", base.config.scale_rewards)
+    assert same is not None and same["grad_norm"][0] > NO_GRADIENT, f"no draw with a gradient: {same}"
+    assert same["update_cosine"] > 1 - 1e-6 and same["cosmetic"], f"a flip that changes nothing moved: {same}"
+    other = "none" if base.config.scale_rewards != "none" else "group"
+    moved = resampled_effect(step, base.config, "scale_rewards", other)
+    assert moved is not None and not moved["cosmetic"], f"rescaling each group's advantages read as cosmetic: {moved}"
+    now = trained_state(step.policy)
+    assert all(torch.equal(start[k], now[k]) for k in start), "resampling left the step's weights changed"
+
+
+def test_a_not_measurable_flip_takes_its_severity_from_the_resampled_step():
+    resampled = {"seed": 7, "grad_norm": [0.5, 0.5], "update_cosine": 1.0, "update_norm": [0.3, 0.3], "cosmetic": True}
+    effect = {"toggle": {"dropout": False}, "grad_norm": [0.0, 0.0], "update_cosine": 1.0, "update_norm": [0.3, 0.3],
+              "dlogp_moved": 0.0, "cosmetic": False, "measurable": False, "removes_gradient": False,
+              "resampled": resampled}  # fmt: skip
+    found = Finding("dropout", "warning", "dropout is on in the trainer's forwards", {}, effect)
+    assert severity_from_flip(found).severity == "info", "a resampled step where the flip is cosmetic was not read"
+    assert "sampled anew" in severity_from_flip(found).summary, severity_from_flip(found).summary
+    moving = {**effect, "resampled": {**resampled, "update_cosine": 0.5, "cosmetic": False}}
+    kept = severity_from_flip(Finding("dropout", "warning", "dropout is on", {}, moving))
+    assert kept.severity == "warning", f"a flip that moves a resampled step's update was demoted: {kept.summary}"
+    assert "the update moves (cosine +0.500)" in flip_verdict(moving), flip_verdict(moving)

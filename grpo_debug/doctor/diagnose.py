@@ -120,9 +120,16 @@ def severity_from_flip(f: Finding, uses_vllm: bool = False) -> Finding:
     """A loud finding of SEVERITY_FROM_FLIP whose flip leaves the update as it is (`flips.COSMETIC`: the update's
     cosine and grad_norm within 1%) is info: under the trainer's optimizer it changes nothing this step learns."""
     e, ids = f.effect, SEVERITY_FROM_FLIP + (() if uses_vllm else SEVERITY_FROM_FLIP_WITHOUT_VLLM)
-    if f.id not in ids or f.severity not in LOUD or not e or "error" in e or not e["cosmetic"]:
+    if f.id not in ids or f.severity not in LOUD or not e or "error" in e:
         return f
-    said = (f"{f.summary}; flipped on this step it leaves the update as it is (cosine {e['update_cosine']:+.3f}, "
+    where = "on this step"
+    if not flip_measurable(e):  # no gradient either way: what a fresh draw of its prompts with one shows
+        e, where = e.get("resampled"), "on its prompts sampled anew"
+        if e is None:
+            return f
+    if not e["cosmetic"]:
+        return f
+    said = (f"{f.summary}; flipped {where} it leaves the update as it is (cosine {e['update_cosine']:+.3f}, "
             f"norm {e['update_norm'][0]:.3g} -> {e['update_norm'][1]:.3g})")  # fmt: skip
     return dataclasses.replace(f, severity="info", summary=said)
 

@@ -5,6 +5,7 @@ held-out prompts, the held-out reward after one step, paired with the update as 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +82,10 @@ def counterfactual(
             and moved.norm().item() <= REMOVES_GRADIENT * base_update.norm().item()
         )
     )
+    resampled = None if measurable or step.stored_rewards else resampled_effect(step, base.config, field, value)
     return {
         "toggle": {field: value},
+        "resampled": resampled,
         "loss": [base.update.loss, flipped.update.loss],
         "grad_norm": [base.update.grad_norm, flipped.update.grad_norm],
         "update_cosine": cosine,
@@ -94,6 +97,43 @@ def counterfactual(
         "removes_gradient": removes,
         "held_out_reward": reward,
     }
+
+
+RESAMPLE_SEEDS = 3  # fresh draws tried for a step with a gradient, where the step's own has none either way
+
+
+def resampled_effect(step: GRPOStep, config, field: str, value, seeds: int = RESAMPLE_SEEDS) -> dict | None:
+    """A flip with no gradient on its step either way measured where it can show: the step's prompts sampled anew
+    from its start weights (a capture's: the trainer's optimizer as captured, `horizon.take_trainers_optimizer`),
+    at the first of `seeds` fresh seeds whose update has a gradient with the flip or without it, both arms on the
+    same completions where the flip does not change how the step samples. {"seed", "grad_norm", "update_cosine",
+    "update_norm", "cosmetic"}; None where no draw had a gradient (the policy's groups all agree: nothing to flip)."""
+    from .horizon import _seed, take_trainers_optimizer
+
+    def update_of(cfg, base: StepRun):
+        with step.trial():
+            if step.capture is not None:
+                take_trainers_optimizer(step, cfg)
+            torch.manual_seed(cfg.seed)
+            run = step.run(cfg, until="update", base=base, remember=False)
+            return run, update_vector(step)
+
+    for s in range(seeds):
+        at = config.replace(seed=_seed(10_000 + s, 0))  # seeds no continuation of the horizon draws
+        try:
+            as_run, before = update_of(at, StepRun(at))
+            kept = dataclasses.replace(as_run, update=None, evaluation=None)  # its completions; the update taken anew
+            flipped, after = update_of(at.replace(**{field: value}), kept)
+        except ValueError:  # the step cannot sample anew with this config
+            return None
+        norms = [as_run.update.grad_norm, flipped.update.grad_norm]
+        if max(norms) > NO_GRADIENT:
+            cosine = torch.nn.functional.cosine_similarity(after, before, dim=0).item()
+            change = abs(norms[1] - norms[0]) / max(norms[0], 1e-30)
+            return {"seed": at.seed, "grad_norm": norms, "update_cosine": cosine,
+                    "update_norm": [before.norm().item(), after.norm().item()],
+                    "cosmetic": cosine >= 1 - COSMETIC and change <= COSMETIC}  # fmt: skip
+    return None
 
 
 def change_key(changes: dict) -> tuple:

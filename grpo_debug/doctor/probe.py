@@ -14,10 +14,10 @@ completions (every position, teacher-forced, dropout off), after each of K steps
 with the run's config and optimizer (a capture's: the trainer's AdamW at the captured step's rates, its moments
 cleared: the user's reward's momentum would carry the first steps where it pointed), each seed its own continuation.
 The rise is mass after K steps minus mass before, one value per seed, Student's t over seeds: a pipeline that carries
-the signal raises it (the interval above 0). One that does not (a rate too small for the weights, frozen weights, a
-schedule still warming up, masks that leave few tokens a gradient, a KL weight that pulls the policy back, a clip)
-leaves it where it was or moves the policy elsewhere (the KL it moved, k3 per token on the same completions, says
-which), whatever the user's reward does. Nothing of the step changes (`GRPOStep.trial`).
+the signal raises it (the interval above 0: "carries"). One that does not either moves the policy too little to learn
+anything in K steps ("slow": under SLOW of KL per token on the same completions, k3: a rate too small for the
+weights, frozen weights, a schedule still warming up) or moves it elsewhere ("turned away": masks that leave few
+tokens a gradient, a KL weight that pulls the policy back, a clip), whatever the user's reward does. Nothing of the step changes (`GRPOStep.trial`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .horizon import _seed, take_trainers_optimizer
 PROBE_STEPS = 4  # steps the probe is trained for (`doctor --probe K`)
 PROBE_SEEDS = 5  # continuations, the seed the unit
 MASS_BAND = (0.2, 0.8)  # the probe's tokens hold this share of the sampler's mass
+SLOW = 1e-4  # KL(start || after K steps) per token under which the pipeline moved the policy too little to learn
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,10 @@ def run_probe(
     rise = seed_interval(torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves]))
     moved = sum(c["kl"][-1] for c in curves) / len(curves)
     carries = bool(rise.ci_low is not None and rise.ci_low > 0)
+    verdict = "carries" if carries else ("slow" if moved < SLOW else "turned away")
     return {
         "carries": carries,
+        "verdict": verdict,
         "tokens": list(probe.tokens),
         "words": list(probe.words),
         "start_mass": probe.start_mass,
@@ -166,16 +169,19 @@ def run_probe(
         "kl_moved": moved,
         "seeds_asked": seeds,
         "seconds": time.perf_counter() - t0,
-        "said": said_of(carries, probe, rise, moved, steps),
+        "said": said_of(verdict, probe, rise, moved, steps),
     }
 
 
-def said_of(carries: bool, probe: TokenProbe, rise, moved: float, steps: int) -> str:
+def said_of(verdict: str, probe: TokenProbe, rise, moved: float, steps: int) -> str:
     words = ", ".join(repr(w) for w in probe.words)
     what = (f"a probe reward paying for the share of {words} tokens (the policy's mass {probe.start_mass:.2f}), "
             f"trained {steps} steps with the run's own config: its mass {rise.mean:+.4f} "
             f"[{rise.ci_low:+.4f}, {rise.ci_high:+.4f}], the policy moved by KL {moved:.2g} per token")  # fmt: skip
-    if carries:
+    if verdict == "carries":
         return f"{what}: the pipeline carries a reward the model can learn; a signal lost here is lost at the reward"
-    return (f"{what}: the pipeline does not carry even a reward the model can learn in {steps} steps (the optimizer's "
-            "side: the rate, frozen weights, masks, the KL weight, the clip), whatever the reward")
+    if verdict == "slow":
+        return (f"{what} (under {SLOW:g}): the pipeline moves the policy too little to learn even a reward the "
+                f"model can learn in {steps} steps (the rate, frozen weights, the schedule), whatever the reward")
+    return (f"{what}, but not toward the probe: the pipeline turns the signal away (masks, the KL weight, the clip), "
+            "whatever the reward")
