@@ -4,6 +4,7 @@ version or the whole new one. GRPO_DEBUG_MODEL overrides the default model (a fo
 import errno
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -17,7 +18,8 @@ MAX_READ_BYTES = 256 * 2**20  # a JSON file or log of this package's past this s
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> None:
-    """`write(f)` into a temporary file beside `path`, fsync it, then rename it over `path`. If anything
+    """`write(f)` into a new temporary file beside `path` (a hidden name of its own: no file of the user's is written
+    through or replaced but `path`), fsync it, then rename it over `path`. If anything
     fails (a full disk, a kill is another story: the rename never happened) the temporary file is removed,
     `path` keeps its old content, and OSError names `path` and the reason. A `path` that is a character device or
     a pipe (/dev/stdout, /dev/full) is written in place, flushed and closed (a rename would replace the device
@@ -25,9 +27,15 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binar
     path = Path(path)
     if path.exists() and not path.is_file() and not path.is_dir():
         return _write_in_place(path, write, binary)
-    tmp = path.with_name(path.name + ".tmp")
+    # a name of its own, made new (never a user's file of that name, never through a symlink), hidden beside `path`
     try:
-        with tmp.open("wb" if binary else "w") as f:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from None
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as a file made by open(): mkstemp's are 0600
+        with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -38,6 +46,17 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], None], binar
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every thread a moment)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _write_in_place(path: Path, write: Callable[[IO], None], binary: bool) -> None:

@@ -265,7 +265,7 @@ def test_bad_run_folders_are_refused_in_one_line(tmp_path, broken):
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     good = (flight / "health.jsonl").read_text().splitlines()
-    (corrupt / "health.jsonl").write_text(good[0] + "\n{not json\n" + good[1] + "\n")
+    (corrupt / "health.jsonl").write_text(good[0] + "\nnot json\n" + good[1] + "\n")  # no record begun: refused
     for folder, said in (
         (tmp_path / "nowhere", "no such folder"),
         (tmp_path, "holds no health.jsonl"),
@@ -287,6 +287,27 @@ def test_a_killed_run_is_drawn_without_its_cut_last_line(tmp_path, broken):
     (killed / "health.jsonl").write_text(text + text.splitlines()[0][:40])  # killed in the middle of a line
     run = read_run(killed)
     assert run.unfinished and [r["step"] for r in run.lines] == list(range(1, STEPS + 1))
+
+
+def test_a_line_torn_by_a_full_disk_is_left_out_and_the_rest_drawn(tmp_path, broken):
+    """A disk full while step 2's line was written left half of it; the writer of an older release appended step 3's
+    line onto the next line: the run is drawn from every whole line, the cut one said. Today's writer cuts a
+    failed write back (`append_line`), and starts a new line after a cut one."""
+    from grpo_debug.capture.writing import append_line
+    from grpo_debug.show.timeline import read_run
+
+    lines = (broken[0] / "health.jsonl").read_text().splitlines()
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "health.jsonl").write_text(lines[0] + "\n" + lines[1][:30] + "\n" + "\n".join(lines[2:]) + "\n")
+    run = read_run(torn)
+    assert run.unfinished and [r["step"] for r in run.lines] == [1, *range(3, STEPS + 1)], [r["step"] for r in run.lines]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "health.jsonl").write_text(lines[0] + "\n" + lines[1][:30])  # killed mid-line, then resumed
+    append_line(cut / "health.jsonl", json.loads(lines[2]))
+    assert (cut / "health.jsonl").read_text().splitlines()[2] == json.dumps(json.loads(lines[2])), "appended onto a cut line"
+    assert [r["step"] for r in read_run(cut).lines] == [1, 3]
 
 
 @pytest.mark.slow  # `make test-slow`: Chromium

@@ -52,7 +52,7 @@ from .crash import record_crash, without_frame
 from .lora import is_adapter_model, no_base_reason
 from .rows import micro_batch_rows, own_share, rows_in_generation_order, scored_in_generation_order, steps_fed
 from .trainer_state import TENSORS, find_trainer, gathered, gathered_batch_tensor, layout, policy_model
-from .writing import MAX_WEIGHT_BYTES, could_be_folder, kept_weights, write_capture
+from .writing import MAX_WEIGHT_BYTES, could_be_folder, kept_weights, remove_partials, write_capture
 
 WRAPPED = (  # the trainer's methods whose arguments and results a capture keeps
     "_generate_and_score_completions",
@@ -128,6 +128,8 @@ class CaptureCallback(TrainerCallback):
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
         self.crash: BaseException | None = None  # the user's error already recorded (each wrapper it passes sees it)
         self.lock = folder_lock.lock_for(self)  # one run per folder: FolderInUse where a live run holds it
+        if self.lock is not None:
+            remove_partials(self.out_dir)  # a killed run's half-written captures: nobody else writes here now
 
     def close(self) -> None:
         """Let go of out_dir (its lock, `folder_lock`): done at train end and after a crash; a train() after it

@@ -18,7 +18,9 @@ Where it is taken: in the main process only (RANK unset or 0); the other ranks o
 and share the folder with their rank 0. What it is not: a lock a program that ignores it respects (flock is
 advisory), and on a network file system it is as good as that system's locks (NFS: emulated with POSIX locks).
 A folder where the lock file cannot be made (read-only, no such disk) is not refused: the recorder runs unguarded,
-warned once, as its writes there would fail and be warned anyway (no failure of ours stops training).
+warned once, as its writes there would fail and be warned anyway (no failure of ours stops training). A lock path
+that is something else (a symlink, a directory, a file that cannot be opened) is refused in one line at the
+recorder's construction: it is never followed or written through, and two runs are never let in unguarded.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import gc
 import json
 import os
 import socket
+import stat
 import time
 import warnings
 import weakref
@@ -72,10 +75,18 @@ def take(folder: str | Path, who: str) -> FolderLock | None:
     folder = Path(folder)
     collected = False
     for _ in range(TRIES):
+        not_ours = _not_a_lock_file(folder / LOCK_FILE)
+        if not_ours:
+            raise FolderInUse(f"{folder / LOCK_FILE} is {not_ours}, not a lock file of grpo_debug's: remove it, or give "
+                              "this run its own out_dir")  # fmt: skip
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EPERM, errno.EACCES) and os.path.lexists(folder / LOCK_FILE):
+                # a link made meanwhile, an immutable file or another user's: a run there may not be guarded
+                raise FolderInUse(f"{folder / LOCK_FILE} cannot be opened ({e.strerror or e}): remove it, or give "
+                                  "this run its own out_dir") from None  # fmt: skip
             warnings.warn(f"{who}: no lock taken on {folder} ({e.strerror or e}): another run could write there too",
                           stacklevel=3)  # fmt: skip
             return None
@@ -105,6 +116,20 @@ def take(folder: str | Path, who: str) -> FolderLock | None:
         return FolderLock(folder, fd)
     warnings.warn(f"{who}: no lock taken on {folder}: its lock file kept changing", stacklevel=3)
     return None
+
+
+def _not_a_lock_file(path: Path) -> str | None:
+    """What `path` is where it is there and no regular file ('a symlink', 'a directory', ...): never followed nor
+    written through (a link to a user's file would have it truncated); None where it is absent or a file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    return "a symlink" if stat.S_ISLNK(mode) else ("a directory" if stat.S_ISDIR(mode) else "not a regular file")
 
 
 def _release(fd: int, path: Path, pid: int) -> None:

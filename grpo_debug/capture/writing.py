@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -51,6 +52,22 @@ def write_capture(
         shutil.rmtree(path, ignore_errors=True)
         raise
     return final
+
+
+def remove_partials(out_dir: Path) -> list[str]:
+    """The hidden `.step-<k>.partial` and `.crash-step-<k>.partial` folders a run killed mid-capture left in
+    `out_dir`, removed (called with the folder's lock held: no live run is writing them); their names. Only our
+    own names, only folders, never followed through a symlink; a failure leaves them (never raises)."""
+    removed = []
+    try:
+        found = [p for p in out_dir.iterdir() if re.fullmatch(r"\.(crash-)?step-\d+\.partial", p.name)]
+    except OSError:
+        return removed
+    for p in found:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+    return removed
 
 
 def check_room(out_dir: Path, capture: dict, generation: dict) -> None:
@@ -257,9 +274,27 @@ def replace_folder(new: Path, final: Path) -> None:
 
 
 def append_line(path: Path, record: dict) -> None:
-    """One JSON line appended and on disk before this returns: a run killed after it keeps the line."""
+    """One JSON line appended and on disk before this returns: a run killed after it keeps the line. A write that
+    fails part-way (a full disk) is cut back to where the file ended, so that no torn line stays for the next one to
+    be appended onto (OSError, as the write's); a file that ended without its newline (a run killed mid-line) gets
+    one first, so that the new line stands on its own. A symlink is not followed (OSError)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (json.dumps(record, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, end)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)

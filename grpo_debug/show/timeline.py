@@ -48,7 +48,7 @@ class Run:
     lines: list[dict]
     captures: dict[int, dict] = field(default_factory=dict)  # step -> {"folder", "trigger"}, each on disk
     not_captured: dict[int, str] = field(default_factory=dict)
-    unfinished: bool = False  # the last line was cut (the run was killed while writing it): left out
+    unfinished: bool = False  # a line was cut (the run was killed, or its disk full, while writing it): left out
     unopenable: dict[int, dict] = field(default_factory=dict)  # step -> {"folder", "trigger", "problem"}: listed,
     # but the capture cannot be opened (missing, or its checksums do not hold): no command is offered for it
     notes: list[str] = field(default_factory=list)  # what was read past, and why
@@ -123,19 +123,19 @@ def _trigger(folder: Path, key, trigger) -> list[dict]:
 
 
 def read_health(path: Path) -> tuple[list[dict], bool]:
-    """Every line of health.jsonl, checked; a last line without its newline that does not parse is a line the
-    run was killed while writing: left out, and said (True)."""
+    """Every line of health.jsonl, checked; a line begun as a record ('{') that does not parse is one the run was
+    killed (or its disk filled) while writing: left out, and said (True); any other line that is no record is
+    refused, naming it."""
     try:
         text = read_bounded(path, MAX_FILE_BYTES)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot be read ({e})") from None
     raw = text.split("\n")
-    unfinished = False
     if raw and raw[-1] == "":
         raw.pop()  # the newline that ends the last finished line
-    elif raw and not _parses(raw[-1]):
-        raw.pop()
-        unfinished = True
+    kept = [line for line in raw if not line.strip().startswith("{") or _parses(line)]
+    unfinished = len(kept) < len(raw)  # a line begun and not finished (a kill, a full disk): left out, and said
+    raw = kept
     if not raw:
         raise ValueError(f"{path} is empty: no step finished" + (" (its only line was cut)" if unfinished else ""))
     records = [_record(path, i, line) for i, line in enumerate(raw, start=1)]
@@ -374,8 +374,8 @@ def page(run: Run, page_path: Path) -> str:
         + "; dashed: the doctor's thresholds.</p>",
     ]
     if run.unfinished:
-        parts.append("<p class='note'>The last line of health.jsonl was cut (the run was killed while writing it): "
-                     "it is left out.</p>")  # fmt: skip
+        parts.append("<p class='note'>A line of health.jsonl was cut (the run was killed, or its disk full, while "
+                     "writing it): it is left out.</p>")  # fmt: skip
     failed = [(r["step"], r["failed"]) for r in run.lines if isinstance(r.get("failed"), str)]
     for k, why in failed:
         parts.append(f"<p class='note failed'>The recorder failed on step {k} (the run went on): {_h(why)}</p>")
