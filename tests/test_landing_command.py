@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -72,3 +73,65 @@ def test_folders_that_are_not_consecutive_steps_of_one_run_in_order_are_refused_
     assert "are not captures of one run: their grpo_config differs at learning_rate: 0.001 and 0.5" in said, said
     said = refusal(capsys, step_2, tmp_path)
     assert f"{tmp_path} is not a capture: no capture.json" in said, said
+
+
+def _copy(captures: Path, tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name / "step-4"
+    shutil.copytree(captures / "step-4", out)
+    return out
+
+
+def _weights(folder: Path) -> Path:
+    return next((folder / "policy").glob("*.safetensors"))
+
+
+def test_the_second_capture_is_checked_as_the_first_before_anything_is_compared(captures, tmp_path, capsys):
+    """Issue 70: a changed step k+1 (no reseal), NaN weights, another run's weights resealed, a truncated or removed
+    weights file, `step: true`: each refused in one line naming the folder, never a cosine."""
+    from safetensors.torch import load_file, save_file
+
+    from grpo_debug.checksums import write_checksums
+
+    step_3 = captures / "step-3"
+    changed = _copy(captures, tmp_path, "changed")
+    weights = load_file(str(_weights(changed)))
+    key = sorted(weights)[0]
+    save_file({**weights, key: weights[key] + 1e-3}, str(_weights(changed)), metadata={"format": "pt"})
+    said = refusal(capsys, step_3, changed)
+    assert str(changed) in said and "checksum" in said, said
+
+    nan = _copy(captures, tmp_path, "nan")
+    save_file({**weights, key: weights[key] * float("nan")}, str(_weights(nan)), metadata={"format": "pt"})
+    write_checksums(nan)  # resealed: the checksums hold, the values do not
+    said = refusal(capsys, step_3, nan)
+    assert str(nan) in said and key in said and ("NaN" in said or "not finite" in said), said
+
+    other = _copy(captures, tmp_path, "other")
+    save_file({k: v + 0.05 * torch.randn_like(v) for k, v in weights.items()}, str(_weights(other)),
+              metadata={"format": "pt"})  # fmt: skip
+    write_checksums(other)  # another initialisation of one config, sealed as its own
+    said = refusal(capsys, step_3, other)
+    assert "are not one AdamW step from" in said and str(other) in said, said
+
+    shape = _copy(captures, tmp_path, "shape")
+    save_file({**weights, key: weights[key][:1]}, str(_weights(shape)), metadata={"format": "pt"})
+    write_checksums(shape)
+    said = refusal(capsys, step_3, shape)
+    assert str(shape) in said and key in said and "shape" in said, said
+
+    cut = _copy(captures, tmp_path, "cut")
+    _weights(cut).write_bytes(_weights(cut).read_bytes()[:100])
+    write_checksums(cut)
+    said = refusal(capsys, step_3, cut)
+    assert "not a readable safetensors file" in said and str(cut) in said, said
+
+    gone = _copy(captures, tmp_path, "gone")
+    _weights(gone).unlink()
+    said = refusal(capsys, step_3, gone)
+    assert str(gone) in said, said
+
+    boolean = _copy(captures, tmp_path, "boolean")
+    meta = json.loads((boolean / "capture.json").read_text())
+    (boolean / "capture.json").write_text(json.dumps({**meta, "step": True}))
+    said = refusal(capsys, step_3, boolean)
+    assert f"{boolean} is not a capture" in said, said

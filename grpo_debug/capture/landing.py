@@ -20,14 +20,66 @@ from .replay import trainer_update
 from .saved_weights import stored_key
 
 
+ADAM_REACH = 100  # an AdamW step moves no weight by more than a few times its rate (+ the decay): this many is
+# another run's weights, or weights changed after their capture
+
+
 def stored_weights(capture: str | Path) -> dict[str, torch.Tensor]:
-    """The trained weights a capture's policy folder holds (a full model's, or a LoRA adapter's), by file key."""
+    """The trained weights a capture's policy folder holds (a full model's, or a LoRA adapter's), by file key;
+    ValueError naming the file where one cannot be read as tensors."""
     from safetensors.torch import load_file
 
     out = {}
     for f in sorted((Path(capture) / "policy").glob("*.safetensors")):
-        out.update(load_file(str(f)))
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:  # safetensors refuses a damaged or truncated file in several ways
+            raise ValueError(f"{f} cannot be read as tensors ({type(e).__name__}: {e})") from None
     return out
+
+
+def next_weights(first, next_capture: str | Path, before: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Step k+1's captured weights, checked as step k's were before anything is compared: its files' checksums
+    (`load_capture`), the same weights by name and shape as step k's, every value finite, its scheduler one step on
+    from step k's, and under AdamW every weight within ADAM_REACH x the step's rate of step k's. ValueError in one
+    line naming the folder and what is wrong. `first`: step k's Capture, `before` its stored weights."""
+    from .reading import load_capture
+
+    nxt = load_capture(next_capture)  # CaptureError (a ValueError) names the file that changed or is missing
+    after = stored_weights(next_capture)
+    if sorted(after) != sorted(before):
+        differ = sorted(set(after) ^ set(before))
+        raise ValueError(f"{next_capture} holds other weights than {first.path}: {differ[:3]} ...")
+    for key, value in after.items():
+        if value.shape != before[key].shape:
+            raise ValueError(f"{next_capture}: {key} is {tuple(value.shape)}, {tuple(before[key].shape)} at step k")
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise ValueError(f"{next_capture}: {key} holds values that are not finite: no update to compare")
+    a, b = (_scheduled_steps(c.meta) for c in (first, nxt))
+    if a is not None and b is not None and b != a + 1:
+        raise ValueError(f"{first.path} and {next_capture} are not consecutive steps of one run: their "
+                         f"schedulers stand at {a} and {b}")  # fmt: skip
+    optimizer = first.meta.get("optimizer") or {}
+    rates = optimizer.get("learning_rate") or []
+    if optimizer.get("class") in ("AdamW", "Adam") and rates:
+        decay = float((first.meta.get("grpo_config") or {}).get("weight_decay") or 0)
+        reach = ADAM_REACH * max(rates) * (1 + decay * _largest(before))
+        moved = max(((after[k].double() - before[k].double()).abs().max().item() for k in after), default=0.0)
+        if moved > reach:
+            raise ValueError(f"{next_capture}'s weights are not one AdamW step from {first.path}'s: a weight "
+                             f"moved by {moved:.3g}, over {ADAM_REACH} x the step's rate ({max(rates):.3g}): another "
+                             "run's weights, or weights changed after their capture")  # fmt: skip
+    return after
+
+
+def _scheduled_steps(meta: dict) -> int | None:
+    scheduler = (meta.get("optimizer") or {}).get("scheduler") or {}
+    last = scheduler.get("last_epoch")
+    return last if type(last) is int else None
+
+
+def _largest(weights: dict[str, torch.Tensor]) -> float:
+    return max((w.abs().max().item() for w in weights.values() if w.numel()), default=0.0)
 
 
 def landing(step, next_capture: str | Path) -> dict:
@@ -36,7 +88,8 @@ def landing(step, next_capture: str | Path) -> dict:
     did not move), "max_abs_difference" of the weights after, "bit_equal", "trainer_norm", "exact" (the trainer's
     optimizer was rebuilt), "optimizer" (what stepped, in words), "learning_rate" (the largest group's rate as it
     stepped)}. The policy is left where the step was."""
-    before, after = stored_weights(step.capture.path), stored_weights(next_capture)
+    before = stored_weights(step.capture.path)
+    after = next_weights(step.capture, next_capture, before)
     update = trainer_update(step, step.run(until="advantages"))
     dot = ours_sq = theirs_sq = 0.0
     worst, equal = 0.0, True

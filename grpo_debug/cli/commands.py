@@ -615,11 +615,16 @@ def landing_command(parser, args) -> int:
     check_task(parser, args.task, args.path)
     check_outputs(parser, args, capture_reads(args.path) + capture_reads(args.next) + task_reads(args.task))
     _threads(args.threads)
-    from ..capture.landing import landing
+    from ..capture.landing import landing, next_weights, stored_weights
     from ..capture.opening import open_capture
+    from ..capture.reading import load_capture
     from ..model import ModelUnavailable
 
     where = device_of(parser, args)
+    try:
+        next_weights(load_capture(args.path), args.next, stored_weights(args.path))  # both checked before a model
+    except ValueError as e:
+        parser.error(str(e))
     try:
         step = open_capture(args.path, args.task, **where)
         out = landing(step, args.next)

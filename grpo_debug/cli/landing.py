@@ -16,7 +16,7 @@ def pair_problem(first: str, second: str) -> str | None:
     """Why `first` and `second` are not steps k and k+1 of one run, in one line; None where they are."""
     a, b = capture_meta(first), capture_meta(second)
     for path, meta in ((first, a), (second, b)):
-        if not isinstance(meta.get("step"), int):
+        if type(meta.get("step")) is not int:  # a bool is no step
             return f"{path} is not a capture: no readable capture.json with its step (CaptureCallback writes step-<k>/)"
     for key in SAME_RUN:
         if a.get(key) != b.get(key):
