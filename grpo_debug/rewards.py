@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .task import Task, as_task
+from .reward_process import ProcessEnded
 from .time_limit import RewardTimeout, bounded
 
 
@@ -66,6 +67,8 @@ def _called(func, name: str, prompts: list, completions: list):
         return _bounded_call(func, name, prompts, completions, batch_of(len(completions)))
     except RewardTimeout:
         raise
+    except ProcessEnded as e:  # a row alone would not say more, and would start the process again
+        raise ValueError(f"reward function {name!r} {e.what}") from None
     except (Exception, SystemExit) as e:
         row = next(
             (i for i in range(len(completions)) if _fails(func, name, prompts, completions, i, e)),

@@ -109,6 +109,7 @@ class GRPOStep:
         if problem:  # before the model loads
             raise ValueError(problem)
         self.task = task or load_task(self.cfg.task)
+        self.reward_tally: dict[str, list[int]] = {}  # function -> [None or NaN rewards, completions scored]
         self.loaded = loaded or load_model(self.cfg.model)
         if device is not None or weights_dtype is not None:
             self.loaded.to(pick_device(device) if device else self.loaded.policy.device, pick_dtype(weights_dtype))
@@ -302,6 +303,9 @@ class GRPOStep:
         r = done["rollout"]
         ids = [row[:n].tolist() for row, n in zip(r.completion_ids, r.completion_lengths.tolist())]
         rewards = compute_rewards(r.prompts, r.completions, r.num_generations, self.task, ids)
+        for name, values in rewards.per_function.items():  # every scoring, sampled anew or not (`reward_tally`)
+            tally = self.reward_tally.setdefault(name, [0, 0])
+            tally[0], tally[1] = tally[0] + int(values.isnan().sum()), tally[1] + len(values)
         return rewards.to(r.completion_ids.device)  # scored from text; the step's tensors live with the policy
 
     def _advantages(self, cfg: StepConfig, done: dict, base: StepRun, prompt_set: str) -> Advantages:

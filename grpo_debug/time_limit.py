@@ -26,6 +26,7 @@ Its limits, said plainly:
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -79,6 +80,14 @@ def bounded(func: Callable, name: str, where: str, call: Callable[[], object]):
     seconds = _limit["seconds"]
     if seconds is None:
         return call()
+    if bounds_itself(func):  # a process of its own, stopped at the limit by its caller (`reward_process`)
+        try:
+            return call()
+        except RewardTimeout:
+            what = f"it did not return within {seconds:g} s ({_limit['said']}) on {where}"
+            _timed_out[id(func)] = (func, what)
+            raise RewardTimeout(f"reward function {name!r}: {what}; its process was stopped, and it is not called "
+                                "again") from None  # fmt: skip
     if not can_interrupt():
         _warn_once(
             f"reward functions run without a time limit here: {_limit['said']} needs SIGALRM in the main thread "
@@ -106,6 +115,20 @@ def bounded(func: Callable, name: str, where: str, call: Callable[[], object]):
         _timed_out[id(func)] = (func, what)
         raise RewardTimeout(f"reward function {name!r}: {what}; stopped, and not called again")
     return result
+
+
+def bounds_itself(func: Callable) -> bool:
+    """Whether `func` (through partials and wrappers that name what they wrap, `__wrapped__`) runs in a process
+    of its own that enforces the limit (`reward_process.RemoteReward`): no alarm here, whose window would count
+    the worker's start."""
+    for _ in range(16):
+        if getattr(func, "bounds_itself", False):
+            return True
+        inner = getattr(func, "func", None) if isinstance(func, functools.partial) else getattr(func, "__wrapped__", None)
+        if inner is None:
+            return False
+        func = inner
+    return False
 
 
 def _expire(signum, frame):

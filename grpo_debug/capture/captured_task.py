@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from ..rewards import StoredReward
-from ..task import Task, callable_name, import_user_file, load_task, task_names
+from ..task import Task, callable_name, load_task, task_names
 from .captured import Capture
 from .columns import columns_by_prompt, trainer_keywords, with_columns, with_trainer_keywords
 
@@ -59,10 +59,9 @@ def reward_functions(spec) -> list:
         file, _, name = spec.rpartition(":")
         if not Path(file).is_file():
             raise ValueError(f"task {spec!r}: no file {file}")
-        module = import_user_file(file, f"task {spec!r}")
-        if not hasattr(module, name):
-            raise ValueError(f"task {spec!r}: {file} defines no {name!r}")
-        return reward_functions(getattr(module, name))
+        from ..reward_process import functions
+
+        return functions(file, name, f"task {spec!r}")  # imported once, in a process the command can stop
     raise ValueError(f"task must be a registered task name, a Task, reward functions or 'file.py:name', got {spec!r}")
 
 
@@ -76,7 +75,7 @@ def _as_messages(func, prompt_messages: dict[str, list]):
             **kwargs,
         )
 
-    reward.__name__ = callable_name(func)
+    reward.__name__, reward.__wrapped__ = callable_name(func), func
     return reward
 
 

@@ -77,7 +77,7 @@ def with_columns(func, by_prompt: dict[str, dict], names: list[str]):
         columns = {name: [by_prompt[p][name] for p in prompts] for name in names}
         return func(prompts=prompts, completions=completions, **columns, **kwargs)
 
-    reward.__name__ = callable_name(func)
+    reward.__name__, reward.__wrapped__ = callable_name(func), func
     return reward
 
 
@@ -112,5 +112,5 @@ def with_trainer_keywords(func, keywords: dict):
     def reward(prompts, completions, **kwargs):
         return func(prompts=prompts, completions=completions, **{**keywords, **kwargs})
 
-    reward.__name__ = callable_name(func)
+    reward.__name__, reward.__wrapped__ = callable_name(func), func
     return reward

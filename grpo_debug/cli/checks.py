@@ -226,46 +226,14 @@ def task_functions(task: str, columns: list[str] = ()) -> list | None:
     file, _, name = task.rpartition(":")
     if not os.path.isfile(file):
         raise ValueError(f"--task {task}: no file {file}")
-    value = getattr(_imported(task, file), name, _MISSING)
-    if value is _MISSING:
-        raise ValueError(f"--task {task}: {file} defines no {name!r}")
-    problem = not_functions(name, value)
-    if problem:
-        raise ValueError(
-            f"--task {task}: {problem} (def f(prompts, completions, **kwargs) -> one number per completion)"
-        )
-    funcs = list(value) if isinstance(value, (list, tuple)) else [value]
+    from ..reward_process import functions
+
+    funcs = functions(file, name, f"--task {task}")  # imported once, in the reward functions' own process
     for func in funcs:
         problem = signature_problem(func, columns)
         if problem:
             raise ValueError(f"--task {task}: reward function {callable_name(func)!r} {problem}")
     return funcs
-
-
-_MISSING = object()
-
-
-def _imported(task: str, file: str):
-    """The user's file run as a module (as captured_task.reward_functions runs it); what it raises, said in one line."""
-    from ..task import import_user_file
-
-    return import_user_file(file, f"--task {task}")
-
-
-def not_functions(name: str, value) -> str | None:
-    """Why `value` (the task file's `name`) is not a reward function nor a non-empty list of them, or None."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return f"{name} is an empty {type(value).__name__}: name a reward function or a list of them"
-        bad = next((i for i, f in enumerate(value) if not callable(f)), None)
-        return None if bad is None else f"{name}[{bad}] is {_kind(value[bad])}, not a reward function"
-    return None if callable(value) else f"{name} is {_kind(value)}, not a reward function or a list of them"
-
-
-def _kind(value) -> str:
-    """What a value is, in words, for a refusal: its value where short, and its type."""
-    shown = repr(value)
-    return f"{shown} (type {type(value).__name__})" if len(shown) <= 40 else f"of type {type(value).__name__}"
 
 
 TRL_EXTRAS = ("completion_ids", "environments")  # TRL 1.16's other keywords the replay does not pass

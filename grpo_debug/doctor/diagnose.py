@@ -11,6 +11,7 @@ import time
 from tqdm.auto import tqdm
 
 from ..config import StepConfig, changes_sampling
+from ..detectors.detectors import NONE_WARNING
 from ..detectors.findings import LOUD, SEVERITIES, Finding
 from ..horizon_bounds import horizon_problem
 from ..pitfalls import PITFALLS
@@ -63,6 +64,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     start = time.perf_counter()
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
+    step.reward_tally = {}  # what the functions return on the completions scored from here on
     base = facts.run
     findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts))))
     chained: list[str] = []
@@ -98,6 +100,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     followed = None
     if horizon > 0:
         findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, budget, chained, progress)
+    findings = none_later(findings, step.reward_tally, dict(zip(step.task.reward_names, step.task.weights)))
     return Report(
         rank(findings, chained),
         base.config.settings(),
@@ -107,6 +110,24 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         exhibits=exhibits_of(facts),
         probe=probed,
     )
+
+
+def none_later(findings: list[Finding], tally: dict[str, list[int]], weights: dict[str, float]) -> list[Finding]:
+    """bad_reward where a function weighted other than 0 returned None or NaN on NONE_WARNING of the completions
+    scored after the step's own (flips, resamples, the horizon) and the step's own finding is not loud: TRL's sum
+    skips them, so their rows lose that function's signal; never dropped silently."""
+    later = {k: (none, n) for k, (none, n) in tally.items() if k in weights and weights[k] != 0 and n and none}
+    loud = {k: v for k, v in later.items() if v[0] >= NONE_WARNING * v[1]}
+    i = next((i for i, f in enumerate(findings) if f.id == "bad_reward"), None)
+    if not loud or i is None or findings[i].severity in LOUD:
+        return findings
+    f = findings[i]
+    said = ("None or NaN on the completions scored after this step's own (resampled, flipped, followed over steps): "
+            + ", ".join(f"{k} {none}/{n}" for k, (none, n) in loud.items())
+            + " (TRL's sum skips them: those rows lose the function's signal)")  # fmt: skip
+    summary = said if f.severity == "absent" else f"{f.summary}; {said}"
+    evidence = {**f.evidence, "none_later": {k: list(v) for k, v in later.items()}}
+    return [*findings[:i], dataclasses.replace(f, severity="warning", summary=summary, evidence=evidence), *findings[i + 1 :]]
 
 
 # findings whose statistic says only that something differs; whether it matters is what flipping it does to the update
