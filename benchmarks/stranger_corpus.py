@@ -503,7 +503,7 @@ def probe_row(spec: dict, probe: dict | None) -> dict:
     said = None if verdict is None else ("reward" if verdict == "carries" else "pipeline")
     return {"probe": {"side": side, "verdict": verdict, "said": said, "right": said == side,
                       "rise": (probe.get("rise") or {}).get("mean"), "kl_moved": probe.get("kl_moved"),
-                      "learning_rate": spec.get("config", {}).get("learning_rate"), "seconds": probe.get("seconds")}}  # fmt: skip
+                      "learning_rate": dict(spec.get("config", [])).get("learning_rate"), "seconds": probe.get("seconds")}}  # fmt: skip
 
 
 VERDICTS = ("carries", "slow", "turned away", None)

@@ -73,7 +73,7 @@ def test_a_learning_rate_far_too_small_is_lost_at_the_update(user):
     assert "<- lost here" in report["text"].split("the doctor:")[0], report["text"][:1500]
     probe = report["probe"]  # on by default on a capture: the pipeline moves nothing, whatever the reward
     assert probe["carries"] is False and probe["kl_moved"] < 1e-10, probe
-    assert "does not carry" in probe["said"] and "probe:" in report["text"], probe["said"]
+    assert probe["verdict"] == "slow" and "too little to learn" in probe["said"] and "probe:" in report["text"], probe
 
 
 def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):

@@ -561,7 +561,7 @@ def add_doctor_parser(sub) -> None:
         type=ascii_int,
         metavar="K",
         help="is it the reward or the pipeline: a probe reward the model can learn (tokens it samples 20-80%% of "
-        "the time) trained K steps on the run's own config and optimizer, 5 seeds, within --budget (default: 4 on a "
+        "the time) trained K steps on the run's own config and optimizer, 6 seeds, within --budget (default: 8 on a "
         "capture, 0 on the bundled step; 0: off)",
     )
     dr.add_argument(

@@ -1,7 +1,7 @@
 """Is it the reward or the pipeline? The run's own model and config trained a few steps on a probe reward the model
 can surely learn, as RL practitioners check a learner on a probe environment before they blame the task.
 
-    result = run_probe(step, run, steps=4, seeds=5)   # run: the step as run (a capture: the trainer's)
+    result = run_probe(step, run, steps=8, seeds=6)   # run: the step as run (a capture: the trainer's)
 
 The probe pays each completion the share of its tokens that are one of a few `tokens`. They are chosen on the step's
 own completions: the policy's most likely tokens, as many as bring the sampler's mass on them (its temperature,
@@ -11,13 +11,16 @@ smallest change the policy can make, at every token the step trains.
 
 What the probe moved is read without sampling noise: the policy's mass on the probe's tokens over the step's own
 completions (every position, teacher-forced, dropout off), after each of K steps sampled anew from the moved policy
-with the run's config and optimizer (a capture's: the trainer's AdamW at the captured step's rates, its moments
-cleared: the user's reward's momentum would carry the first steps where it pointed), each seed its own continuation.
-The rise is mass after K steps minus mass before, one value per seed, Student's t over seeds: a pipeline that carries
-the signal raises it (the interval above 0: "carries"). One that does not either moves the policy too little to learn
-anything in K steps ("slow": under SLOW of KL per token on the same completions, k3: a rate too small for the
-weights, frozen weights, a schedule still warming up) or moves it elsewhere ("turned away": masks that leave few
-tokens a gradient, a KL weight that pulls the policy back, a clip), whatever the user's reward does. Nothing of the step changes (`GRPOStep.trial`).
+with the run's config and optimizer (a capture's: the trainer's AdamW at the captured step's rates, its second
+moments kept, its first moments cleared: the user's reward's momentum would carry the first steps where it pointed),
+each seed its own continuation.
+Whether it carries is read from the direction of the move, not its size (a small rate moves the policy a little, in
+the right direction): the cosine between the K steps' move of the trained weights and the gradient of the probe's
+mass at the start, one value per seed, Student's t over seeds; above 0, the pipeline "carries" the signal. Else it
+is "slow" where, at its pace, the policy would take more than LONG_RUN steps to move by MEANINGFUL nats per token
+(KL on the same completions, k3: a rate too small for the weights, frozen weights, a schedule still warming up), and
+"turned away" where it moves, not toward the probe (masks that leave few tokens a gradient, a KL weight that pulls
+the policy back, a clip), whatever the user's reward does. The rise of the mass is reported beside it. Nothing of the step changes (`GRPOStep.trial`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ from ..task import Task
 from .facts import k3_per_token
 from .horizon import _seed, take_trainers_optimizer
 
-PROBE_STEPS = 4  # steps the probe is trained for (`doctor --probe K`)
-PROBE_SEEDS = 5  # continuations, the seed the unit
+PROBE_STEPS = 8  # steps the probe is trained for (`doctor --probe K`)
+PROBE_SEEDS = 6  # continuations, the seed the unit
 MASS_BAND = (0.2, 0.8)  # the probe's tokens hold this share of the sampler's mass
-SLOW = 1e-4  # KL(start || after K steps) per token under which the pipeline moved the policy too little to learn
+LONG_RUN = 10_000  # steps: a pipeline that would take longer to move the policy by MEANINGFUL is too slow to learn
+MEANINGFUL = 0.01  # nats per token of KL(start || now): a policy that has learned something
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,25 @@ def sampler_masses(policy, rollout, scoring, tokens: list[int] | None = None) ->
     return total / max(where.sum().item(), 1.0)
 
 
+def mass_gradient(policy, rollout, scoring, tokens: list[int]) -> torch.Tensor:
+    """(P,) float64: d(the sampler's mean mass on `tokens` over the rollout's completions) / d(each trained
+    parameter), flattened in `named_parameters` order: the direction that raises the probe's mass fastest."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    where = _positions(rollout)
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    for rows in row_chunks(rollout.num_samples):
+        probs = torch.softmax(_tempered(completion_logits(policy, rollout.rows(rows), scoring), scoring), -1)
+        mass = (probs[..., tokens].sum(-1).double() * where[rows].to(probs.device)).sum() / max(where.sum().item(), 1.0)
+        for t, g in zip(total, torch.autograd.grad(mass, params, allow_unused=True)):
+            if g is not None:
+                t += g.double()
+    return torch.cat([t.flatten() for t in total])
+
+
+def trained_vector(policy) -> torch.Tensor:
+    return torch.cat([p.detach().double().flatten() for p in policy.parameters() if p.requires_grad])
+
+
 def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
     """The probe for the step's run `run` (see the module), or None where no set of the policy's most likely tokens
     holds 20-80% of its mass (one token holds more than 80%)."""
@@ -100,23 +123,28 @@ def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
     return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), float(cumulative[k - 1]))
 
 
-def continue_on_probe(step: GRPOStep, run: StepRun, probe: TokenProbe, steps: int, seed: int) -> dict:
+def continue_on_probe(
+    step: GRPOStep, run: StepRun, probe: TokenProbe, steps: int, seed: int, toward: torch.Tensor
+) -> dict:
     """`run`'s config trained `steps` steps on the probe alone from the step's start, each step sampled anew from
     the policy the last one left; {"mass": (K+1,) the probe's mass on `run`'s completions before and after each
-    step, "kl": (K+1,) KL(start || now) per token on them (k3), "reward": (K,) each batch's mean probe reward}. The
-    step, its task and the caller's RNG are left as they were."""
+    step, "kl": (K+1,) KL(start || now) per token on them (k3), "reward": (K,) each batch's mean probe reward,
+    "cosine": between the K steps' move of the trained weights and `toward` (`mass_gradient`), NaN where they did not
+    move}. The step, its task and the caller's RNG are left as they were."""
     rollout, cfg = run.rollout, run.config
     scoring, task, where = as_sampled(cfg), step.task, _positions(run.rollout)
     start = per_token_logps(step.policy, rollout, scoring)
     masses, kl, rewards = [probe.start_mass], [0.0], []
+    before = trained_vector(step.policy)
     device = next(step.policy.parameters()).device
     with step.trial(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         step.task = Task("probe", task.prompts, (probe,), held_out=task.held_out)
         try:
             if step.capture is not None:
                 take_trainers_optimizer(step, cfg)
-                step.optimizer.state.clear()  # its groups and rates kept; moments the user's reward left would
-                # steer the probe's first steps where the user's gradient pointed
+                for state in step.optimizer.state.values():  # its rates and second moments kept (each weight's
+                    if "exp_avg" in state:  # scale); the first moments, which would carry the probe's first steps
+                        state["exp_avg"].zero_()  # where the user's gradient pointed, cleared
             for k in range(steps):
                 at = cfg.replace(seed=_seed(seed, k))
                 torch.manual_seed(at.seed)
@@ -126,9 +154,12 @@ def continue_on_probe(step: GRPOStep, run: StepRun, probe: TokenProbe, steps: in
                 masses.append(float(sampler_masses(step.policy, rollout, scoring, list(probe.tokens))))
                 with torch.no_grad():
                     kl.append(k3_per_token(per_token_logps(step.policy, rollout, scoring) - start, where))
+            moved = trained_vector(step.policy) - before
+            norms = moved.norm() * toward.norm()
+            cosine = float(moved @ toward / norms) if norms > 0 else float("nan")
         finally:
             step.task = task
-    return {"seed": seed, "mass": masses, "kl": kl, "reward": rewards}
+    return {"seed": seed, "mass": masses, "kl": kl, "reward": rewards, "cosine": cosine}
 
 
 def run_probe(
@@ -142,17 +173,22 @@ def run_probe(
     if probe is None:
         return {"carries": None, "why": f"no probe: one token holds more than {MASS_BAND[1]:.0%} of the sampler's mass"}
     t0 = time.perf_counter()
+    step.restore_policy()
+    toward = mass_gradient(step.policy, run.rollout, as_sampled(run.config), list(probe.tokens))
     try:
-        curves = [continue_on_probe(step, run, probe, steps, 0)]
+        curves = [continue_on_probe(step, run, probe, steps, 0, toward)]
     except ValueError as e:  # the run's config cannot sample anew here (a length past the model's positions)
         return {"carries": None, "why": f"no probe: {e}"}
     per_seed = time.perf_counter() - t0
     kept = seeds if budget is None else max(2, min(seeds, int(budget // max(per_seed, 1e-9))))
-    curves += [continue_on_probe(step, run, probe, steps, s) for s in range(1, kept)]
+    curves += [continue_on_probe(step, run, probe, steps, s, toward) for s in range(1, kept)]
     rise = seed_interval(torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves]))
+    cosines = torch.tensor([c["cosine"] for c in curves]).nan_to_num(0.0)
+    toward_probe = seed_interval(cosines)
     moved = sum(c["kl"][-1] for c in curves) / len(curves)
-    carries = bool(rise.ci_low is not None and rise.ci_low > 0)
-    verdict = "carries" if carries else ("slow" if moved < SLOW else "turned away")
+    slow = moved < slow_below(steps)
+    carries = bool(not slow and toward_probe.ci_low is not None and toward_probe.ci_low > 0)
+    verdict = "carries" if carries else ("slow" if slow else "turned away")
     return {
         "carries": carries,
         "verdict": verdict,
@@ -166,22 +202,33 @@ def run_probe(
         "kl_by_seed": [c["kl"] for c in curves],
         "reward_by_seed": [c["reward"] for c in curves],
         "rise": rise.as_dict(),
+        "cosine_by_seed": [c["cosine"] for c in curves],
+        "toward_probe": toward_probe.as_dict(),
         "kl_moved": moved,
+        "slow_below": slow_below(steps),
         "seeds_asked": seeds,
         "seconds": time.perf_counter() - t0,
-        "said": said_of(verdict, probe, rise, moved, steps),
+        "said": said_of(verdict, probe, rise, toward_probe, moved, steps),
     }
 
 
-def said_of(verdict: str, probe: TokenProbe, rise, moved: float, steps: int) -> str:
+def slow_below(steps: int) -> float:
+    """The KL per token K steps must move the policy by for it to move by MEANINGFUL within LONG_RUN steps, at the
+    same pace (a move that keeps its direction grows linearly in the weights: KL as the square of the steps)."""
+    return MEANINGFUL * (steps / LONG_RUN) ** 2
+
+
+def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: int) -> str:
     words = ", ".join(repr(w) for w in probe.words)
     what = (f"a probe reward paying for the share of {words} tokens (the policy's mass {probe.start_mass:.2f}), "
-            f"trained {steps} steps with the run's own config: its mass {rise.mean:+.4f} "
-            f"[{rise.ci_low:+.4f}, {rise.ci_high:+.4f}], the policy moved by KL {moved:.2g} per token")  # fmt: skip
+            f"trained {steps} steps with the run's own config: the weights moved toward the probe at cosine "
+            f"{toward.mean:+.3f} [{toward.ci_low:+.3f}, {toward.ci_high:+.3f}], its mass {rise.mean:+.2g}, the policy "
+            f"by KL {moved:.2g} per token")  # fmt: skip
     if verdict == "carries":
         return f"{what}: the pipeline carries a reward the model can learn; a signal lost here is lost at the reward"
     if verdict == "slow":
-        return (f"{what} (under {SLOW:g}): the pipeline moves the policy too little to learn even a reward the "
-                f"model can learn in {steps} steps (the rate, frozen weights, the schedule), whatever the reward")
-    return (f"{what}, but not toward the probe: the pipeline turns the signal away (masks, the KL weight, the clip), "
-            "whatever the reward")
+        return (f"{what}: at this pace the policy moves by {MEANINGFUL} nats per token in more than {LONG_RUN:,} "
+                "steps: the pipeline moves it too little to learn even a reward it can learn (the rate, frozen "
+                "weights, the schedule), whatever the reward")
+    return (f"{what}: the weights do not move toward the probe: the pipeline turns the signal away (masks, the KL "
+            "weight, the clip), whatever the reward")
