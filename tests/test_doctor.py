@@ -321,6 +321,6 @@ def test_each_flip_is_paired_with_the_update_as_run_on_held_out_prompts():
 def test_the_readme_table_is_the_catalogue():
     from grpo_debug.pitfalls import markdown_table
 
-    readme = (TESTS.parent / "README.md").read_text()
+    readme = (TESTS.parent / "docs" / "doctor.md").read_text()
     shown = readme.split("<!-- doctor catalogue: begin -->\n", 1)[1].split("\n<!-- doctor catalogue: end -->", 1)[0]
     assert shown == markdown_table(), "README's doctor table is not the catalogue: paste markdown_table() into it"

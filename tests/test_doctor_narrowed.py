@@ -4,6 +4,8 @@ costs the run its groups' signal warns though one draw held few groups of one te
 never resampled; the step and the caller's random state are left as they were."""
 
 import pytest
+
+from documentation import documentation  # noqa: E402  (tests/)
 import torch
 
 from grpo_debug.config import StepConfig
@@ -77,7 +79,7 @@ def test_the_readme_states_the_levels_as_they_are():
 
     from grpo_debug.detectors.detectors import COLD, IDENTICAL_WARNING
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join(documentation().split())
     for said in (
         f"a temperature of {COLD:g} or less",
         f"the fix gives {RECOVERED_WARNING:.0%} of the groups a gradient or more",

@@ -6,6 +6,8 @@ random state are left as they were, and the same step gives the same numbers."""
 from pathlib import Path
 
 import pytest
+
+from documentation import documentation  # noqa: E402  (tests/)
 import torch
 
 from grpo_debug.advantages import groups_without_signal, summarize_advantages
@@ -104,6 +106,6 @@ def test_every_draw_with_a_group_without_signal_is_resampled():
 
 
 def test_the_readme_states_the_warning_level_as_it_is():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = documentation()
     said = f"doubling num_generations gives {RECOVERED_WARNING:.0%} of the groups a gradient or more"
     assert said in " ".join(readme.split()), f"README.md does not say: {said}"

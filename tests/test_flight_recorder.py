@@ -9,6 +9,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from documentation import documentation  # noqa: E402  (tests/)
 import torch
 
 TESTS = Path(__file__).resolve().parent
@@ -353,7 +355,7 @@ def test_the_readme_states_the_recorders_defaults():
     """The README's sentence on the flight recorder states its defaults: they are the code's."""
     from grpo_debug.capture import flight
 
-    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    readme = " ".join(documentation().split())
     assert f"grad_norm passes {flight.GRAD_SPIKE:g} x its running median" in readme, "README: grad_spike"
     assert f"more than {'one' if flight.REWARD_DROP == 1 else flight.REWARD_DROP} reward_std" in readme
     first = {5: "four"}.get(flight.MAX_CAPTURES, "?")

@@ -126,6 +126,7 @@ def test_the_bug_reports_are_named_by_their_claims_not_as_seeds():
         *PACKAGE.rglob("*.py"),
         *(ROOT / "notebooks").glob("*.py"),
         ROOT / "README.md",
+        *ROOT.glob("docs/*.md"),
         *ROOT.glob("data/**/*.md"),
     ]
     found = [
