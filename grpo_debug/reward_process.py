@@ -211,8 +211,10 @@ class RemoteReward:
         params = described["params"]
         if params is not None:
             self.__signature__ = inspect.Signature(
-                [inspect.Parameter(n, inspect._ParameterKind(k), **({} if empty else {"default": None}))
-                 for n, k, empty in params]  # fmt: skip
+                [
+                    inspect.Parameter(n, inspect._ParameterKind(k), **({} if empty else {"default": None}))
+                    for n, k, empty in params
+                ]  # fmt: skip
             )
         if described["details"]:
             self.details = self._details
@@ -261,11 +263,14 @@ def not_functions(name: str, container: str, described: list[dict]) -> str | Non
             return f"{name} is an empty {container}: name a reward function or a list of them"
         bad = next((i for i, f in enumerate(described) if not f["callable"]), None)
         return None if bad is None else f"{name}[{bad}] is {described[bad]['kind']}, not a reward function"
-    return None if described[0]["callable"] else f"{name} is {described[0]['kind']}, not a reward function or a list of them"
+    return (
+        None
+        if described[0]["callable"]
+        else f"{name} is {described[0]['kind']}, not a reward function or a list of them"
+    )
 
 
 @atexit.register  # after multiprocessing's own: its join of a worker that ignores SIGTERM would never end
 def _kill_all() -> None:
     for process in list(_LIVE):
         process.kill()
-

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .task import Task, as_task
 from .reward_process import ProcessEnded
+from .task import Task, as_task
 from .time_limit import RewardTimeout, bounded
 
 
@@ -177,7 +177,9 @@ def compute_rewards(
     repeated = [prompts[i // G] for i in range(len(completions))]
     per_function, reported, errors = {}, {}, {}
     for name, func in zip(task.reward_names, task.reward_funcs):
-        per_function[name], reported[name], errors[name] = call_reward(func, name, repeated, completions, completion_ids)
+        per_function[name], reported[name], errors[name] = call_reward(
+            func, name, repeated, completions, completion_ids
+        )
     values = torch.stack(list(per_function.values()), dim=1)  # (N, F)
     infinite = {
         name: torch.isinf(values[:, k]).nonzero().flatten().tolist() for k, name in enumerate(task.reward_names)

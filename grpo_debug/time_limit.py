@@ -124,7 +124,9 @@ def bounds_itself(func: Callable) -> bool:
     for _ in range(16):
         if getattr(func, "bounds_itself", False):
             return True
-        inner = getattr(func, "func", None) if isinstance(func, functools.partial) else getattr(func, "__wrapped__", None)
+        inner = (
+            getattr(func, "func", None) if isinstance(func, functools.partial) else getattr(func, "__wrapped__", None)
+        )
         if inner is None:
             return False
         func = inner

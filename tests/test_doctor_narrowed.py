@@ -4,9 +4,8 @@ costs the run its groups' signal warns though one draw held few groups of one te
 never resampled; the step and the caller's random state are left as they were."""
 
 import pytest
-
-from documentation import documentation  # noqa: E402  (tests/)
 import torch
+from documentation import documentation  # noqa: E402  (tests/)
 
 from grpo_debug.config import StepConfig
 from grpo_debug.detectors.findings import Finding
@@ -75,7 +74,6 @@ def test_sampling_at_trls_defaults_is_not_resampled():
 
 
 def test_the_readme_states_the_levels_as_they_are():
-    from pathlib import Path
 
     from grpo_debug.detectors.detectors import COLD, IDENTICAL_WARNING
 

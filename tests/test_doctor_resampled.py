@@ -3,12 +3,9 @@
 binomial says when G is doubled; a draw's high share that the run does not meet is info; the step and the caller's
 random state are left as they were, and the same step gives the same numbers."""
 
-from pathlib import Path
-
 import pytest
-
-from documentation import documentation  # noqa: E402  (tests/)
 import torch
+from documentation import documentation  # noqa: E402  (tests/)
 
 from grpo_debug.advantages import groups_without_signal, summarize_advantages
 from grpo_debug.config import StepConfig

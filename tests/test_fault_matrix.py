@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from grpo_debug.cli.commands import write_json
+from grpo_debug.cli.arguments import write_json
 from grpo_debug.runs.results import non_finite_paths
 
 
@@ -243,7 +243,8 @@ def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(captur
     """Your reward functions return None for every completion where the run scored them: every advantage would
     be 0 (TRL 1.16), so the replay compares nothing with the trainer's step. One line naming --task, exit 2,
     before the update, no output written; where the run scored none either, the replay goes on."""
-    from grpo_debug.cli.commands import main, unscorable
+    from grpo_debug.cli.capture_commands import unscorable
+    from grpo_debug.cli.commands import main
 
     (tmp_path / "tasks.py").write_text("def rookworld(completions, **kw):\n    return [None for c in completions]\n")
     with pytest.raises(SystemExit) as exited:

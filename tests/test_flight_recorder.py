@@ -9,9 +9,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from documentation import documentation  # noqa: E402  (tests/)
 import torch
+from documentation import documentation  # noqa: E402  (tests/)
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -303,12 +302,16 @@ def test_a_line_torn_by_a_full_disk_is_left_out_and_the_rest_drawn(tmp_path, bro
     torn.mkdir()
     (torn / "health.jsonl").write_text(lines[0] + "\n" + lines[1][:30] + "\n" + "\n".join(lines[2:]) + "\n")
     run = read_run(torn)
-    assert run.unfinished and [r["step"] for r in run.lines] == [1, *range(3, STEPS + 1)], [r["step"] for r in run.lines]
+    assert run.unfinished and [r["step"] for r in run.lines] == [1, *range(3, STEPS + 1)], [
+        r["step"] for r in run.lines
+    ]
     cut = tmp_path / "cut"
     cut.mkdir()
     (cut / "health.jsonl").write_text(lines[0] + "\n" + lines[1][:30])  # killed mid-line, then resumed
     append_line(cut / "health.jsonl", json.loads(lines[2]))
-    assert (cut / "health.jsonl").read_text().splitlines()[2] == json.dumps(json.loads(lines[2])), "appended onto a cut line"
+    assert (cut / "health.jsonl").read_text().splitlines()[2] == json.dumps(json.loads(lines[2])), (
+        "appended onto a cut line"
+    )
     assert [r["step"] for r in read_run(cut).lines] == [1, 3]
 
 

@@ -26,7 +26,13 @@ def test_the_writer_never_touches_a_users_tmp_file_nor_writes_through_a_symlink(
     assert (tmp_path / "r.json.tmp").read_text() == "my notes", "the user's r.json.tmp was overwritten"
     assert (tmp_path / "precious.txt").read_text() == "precious", "the writer wrote through a symlink"
     assert (tmp_path / "r2.json.tmp").is_symlink()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt", "r.json", "r.json.tmp", "r2.json", "r2.json.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "precious.txt",
+        "r.json",
+        "r.json.tmp",
+        "r2.json",
+        "r2.json.tmp",
+    ]
     assert oct((tmp_path / "r.json").stat().st_mode & 0o777) == oct(0o666 & ~_umask()), "not the mode open() gives"
 
 

@@ -16,7 +16,7 @@ from tiny_capture import captured_step, grpo_debug  # noqa: E402
 pytestmark = pytest.mark.usefixtures("task_registry_restored")
 SLACK = 5.0
 
-REWARDS = '''
+REWARDS = """
 import os, signal, threading, time
 from pathlib import Path
 
@@ -50,16 +50,16 @@ def later_nan(prompts, completions, **kwargs):
     Path("calls.log").open("a").write("call\\n")
     calls = len(Path("calls.log").read_text().splitlines())
     return [float(len(c)) if calls == 1 else float("nan") for c in completions]
-'''
+"""
 
 
-LATER = '''
+LATER = """
 calls = []
 
 def digits(prompts, completions, **kwargs):  # the run's own name: a number on its first two calls, NaN after
     calls.append(len(completions))
     return [float(sum(ch.isdigit() for ch in c)) if len(calls) <= 2 else float("nan") for c in completions]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,9 @@ def test_a_reward_that_turns_nan_after_its_first_calls_is_a_bad_reward_not_dropp
     done = grpo_debug("doctor", user["capture"], "--task", "later.py:digits", "--horizon", "2", "--horizon-seeds", "2",
                       "--probe", "0", "--held-out", "0", "--json", "later.json", cwd=user["folder"], timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    found = next(f for f in json.loads((user["folder"] / "later.json").read_text())["findings"] if f["id"] == "bad_reward")
+    found = next(
+        f for f in json.loads((user["folder"] / "later.json").read_text())["findings"] if f["id"] == "bad_reward"
+    )
     assert found["severity"] == "warning" and "scored after this step's own" in found["summary"], found
     none, scored = found["evidence"]["none_later"]["digits"]
     assert none == scored > 0, found["evidence"]

@@ -86,7 +86,11 @@ def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
 
 
 def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completions_own(user):
-    report = doctor(user_train_run(user, "judged", {"judged": True, "learning_rate": 3e-4}), user, "user_train.py:JUDGED_REWARD_FUNCS")
+    report = doctor(
+        user_train_run(user, "judged", {"judged": True, "learning_rate": 3e-4}),
+        user,
+        "user_train.py:JUDGED_REWARD_FUNCS",
+    )
     found = next(f for f in report["findings"] if f["id"] == "rewards_not_own")
     assert found["severity"] in ("problem", "warning"), found
     e = found["evidence"]

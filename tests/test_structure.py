@@ -17,7 +17,9 @@ CORE_EXCLUDED = (
     "grpo_debug.runs.arms",
     "grpo_debug.__main__",
     "grpo_debug.ui.notebook",
-    "grpo_debug.cli.commands",  # a front end, as __main__ is: it draws the doctor's page with the UI's figures
+    "grpo_debug.cli.commands",  # front ends, as __main__ is: the command line's parser and its commands
+    "grpo_debug.cli.step_commands",  # (they write the token page)
+    "grpo_debug.cli.doctor_commands",  # (they draw the doctor's page with the UI's figures)
 )
 
 

@@ -19,7 +19,6 @@ import torch
 from .replay import trainer_update
 from .saved_weights import stored_key
 
-
 ADAM_REACH = 100  # an AdamW step moves no weight by more than a few times its rate (+ the decay): this many is
 # another run's weights, or weights changed after their capture
 

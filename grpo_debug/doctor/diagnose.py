@@ -127,7 +127,11 @@ def none_later(findings: list[Finding], tally: dict[str, list[int]], weights: di
             + " (TRL's sum skips them: those rows lose the function's signal)")  # fmt: skip
     summary = said if f.severity == "absent" else f"{f.summary}; {said}"
     evidence = {**f.evidence, "none_later": {k: list(v) for k, v in later.items()}}
-    return [*findings[:i], dataclasses.replace(f, severity="warning", summary=summary, evidence=evidence), *findings[i + 1 :]]
+    return [
+        *findings[:i],
+        dataclasses.replace(f, severity="warning", summary=summary, evidence=evidence),
+        *findings[i + 1 :],
+    ]
 
 
 # findings whose statistic says only that something differs; whether it matters is what flipping it does to the update

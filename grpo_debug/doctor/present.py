@@ -26,8 +26,10 @@ def flip_verdict(e: dict) -> str:
         if r is None:
             return said + ("" if "resampled" not in e else "; nor on fresh draws of its prompts")
         moves = "does not move" if r["cosmetic"] else "moves"
-        return (f"{said}; on its prompts sampled anew (seed {r['seed']}, grad_norm {r['grad_norm'][0]:.3g} -> "
-                f"{r['grad_norm'][1]:.3g}) the update {moves} (cosine {r['update_cosine']:+.3f})")
+        return (
+            f"{said}; on its prompts sampled anew (seed {r['seed']}, grad_norm {r['grad_norm'][0]:.3g} -> "
+            f"{r['grad_norm'][1]:.3g}) the update {moves} (cosine {r['update_cosine']:+.3f})"
+        )
     verdict = "cosmetic: the update does not move" if e["cosmetic"] else "moves the update"
     g0, g1 = e["grad_norm"]
     if not e.get("removes_gradient") and g0 > 0 and g1 < 0.01 * g0:

@@ -82,7 +82,9 @@ def sampler_masses(policy, rollout, scoring, tokens: list[int] | None = None) ->
     where, total = _positions(rollout), None
     for rows in row_chunks(rollout.num_samples):
         with torch.no_grad():
-            probs = torch.softmax(_tempered(completion_logits(policy, rollout.rows(rows), scoring), scoring), -1).double()
+            probs = torch.softmax(
+                _tempered(completion_logits(policy, rollout.rows(rows), scoring), scoring), -1
+            ).double()
         if tokens is not None:
             probs = probs[..., tokens].sum(-1, keepdim=True)
         part = (probs * where[rows].to(probs.device)[..., None]).sum((0, 1))
@@ -227,8 +229,12 @@ def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: 
     if verdict == "carries":
         return f"{what}: the pipeline carries a reward the model can learn; a signal lost here is lost at the reward"
     if verdict == "slow":
-        return (f"{what}: at this pace the policy moves by {MEANINGFUL} nats per token in more than {LONG_RUN:,} "
-                "steps: the pipeline moves it too little to learn even a reward it can learn (the rate, frozen "
-                "weights, the schedule), whatever the reward")
-    return (f"{what}: the weights do not move toward the probe: the pipeline turns the signal away (masks, the KL "
-            "weight, the clip), whatever the reward")
+        return (
+            f"{what}: at this pace the policy moves by {MEANINGFUL} nats per token in more than {LONG_RUN:,} "
+            "steps: the pipeline moves it too little to learn even a reward it can learn (the rate, frozen "
+            "weights, the schedule), whatever the reward"
+        )
+    return (
+        f"{what}: the weights do not move toward the probe: the pipeline turns the signal away (masks, the KL "
+        "weight, the clip), whatever the reward"
+    )
