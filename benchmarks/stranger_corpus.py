@@ -59,6 +59,7 @@ class Corpus:
     root: Path
     jobs: int = 2
     quick: bool = False
+    probe: int = 0  # `doctor --probe K` on every run (its table: `probe_scores`)
 
     def folder(self, run: Run) -> Path:
         return self.root / run.name
@@ -240,8 +241,10 @@ def snapshot_doctor(root: Path) -> tuple[str, Path]:
     return version, where
 
 
-def doctor_folder(version: str, horizon: int | None) -> str:
-    return f"doctor-{version}" + ("" if horizon is None else f"-horizon-{horizon}")
+def doctor_folder(version: str, horizon: int | None, probe: int = 0) -> str:
+    return (
+        f"doctor-{version}" + ("" if horizon is None else f"-horizon-{horizon}") + (f"-probe-{probe}" if probe else "")
+    )
 
 
 def latest_file(root: Path, half: str) -> Path:
@@ -262,6 +265,8 @@ def diagnose_one(corpus: Corpus, run: Run, sub: str, code: Path, horizon: int | 
                "--json", f"{sub}/doctor.json", "--held-out", "0", "--threads", "1"]  # fmt: skip
     if horizon is not None:
         command += ["--horizon", str(horizon)]
+    if corpus.probe:
+        command += ["--probe", str(corpus.probe)]
     env = {**child_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     done = run_child(command, DOCTOR_TIMEOUT, cwd=folder, capture_output=True, env=env)
@@ -283,7 +288,7 @@ def diagnose(corpus: Corpus, runs: list[Run], horizon: int | None, half: str) ->
     """Every trained run of `runs` diagnosed by today's doctor (a snapshot of it); its folder's name, also written
     to doctor-latest-<half>.txt, where `report` looks first."""
     version, code = snapshot_doctor(corpus.root)
-    sub = doctor_folder(version, horizon)
+    sub = doctor_folder(version, horizon, corpus.probe)
     in_parallel(corpus.jobs, lambda run: diagnose_one(corpus, run, sub, code, horizon), runs)
     latest_file(corpus.root, half).write_text(sub)
     return sub
@@ -549,6 +554,21 @@ def percent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
+def probe_lines(pr: dict) -> list[str]:
+    """The probe's table (`probe_scores`): per side, each verdict's count, how many on their side, the held-out
+    kinds' share; nothing where no run was probed."""
+    if not (pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs")):
+        return []
+    lines = ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | no probe | on their side "
+             "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for side, what in (("pipeline", "outside kinds of the pipeline's stages"),
+                       ("reward", "outside kinds of the reward's stages, and clean runs")):  # fmt: skip
+        p, h = pr[side], pr["held_out_kinds"][side]
+        lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | {p['None']} | "
+                     f"{p['right']} | {h['right']} / {h['runs']} |")  # fmt: skip
+    return lines
+
+
 def markdown(scores: dict) -> str:
     """The scores as the README's tables: the rates, per defect, and the confusion table."""
     n = scores["scored"]
@@ -596,15 +616,7 @@ def markdown(scores: dict) -> str:
         for kind, k in sorted(o["by_kind"].items()):
             firsts = ", ".join(f"{f} {n}" for f, n in k["first"].items())
             lines.append(f"| {kind} | {OUTSIDE[kind].stage} | {k['runs']} | {k['right']} | {k['silent']} | {firsts} |")
-    pr = scores.get("probe") or {}
-    if pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs"):
-        lines += ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | no probe | on their side "
-                  "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for side, what in (("pipeline", "outside kinds of the pipeline's stages"),
-                           ("reward", "outside kinds of the reward's stages, and clean runs")):  # fmt: skip
-            p, h = pr[side], pr["held_out_kinds"][side]
-            lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | {p['None']} | "
-                         f"{p['right']} | {h['right']} / {h['runs']} |")  # fmt: skip
+    lines += probe_lines(scores.get("probe") or {})
     lines += ["", "| planted \\ first cause | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for planted, row in sorted(scores["confusion"].items()):
         lines.append(f"| {planted} | " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
@@ -642,6 +654,7 @@ def main() -> None:
              "rest (held-out); required by diagnose and report")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--horizon", type=int, default=None, help="the doctor's --horizon (default: its own)")
+    parser.add_argument("--probe", type=int, default=0, help="the doctor's --probe K on every run (default 0: off)")
     parser.add_argument("--retry-failed", action="store_true", help="train: train failed runs again")
     parser.add_argument("--doctor", default=None,
                         help="report: this doctor-* folder (default: the half's latest diagnose)")  # fmt: skip
@@ -657,7 +670,7 @@ def main() -> None:
         parser.error("a stage (train, diagnose, report) or --quick")
     if args.stage in ("diagnose", "report") and args.half not in ("tuning", "held-out"):
         parser.error(f"{args.stage} needs --half tuning or --half held-out (the halves are scored apart)")
-    corpus = Corpus(Path(args.dir) if args.dir else DEFAULT_DIR, jobs=args.jobs)
+    corpus = Corpus(Path(args.dir) if args.dir else DEFAULT_DIR, jobs=args.jobs, probe=args.probe)
     runs = runs_of(seeds_of(args), quick=False)
     if args.stage == "train":
         results = train(corpus, runs, args.retry_failed)

@@ -159,8 +159,11 @@ def test_stranger_corpus_trains_diagnoses_and_scores_three_tiny_runs(tmp_path):
 def test_the_stranger_tables_state_the_saved_reports():
     """Each stranger-corpus report saved in benchmarks/results/ has its rates in benchmarks/README.md as the report
     computed them (rate and runs, as the tables print them; the outside kinds' right and silent rates, all and held-out
-    kinds only): a table edited by hand fails here."""
+    kinds only; the probe's table): a table edited by hand fails here."""
     folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(folder))
+    from stranger_corpus import probe_lines
+
     readme = " ".join((folder / "README.md").read_text().split())
     reports = sorted((folder / "results").glob("stranger-*.json"))
     assert reports, "no stranger-corpus report is saved"
@@ -178,3 +181,5 @@ def test_the_stranger_tables_state_the_saved_reports():
                 if part.get(rate) is not None:
                     said = f"{part[rate]:.0%} ({part['runs']})"
                     assert said in readme, f"benchmarks/README.md does not state {path.name}'s outside {rate}: {said}"
+        for line in probe_lines(r.get("probe") or {}):  # the probe's table, as the report printed it
+            assert " ".join(line.split()) in readme, f"benchmarks/README.md does not state {path.name}'s probe: {line}"

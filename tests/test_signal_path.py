@@ -40,7 +40,7 @@ def doctor(captures: Path, user: Path, funcs: str = "user_train.py:REWARD_FUNCS"
     out = user / f"{captures.parent.name}-report.json"
     done = subprocess.run(
         [sys.executable, "-m", "grpo_debug", "doctor", str(step), "--task", funcs, "--horizon", "0", "--held-out", "0",
-         "--json", str(out)],
+         "--probe", "8", "--json", str(out)],
         cwd=user, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, f"the doctor failed on {step}:\n{done.stderr[-2000:]}"
@@ -71,7 +71,7 @@ def test_a_learning_rate_far_too_small_is_lost_at_the_update(user):
     path = [line.split()[0] for line in report["text"].splitlines() if line.startswith("  ") and "%" in line[:20]]
     assert path[:7] == STAGES, f"the text report does not open with the signal's path: {report['text'][:1500]}"
     assert "<- lost here" in report["text"].split("the doctor:")[0], report["text"][:1500]
-    probe = report["probe"]  # on by default on a capture: the pipeline moves nothing, whatever the reward
+    probe = report["probe"]  # the pipeline moves nothing, whatever the reward
     assert probe["carries"] is False and probe["kl_moved"] < 1e-10, probe
     assert probe["verdict"] == "slow" and "too little to learn" in probe["said"] and "probe:" in report["text"], probe
 

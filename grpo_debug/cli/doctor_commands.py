@@ -70,8 +70,9 @@ def add_doctor_parser(sub) -> None:
         type=ascii_int,
         metavar="K",
         help="is it the reward or the pipeline: a probe reward the model can learn (tokens it samples 20-80%% of "
-        "the time) trained K steps on the run's own config and optimizer, 6 seeds, within --budget (default: 8 on a "
-        "capture, 0 on the bundled step; 0: off)",
+        "the time) trained K steps (8 is the probe's own default) on the run's own config and optimizer, 6 seeds, "
+        "within --budget; off by default: on the stranger corpus's held-out runs it does not yet tell the two apart "
+        "(benchmarks/README.md)",
     )
     dr.add_argument(
         "--horizon-seeds",
@@ -104,7 +105,6 @@ def diagnosed(args, where: dict | None, cfg, overrides: dict):
     from ..capture.opening import open_capture
     from ..doctor import diagnose, diagnose_without_model
     from ..doctor.horizon import HORIZON
-    from ..doctor.probe import PROBE_STEPS
     from ..step import GRPOStep
 
     if args.no_model:
@@ -112,7 +112,7 @@ def diagnosed(args, where: dict | None, cfg, overrides: dict):
     step = open_capture(args.path, args.task, **where, **overrides) if args.path else GRPOStep(cfg, **where)
     horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
     budget = args.budget if args.budget is not None else BUDGET["cpu" if where["device"] == "cpu" else "cuda"]
-    probe = args.probe if args.probe is not None else (PROBE_STEPS if args.path else 0)
+    probe = args.probe or 0
     return diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget, True, probe)
 
 
