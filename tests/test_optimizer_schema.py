@@ -111,12 +111,14 @@ def flipped_tail(file: Path) -> None:
 NAN = float("nan")
 CASES = {  # damage: (capture.json change, optimizer state change, the field the one line names and what it says)
     "learning_rate NaN": (set_entry("learning_rate", [NAN, NAN]), None, r"optimizer\.learning_rate\[0\] = nan is not"),
-    "learning_rate -1": (set_entry("learning_rate", [-1, -1]), None, r"optimizer\.learning_rate\[0\] = -1 is not a finite rate >= 0"),
-    "learning_rate 1e300": (set_entry("learning_rate", [1e300, 1e300]), None, r"optimizer\.learning_rate\[0\] = 1e\+300 is not optimizer\.groups\[0\]\.lr = "),
+    "learning_rate -1": (set_entry("learning_rate", [-1, -1]), None, r"optimizer\.learning_rate\[0\] = -1 is not a rate from 0 to 10"),
+    "learning_rate 1e300": (set_entry("learning_rate", [1e300, 1e300]), None, r"optimizer\.learning_rate\[0\] = 1e\+300 is not a rate from 0 to 10"),
+    "lr 1e300 in the group and at the top": (lambda js: (set_entry("learning_rate", [1e300, 1e300])(js), set_group("lr", 1e300)(js)), None, r"optimizer\.groups\[0\]\.lr = 1e\+300 is not a rate from 0 to 10"),
+    "exp_avg 1e38": (None, set_tensor("exp_avg", lambda t: torch.full_like(t, 1e38)), r"/exp_avg is not an Adam first moment beside its exp_avg_sq: \|exp_avg\| passes 7\.\d+ x sqrt\(exp_avg_sq\)"),
     "learning_rate missing": (lambda js: optimizer(js).pop("learning_rate"), None, r"optimizer\.learning_rate is missing"),
     "one rate for two groups": (set_entry("learning_rate", [0.0005]), None, r"optimizer\.learning_rate = \[0\.0005\] is not one rate per parameter group \(2\)"),
     "learning_rate a string": (set_entry("learning_rate", "0.0005"), None, r"optimizer\.learning_rate = '0\.0005' is not one rate per parameter group"),
-    "learning_rate strings": (set_entry("learning_rate", ["0.0005", "0.0005"]), None, r"optimizer\.learning_rate\[0\] = '0\.0005' is not a finite rate"),
+    "learning_rate strings": (set_entry("learning_rate", ["0.0005", "0.0005"]), None, r"optimizer\.learning_rate\[0\] = '0\.0005' is not a rate from 0 to 10"),
     "negative exp_avg_sq": (None, set_tensor("exp_avg_sq", negative_entry), r"/exp_avg_sq has negative entries \(min -3\.2e-05\); an Adam second moment is >= 0"),
     "step -1": (None, set_tensor("step", lambda t: torch.tensor(-1.0)), r"/step = -1 is not a count of steps"),
     "step of shape (5,)": (None, set_tensor("step", lambda t: torch.ones(5)), r"/step has shape \(5,\), not a scalar"),

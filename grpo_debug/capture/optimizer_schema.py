@@ -2,7 +2,7 @@
 or optimizer is built (`optimizer_state` says what is recorded and how the replay rebuilds it).
 
 capture.json's `optimizer` block: `module` and `class` strings; `groups`, each a list of parameter names and the
-class's hyper-parameters (lr a finite rate >= 0, betas two numbers in [0, 1), eps finite > 0, weight_decay finite
+class's hyper-parameters (lr a rate from 0 to MAX_RATE, betas two numbers in [0, 1), eps finite > 0, weight_decay finite
 >= 0, momentum and dampening finite >= 0, flags true or false); `learning_rate`, the rate the scheduler set for the
 step, one per group and equal to that group's lr; `scheduler` (its base_lrs one per group and equal to each group's
 initial_lr where both are stated); `bytes`, the size of the state written.
@@ -10,8 +10,9 @@ initial_lr where both are stated); `bytes`, the size of the state written.
 optimizer.safetensors, keyed `<parameter>/<key>`: every key names a grouped parameter and one of the keys its class
 keeps (AdamW, Adam: step, exp_avg, exp_avg_sq, and max_exp_avg_sq under amsgrad; SGD: momentum_buffer); a parameter
 with state holds all of them; `step` is one whole number from 0 to the steps the trainer had taken; the other
-tensors are finite, floating, in their parameter's shape and dtype (read from the capture's weight headers), and a
-second moment is >= 0.
+tensors are finite, floating, in their parameter's shape and dtype (read from the capture's weight headers), a
+second moment is >= 0, and an Adam first moment within what Adam's recursion reaches beside its second
+(`adam_moment_bound`: an exp_avg of 1e38 is no moment, and its update would overflow).
 
 Decided here:
 - dtype: torch's optimizers make a parameter's state with `zeros_like(param)`, so a float16 or bfloat16 state is
@@ -115,7 +116,7 @@ def _hyper_problem(group: dict, cls: str | None) -> str | None:
             f" has no {missing[0]!r}: {cls or 'an optimizer'}'s groups hold {', '.join(GROUP_KEYS.get(cls, ('lr',)))}"
         )
     checks = {
-        "lr": (_rate, "a finite rate >= 0"),
+        "lr": (_sane_rate, f"a rate from 0 to {MAX_RATE:g}"),
         "betas": (_betas, "two numbers in [0, 1)"),
         "eps": (lambda v: _number(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
         "weight_decay": (_rate, "a finite number >= 0"),
@@ -138,8 +139,8 @@ def _rates_problem(entry: dict) -> str | None:
     if not isinstance(rates, list) or len(rates) != len(groups):
         return f"optimizer.learning_rate = {shown_value(rates)} is not one rate per parameter group ({len(groups)})"
     for i, (rate, group) in enumerate(zip(rates, groups)):
-        if not _rate(rate):
-            return f"optimizer.learning_rate[{i}] = {shown_value(rate)} is not a finite rate >= 0"
+        if not _sane_rate(rate):
+            return f"optimizer.learning_rate[{i}] = {shown_value(rate)} is not a rate from 0 to {MAX_RATE:g}"
         if rate != group["lr"]:
             lr = group["lr"]
             return (
@@ -188,7 +189,39 @@ def _state_problem(entry: dict, tensors: dict[str, torch.Tensor], stored: dict, 
             problem = _tensor_problem(part, value, _stored_as(name, stored), step, entry["class"])
         if problem:
             return f"{key} {problem}"
-    return _missing_problem(entry, tensors, group_of) or _bytes_problem(entry, tensors, group_of)
+    return (
+        _moments_problem(entry, tensors, group_of)
+        or _missing_problem(entry, tensors, group_of)
+        or _bytes_problem(entry, tensors, group_of)
+    )
+
+
+def adam_moment_bound(beta1: float, beta2: float) -> float | None:
+    """The most |exp_avg| / sqrt(exp_avg_sq) Adam's recursion can reach, whatever the gradients: by Cauchy-Schwarz
+    on m_t = (1 - b1) sum b1^k g and v_t = (1 - b2) sum b2^k g^2, (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)). None
+    where b1^2 >= b2 (no bound of this form) or b2 is 0."""
+    if not (0 < beta2 < 1) or beta1**2 >= beta2:
+        return None
+    return (1 - beta1) / math.sqrt((1 - beta2) * (1 - beta1**2 / beta2))
+
+
+def _moments_problem(entry: dict, tensors: dict[str, torch.Tensor], group_of: dict) -> str | None:
+    """An Adam first moment its second could not have come with (`adam_moment_bound`, 1% of float slack): a state
+    edited, or one whose update would overflow (an exp_avg of 1e38 beside a normal exp_avg_sq)."""
+    if entry["class"] not in ("Adam", "AdamW"):
+        return None
+    for key in sorted(k for k in tensors if k.endswith("/exp_avg")):
+        name = key.rpartition("/")[0]
+        second = tensors.get(f"{name}/exp_avg_sq")
+        bound = adam_moment_bound(*group_of[name]["betas"]) if second is not None else None
+        if bound is None:
+            continue
+        first, second = tensors[key].double(), second.double()
+        excess = (first.abs() - 1.01 * bound * second.sqrt()).max().item() if first.numel() else 0.0
+        if excess > 1e-30:
+            return (f"{key} is not an Adam first moment beside its exp_avg_sq: |exp_avg| passes {bound:.3g} x "
+                    "sqrt(exp_avg_sq), the most Adam's recursion reaches with these betas")  # fmt: skip
+    return None
 
 
 def _kept(entry: dict, group: dict) -> tuple[str, ...] | None:
@@ -305,6 +338,13 @@ def _number(value) -> bool:
 
 def _rate(value) -> bool:
     return _number(value) and math.isfinite(value) and value >= 0
+
+
+MAX_RATE = 10.0  # a learning rate above this moves every weight past its own size in one step: not a rate
+
+
+def _sane_rate(value) -> bool:
+    return _rate(value) and value <= MAX_RATE
 
 
 def _betas(value) -> bool:

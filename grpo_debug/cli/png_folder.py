@@ -10,7 +10,7 @@ from .checks import covers
 
 def png_folder_problem(folder: str, reads: list[str]) -> str | None:
     """Why the figures cannot go to `folder`, in one line; None where they can."""
-    if folder == "" or os.path.isfile(folder):
+    if folder == "" or (os.path.lexists(folder) and not os.path.isdir(folder)):  # a file, a device, a dangling link
         return f"--png {folder or repr(folder)}: not a folder (the figures are written as DIR/<rank>-<finding>-*.png)"
     parent = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
     if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):

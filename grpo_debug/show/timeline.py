@@ -350,7 +350,7 @@ def href(target: Path, page: Path) -> str:
 
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 62em; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 62em; color: #222; overflow-wrap: anywhere; }
 h2 { font-size: 15px; margin: 1.2em 0 .2em; } table { border-collapse: collapse; }
 td, th { border-bottom: 1px solid #ddd; padding: .3em .6em; text-align: left; vertical-align: top; }
 .problem { color: #c62828; } .warning { color: #ef6c00; } code { background: #eee; padding: 0 .2em; }

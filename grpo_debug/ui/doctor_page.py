@@ -26,7 +26,7 @@ from .report_figures import carded, evidence_figure, fix_words, horizon_arms
 COLOURS = {"problem": "#c62828", "warning": "#ef6c00", "info": "#1565c0", "absent": "#9e9e9e"}
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 1.2em auto; max-width: 62em; padding: 0 1em; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.2em auto; max-width: 62em; padding: 0 1em; color: #222; overflow-wrap: anywhere; }
 h1 { font-size: 20px; margin: 0 0 .2em; overflow-wrap: anywhere; } h2 { font-size: 16px; margin: .2em 0; }
 .verdict { font-size: 16px; background: #fff8e1; border-left: 6px solid #ef6c00; padding: .5em .8em; }
 .verdict.quiet { background: #e8f5e9; border-color: #2e7d32; }
@@ -253,13 +253,19 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
 
 def write_pngs(report: Report, folder: str | Path) -> list[Path]:
     """`doctor --png DIR`: every figure of the page as a PNG file, named `<rank>-<finding>-evidence|horizon.png`."""
+    from ..files import write_atomically
     from .report_figures import figures_of
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"could not make the folder {folder}: {e.strerror or e}") from None
     written = []
     for name, fig in figures_of(report).items():
-        path = folder / f"{name}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        path = folder / f"{name}.png"  # whole or not at all: a full disk leaves no half-written figure
+        write_atomically(
+            path, lambda f, fig=fig: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"), binary=True
+        )
         written.append(path)
     return written
