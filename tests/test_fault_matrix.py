@@ -257,6 +257,19 @@ def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(captur
     assert unscorable([True, False], {"f": [1.0, 0.0]}, "t.py:f") is None  # one scored: a replay to compare
 
 
+def test_one_function_that_scores_nothing_the_run_scored_stops_the_replay():
+    """Of two functions, one returns NaN or None on every row the run's scored: the other's sum is not the trainer's
+    reward (-1.469 where it logged -0.905), so the replay stops naming it; a function the run also left unscored,
+    or one that scored a row, goes on."""
+    from grpo_debug.cli.capture_commands import function_unscored
+
+    captured = {"format": [1.0, 0.0], "judge": [0.5, 0.7]}
+    said = function_unscored({"format": [False, False], "judge": [True, True]}, captured, "r.py:FUNCS")
+    assert said and "reward function 'judge' returned None or NaN on all 2 completions, where the run's scored 2" in said
+    assert function_unscored({"format": [False, False], "judge": [True, False]}, captured, "r.py:FUNCS") is None
+    assert function_unscored({"judge": [True, True]}, {"judge": [None, None]}, "r.py:FUNCS") is None
+
+
 def test_a_captures_index_past_its_bound_is_refused_before_it_is_read(tmp_path, capsys):
     from grpo_debug.cli.commands import main
     from grpo_debug.show.timeline import MAX_FILE_BYTES

@@ -65,8 +65,11 @@ def replay_command(parser, args) -> int:
     print(estimate_line(replay_estimate(args.path)))
     try:
         step = open_capture(args.path, args.task, **where, **overrides)
-        scored = step.run(until="rewards").rewards.total
-        problem = unscorable(scored.isnan().tolist(), step.capture.meta["rewards"], args.task)
+        rewards = step.run(until="rewards").rewards
+        captured = step.capture.meta["rewards"]
+        problem = unscorable(rewards.total.isnan().tolist(), captured, args.task) or function_unscored(
+            {name: values.isnan().tolist() for name, values in rewards.per_function.items()}, captured, args.task
+        )
         if problem:
             parser.error(problem)
         run = step.run(until="update")
@@ -119,6 +122,20 @@ def unscorable(unscored: list[bool], captured: dict[str, list], task: str | None
         "trainer's step; fix the functions (doctor --task names them under bad_reward), or leave out --task to "
         "replay the captured rewards"
     )
+
+
+def function_unscored(unscored: dict[str, list[bool]], captured: dict[str, list], task: str | None) -> str | None:
+    """Why the replay stops: one of your functions returned None or NaN on every completion where the run's own
+    scored some (the others' sum is then not the trainer's: a reward -1.5 where it logged -0.9). None: none did."""
+    for name, none in unscored.items():
+        run_scored = sum(v is not None for v in captured.get(name, []))
+        if none and all(none) and run_scored:
+            return (
+                f"--task {task}: reward function {name!r} returned None or NaN on all {len(none)} completions, where "
+                f"the run's scored {run_scored}: not the function as it ran (doctor --task compares each row under "
+                "rewards_not_own), so no reward replayed could be compared with the trainer's"
+            )
+    return None
 
 
 def add_landing_parser(sub) -> None:
