@@ -265,7 +265,9 @@ def test_one_function_that_scores_nothing_the_run_scored_stops_the_replay():
 
     captured = {"format": [1.0, 0.0], "judge": [0.5, 0.7]}
     said = function_unscored({"format": [False, False], "judge": [True, True]}, captured, "r.py:FUNCS")
-    assert said and "reward function 'judge' returned None or NaN on all 2 completions, where the run's scored 2" in said
+    assert (
+        said and "reward function 'judge' returned None or NaN on all 2 completions, where the run's scored 2" in said
+    )
     assert function_unscored({"format": [False, False], "judge": [True, False]}, captured, "r.py:FUNCS") is None
     assert function_unscored({"judge": [True, True]}, {"judge": [None, None]}, "r.py:FUNCS") is None
 

@@ -128,6 +128,9 @@ def _hyper_problem(group: dict, cls: str | None) -> str | None:
     for key, (ok, what) in checks.items():
         if key in group and not ok(group[key]):
             return f".{key} = {shown_value(group[key])} is not {what}"
+    together = [flag for flag in ("fused", "differentiable", "foreach") if group.get(flag) is True]
+    if "fused" in together and len(together) > 1:  # torch refuses to build such an optimizer: no trainer held one
+        return f" sets {' and '.join(together)}: torch's optimizers take fused with neither differentiable nor foreach"
     return None
 
 
