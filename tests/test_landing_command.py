@@ -130,6 +130,16 @@ def test_the_second_capture_is_checked_as_the_first_before_anything_is_compared(
     said = refusal(capsys, step_3, gone)
     assert str(gone) in said, said
 
+    assert json.loads((captures / "step-3" / "capture.json").read_text())["run"] == json.loads(
+        (captures / "step-4" / "capture.json").read_text()
+    )["run"], "two captures of one run carry one run id"
+    foreign = _copy(captures, tmp_path, "foreign")
+    meta = json.loads((foreign / "capture.json").read_text())
+    (foreign / "capture.json").write_text(json.dumps({**meta, "run": "0" * 32}))
+    write_checksums(foreign)  # another recorder's capture of the same config, sealed as its own
+    said = refusal(capsys, step_3, foreign)
+    assert "are not captures of one run: their recorders' run ids differ" in said, said
+
     boolean = _copy(captures, tmp_path, "boolean")
     meta = json.loads((boolean / "capture.json").read_text())
     (boolean / "capture.json").write_text(json.dumps({**meta, "step": True}))

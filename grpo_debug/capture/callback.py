@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -127,6 +128,7 @@ class CaptureCallback(TrainerCallback):
         self.said: set[str] = set()  # warnings outside any step, each given once
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
         self.crash: BaseException | None = None  # the user's error already recorded (each wrapper it passes sees it)
+        self.run_id = uuid.uuid4().hex  # written in every capture: `landing` pairs two captures of one run by it
         self.lock = folder_lock.lock_for(self)  # one run per folder: FolderInUse where a live run holds it
         if self.lock is not None:
             remove_partials(self.out_dir)  # a killed run's half-written captures: nobody else writes here now
@@ -404,6 +406,7 @@ class CaptureCallback(TrainerCallback):
         try:
             capture["trainer_logps"] = self._trainer_logps(capture)  # collective: every process gathers
             capture["ranks"] = self._ranks(capture)  # collective too: every process's own schedule
+            capture["run"] = self.run_id
             if state.is_world_process_zero:
                 logged = logged_fields(step, logs, state, self.course)
                 self.written[step] = write_capture(

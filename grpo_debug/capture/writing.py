@@ -206,6 +206,7 @@ def capture_meta(trainer, step: int, capture: dict, generation: dict, policy: di
         "schedule": schedule(t, capture, generation),
         "step_metrics": jsonable(capture["step_metrics"]),
         "trigger": jsonable(capture["trigger"]) or None,  # why FlightRecorder wrote it; None: it was asked for
+        "run": capture.get("run"),  # the recorder's id of the run: two captures of one run share it
         "kernels": kernels_in_use(),
     }
 

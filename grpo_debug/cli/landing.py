@@ -18,6 +18,8 @@ def pair_problem(first: str, second: str) -> str | None:
     for path, meta in ((first, a), (second, b)):
         if type(meta.get("step")) is not int:  # a bool is no step
             return f"{path} is not a capture: no readable capture.json with its step (CaptureCallback writes step-<k>/)"
+    if isinstance(a.get("run"), str) and isinstance(b.get("run"), str) and a["run"] != b["run"]:
+        return f"{first} and {second} are not captures of one run: their recorders' run ids differ ({a['run']}, {b['run']})"
     for key in SAME_RUN:
         if a.get(key) != b.get(key):
             return (
