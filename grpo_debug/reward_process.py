@@ -271,6 +271,8 @@ def not_functions(name: str, container: str, described: list[dict]) -> str | Non
 
 
 @atexit.register  # after multiprocessing's own: its join of a worker that ignores SIGTERM would never end
-def _kill_all() -> None:
+def stop_all() -> None:
+    """Every worker killed and forgotten: at exit, and when a command ends (the next one imports its file anew)."""
     for process in list(_LIVE):
         process.kill()
+    _PROCESSES.clear()

@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         "reseal": reseal_command,
         "landing": landing_command,
     }
-    return commands[args.command](parser, args)
+    try:
+        return commands[args.command](parser, args)
+    finally:
+        if "grpo_debug.reward_process" in sys.modules:  # the command's reward functions' process, if it started one
+            sys.modules["grpo_debug.reward_process"].stop_all()
 
 
 def run_main() -> int:

@@ -1,0 +1,184 @@
+"""Checked exercises for the student's path, as CS336's assignment checks its GRPO helpers: the student writes a
+function in a notebook cell, and a checker calls it on random and edge-case inputs, compares it with the library's
+and says in one sentence what is wrong.
+
+    check_advantages(group_advantages)          # 04: rewards (B*G,), G -> advantages (B*G,)
+    check_clipped_objective(clipped_objective)  # 05: per-token loss of the clipped objective with its KL term
+    check_normaliser(grpo_normaliser)           # 05: per-token losses and the mask -> TRL's "grpo" loss
+
+Each returns a line saying what it checked where the function passes, and raises `ExerciseFailed` (an
+AssertionError) with the first problem found where it does not. The stored notebooks hold solutions; `make
+exercises` writes copies with each solution cell emptied (`tests/test_exercises.py` shows every checker rejects a
+typical wrong answer with its sentence and accepts the solution).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .advantages import compute_advantages
+from .loss import per_token_kl
+
+TOLERANCE = 1e-5
+
+
+class ExerciseFailed(AssertionError):
+    """A student's function that does not do what the exercise asks: the message says what, in a sentence."""
+
+
+def _close(mine: torch.Tensor, reference: torch.Tensor) -> bool:
+    return mine.shape == reference.shape and bool(torch.allclose(mine, reference, atol=TOLERANCE, rtol=TOLERANCE))
+
+
+def _called(fn, what: str, *args) -> torch.Tensor:
+    try:
+        out = fn(*args)
+    except NotImplementedError:
+        raise ExerciseFailed(f"{what}: not written yet (it raises NotImplementedError)") from None
+    if not isinstance(out, torch.Tensor):
+        raise ExerciseFailed(f"{what} returned {type(out).__name__}, not a torch.Tensor")
+    return out.detach().float()
+
+
+# ---------------------------------------------------------------- 04: the group advantage
+
+
+def advantage_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, int]]:
+    """(what, rewards, G): random groups, a group whose rewards are all equal, a clean +-1 group, G = 2."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        ("4 random groups of 8", torch.randn(32, generator=g), 8),
+        ("a group whose 4 rewards are equal, beside one that varies", torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1]), 4),
+        ("a clean +-1 group", torch.tensor([1.0, -1, 1, -1]), 4),
+        ("rewards in the thousands, G = 2", 1000 * torch.randn(6, generator=g), 2),
+    ]
+
+
+def check_advantages(fn) -> str:
+    """`fn(rewards, G)`: each reward minus its group's mean, divided by its group's std (torch's default, n - 1)
+    plus 1e-4, as TRL's default scale_rewards="group"."""
+    for what, rewards, G in advantage_cases():
+        mine = _called(fn, f"your function on {what}", rewards.clone(), G)
+        reference = compute_advantages(rewards, G)
+        if mine.shape != reference.shape:
+            raise ExerciseFailed(
+                f"on {what} your advantages have shape {tuple(mine.shape)}, not {tuple(rewards.shape)}"
+            )
+        if not torch.isfinite(mine).all():
+            raise ExerciseFailed(f"on {what} your advantages are not all finite: a group of equal rewards has std 0; "
+                                 "add 1e-4 to the std, as TRL does")  # fmt: skip
+        if _close(mine, reference):
+            continue
+        grouped = mine.view(-1, G)
+        if grouped.mean(1).abs().max() > 1e-4:
+            raise ExerciseFailed(f"on {what} your advantages are not zero-mean within a group: did you subtract each "
+                                 "group's own mean (rewards.view(-1, G).mean(1)), not the batch's?")  # fmt: skip
+        centred = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True)
+        population = (centred / (rewards.view(-1, G).std(1, unbiased=False, keepdim=True) + 1e-4)).flatten()
+        if _close(mine, population):
+            raise ExerciseFailed(f"on {what} you divided by the population std (n); TRL divides by torch's default "
+                                 "std, with n - 1 (unbiased)")  # fmt: skip
+        if _close(mine, centred.flatten()):
+            raise ExerciseFailed(f"on {what} your advantages are centred but not scaled: divide by the group's std "
+                                 "plus 1e-4 (scale_rewards='none' is Dr. GRPO's choice, not TRL's default)")  # fmt: skip
+        raise ExerciseFailed(f"on {what} your advantages differ from TRL's by up to "
+                             f"{(mine - reference).abs().max():.3g}: (r - group mean) / (group std + 1e-4)")  # fmt: skip
+    return "check_advantages: passed (random groups, a group of equal rewards, a clean +-1 group, G = 2)"
+
+
+# ---------------------------------------------------------------- 05: the clipped objective and its KL term
+
+
+def objective_cases(seed: int = 0) -> list[tuple[str, dict]]:
+    """(what, inputs): tokens with ratios on both sides of the clip for A > 0 and A < 0, and beta 0 and > 0."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(4, 6, generator=g) * 3
+    shift = torch.tensor([-0.5, -0.25, -0.1, 0.0, 0.1, 0.5])  # ratios from 0.61 to 1.65: both sides of [0.8, 1.2]
+    ref = old + 0.1 * torch.randn(4, 6, generator=g)
+    A = torch.tensor([[1.5], [-1.5], [0.5], [-0.5]])
+    base = dict(logps=old + shift, old_logps=old, advantages=A, ref_logps=ref, epsilon=0.2, beta=0.04)
+    return [
+        ("ratios on both sides of the clip, A > 0 and A < 0, beta 0.04", base),
+        ("the same without the KL term (beta 0)", {**base, "beta": 0.0}),
+        ("the ratio exactly 1 (on-policy)", {**base, "logps": old.clone()}),
+    ]
+
+
+def clipped_objective_reference(logps, old_logps, advantages, ref_logps, epsilon: float, beta: float) -> torch.Tensor:
+    """(N, C) the per-token loss: -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta k3, r = exp(logp - logp_old)."""
+    ratio = torch.exp(logps - old_logps)
+    policy = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+    return policy + beta * per_token_kl(logps, ref_logps, estimator="k3")
+
+
+def check_clipped_objective(fn) -> str:
+    """`fn(logps, old_logps, advantages, ref_logps, epsilon, beta)` -> (N, C) the per-token loss to minimise."""
+    for what, inputs in objective_cases():
+        mine = _called(
+            fn, f"your objective on {what}", *(v.clone() if torch.is_tensor(v) else v for v in inputs.values())
+        )
+        reference = clipped_objective_reference(**inputs)
+        if _close(mine, reference):
+            continue
+        if _close(mine, -reference):
+            raise ExerciseFailed(f"on {what} your loss has the wrong sign: the objective is maximised, so the loss "
+                                 "to minimise is its negative")  # fmt: skip
+        unclipped = -torch.exp(inputs["logps"] - inputs["old_logps"]) * inputs["advantages"] + inputs[
+            "beta"
+        ] * per_token_kl(inputs["logps"], inputs["ref_logps"], estimator="k3")
+        if _close(mine, unclipped):
+            raise ExerciseFailed(f"on {what} your loss is not clipped: take min(r A, clip(r, 1 - eps, 1 + eps) A)")
+        no_kl = clipped_objective_reference(**{**inputs, "beta": 0.0})
+        if inputs["beta"] and _close(mine, no_kl):
+            raise ExerciseFailed(f"on {what} your loss leaves out the KL term: add beta * k3, k3 = exp(ref - logp) - "
+                                 "(ref - logp) - 1")  # fmt: skip
+        ratio = torch.exp(inputs["logps"] - inputs["old_logps"])
+        clipped_max = -torch.max(ratio * inputs["advantages"], torch.clamp(ratio, 0.8, 1.2) * inputs["advantages"])
+        if _close(mine - (reference - no_kl), clipped_max):
+            raise ExerciseFailed(f"on {what} you took the max of the two terms: the clipped objective is the min "
+                                 "(the pessimistic bound), which for A < 0 stops a ratio from falling below 1 - eps")  # fmt: skip
+        worst = (mine - reference).abs().max() if mine.shape == reference.shape else float("nan")
+        raise ExerciseFailed(f"on {what} your per-token loss differs from the clipped objective's by up to {worst:.3g}"
+                             f" (shape {tuple(mine.shape)}, expected {tuple(reference.shape)})")  # fmt: skip
+    return "check_clipped_objective: passed (both sides of the clip for A > 0 and A < 0, beta 0 and 0.04, ratio 1)"
+
+
+# ---------------------------------------------------------------- 05: one normaliser
+
+
+def normaliser_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    losses = torch.randn(4, 6, generator=g)
+    lengths = torch.tensor([6, 3, 1, 5])
+    mask = (torch.arange(6)[None] < lengths[:, None]).float()
+    return [
+        ("completions of 6, 3, 1 and 5 tokens", losses, mask),
+        ("the padding holding large values the mask must hide", losses + 100 * (1 - mask), mask),
+    ]
+
+
+def grpo_normaliser_reference(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """TRL's loss_type="grpo": each completion's mean over its own tokens, then the mean over completions."""
+    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def check_normaliser(fn) -> str:
+    """`fn(per_token (N, C), mask (N, C))` -> the scalar loss of TRL's loss_type="grpo"."""
+    for what, losses, mask in normaliser_cases():
+        mine = _called(fn, f"your normaliser on {what}", losses.clone(), mask.clone())
+        reference = grpo_normaliser_reference(losses, mask)
+        if mine.numel() != 1:
+            raise ExerciseFailed(f"on {what} your loss has shape {tuple(mine.shape)}: it is one number")
+        mine = mine.reshape(())
+        if _close(mine, reference):
+            continue
+        if _close(mine, (losses * mask).sum() / mask.sum()):
+            raise ExerciseFailed(f"on {what} you divided by all the batch's tokens at once (that is 'bnpo'/'dapo'): "
+                                 "'grpo' averages each completion over its own tokens first")  # fmt: skip
+        if _close(mine, losses.mean(-1).mean()):
+            raise ExerciseFailed(f"on {what} your mean counts the padding: multiply by the mask and divide by each "
+                                 "completion's own token count")  # fmt: skip
+        raise ExerciseFailed(
+            f"on {what} your loss is {mine.item():.6g}, the 'grpo' normaliser's {reference.item():.6g}"
+        )
+    return "check_normaliser: passed (completions of other lengths, padding the mask must hide)"
