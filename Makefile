@@ -26,7 +26,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-slow test-kernels test-latest lock notebooks setup stockfish chromium data model evaluate
+.PHONY: lab test test-slow test-kernels test-latest lock notebooks exercises setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,12 @@ notebooks: setup
 	  $(BIN)/python tests/notebook_pairs.py --tidy "$$nb" && \
 	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
 	done
+
+# The student's copies of the notebooks with exercises: every cell tagged "solution" emptied (its functions' bodies
+# raise NotImplementedError), every output cleared, in exercises/ (`grpo_debug.exercises.student_copy`).
+EXERCISE_NOTEBOOKS := notebooks/04_advantages.ipynb notebooks/05_loss.ipynb
+exercises: setup
+	$(BIN)/python -m grpo_debug.exercises exercises $(EXERCISE_NOTEBOOKS)
 
 # pytest and nbval on every core, the 30 slowest tests and set-ups printed at the end; `make test` takes what is
 # not marked `slow` (tests/conftest.py marks the slow notebooks), `make test-slow` the rest.

@@ -44,11 +44,11 @@ def _called(fn, what: str, *args) -> torch.Tensor:
 
 
 def advantage_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, int]]:
-    """(what, rewards, G): random groups, a group whose rewards are all equal, a clean +-1 group, G = 2."""
+    """(what, rewards, G): a group whose rewards are all equal, random groups, a clean +-1 group, G = 2."""
     g = torch.Generator().manual_seed(seed)
     return [
-        ("4 random groups of 8", torch.randn(32, generator=g), 8),
         ("a group whose 4 rewards are equal, beside one that varies", torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1]), 4),
+        ("4 random groups of 8", torch.randn(32, generator=g), 8),
         ("a clean +-1 group", torch.tensor([1.0, -1, 1, -1]), 4),
         ("rewards in the thousands, G = 2", 1000 * torch.randn(6, generator=g), 2),
     ]
@@ -78,6 +78,9 @@ def check_advantages(fn) -> str:
         if _close(mine, population):
             raise ExerciseFailed(f"on {what} you divided by the population std (n); TRL divides by torch's default "
                                  "std, with n - 1 (unbiased)")  # fmt: skip
+        if _close(mine, (centred / rewards.view(-1, G).std(1, keepdim=True)).flatten()):
+            raise ExerciseFailed(f"on {what} you divided by the std alone: add 1e-4 to it, as TRL does (a group of "
+                                 "equal rewards has std 0)")  # fmt: skip
         if _close(mine, centred.flatten()):
             raise ExerciseFailed(f"on {what} your advantages are centred but not scaled: divide by the group's std "
                                  "plus 1e-4 (scale_rewards='none' is Dr. GRPO's choice, not TRL's default)")  # fmt: skip
@@ -182,3 +185,54 @@ def check_normaliser(fn) -> str:
             f"on {what} your loss is {mine.item():.6g}, the 'grpo' normaliser's {reference.item():.6g}"
         )
     return "check_normaliser: passed (completions of other lengths, padding the mask must hide)"
+
+
+# ---------------------------------------------------------------- the student's copies
+
+
+def emptied(source: str) -> str:
+    """A solution cell's code with each top-level function's body replaced by `raise NotImplementedError` (its
+    signature and docstring kept): what the student starts from."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    out, last = [], 0
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        first = node.body[0]
+        keep_to = first.end_lineno if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else None
+        body_start = keep_to if keep_to is not None else first.lineno - 1
+        indent = " " * (first.col_offset)
+        out += lines[last:body_start]
+        out.append(f"{indent}raise NotImplementedError(\"your code here\")")
+        last = node.end_lineno
+    out += lines[last:]
+    return "\n".join(out) + ("\n" if source.endswith("\n") else "")
+
+
+def student_copy(notebook: str, folder: str) -> str:
+    """`notebook` (.ipynb) written into `folder` with every cell tagged "solution" emptied (`emptied`) and every
+    output cleared; the copy's path."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads(Path(notebook).read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        cell["outputs"], cell["execution_count"] = [], None
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            cell["source"] = emptied("".join(cell["source"])).splitlines(keepends=True)
+    out = Path(folder) / Path(notebook).name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return str(out)
+
+
+if __name__ == "__main__":  # `make exercises`: python -m grpo_debug.exercises OUT_FOLDER NOTEBOOK.ipynb ...
+    import sys
+
+    for path in sys.argv[2:]:
+        print(student_copy(path, sys.argv[1]))

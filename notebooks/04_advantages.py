@@ -61,6 +61,26 @@ print(f"group 0: rewards {' '.join(f'{v:+.3f}' for v in r[0].tolist())}\n"
       f"max |by hand - engine| over the batch: {by_hand_gap:.1e}")
 
 # %% [markdown]
+# **Exercise 1: the group advantage (about 5 minutes).** Write `group_advantages(rewards, G)` for a flat tensor of
+# B x G rewards, sample $i$ in group $i // G$: $A_i = (r_i - \mathrm{mean}_{\text{group}}) / (\mathrm{std}_{\text{group}} +
+# 10^{-4})$, the std torch's default (divided by $G - 1$), as TRL computes it. The checker below calls it on a group
+# of equal rewards, random groups, a clean $\pm 1$ group and $G = 2$, and says in a sentence what is wrong. The
+# cell holds a solution; `make exercises` writes your copy of this notebook with it emptied.
+
+# %% tags=["solution"]
+def group_advantages(rewards, G):
+    """(B*G,) rewards, sample i in group i // G -> (B*G,) advantages, as TRL's scale_rewards="group"."""
+    grouped = rewards.view(-1, G)
+    mean, std = grouped.mean(1, keepdim=True), grouped.std(1, keepdim=True)
+    return ((grouped - mean) / (std + 1e-4)).flatten()
+
+
+# %%
+from grpo_debug.exercises import check_advantages
+
+print(check_advantages(group_advantages))
+
+# %% [markdown]
 # ## The group mean is a baseline
 #
 # REINFORCE's gradient is $\nabla_\theta J = \mathbb{E}_{o \sim \pi_\theta}\big[r(o)\, \nabla_\theta \log

@@ -51,12 +51,18 @@
 #
 # Sequence REINFORCE, $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$ (or divided by $T_i$; `reinforce_sum`,
 # `reinforce_mean`), is the other form in use: no ratio, no clip. In plain torch (the engine's `compute_loss` in
-# `grpo_debug/loss.py` adds TRL's other loss types and masks):
+# `grpo_debug/loss.py` adds TRL's other loss types and masks).
+#
+# **Exercises 2 and 3: the per-token objective and one normaliser (about 10 minutes).** Write `per_token_loss` (the
+# clipped surrogate and the k3 KL term, per token, to be minimised) and `normalised` (at least its `grpo` row: each
+# completion's mean over its own tokens, then the mean over completions). The checkers after the cell try tokens on
+# both sides of the clip for $A > 0$ and $A < 0$, $\beta = 0$ and $0.04$, and completions of other lengths with
+# padding the mask must hide. The cell holds a solution; `make exercises` empties it in your copy.
 
 # %%
 import torch
 
-
+# %% tags=["solution"]
 def per_token_loss(logp, old, ref, A, beta, eps_low=0.2, eps_high=0.2):
     """l_{i,t} from (N, T) log-probs of pi_theta, pi_old and the reference, and (N, 1) advantages."""
     rho = torch.exp(logp - old)
@@ -72,6 +78,12 @@ def normalised(per_token, mask, loss_type, max_completion_length):
               "dapo": mask / mask.sum()}[loss_type]
     return (per_token * weight).sum()
 
+
+# %%
+from grpo_debug.exercises import check_clipped_objective, check_normaliser
+
+print(check_clipped_objective(lambda logp, old, A, ref, eps, beta: per_token_loss(logp, old, ref, A, beta, eps, eps)))
+print(check_normaliser(lambda per_token, mask: normalised(per_token, mask, "grpo", mask.shape[1])))
 
 # %% [markdown]
 # ## A loss of 0 still has a gradient

@@ -1,0 +1,121 @@
+"""Every checker of the student's path accepts the solution and rejects a typical wrong answer with the sentence
+that names its mistake (issue 71: exercises checked like CS336's)."""
+
+import pytest
+import torch
+
+from grpo_debug.exercises import ExerciseFailed, check_advantages, check_clipped_objective, check_normaliser
+
+
+def advantages_solution(rewards, G):
+    grouped = rewards.view(-1, G)
+    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
+
+
+def objective_solution(logps, old_logps, advantages, ref_logps, epsilon, beta):
+    ratio = torch.exp(logps - old_logps)
+    policy = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+    d = ref_logps - logps
+    return policy + beta * (torch.exp(d) - d - 1)
+
+
+def normaliser_solution(per_token, mask):
+    return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+WRONG = {
+    "advantages: the batch's mean": (
+        check_advantages,
+        lambda r, G: (r - r.mean()) / (r.view(-1, G).std(1).repeat_interleave(G) + 1e-4),
+        "not zero-mean within a group: did you subtract each group's own mean",
+    ),
+    "advantages: no 1e-4": (
+        check_advantages,
+        lambda r, G: (
+            (r.view(-1, G) - r.view(-1, G).mean(1, keepdim=True)) / r.view(-1, G).std(1, keepdim=True)
+        ).flatten(),
+        "not all finite: a group of equal rewards has std 0",
+    ),
+    "advantages: the population std": (
+        check_advantages,
+        lambda r, G: (
+            (r.view(-1, G) - r.view(-1, G).mean(1, keepdim=True))
+            / (r.view(-1, G).std(1, unbiased=False, keepdim=True) + 1e-4)
+        ).flatten(),  # fmt: skip
+        "you divided by the population std (n)",
+    ),
+    "advantages: not scaled": (
+        check_advantages,
+        lambda r, G: (r.view(-1, G) - r.view(-1, G).mean(1, keepdim=True)).flatten(),
+        "centred but not scaled",
+    ),
+    "objective: not written": (
+        check_clipped_objective,
+        lambda *a: (_ for _ in ()).throw(NotImplementedError()),
+        "not written yet",
+    ),  # fmt: skip
+    "objective: the sign": (check_clipped_objective, lambda *a: -objective_solution(*a), "the wrong sign"),
+    "objective: no clip": (
+        check_clipped_objective,
+        lambda lp, old, A, ref, eps, beta: objective_solution(lp, old, A, ref, 10.0, beta),
+        "not clipped",
+    ),
+    "objective: no KL": (
+        check_clipped_objective,
+        lambda lp, old, A, ref, eps, beta: objective_solution(lp, old, A, ref, eps, 0.0),
+        "leaves out the KL term",
+    ),  # fmt: skip
+    "objective: max for min": (
+        check_clipped_objective,
+        lambda lp, old, A, ref, eps, beta: (
+            -torch.max(torch.exp(lp - old) * A, torch.clamp(torch.exp(lp - old), 1 - eps, 1 + eps) * A)
+            + beta * (torch.exp(ref - lp) - (ref - lp) - 1)
+        ),
+        "you took the max of the two terms",
+    ),
+    "normaliser: every token at once": (
+        check_normaliser,
+        lambda x, m: (x * m).sum() / m.sum(),
+        "that is 'bnpo'/'dapo'",
+    ),
+    "normaliser: the padding counted": (
+        check_normaliser,
+        lambda x, m: x.mean(-1).mean(),
+        "your mean counts the padding",
+    ),
+}
+
+
+@pytest.mark.parametrize("checker, solution", [(check_advantages, advantages_solution),
+                                               (check_clipped_objective, objective_solution),
+                                               (check_normaliser, normaliser_solution)])  # fmt: skip
+def test_each_checker_accepts_the_solution(checker, solution):
+    assert checker(solution).endswith(")") and "passed" in checker(solution)
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_each_checker_rejects_a_typical_wrong_answer_with_its_sentence(case):
+    checker, wrong, said = WRONG[case]
+    with pytest.raises(ExerciseFailed) as failed:
+        checker(wrong)
+    assert said in str(failed.value) and "\n" not in str(failed.value), str(failed.value)
+
+
+def test_the_students_copy_empties_each_solution_and_its_checker_says_so(tmp_path):
+    """`make exercises`: the notebooks' solution cells emptied (signature and docstring kept, the body raising
+    NotImplementedError), every output cleared; the emptied function, run, meets its checker's "not written yet"."""
+    import json
+    from pathlib import Path
+
+    from grpo_debug.exercises import student_copy
+
+    root = Path(__file__).resolve().parent.parent
+    copy = json.loads(Path(student_copy(str(root / "notebooks" / "04_advantages.ipynb"), str(tmp_path))).read_text())
+    solutions = [c for c in copy["cells"] if "solution" in c.get("metadata", {}).get("tags", [])]
+    assert len(solutions) == 1 and all(not c.get("outputs") for c in copy["cells"] if c["cell_type"] == "code")
+    source = "".join(solutions[0]["source"])
+    assert "def group_advantages(rewards, G):" in source and "grouped.std" not in source, source
+    space = {}
+    exec(source, space)
+    with pytest.raises(ExerciseFailed, match="not written yet"):
+        check_advantages(space["group_advantages"])
