@@ -206,7 +206,7 @@ def emptied(source: str) -> str:
         body_start = keep_to if keep_to is not None else first.lineno - 1
         indent = " " * (first.col_offset)
         out += lines[last:body_start]
-        out.append(f"{indent}raise NotImplementedError(\"your code here\")")
+        out.append(f'{indent}raise NotImplementedError("your code here")')
         last = node.end_lineno
     out += lines[last:]
     return "\n".join(out) + ("\n" if source.endswith("\n") else "")

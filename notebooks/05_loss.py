@@ -62,6 +62,7 @@
 # %%
 import torch
 
+
 # %% tags=["solution"]
 def per_token_loss(logp, old, ref, A, beta, eps_low=0.2, eps_high=0.2):
     """l_{i,t} from (N, T) log-probs of pi_theta, pi_old and the reference, and (N, 1) advantages."""

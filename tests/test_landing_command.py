@@ -130,9 +130,10 @@ def test_the_second_capture_is_checked_as_the_first_before_anything_is_compared(
     said = refusal(capsys, step_3, gone)
     assert str(gone) in said, said
 
-    assert json.loads((captures / "step-3" / "capture.json").read_text())["run"] == json.loads(
-        (captures / "step-4" / "capture.json").read_text()
-    )["run"], "two captures of one run carry one run id"
+    assert (
+        json.loads((captures / "step-3" / "capture.json").read_text())["run"]
+        == json.loads((captures / "step-4" / "capture.json").read_text())["run"]
+    ), "two captures of one run carry one run id"
     foreign = _copy(captures, tmp_path, "foreign")
     meta = json.loads((foreign / "capture.json").read_text())
     (foreign / "capture.json").write_text(json.dumps({**meta, "run": "0" * 32}))
