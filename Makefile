@@ -32,7 +32,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch from its own line, then the lock by uv (its own entry in the lock first, by pip, hashes checked): every
-# package at its locked version with its hashes checked, in seconds; the time it took is printed.
+# package at its locked version with its hashes checked, in seconds; the time it took is printed. Compiled to
+# bytecode at install: where PYTHONDONTWRITEBYTECODE is set (this CI's machines) no process would cache it, and each
+# would compile transformers, peft and trl anew on import (seconds per command, per notebook, per test).
 $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	@date +%s > $(VENV)/.install-start
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
@@ -41,7 +43,7 @@ ifeq ($(RESOLVE),latest)
 else
 	sed -n '/^uv==/,/# via/p' $(LOCK) > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/uv-requirement.txt
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes --compile-bytecode -r $(LOCK)
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 endif
 	@echo "set-up: the environment installed in $$(( $$(date +%s) - $$(cat $(VENV)/.install-start) )) s"

@@ -18,6 +18,7 @@ Reward functions passed as Python objects (a notebook's, a Task's) run in the ca
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import multiprocessing
 import time
@@ -50,9 +51,6 @@ def _worker(connection, file: str, name: str, said: str) -> None:
     from .task import callable_name, import_user_file
 
     try:
-        from transformers import TrainerState  # noqa: F401  the trainer_state keyword unpickles into one: imported
-        # here, not inside the first call's time limit
-
         module = import_user_file(file, said)
         if not hasattr(module, name):
             raise ValueError(f"{said}: {file} defines no {name!r}")
@@ -80,6 +78,34 @@ def _worker(connection, file: str, name: str, said: str) -> None:
 
 def _log_nothing(*args, **kwargs) -> None:
     return None
+
+
+class LazyTrainerState:
+    """TRL's `trainer_state` keyword as the worker receives it: its fields, and a real `transformers.TrainerState`
+    built from them at the first attribute read (importing transformers takes seconds: a function that never reads
+    it, or a worker that never gets it, does not pay them)."""
+
+    def __init__(self, fields: dict):
+        self._fields, self._state = fields, None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._state is None:
+            from transformers import TrainerState
+
+            self._state = TrainerState(**self._fields)
+        return getattr(self._state, name)
+
+    def __reduce__(self):
+        return (LazyTrainerState, (self._fields,))
+
+
+def _portable(value):
+    """A keyword as it is sent to the worker: a TrainerState as its fields (`LazyTrainerState`)."""
+    if type(value).__name__ == "TrainerState" and dataclasses.is_dataclass(value):
+        return LazyTrainerState(dataclasses.asdict(value))
+    return value
 
 
 def _plain(result):
@@ -164,7 +190,7 @@ class RewardProcess:
         if self.process is None:
             self.start()
         loggers = [k for k in LOGGERS if k in kwargs]
-        sent = {k: v for k, v in kwargs.items() if k not in LOGGERS}
+        sent = {k: _portable(v) for k, v in kwargs.items() if k not in LOGGERS}
         name = self.described[index]["name"]
         rows = len(kwargs.get("completions") or [])
         limit = reward_timeout()

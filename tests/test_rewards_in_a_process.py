@@ -125,3 +125,17 @@ def test_a_reward_that_turns_nan_after_its_first_calls_is_a_bad_reward_not_dropp
     assert found["severity"] == "warning" and "scored after this step's own" in found["summary"], found
     none, scored = found["evidence"]["none_later"]["digits"]
     assert none == scored > 0, found["evidence"]
+
+
+def test_the_trainer_state_reaches_the_worker_as_a_trainer_state_built_when_read():
+    """TRL's trainer_state keyword crosses to the worker as its fields; the first attribute read builds the real
+    TrainerState (transformers imported then, not at every worker's start)."""
+    import pickle
+
+    from transformers import TrainerState
+
+    from grpo_debug.reward_process import LazyTrainerState, _portable
+
+    sent = pickle.loads(pickle.dumps(_portable(TrainerState(global_step=6, max_steps=10))))
+    assert isinstance(sent, LazyTrainerState)
+    assert (sent.global_step, sent.max_steps) == (6, 10) and isinstance(sent._state, TrainerState)
