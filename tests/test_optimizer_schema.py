@@ -116,6 +116,7 @@ CASES = {  # damage: (capture.json change, optimizer state change, the field the
     "lr 1e300 in the group and at the top": (lambda js: (set_entry("learning_rate", [1e300, 1e300])(js), set_group("lr", 1e300)(js)), None, r"optimizer\.groups\[0\]\.lr = 1e\+300 is not a rate from 0 to 10"),
     "exp_avg 1e38": (None, set_tensor("exp_avg", lambda t: torch.full_like(t, 1e38)), r"/exp_avg is not an Adam first moment beside its exp_avg_sq: \|exp_avg\| passes 7\.\d+ x sqrt\(exp_avg_sq\)"),
     "fused and differentiable": (lambda js: (set_group("fused", True)(js), set_group("differentiable", True)(js)), None, r"optimizer\.groups\[0\] sets fused and differentiable: torch's optimizers take fused with neither"),
+    "step 0 with its moments kept": (None, set_tensor("step", lambda t: torch.zeros_like(t)), r"/step is 0 beside moments that are not"),
     "learning_rate missing": (lambda js: optimizer(js).pop("learning_rate"), None, r"optimizer\.learning_rate is missing"),
     "one rate for two groups": (set_entry("learning_rate", [0.0005]), None, r"optimizer\.learning_rate = \[0\.0005\] is not one rate per parameter group \(2\)"),
     "learning_rate a string": (set_entry("learning_rate", "0.0005"), None, r"optimizer\.learning_rate = '0\.0005' is not one rate per parameter group"),

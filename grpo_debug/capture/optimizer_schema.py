@@ -219,6 +219,10 @@ def _moments_problem(entry: dict, tensors: dict[str, torch.Tensor], group_of: di
         bound = adam_moment_bound(*group_of[name]["betas"]) if second is not None else None
         if bound is None:
             continue
+        steps = tensors.get(f"{name}/step")
+        if steps is not None and steps.numel() == 1 and float(steps) == 0 and (tensors[key].any() or second.any()):
+            return (f"{name}/step is 0 beside moments that are not: a state that never stepped holds zeros (torch "
+                    "makes them so), so these moments are not the trainer's")  # fmt: skip
         first, second = tensors[key].double(), second.double()
         excess = (first.abs() - 1.01 * bound * second.sqrt()).max().item() if first.numel() else 0.0
         if excess > 1e-30:

@@ -196,6 +196,9 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         as_run = arm({})
         learned, unfollowed = {}, {}
         for f in kept:
+            if budget is not None and time.perf_counter() - t0 > budget:  # the plan ran slower than timed (a loaded
+                unfollowed[f.id] = f"the budget of {budget:g} s was spent before its arm began"  # machine): no overrun
+                continue
             try:
                 learned[f.id] = {**compare(as_run, arm(fixes[f.id]), level), "changes": fixes[f.id]}
             except ValueError as e:  # a fix the step cannot take over steps (a length past the model's positions)
