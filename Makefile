@@ -43,7 +43,7 @@ ifeq ($(RESOLVE),latest)
 else
 	sed -n '/^uv==/,/# via/p' $(LOCK) > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/uv-requirement.txt
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes --compile-bytecode -r $(LOCK)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --compile-bytecode --require-hashes -r $(LOCK)
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 endif
 	@echo "set-up: the environment installed in $$(( $$(date +%s) - $$(cat $(VENV)/.install-start) )) s"

@@ -71,7 +71,8 @@ class ReadOnlyFrom(TrainerCallback):
 
     def __init__(self, folder: Path, step: int, monkeypatch):
         self.folder, self.step, self.on = os.path.realpath(folder), step, False
-        real_open, real_mkdir = io.open, os.mkdir
+        real_open, real_mkdir, real_os_open = io.open, os.mkdir, os.open
+        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
         def opened(file, mode="r", *args, **kwargs):
             if any(c in mode for c in "wax+"):
@@ -82,7 +83,13 @@ class ReadOnlyFrom(TrainerCallback):
             self.refuse(path)
             return real_mkdir(path, *args, **kwargs)
 
-        for module, name, fake in ((builtins, "open", opened), (io, "open", opened), (os, "mkdir", made)):
+        def os_opened(path, flags, *args, **kwargs):  # os.open for writing (the health log, mkstemp) too
+            if flags & writes:
+                self.refuse(path)
+            return real_os_open(path, flags, *args, **kwargs)
+
+        for module, name, fake in ((builtins, "open", opened), (io, "open", opened), (os, "mkdir", made),
+                                   (os, "open", os_opened)):  # fmt: skip
             monkeypatch.setattr(module, name, fake)
 
     def refuse(self, path) -> None:

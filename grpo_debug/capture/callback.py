@@ -1,9 +1,7 @@
 """Capture optimizer steps of a real TRL `GRPOTrainer` run, to open them here phase by phase.
 
     trainer.add_callback(CaptureCallback("captures", steps=[2]))
-    trainer.train()                     # writes captures/step-2/
-
-(`FlightRecorder`, in `flight.py`, is this class recording every step and writing the ones that go wrong.)
+    trainer.train()                     # writes captures/step-2/ (`FlightRecorder`, flight.py: every step watched)
 
 Step k is the k-th optimizer step (TRL's `global_step`). Every requested step is written, whatever
 `logging_steps`, `num_iterations`, `steps_per_generation` and `gradient_accumulation_steps` are, with the
@@ -29,7 +27,6 @@ that the replay takes each process's micro-batches as that process took them.
 Whatever of ours fails (a full disk, a read-only folder, a bug anywhere in the callback or the wrappers) stops at
 the callback's edge: the run goes on with its own numbers, one warning names the step and the cause; an error of
 the run's own (a reward function of the user's that raises) goes on as it was raised, recorded first (`crash.py`).
-
 This module is what is recorded at each of TRL's events; the folder a step is written to is `writing.py`'s, a
 step's numbers `course.py`'s, the rows' bookkeeping `rows.py`'s.
 """
@@ -129,9 +126,8 @@ class CaptureCallback(TrainerCallback):
         self.seconds = 0.0  # time spent capturing, for the overhead benchmark
         self.crash: BaseException | None = None  # the user's error already recorded (each wrapper it passes sees it)
         self.run_id = uuid.uuid4().hex  # written in every capture: `landing` pairs two captures of one run by it
-        self.lock = folder_lock.lock_for(self)  # one run per folder: FolderInUse where a live run holds it
-        if self.lock is not None:
-            remove_partials(self.out_dir)  # a killed run's half-written captures: nobody else writes here now
+        self.lock = folder_lock.lock_for(self, remove_partials)  # one run per folder (FolderInUse where a live run
+        # holds it); a killed run's half-written captures removed once it is ours
 
     def close(self) -> None:
         """Let go of out_dir (its lock, `folder_lock`): done at train end and after a crash; a train() after it

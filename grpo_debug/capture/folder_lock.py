@@ -213,9 +213,13 @@ def _alive(record: dict) -> bool:
     return True
 
 
-def lock_for(recorder) -> FolderLock | None:
-    """`recorder.out_dir` locked for it (in the main process; FolderInUse where a live run holds it)."""
-    return take(recorder.out_dir, type(recorder).__name__) if main_process() else None
+def lock_for(recorder, then=None) -> FolderLock | None:
+    """`recorder.out_dir` locked for it (in the main process; FolderInUse where a live run holds it), and `then(folder)`
+    called once it is (no other run writes there now: a dead run's leftovers can go)."""
+    lock = take(recorder.out_dir, type(recorder).__name__) if main_process() else None
+    if lock is not None and then is not None:
+        then(Path(recorder.out_dir))
+    return lock
 
 
 def taken_again(recorder) -> str | None:

@@ -36,6 +36,18 @@ from .checks import (
 from .png_folder import check_png_folder
 
 
+def add_probe_flag(dr) -> None:
+    dr.add_argument(
+        "--probe",
+        type=ascii_int,
+        metavar="K",
+        help="is it the reward or the pipeline: a probe reward the model can learn (tokens it samples 20-80%% of "
+        "the time) trained K steps (8 is the probe's own default) on the run's own config and optimizer, 6 seeds, "
+        "within --budget; off by default: on the stranger corpus's held-out runs it does not yet tell the two apart "
+        "(benchmarks/README.md)",
+    )
+
+
 def add_doctor_parser(sub) -> None:
     dr = sub.add_parser(
         "doctor",
@@ -66,15 +78,6 @@ def add_doctor_parser(sub) -> None:
         "grpo_debug/horizon_bounds.py)",
     )
     dr.add_argument(
-        "--probe",
-        type=ascii_int,
-        metavar="K",
-        help="is it the reward or the pipeline: a probe reward the model can learn (tokens it samples 20-80%% of "
-        "the time) trained K steps (8 is the probe's own default) on the run's own config and optimizer, 6 seeds, "
-        "within --budget; off by default: on the stranger corpus's held-out runs it does not yet tell the two apart "
-        "(benchmarks/README.md)",
-    )
-    dr.add_argument(
         "--horizon-seeds",
         type=ascii_int,
         default=3,
@@ -96,6 +99,7 @@ def add_doctor_parser(sub) -> None:
         "numbers): no model built, seconds at any size; the detectors that need the model are listed as not run",
     )
     dr.add_argument("--threads", type=ascii_int, default=1)
+    add_probe_flag(dr)
     add_device(dr)
 
 
