@@ -148,14 +148,30 @@ for name in ["grpo", "bnpo", "dapo", "dr_grpo", "reinforce_sum"]:
 # $\rho > 1 + \epsilon_{\text{high}}$ with $A > 0$ (or $\rho < 1 - \epsilon_{\text{low}}$ with $A < 0$), the
 # minimum picks the clipped term, a constant, and the token's gradient is 0. A move in the other direction is never
 # clipped. This is PPO's trust region around $\pi_{\text{old}}$. The gradient of $\ell$ with respect to
-# $\log \pi_\theta$ at three ratios (with $\pi_{\text{old}}$'s log-prob at 0, $\epsilon = 0.2$, $\beta = 0$):
+# $\log \pi_\theta$, case by case: $A > 0$ and $A < 0$, each at a ratio below the clip region, inside it and above
+# it (with $\pi_{\text{old}}$'s log-prob at 0, $\epsilon = 0.2$, $\beta = 0$). Before you run the cell, predict the
+# last column of each row: $-\rho A$ where the min takes $\rho A$, 0 where it takes the clipped constant.
 
 # %%
-ratios = torch.tensor([0.7, 1.0, 1.3])
+import pandas as pd
+
+cases = []
 for A in (1.0, -1.0):
-    logp = torch.log(ratios).requires_grad_(True)  # log pi_theta, with log pi_old = 0
-    (-torch.min(torch.exp(logp) * A, torch.clamp(torch.exp(logp), 0.8, 1.2) * A)).sum().backward()
-    print(f"A = {A:+.0f}: d l / d log pi at rho " + ", ".join(f"{r:.1f}: {g:+.2f}" for r, g in zip(ratios.tolist(), logp.grad.tolist())))
+    for rho in (0.7, 1.0, 1.3):
+        logp = torch.log(torch.tensor(rho)).requires_grad_(True)  # log pi_theta, with log pi_old = 0
+        clipped = torch.clamp(torch.exp(logp), 0.8, 1.2)
+        (-torch.min(torch.exp(logp) * A, clipped * A)).backward()
+        side = "below 1 - eps" if rho < 0.8 else ("above 1 + eps" if rho > 1.2 else "inside")
+        takes = "rho A" if rho * A <= clipped.item() * A else "clip(rho) A: a constant"
+        cases.append({"A": A, "rho": rho, "rho is": side, "the min takes": takes, "d l / d log pi": logp.grad.item()})
+clip_cases = pd.DataFrame(cases)
+clip_cases.round(2)
+
+# %% [markdown]
+# **What to notice.** Two rows have a gradient of exactly 0: $A > 0$ with $\rho$ above $1 + \epsilon$, and $A < 0$
+# with $\rho$ below $1 - \epsilon$. There the step has already moved the token as far as the trust region allows in the
+# direction its advantage asks, and the clip stops the push. The other four rows keep $-\rho A$: inside the region,
+# and every move back toward $\rho = 1$, which is never clipped.
 
 # %% [markdown]
 # ## KL estimators
@@ -346,12 +362,9 @@ if CAPTURE is None:  # the bundled step's completions differ in length, so dapo'
     assert one["rho"] == 1 and one["beta k3"] == 0 and (one[f"d loss / d logp ({lt})"] < 0) == (A > 0)
     assert A > 0 and two["rho"] > 1 + cfg.epsilon_high and two["min(rho A, clip(rho) A)"] == two["clip(rho)"] * A
     assert two["beta k3"] > 0 and two[f"d loss / d logp ({lt})"] > 0  # clipped; the KL pulls back
-clip_grads = {}
-for A_sign in (1.0, -1.0):
-    logp = torch.log(ratios).requires_grad_(True)
-    (-torch.min(torch.exp(logp) * A_sign, torch.clamp(torch.exp(logp), 0.8, 1.2) * A_sign)).sum().backward()
-    clip_grads[A_sign] = logp.grad.tolist()
-assert clip_grads[1.0][2] == 0 and clip_grads[-1.0][0] == 0 and clip_grads[1.0][0] < 0 < clip_grads[-1.0][2]
+grads = clip_cases.set_index(["A", "rho"])["d l / d log pi"]  # the clip's table: zero exactly where the min is clipped
+assert grads[(1.0, 1.3)] == 0 and grads[(-1.0, 0.7)] == 0, "the clip stops the push past 1 +- eps"
+assert grads[(1.0, 0.7)] < 0 < grads[(-1.0, 1.3)], "a move back toward 1 is never clipped"
 assert list(check.index[check["gradient biased"]]) == ["k1", "k3"]  # the KL estimators' table
 assert list(check.index[check["value biased"]]) == ["k2"]
 assert check.loc["k1", "|gradient| / |exact|"] < 0.1 and check.loc["k2", "cosine to exact"] > 0.99  # k1: noise around 0
