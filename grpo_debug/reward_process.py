@@ -21,6 +21,7 @@ import atexit
 import dataclasses
 import inspect
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 
@@ -154,7 +155,15 @@ class RewardProcess:
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
         self.process = context.Process(target=_worker, args=(theirs, self.file, self.name, self.said), daemon=True)
-        self.process.start()
+        main = sys.modules.get("__main__")
+        bare = main is not None and not hasattr(main, "__spec__")  # a Jupyter kernel's __main__: spawn reads it
+        if bare:
+            main.__spec__ = None
+        try:
+            self.process.start()
+        finally:
+            if bare:
+                del main.__spec__
         theirs.close()
         self.connection = mine
         _LIVE.add(self)
