@@ -111,7 +111,7 @@ notebooks: setup
 
 # The student's copies of the notebooks with exercises: every cell tagged "solution" emptied (its functions' bodies
 # raise NotImplementedError), every output cleared, in exercises/ (`grpo_debug.exercises.student_copy`).
-EXERCISE_NOTEBOOKS := notebooks/04_advantages.ipynb notebooks/05_loss.ipynb
+EXERCISE_NOTEBOOKS := notebooks/04_advantages.ipynb notebooks/05_loss.ipynb notebooks/06_update.ipynb
 exercises: setup
 	$(BIN)/python -m grpo_debug.exercises exercises $(EXERCISE_NOTEBOOKS)
 

@@ -5,6 +5,7 @@ and says in one sentence what is wrong.
     check_advantages(group_advantages)          # 04: rewards (B*G,), G -> advantages (B*G,)
     check_clipped_objective(clipped_objective)  # 05: per-token loss of the clipped objective with its KL term
     check_normaliser(grpo_normaliser)           # 05: per-token losses and the mask -> TRL's "grpo" loss
+    check_grpo_step(grpo_step)                  # 06: sample, score, advantages, loss, backward, AdamW
 
 Each returns a line saying what it checked where the function passes, and raises `ExerciseFailed` (an
 AssertionError) with the first problem found where it does not. The stored notebooks hold solutions; `make
@@ -185,6 +186,108 @@ def check_normaliser(fn) -> str:
             f"on {what} your loss is {mine.item():.6g}, the 'grpo' normaliser's {reference.item():.6g}"
         )
     return "check_normaliser: passed (completions of other lengths, padding the mask must hide)"
+
+
+# ---------------------------------------------------------------- 06: one GRPO step in plain torch
+
+STEP_PROMPTS = ("P: 8/8/8/8/8/8/8/K6 w - - 0 1 M: ", "P: k7/8/8/8/8/8/8/7K b - - 0 1 M: ")  # two lengths: padded
+
+
+def tiny_policy(seed: int = 0):
+    """(model, tokenizer): a 1-layer GPT-2 of width 32, random weights, on the bundled model's tokenizer."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from .files import DEFAULT_MODEL_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    return GPT2LMHeadModel(config).eval(), tokenizer
+
+
+def completion_mean_logps(model, tokenizer, prompts: list[str], completions: list[str], temperature: float):
+    """(N,) each completion's mean token log-prob given its prompt, at `temperature` (0 for an empty completion)."""
+    out = []
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, completions):
+            p, c = tokenizer(prompt)["input_ids"], tokenizer(completion)["input_ids"]
+            if not c:
+                out.append(0.0)
+                continue
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1] / temperature
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).mean().item())
+    return torch.tensor(out)
+
+
+def _step_called(fn, what: str, reward, G: int, seed: int):
+    """The student's step run once on a fresh tiny policy with `reward(prompt, completion)`: (model before,
+    model after, what the reward function saw (prompts, completions), what it returned, what `fn` returned)."""
+    import copy
+
+    model, tokenizer = tiny_policy(seed)
+    before = copy.deepcopy(model)
+    seen: dict[str, list] = {}
+
+    def reward_fn(prompts, completions, **kwargs):
+        seen["prompts"], seen["completions"] = list(prompts), list(completions)
+        seen["returned"] = [reward(p, c) for p, c in zip(prompts, completions)]
+        return list(seen["returned"])
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    torch.manual_seed(seed)
+    rewards = _called(fn, what, model, tokenizer, optimizer, list(STEP_PROMPTS), reward_fn, G, 1.0, 8)
+    return before, model, tokenizer, seen, rewards
+
+
+def _moved(before, after) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(after.parameters(), before.parameters()))
+
+
+def check_grpo_step(fn) -> str:
+    """`fn(model, tokenizer, optimizer, prompts, reward_fn, G, temperature, max_new_tokens)` -> the (B*G,) rewards,
+    after one on-policy GRPO step (no KL term): sample G completions per prompt, score them with `reward_fn` (TRL's
+    calling convention), group advantages, the loss, backward, `optimizer.step()`. Checked on a tiny random GPT-2:
+    the reward function's arguments, groups of equal rewards (no move), and the step's direction."""
+    G = 4
+    first = STEP_PROMPTS[0]
+    what = "your step, with every group's rewards equal (1 in one group, 0 in the other)"
+    before, after, _, seen, rewards = _step_called(fn, what, lambda p, c: float(p == first), G, seed=0)
+    if "prompts" not in seen:
+        raise ExerciseFailed("your step never called reward_fn: score the completions with reward_fn(prompts, "
+                             "completions)")  # fmt: skip
+    expected = [p for p in STEP_PROMPTS for _ in range(G)]
+    if len(seen["completions"]) != len(expected):
+        raise ExerciseFailed(f"your reward function got {len(seen['completions'])} completions: it scores B x G = "
+                             f"{len(expected)}, G for each prompt")  # fmt: skip
+    if seen["prompts"] != expected:
+        raise ExerciseFailed("the prompts your reward function got are not each prompt repeated G times in a row: "
+                             "generate's num_return_sequences puts a prompt's G completions next to each other")  # fmt: skip
+    if not all(isinstance(c, str) for c in seen["completions"]):
+        raise ExerciseFailed("your reward function got token ids, not texts: decode the completions "
+                             "(tokenizer.batch_decode(..., skip_special_tokens=True))")  # fmt: skip
+    returned = torch.tensor(seen["returned"])
+    if rewards.shape != returned.shape or not torch.equal(rewards, returned):
+        raise ExerciseFailed(f"your step returned {tuple(rewards.shape)} values that are not the rewards "
+                             f"reward_fn gave ({tuple(returned.shape)})")  # fmt: skip
+    if (moved := _moved(before, after)) != 0:
+        raise ExerciseFailed(f"{what}, moved a weight by {moved:.3g}: a group whose rewards are all equal carries no "
+                             "signal, so its advantages are 0 (did you subtract each group's own mean?), and with "
+                             "no KL term nothing else sends a gradient")  # fmt: skip
+    what = "your step, with a reward that varies within each group (a completion's length in characters)"
+    before, after, tokenizer, seen, rewards = _step_called(fn, what, lambda p, c: float(len(c)), G, seed=1)
+    if _moved(before, after) == 0:
+        raise ExerciseFailed(f"{what}, moved no weight: call loss.backward() and then optimizer.step()")
+    advantages = compute_advantages(rewards, G)
+    change = [completion_mean_logps(m, tokenizer, seen["prompts"], seen["completions"], 1.0) for m in (before, after)]
+    pushed = float((advantages * (change[1] - change[0])).sum())
+    if pushed <= 0:
+        raise ExerciseFailed(f"{what}: the step lowered the log-probability of the completions with a positive "
+                             f"advantage against the others (sum of A x its change {pushed:+.3g}); the loss to "
+                             "minimise is -A x ratio, whose gradient is -A grad log pi")  # fmt: skip
+    return ("check_grpo_step: passed (B x G completions scored in groups, equal rewards move nothing, the step "
+            "raises the log-probability of completions with a positive advantage)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- the student's copies

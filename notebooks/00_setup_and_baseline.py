@@ -36,7 +36,7 @@
 # | rollout | $G$ completions $o_1, \dots, o_G$ of each prompt $q$, sampled from $\pi_{\text{old}}$ | 01 |
 # | log-probs | $\log \pi_\theta(o_{i,t} \mid q, o_{i,<t})$ per token, and $\log \pi_{\text{ref}}$ | 02 |
 # | rewards | one number $r_i$ per completion | 03 |
-# | advantages | $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \varepsilon)$ within each group | 04 |
+# | advantages | $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \delta)$ within each group | 04 |
 # | loss | the clipped surrogate $-\min(\rho A, \operatorname{clip}(\rho) A)$ plus $\beta$ KL, normalised | 05 |
 # | update | one AdamW step on the loss's gradient; then the reward on held-out prompts | 06 |
 #
@@ -58,6 +58,22 @@
 # | unfinished | a completion that hit `max_new_tokens` before its EOS (01); TRL calls it truncated |
 # | truncated | only the A: task's fourth field: RookWorld's flag for an illegal move (below) |
 # | fixed, every fix on | the default step (`StepConfig()`): every log-prob pitfall of notebook 02 fixed; its advantages are TRL's, with no std floor (04), and its KL estimator is plain k3, whose gradient is biased (05) |
+#
+# **Symbols**, one per quantity on the path, with TRL's name where it has one:
+#
+# | symbol | quantity | TRL |
+# |---|---|---|
+# | $q$, $o_i$, $o_{i,t}$ | a prompt, its $i$-th completion, that completion's $t$-th token | |
+# | $B$, $G$, $N = BG$ | prompts in a batch, completions per prompt, completions in the batch | `num_generations` is $G$ |
+# | $\lvert o_i \rvert$ | completion $i$'s scored tokens (up to and with its EOS) | |
+# | $T$ | the sampling temperature, and nothing else | `temperature` |
+# | $r_i$, $A_i$ | completion $i$'s reward and advantage | |
+# | $\delta = 10^{-4}$ | what the advantage adds to its group's std | |
+# | $\rho_{i,t}$ | the ratio $\pi_\theta / \pi_{\text{old}}$ of one token | |
+# | $\epsilon$ ($\epsilon_{\text{low}}$, $\epsilon_{\text{high}}$) | the clip's half-width, below and above 1 | `epsilon`, `epsilon_high` |
+# | $\beta$ | the KL term's weight | `beta` |
+# | $\eta$ | the learning rate | `learning_rate` |
+# | $\beta_1$, $\beta_2$, $\epsilon_{\text{Adam}}$ | AdamW's two moment decays and its denominator's offset (no relation to $\beta$, $\epsilon$) | `adam_beta1`, `adam_beta2`, `adam_epsilon` |
 
 # %%
 from grpo_debug.ui.notebook import open_step

@@ -27,10 +27,10 @@
 #
 # Within each group of $G$ completions of one prompt, with rewards $r_1, \dots, r_G$:
 #
-# $$A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \varepsilon}, \qquad
+# $$A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \delta}, \qquad
 # \operatorname{mean}(r) = \frac{1}{G} \sum_{j=1}^{G} r_j, \qquad
 # \operatorname{std}(r) = \sqrt{\frac{1}{G-1} \sum_{j=1}^{G} \big(r_j - \operatorname{mean}(r)\big)^2}, \qquad
-# \varepsilon = 10^{-4},$$
+# \delta = 10^{-4},$$
 #
 # exactly as TRL 1.16 computes it (`scale_rewards="group"`; `"batch"` divides by the whole batch's std, `"none"`
 # does not divide). Every token of completion $i$ gets the same $A_i$. In plain torch, on the step's own rewards:
@@ -117,7 +117,7 @@ print(f"the group mean divides the variance by {variance['no baseline'] / varian
 # ## Dividing by the std
 #
 # Dividing by the group's std makes the advantages independent of the reward's units and offset: rewards times 100
-# plus 5 give the same $A_i$, up to the share $\varepsilon / \operatorname{std}$ that the $\varepsilon$ takes
+# plus 5 give the same $A_i$, up to the share $\delta / \operatorname{std}$ that the $\delta$ takes
 # (printed below), so one learning rate serves any reward scale, and every group with any spread gets advantages
 # of about the same size, whether its rewards differ by a hundredth or by 2. That is also its weakness (phantom
 # advantages, below); `scale_rewards="none"` (Dr. GRPO's choice) keeps the reward's scale.
@@ -130,10 +130,10 @@ print(f"the group mean divides the variance by {variance['no baseline'] / varian
 from grpo_debug.advantages import compute_advantages
 
 change = (compute_advantages(100 * run.rewards.total + 5, G) - run.advantages.values).abs().view(-1, G).amax(1)
-spread = run.advantages.group_std > 1e-2  # groups whose std is far above epsilon
+spread = run.advantages.group_std > 1e-2  # groups whose std is far above delta
 largest = lambda groups: f"{change[groups].max():.1e}" if groups.any() else "none"
 print(f"rewards x 100 + 5: max |change in A_i| {largest(spread)} in the {int(spread.sum())} groups with "
-      f"std > 1e-2; {largest(~spread)} in the others (their std is near epsilon)")
+      f"std > 1e-2; {largest(~spread)} in the others (their std is near delta)")
 clean = torch.tensor([1.0, -1.0, 1.0, -1.0])
 print(f"clean group {clean.tolist()}: unbiased std {clean.std():.4f}, dividing by G {clean.std(correction=0):.4f}; "
       f"A_i {compute_advantages(clean, 4)[0]:.4f}; sqrt(3/4) = {(3 / 4) ** 0.5:.4f} (the divisor's + 1e-4 aside)")
@@ -225,7 +225,7 @@ phantom
 # %% [markdown]
 # ## Summary
 #
-# - $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \varepsilon)$ in each group, the std unbiased.
+# - $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \delta)$ in each group, the std unbiased.
 # - The group mean is a REINFORCE baseline: the same direction of expected gradient, far less variance.
 # - The std makes the advantages unit-free; a clean +-1 group gets $\pm\sqrt{(G-1)/G}$ (0.866 for G = 4).
 # - A zero-std group sends no gradient but dilutes every other sample's weight; a tiny std makes phantom advantages.
@@ -243,7 +243,7 @@ if CAPTURE is None:  # the bundled step: scale_rewards="group", no std floor, no
 assert abs(multiple["no baseline"] - 1) < 0.05 and abs(multiple["group mean"] - (1 - 1 / size)) < 0.05  # the direction
 assert variance["no baseline"] > 5 * variance["group mean"]  # "less variance"
 assert abs(compute_advantages(clean, 4)[0] - (3 / 4) ** 0.5) < 1e-3  # the clean group's 0.866
-assert not spread.any() or change[spread].max() < 1e-2  # unit-free where the std is large against epsilon
+assert not spread.any() or change[spread].max() < 1e-2  # unit-free where the std is large against delta
 assert sums.abs().max() < 1e-4  # each group's advantages sum to 0
 assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_groups) == 0
 assert len(adv.zero_std_groups) == 0 or (dilution["ratio"] < 1).all()  # zero-std groups dilute every weight

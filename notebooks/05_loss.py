@@ -33,23 +33,23 @@
 #
 # the clipped surrogate of PPO plus $\beta$ times a per-token estimate of the KL divergence from the reference
 # model (below). Minimising $-\rho A$ raises the probability of tokens with $A > 0$ and lowers it for $A < 0$. The
-# loss sums the $\ell_{i,t}$ of the batch's $N = BG$ completions with the **normaliser** `loss_type` picks, $T_i$
+# loss sums the $\ell_{i,t}$ of the batch's $N = BG$ completions with the **normaliser** `loss_type` picks, $\lvert o_i \rvert$
 # being completion $i$'s scored tokens, $L$ `max_completion_length` and $M$ the tokens of the whole generation batch:
 #
 # | `loss_type` | loss | each token's weight |
 # |---|---|---|
-# | grpo | $\frac{1}{N} \sum_i \frac{1}{T_i} \sum_t \ell_{i,t}$ | $1 / (N T_i)$: each completion counts alike |
-# | bnpo | $\sum_i \sum_t \ell_{i,t} \,/\, \sum_i T_i$ (per micro-batch) | $1 / \sum_i T_i$: each token counts alike |
+# | grpo | $\frac{1}{N} \sum_i \frac{1}{\lvert o_i \rvert} \sum_t \ell_{i,t}$ | $1 / (N \lvert o_i \rvert)$: each completion counts alike |
+# | bnpo | $\sum_i \sum_t \ell_{i,t} \,/\, \sum_i \lvert o_i \rvert$ (per micro-batch) | $1 / \sum_i \lvert o_i \rvert$: each token counts alike |
 # | dr_grpo | $\sum_i \sum_t \ell_{i,t} \,/\, (N L)$ | $1 / (N L)$: a constant |
 # | dapo | $\sum_i \sum_t \ell_{i,t} \,/\, M$ (TRL 1.16's default) | $1 / M$: bnpo's, with one micro-batch |
 #
 # Put together, under grpo (DeepSeekMath's objective, negated to be minimised):
 #
-# $$\mathcal{L}(\theta) = \frac{1}{N} \sum_{i=1}^{N} \frac{1}{T_i} \sum_{t=1}^{T_i} \Big[-\min\big(\rho_{i,t}
+# $$\mathcal{L}(\theta) = \frac{1}{N} \sum_{i=1}^{N} \frac{1}{\lvert o_i \rvert} \sum_{t=1}^{\lvert o_i \rvert} \Big[-\min\big(\rho_{i,t}
 # A_i,\ \operatorname{clip}(\rho_{i,t}, 1 - \epsilon_{\text{low}}, 1 + \epsilon_{\text{high}}) A_i\big) + \beta\,
 # \mathrm{KL}_{i,t}\Big].$$
 #
-# Sequence REINFORCE, $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$ (or divided by $T_i$; `reinforce_sum`,
+# Sequence REINFORCE, $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$ (or divided by $\lvert o_i \rvert$; `reinforce_sum`,
 # `reinforce_mean`), is the other form in use: no ratio, no clip. In plain torch (the engine's `compute_loss` in
 # `grpo_debug/loss.py` adds TRL's other loss types and masks).
 #
@@ -74,8 +74,8 @@ def per_token_loss(logp, old, ref, A, beta, eps_low=0.2, eps_high=0.2):
 
 def normalised(per_token, mask, loss_type, max_completion_length):
     """The loss: the token terms summed with the normaliser's weights (dapo's M: this batch's tokens here)."""
-    N, T = mask.shape[0], mask.sum(1, keepdim=True).clamp(min=1)
-    weight = {"grpo": mask / (N * T), "bnpo": mask / mask.sum(), "dr_grpo": mask / (N * max_completion_length),
+    N, lengths = mask.shape[0], mask.sum(1, keepdim=True).clamp(min=1)  # |o_i|
+    weight = {"grpo": mask / (N * lengths), "bnpo": mask / mask.sum(), "dr_grpo": mask / (N * max_completion_length),
               "dapo": mask / mask.sum()}[loss_type]
     return (per_token * weight).sum()
 
@@ -284,8 +284,8 @@ print(f"group {group}: rewards {' '.join(f'{v:+.3f}' for v in rewards[group].tol
 second = step.run(cfg.replace(num_iterations=2), until="update", remember=False).update.iterations[1]  # pass 2
 mask, old, ref_i = lp.mask, lp.policy[i], lp.reference[i]
 t = int(torch.where(mask[i].bool(), second.logps[i] - old, -torch.inf).argmax())  # the token raised most
-N, T, M, L = mask.shape[0], mask[i].sum(), mask.sum(), cfg.max_new_tokens
-weight = {"grpo": 1 / (N * T), "bnpo": 1 / M, "dr_grpo": 1 / (N * L), "dapo": 1 / M}
+N, length, M, L = mask.shape[0], mask[i].sum(), mask.sum(), cfg.max_new_tokens  # length: |o_i|
+weight = {"grpo": 1 / (N * length), "bnpo": 1 / M, "dr_grpo": 1 / (N * L), "dapo": 1 / M}
 lt = cfg.loss_type if cfg.loss_type in weight else "grpo"  # the step's normaliser, or grpo's for another loss type
 hand = {}
 for name, logp_t in {"pass 1": old[t], "pass 2": second.logps[i, t]}.items():

@@ -64,7 +64,7 @@ print(textwrap.fill(triage_zero_loss(broken), 110))
 # advantage, the ratio, the trainer/sampler ratio, the k3 KL to the reference, the entropy, d loss / d logp, the
 # mask), every value on hover, each group's prompt above its completions with their rewards. A loss that reads
 # about 0 still sends a non-zero d loss / d logp into the kept tokens of every sample whose advantage is not 0
-# (under grpo at ratio 1, -A / (N T) plus the KL term's share); a zero-std group's tokens get none from the policy
+# (under grpo at ratio 1, -A / (N |o_i|) plus the KL term's share); a zero-std group's tokens get none from the policy
 # term. The selector recolours once you have run this cell yourself (JupyterLab runs no script in outputs it
 # did not produce). Two groups here; `python -m grpo_debug step --html tokens.html` (or
 # `replay CAPTURE --html tokens.html`) writes every group to one standalone page.

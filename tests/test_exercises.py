@@ -4,7 +4,13 @@ that names its mistake (issue 71: exercises checked like CS336's)."""
 import pytest
 import torch
 
-from grpo_debug.exercises import ExerciseFailed, check_advantages, check_clipped_objective, check_normaliser
+from grpo_debug.exercises import (
+    ExerciseFailed,
+    check_advantages,
+    check_clipped_objective,
+    check_grpo_step,
+    check_normaliser,
+)
 
 
 def advantages_solution(rewards, G):
@@ -119,3 +125,59 @@ def test_the_students_copy_empties_each_solution_and_its_checker_says_so(tmp_pat
     exec(source, space)
     with pytest.raises(ExerciseFailed, match="not written yet"):
         check_advantages(space["group_advantages"])
+
+
+def notebook_solution(stem: str, name: str):
+    """The function `name` as the stored notebook `stem`'s solution cell writes it (the student's model answer)."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    source = next(
+        "".join(c["source"])
+        for c in cells
+        if "solution" in c.get("metadata", {}).get("tags", []) and f"def {name}(" in "".join(c["source"])
+    )
+    return source
+
+
+STEP_WRONG = {  # 06's solution with one line as a student gets it wrong -> the checker's sentence
+    "the loss's sign": ("per_token = -torch.exp", "per_token = torch.exp", "the step lowered the log-probability"),
+    "no optimizer step": ("    optimizer.step()\n", "    pass\n", "moved no weight: call loss.backward()"),
+    "the batch's mean": ("grouped.mean(1, keepdim=True)", "rewards.mean()", "did you subtract each group's own mean"),
+    "prompts interleaved": ("[p for p in prompts for _ in range(G)]", "prompts * G", "repeated G times in a row"),
+    "token ids scored": ("], texts)", "], ids.tolist())", "got token ids, not texts"),
+}
+
+
+def test_the_step_checker_accepts_06s_solution():
+    space = {"torch": torch}  # the notebook's cells above import it
+    exec(notebook_solution("06_update", "grpo_step"), space)
+    assert "passed" in check_grpo_step(space["grpo_step"])
+
+
+@pytest.mark.parametrize("case", list(STEP_WRONG))
+def test_the_step_checker_rejects_a_typical_wrong_step_with_its_sentence(case):
+    old, new, said = STEP_WRONG[case]
+    source = notebook_solution("06_update", "grpo_step")
+    assert source.count(old) == 1, f"06's solution no longer holds {old!r} once"
+    space = {"torch": torch}  # the notebook's cells above import it
+    exec(source.replace(old, new), space)
+    with pytest.raises(ExerciseFailed) as failed:
+        check_grpo_step(space["grpo_step"])
+    assert said in str(failed.value) and "\n" not in str(failed.value), str(failed.value)
+
+
+def test_the_students_copy_of_06_empties_the_step(tmp_path):
+    import json
+    from pathlib import Path
+
+    from grpo_debug.exercises import student_copy
+
+    root = Path(__file__).resolve().parent.parent
+    copy = json.loads(Path(student_copy(str(root / "notebooks" / "06_update.ipynb"), str(tmp_path))).read_text())
+    source = next("".join(c["source"]) for c in copy["cells"] if "solution" in c.get("metadata", {}).get("tags", []))
+    space = {"torch": torch}  # the notebook's cells above import it
+    exec(source, space)
+    with pytest.raises(ExerciseFailed, match="not written yet"):
+        check_grpo_step(space["grpo_step"])
