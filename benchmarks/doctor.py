@@ -7,7 +7,10 @@ present finding's cause flipped on the step, each flip's held-out reward where t
   a 2-layer GPT-2 with random weights and the bundled tokenizer, opened with the bundled task so that its
   flips are also scored on held-out prompts (`--horizon 0`: the one-step effects);
 - `capture_2_layers_horizon_8`: the same with `--horizon 8` (each cause's fix followed 8 steps x 3 seeds against
-  the run continued alike; the issue-45 target: under 120 s).
+  the run continued alike; the issue-45 target: under 120 s);
+- `bundled_budget` and `capture_2_layers_horizon_8_budget`: the first and the last with `--budget B` (`--budget`,
+  default 30 s): how close the command's wall seconds come to the budget (issue 72's target: within 20%), and what
+  the doctor cut to fit it.
 Prints JSON: the wall seconds of each (median of R), and the seconds the doctor itself reported. Target (issue 32):
 under 60 s each on this 2-core machine.
 `--quick`: 2 prompts x 2 samples, 8 new tokens, 2 held-out prompts, one run (run by `make test`; no number
@@ -81,13 +84,17 @@ def doctor_seconds(arguments: list[str], threads: int, folder: Path) -> dict:
         "findings_flipped": len(flipped),
         "held_out_scored": sum(bool(f["effect"].get("held_out_reward")) for f in flipped),
         "fixes_followed": sum(bool(f.get("learning")) for f in written["findings"]),
+        "cut_for_the_budget": (written.get("budget") or {}).get("cut", []),
+        "phases": (written.get("budget") or {}).get("phases", {}),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_repeats(parser)
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds for the two budgeted runs (default 30)")
     args = parser.parse_args()
+    budget = ["--budget", f"{2.0 if args.quick else args.budget:g}"]
     sizes, repeats = sizes_and_repeats(args)
     quick_set = ["--set", *(f"{k}={v}" for k, v in sizes.items())] if sizes else []
     held_out = ["--held-out", "2"] if args.quick else []
@@ -107,6 +114,15 @@ def main() -> None:
                 doctor_seconds([str(capture), "--task", StepConfig().task, *horizon, *held_out], args.threads, folder)
                 for _ in range(repeats)
             ],
+            "bundled_budget": [
+                doctor_seconds(quick_set + held_out + budget, args.threads, folder) for _ in range(repeats)
+            ],
+            "capture_2_layers_horizon_8_budget": [
+                doctor_seconds(
+                    [str(capture), "--task", StepConfig().task, *horizon, *held_out, *budget], args.threads, folder
+                )
+                for _ in range(repeats)
+            ],
         }
     report = {"threads": args.threads, "quick": args.quick, "load_average_1min": os.getloadavg()[0]}
     for name, measured in runs.items():
@@ -116,7 +132,12 @@ def main() -> None:
             "findings_flipped": measured[0]["findings_flipped"],
             "held_out_scored": measured[0]["held_out_scored"],
             "fixes_followed": measured[0]["fixes_followed"],
+            "cut_for_the_budget": measured[0]["cut_for_the_budget"],
+            "phases": measured[0]["phases"],
         }
+        if name.endswith("_budget"):
+            report[name]["budget_seconds"] = float(budget[1])
+            report[name]["wall_over_budget"] = report[name]["median_wall_seconds"] / float(budget[1])
     print(json.dumps(report, indent=1))
 
 

@@ -302,3 +302,13 @@ def crossed_power(
     )
     low, high, _ = crossed_bounds(y, (level,))
     return float(((low[0] > 0) | (high[0] < 0)).mean())
+
+
+def wilson_bounds(mean: float, n: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval around `mean`, the mean of `n` values in [0, 1] (a share; a [0, 1] variable's variance
+    is at most mean (1 - mean), so the bound a share has holds for it too), at `z` standard errors."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(max(mean * (1 - mean), 0.0) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -34,7 +34,13 @@ EXPECTED = {  # script, extra arguments -> the report's keys that the README's t
         "panel_mu2",
     },
     ("capture.py", ()): {"runs", "median_overhead", "capture_mb"},
-    ("doctor.py", ()): {"bundled", "capture_2_layers", "capture_2_layers_horizon_8"},
+    ("doctor.py", ()): {
+        "bundled",
+        "capture_2_layers",
+        "capture_2_layers_horizon_8",
+        "bundled_budget",
+        "capture_2_layers_horizon_8_budget",
+    },
     ("train.py", ("--arm", "fixed", "tracin")): {"seconds_per_step"},
 }
 

@@ -102,6 +102,17 @@ def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completion
     assert "lost at the reward" in probe["said"], probe["said"]
 
 
+def test_a_reward_that_scores_one_completion_in_sixteen_is_lost_at_the_rewards_and_named_by_bad_reward(user):
+    """Groups with one reward scored and the rest None carry no signal: the rewards stage loses it (not the
+    advantages, as NaN counted as variety once said), and bad_reward, of that stage, leads."""
+    report = doctor(user_train_run(user, "rarely", {"rarely": True}), user, "user_train.py:RARELY_REWARD_FUNCS")
+    lost = next(f for f in report["findings"] if f["id"] == "signal_lost")
+    assert lost["evidence"]["stage"] == "rewards" and lost["evidence"]["lost_to"] == "None rewards", lost["summary"]
+    rewards = stage(report, "rewards")
+    assert rewards["kept"] == 0 and rewards["measured"]["unscored"] == rewards["measured"]["groups"], rewards
+    assert first_loud(report)["id"] == "bad_reward", first_loud(report)
+
+
 def test_a_clean_run_loses_no_stage_and_its_rewards_are_its_own(user):
     report = doctor(user_train_run(user, "plain", {"learning_rate": 3e-4}), user)  # a rate this tiny model learns at
     by_id = {f["id"]: f for f in report["findings"]}

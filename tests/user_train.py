@@ -50,7 +50,17 @@ def staged(completions, trainer_state, log_metric, **kwargs):
     return [-(1 + trainer_state.global_step) * len(text(c)) / 16 for c in completions]
 
 
+def rarely(completions, **kwargs):
+    """A reward that answers for about one completion in sixteen, by the text alone (a parser that fails on most,
+    returning None for them)."""
+    import zlib
+
+    return [sum(ch.isdigit() for ch in text(c)) / max(len(text(c)), 1) if zlib.crc32(text(c).encode()) % 16 == 0
+            else None for c in completions]  # fmt: skip
+
+
 REWARD_FUNCS = [digits, short]
+RARELY_REWARD_FUNCS = [rarely]  # with `rarely`
 STAGED_REWARD_FUNCS = [digits, staged]  # with `staged`
 JUDGED_REWARD_FUNCS = [digits, judged]  # with `judged`
 COLUMN_REWARD_FUNCS = [digits, short, correct]  # with `answer_column`
@@ -75,6 +85,8 @@ if __name__ == "__main__":
         reward_funcs = list(JUDGED_REWARD_FUNCS)
     if changes.pop("staged", False):
         reward_funcs = list(STAGED_REWARD_FUNCS)
+    if changes.pop("rarely", False):
+        reward_funcs = list(RARELY_REWARD_FUNCS)
     train_only = changes.pop("train_only", None)
     if train_only is not None:  # part of the model trains: the rest frozen before the trainer is built
         from transformers import AutoModelForCausalLM

@@ -74,7 +74,7 @@ def add_doctor_parser(sub) -> None:
         metavar="K",
         help="follow each cause's fix for K steps against the run continued alike, same seeds (default: 8 with "
         "--task, whose reward functions score the new completions; 0: the one-step effect only; at most what "
-        f"--budget holds at the fastest a step could be: {most(BUDGET['cpu'])} at {BUDGET['cpu']:g} s, "
+        f"--budget holds at the fastest a step could be: {most(BUDGET['cpu horizon'])} at {BUDGET['cpu horizon']:g} s, "
         "grpo_debug/horizon_bounds.py)",
     )
     dr.add_argument(
@@ -88,8 +88,10 @@ def add_doctor_parser(sub) -> None:
         "--budget",
         type=float,
         metavar="SECONDS",
-        help="the horizon's time: one continuation step is timed, then causes, steps and seeds are cut to fit, the "
-        f"least likely causes first, and the report says what was cut (default {BUDGET['cpu']:g} s on a CPU, "
+        help="the whole command's seconds, loading included: the step and its detectors always run; the flips, the "
+        "probe and the horizon take what is left (the horizon times one continuation step, then cuts causes, steps "
+        "and seeds to fit, the least likely causes first), and the report says what was cut and where the seconds "
+        f"went (default on a CPU {BUDGET['cpu']:g} s at --horizon 0, {BUDGET['cpu horizon']:g} s with a horizon; "
         f"{BUDGET['cuda']:g} s on a GPU)",
     )
     dr.add_argument(
@@ -103,7 +105,7 @@ def add_doctor_parser(sub) -> None:
     add_device(dr)
 
 
-def diagnosed(args, where: dict | None, cfg, overrides: dict):
+def diagnosed(args, where: dict | None, cfg, overrides: dict, started: float):
     """The report: of the capture's own tensors (`--no-model`), else of the step built (a capture opened, or the
     bundled step) with the horizon, budget and probe the arguments ask or their defaults."""
     from ..capture.opening import open_capture
@@ -115,9 +117,10 @@ def diagnosed(args, where: dict | None, cfg, overrides: dict):
         return diagnose_without_model(args.path, args.task)
     step = open_capture(args.path, args.task, **where, **overrides) if args.path else GRPOStep(cfg, **where)
     horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
-    budget = args.budget if args.budget is not None else BUDGET["cpu" if where["device"] == "cpu" else "cuda"]
+    default = "cuda" if where["device"] != "cpu" else "cpu horizon" if horizon else "cpu"
+    budget = args.budget if args.budget is not None else BUDGET[default]
     probe = args.probe or 0
-    return diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget, True, probe)
+    return diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget, True, probe, started)
 
 
 def doctor_command(parser, args) -> int:
@@ -155,7 +158,7 @@ def doctor_command(parser, args) -> int:
     if where:
         print(f"on {where['device']}, weights {where['weights_dtype'] or 'as saved'}")
     try:
-        report = diagnosed(args, where, cfg, overrides)
+        report = diagnosed(args, where, cfg, overrides, start)
     except (ValueError, ModelUnavailable, OSError) as e:
         parser.error(str(e))
     report = dataclasses.replace(report, seconds=time.perf_counter() - start)  # the command's, loading included

@@ -91,9 +91,16 @@ def samples(f: StepFacts) -> Stage:
                  dict(groups=B, identical_groups=len(r.identical_groups), kept_mass=mass))  # fmt: skip
 
 
+def _unscored_groups(adv) -> set[int]:
+    """The groups with fewer than two rewards scored (a None from every function on the others: NaN, which TRL's
+    sums skip): their std is NaN, and no advantage comes of them."""
+    return set(torch.isnan(adv.group_std.float()).nonzero().flatten().tolist())
+
+
 def _flat_groups(adv) -> set[int]:
-    """The groups whose weighted rewards do not vary: TRL's zero-std groups and those whose std is float rounding."""
-    return set(adv.zero_std_groups) | set(adv.rounding_std_groups)
+    """The groups whose weighted rewards do not vary: TRL's zero-std groups, those whose std is float rounding, and
+    those with fewer than two rewards scored."""
+    return set(adv.zero_std_groups) | set(adv.rounding_std_groups) | _unscored_groups(adv)
 
 
 def rewards(f: StepFacts) -> Stage:
@@ -106,12 +113,18 @@ def rewards(f: StepFacts) -> Stage:
     lost_to = ""
     if varied <= LOST and silenced and len(silenced) == len(per):
         lost_to = f"reward_weights {list(weights.values())}"
+    unscored = _unscored_groups(adv)
+    if varied <= LOST and not lost_to and len(unscored) > len(flat) / 2:
+        lost_to = "None rewards"
     said = f"{B - len(flat)}/{B} groups' weighted rewards vary"
     if silenced:
         said += f" ({', '.join(silenced)} weighted 0)"
-    return Stage("rewards", varied, said, lost_to,
-                 "make the reward graded, or sample groups whose completions differ in what it pays for",
-                 dict(groups=B, flat_groups=len(flat), weighted_zero=silenced))  # fmt: skip
+    if unscored:
+        said += f" ({len(unscored)} with fewer than two completions scored: None from every function)"
+    fix = ("return a float for every completion: a row no function scores gets no advantage" if lost_to ==
+           "None rewards" else "make the reward graded, or sample groups whose completions differ in what it pays for")  # fmt: skip
+    return Stage("rewards", varied, said, lost_to, fix,
+                 dict(groups=B, flat_groups=len(flat), weighted_zero=silenced, unscored=len(unscored)))  # fmt: skip
 
 
 def advantages(f: StepFacts) -> Stage:

@@ -20,6 +20,7 @@ from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .at_start import before_the_jump, collapse_at_start
 from .chain import SIGNAL_OF_THE_FIX, differential
+from .deadline import Deadline, budget_said
 from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
@@ -41,42 +42,68 @@ def diagnose(
     budget: float | None = None,
     progress: bool = False,
     probe: int = 0,
+    started: float | None = None,
 ) -> Report:
     """Every detector on the step, each present finding with a toggle flipped on it (`flip`), the differential,
     ranked. Where the task has held-out test prompts, each flip's one-step update is also scored on `held_out` of
     them (default: `HELD_OUT_PROMPTS`; 0: none) against the update as run. `horizon` K > 0: each cause's fix is
     followed for K steps on `horizon_seeds` seeds against the run continued alike (`horizon`), where the task's
-    reward functions can score new completions, fitted to `budget` seconds (None: no bound; `fit` says what is cut
-    first; a horizon past what the budget holds is refused, `horizon_bounds`); `progress`: the horizon's plan and
-    a progress bar on stderr. `probe` K > 0: a probe reward the model can learn trained K steps on the run's
-    pipeline (`probe`), within the budget before the horizon takes the rest."""
+    reward functions can score new completions (`fit` says what is cut first; a horizon past what the budget holds
+    is refused, `horizon_bounds`). `budget` seconds (None: no bound) bound the whole diagnosis from `started`
+    (time.perf_counter(); default now: a command passes its own start, so that loading counts): the step and its
+    detectors always run, then the flips, the probe and the horizon take what is left, each cut before it would run
+    past the end, and `Report.budget` says what was cut (`deadline`). `progress`: each phase and the time left, and
+    the horizon's plan, on stderr. `probe` K > 0: a probe reward the model can learn trained K steps on the run's
+    pipeline (`probe`), before the horizon takes the rest."""
     problem = horizon_problem(horizon, horizon_seeds, budget) if horizon > 0 else None
     if problem:
         raise ValueError(problem)
     task = step.task
     try:
-        return _diagnose(step, flip, held_out, horizon, horizon_seeds, budget, progress, probe)
+        deadline = Deadline(budget, time.perf_counter() if started is None else started)
+        return _diagnose(step, flip, held_out, horizon, horizon_seeds, deadline, progress, probe)
     finally:
         step.task = task  # `examine` reads an infinite reward as None for the diagnosis alone
 
 
-def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, budget, progress, probe) -> Report:
+def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, deadline: Deadline, progress, probe):
     start = time.perf_counter()
+    phases: dict[str, float] = {}
+    cut: list[str] = []
+
+    def said(line: str) -> None:
+        if progress:
+            left = "" if deadline.budget is None else f"; {max(deadline.left(), 0):.0f} s left of {deadline.budget:g}"
+            print(f"doctor: {line} ({deadline.spent():.1f} s{left})", file=sys.stderr)
+
     prompts = held_out_prompts(step, held_out) if flip else []
     facts, delta, after = examine(step, prompts)
+    phases["the step and its detectors"] = time.perf_counter() - start
+    said("the step run and examined")
     step.reward_tally = {}  # what the functions return on the completions scored from here on
     base = facts.run
-    findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts))))
+    t0 = time.perf_counter()
+    findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts)), deadline.holds))
+    cut += [f"the resample of {f.id}" for f in findings if f.evidence.get("not_resampled")]
+    phases["the resampled tests"] = time.perf_counter() - t0
     chained: list[str] = []
     fixes: dict[str, dict] = {}
     if flip and delta is not None:
         flips = [i for i, f in enumerate(findings) if _flippable(f, base.config, facts.uses_vllm)]
         paired = after and HeldOut(prompts, after, eval_sampling_of(base.config), bonferroni_level(len(flips)))
         detected: dict[tuple, dict[str, Finding]] = {}
+        t0, took = time.perf_counter(), []
+        said(f"flipping {len(flips)} findings")
         for i in flips:
+            if not deadline.holds(max(took, default=phases["the step and its detectors"])):  # a flip runs the step
+                cut.append(f"the flip of {findings[i].id}")  # again: its detector's severity stands
+                continue
+            t1 = time.perf_counter()
             toggle = PITFALLS[findings[i].id].toggle
             effect = counterfactual(step, base, delta, *toggle, paired, detected, facts.step_kl)
             findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect), facts.uses_vllm)
+            took.append(time.perf_counter() - t1)
+        phases["the flips"] = time.perf_counter() - t0
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
     findings = after_onsets(
@@ -92,15 +119,28 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
     probed = None
-    if probe > 0:
-        if progress:
-            print(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds", file=sys.stderr)
-        probed = run_probe(step, base, probe, PROBE_SEEDS, budget)
-        budget = None if budget is None else max(budget - probed.get("seconds", 0.0), 0.0)
+    per_step = phases["the step and its detectors"]  # a step of the probe or the horizon costs about as much
+    if probe > 0 and not deadline.holds(2 * probe * per_step):  # its smallest plan: 2 seeds
+        cut.append("the probe")
+        probed = {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
+    elif probe > 0:
+        said(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds")
+        t0 = time.perf_counter()
+        probed = run_probe(step, base, probe, PROBE_SEEDS, deadline.for_phase())
+        phases["the probe"] = time.perf_counter() - t0
     followed = None
-    if horizon > 0:
-        findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, budget, chained, progress)
+    if horizon > 0 and not deadline.holds((2 + 2 * 2 * 2) * per_step):  # one timed, then 2 arms x 2 seeds x 2 steps
+        cut.append("the horizon")
+        followed = {"steps": 0, "why": "cut for the budget: not even its smallest plan fit in what was left"}
+    elif horizon > 0:
+        said(f"the horizon: each cause's fix followed {horizon} steps")
+        t0 = time.perf_counter()
+        findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, deadline.for_phase(), chained,
+                                     progress)  # fmt: skip
+        phases["the horizon"] = time.perf_counter() - t0
     findings = none_later(findings, step.reward_tally, dict(zip(step.task.reward_names, step.task.weights)))
+    if cut:
+        said(f"cut for the budget: {', '.join(cut)}")
     return Report(
         rank(findings, chained),
         base.config.settings(),
@@ -109,6 +149,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         followed,
         exhibits=exhibits_of(facts),
         probe=probed,
+        budget=budget_said(deadline, cut, phases),
     )
 
 

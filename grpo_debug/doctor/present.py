@@ -106,6 +106,20 @@ def horizon_line(report: Report) -> str:
     return said + "".join(f"; {k}'s fix not followed: {why}" for k, why in unfollowed.items())
 
 
+def budget_line(report: Report) -> str:
+    """The diagnosis's budget, where the seconds went, and what it cut ("" for a report without one)."""
+    b = report.budget
+    if not b or b.get("seconds") is None:
+        return ""
+    went = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in b["phases"].items())
+    cut = (
+        f"; cut to fit it: {', '.join(b['cut'])} (a finding not flipped keeps its detector's severity)"
+        if b["cut"]
+        else "; nothing cut"
+    )
+    return f"budget {b['seconds']:g} s (--budget): {went}{cut}"
+
+
 def signal_path_of(report: Report) -> list[dict]:
     """The step's signal path as the `signal_lost` finding measured it (`detectors.signal_path`): one dict per stage;
     [] in a report without it (one written before it was measured, or `--no-model`)."""
@@ -160,6 +174,8 @@ def text(report: Report, at_least: str = "info") -> str:
         lines.append(f"not run without the model ({len(report.not_run)}): {', '.join(report.not_run)}")
     lines.append(horizon_line(report))
     lines.append(probe_line(report))
+    if budget_line(report):
+        lines.append(budget_line(report))
     lines.append(f"({report.seconds:.1f} s)")
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ class Report:
     not_run: tuple[str, ...] = ()  # detectors not run: they need the model (`doctor --no-model`)
     exhibits: dict | None = None  # the step's numbers the report's figures draw (`exhibits`); None: not measured
     probe: dict | None = None  # the probe reward trained on the run's pipeline (`probe.run_probe`); None: not run
+    budget: dict | None = None  # {seconds, phases, cut}: the diagnosis's budget and what it cut (`deadline`)
 
     def causes(self, at_least: str = "warning") -> list[Finding]:
         """The findings at `at_least` or more severe that are no symptom of another."""
@@ -44,6 +45,7 @@ class Report:
             "not_run": list(self.not_run),
             "exhibits": self.exhibits,
             "probe": self.probe,
+            "budget": self.budget,
         }
 
 

@@ -17,7 +17,9 @@ share was chance.
 
 Every draw that holds a group without signal is resampled, its severity info or loud: one batch of a few prompts
 cannot tell the run's share (three of eight groups comes as often from a run at half; stranger tuning seed 562, G =
-2 on a yes/no reward), in at most MAX_COMPLETIONS completions past MIN_DRAWS batches. Without reward functions for
+2 on a yes/no reward), in at most MAX_COMPLETIONS completions past MIN_DRAWS batches, and no more once two draws or
+more decide the severity (`decided`: the same at every corner of the shares' 99% intervals; a step whose groups
+nearly all carry a gradient stops there). Without reward functions for
 new completions (a capture's stored rewards) nothing can be resampled: the finding stays as the one draw says, and
 says so.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,10 +38,12 @@ from ..advantages import groups_without_signal, summarize_advantages
 from ..config import StepConfig
 from ..detectors.detectors import NO_SIGNAL_WARNING
 from ..detectors.findings import LOUD, Finding
+from ..stats import wilson_bounds
 from ..step import GRPOStep, StepRun
 
 RESAMPLED_GROUPS = 96  # groups of 2G sampled in all: the recovered share to about +-0.05
 MIN_DRAWS, MAX_DRAWS = 4, 16
+MIN_DECIDING_DRAWS, DECIDING_Z = 2, 2.576  # stop sampling once 2 draws or more decide the severity at 99%
 MAX_COMPLETIONS = 1024  # past MIN_DRAWS, no more completions than this: the cost of a few of the step's rollouts
 RECOVERED_WARNING = 0.25  # G = 2 on a yes/no reward at pass rate p recovers pq(1 + p^2 + q^2): 0.27 to 0.375 for p
 # in 0.2..0.8; G = 4 at p = 0.5 recovers 0.117
@@ -63,11 +68,19 @@ def draws_for(groups: int, G: int) -> int:
     return max(MIN_DRAWS, min(MAX_DRAWS, wanted, affordable))
 
 
-def sampled_anew(step: GRPOStep, cfg: StepConfig, draws: int, read: Callable[[StepRun], T], policy=None) -> list[T]:
+class NotAffordable(Exception):
+    """The draws after the first would run past the diagnosis's budget (`sampled_anew`'s `holds`)."""
+
+
+def sampled_anew(
+    step: GRPOStep, cfg: StepConfig, draws: int, read: Callable[[StepRun], T], policy=None, holds=None, enough=None
+) -> list[T]:
     """The step's prompts sampled `draws` times under `cfg` (seeds SEED_OFFSET + k past the step's), each run up to
     its rewards and kept as `read(run)`; `policy`: sampled from that model instead of the step's (the run's start,
-    `at_start`), swapped in for the sampling only. The caller's random state, the step and its policy are left as
-    they were."""
+    `at_start`), swapped in for the sampling only; `holds(seconds)`: whether the draws left fit in the time left,
+    asked once the first is timed (NotAffordable where they do not: all draws or none, so that the same step gives
+    the same numbers); `enough(kept)`: whether the draws kept so far decide what they are for (no more drawn). The
+    caller's random state, the step and its policy are left as they were."""
     seed, loaded = step.cfg.seed, step.loaded
     device = next(loaded.policy.parameters()).device  # a LoRA reference is the policy with its adapters off
     step.restore_policy()
@@ -77,23 +90,48 @@ def sampled_anew(step: GRPOStep, cfg: StepConfig, draws: int, read: Callable[[St
         try:
             out = []
             for k in range(draws):
+                t0 = time.perf_counter()
                 anew = cfg.replace(seed=seed + SEED_OFFSET + k)
                 out.append(read(step.run(anew, until="rewards", base=StepRun(anew), remember=False)))
+                if k == 0 and holds is not None and not holds((draws - 1) * (time.perf_counter() - t0)):
+                    raise NotAffordable
+                if enough is not None and k + 1 >= MIN_DECIDING_DRAWS and enough(out):
+                    break
         finally:
             step.loaded = loaded  # before the trial puts the start's weights back into the policy
     return out
 
 
-def resampled_signal(step: GRPOStep, draws: int) -> dict:
-    """The step's prompts sampled `draws` times at 2G from its weights (`sampled_anew`), the user's reward functions
-    scoring them: {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}. The caller's random state and the
-    step are left as they were."""
-    G = step.cfg.num_generations
-    split = sampled_anew(step, step.cfg.replace(num_generations=2 * G), draws,
-                         lambda run: halves_and_whole(run.rewards.total.float().cpu(), G))  # fmt: skip
+def shares(split: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """`halves_and_whole` of each draw -> {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}."""
     h, w = torch.cat([h for h, _ in split]).float(), torch.cat([w for _, w in split]).float()
     at_G, at_2G = h.mean().item(), w.mean().item()
-    return {"share_at_G": at_G, "share_at_2G": at_2G, "recovered": at_G - at_2G, "draws": draws, "groups": len(w)}
+    return {"share_at_G": at_G, "share_at_2G": at_2G, "recovered": at_G - at_2G, "draws": len(split), "groups": len(w)}
+
+
+def decided(split: list[tuple[torch.Tensor, torch.Tensor]], drawn: str) -> bool:
+    """Whether the draws so far decide the severity: `severity_of` gives the same at every corner of the shares'
+    intervals (Wilson's, at DECIDING_Z standard errors, over groups: a group's share of halves without signal and its
+    recovered share are each in [0, 1]; a group of 2G without signal has none in its halves either)."""
+    measured = shares(split)
+    n = measured["groups"]
+    at_G = wilson_bounds(measured["share_at_G"], n, DECIDING_Z)
+    gained = wilson_bounds(max(measured["recovered"], 0.0), n, DECIDING_Z)
+    corners = {severity_of({**measured, "share_at_G": a, "recovered": r}, drawn)[0] for a in at_G for r in gained}
+    return len(corners) == 1
+
+
+def resampled_signal(step: GRPOStep, draws: int, holds=None, drawn: str | None = None) -> dict:
+    """The step's prompts sampled at 2G from its weights (`sampled_anew`), up to `draws` times, the user's reward
+    functions scoring them: {"share_at_G", "share_at_2G", "recovered", "draws", "groups"}; where `drawn` (the one
+    draw's severity) is given, no more once the draws decide the severity (`decided`). The caller's random state
+    and the step are left as they were."""
+    G = step.cfg.num_generations
+    enough = None if drawn is None else (lambda split: decided(split, drawn))
+    split = sampled_anew(step, step.cfg.replace(num_generations=2 * G), draws,
+                         lambda run: halves_and_whole(run.rewards.total.float().cpu(), G), holds=holds,
+                         enough=enough)  # fmt: skip
+    return shares(split)
 
 
 def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
@@ -112,9 +150,17 @@ def severity_of(measured: dict, drawn: str) -> tuple[str, str]:
     return "info", said + ": the share of this draw is chance"
 
 
-def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
+def not_resampled(f: Finding, why: str) -> Finding:
+    """zero_std_groups as its one draw says, saying why it was not resampled."""
+    return dataclasses.replace(
+        f, summary=f"{f.summary}; one draw ({why})", evidence={**f.evidence, "not_resampled": why}
+    )
+
+
+def signal_tested(step: GRPOStep, findings: list[Finding], holds=None) -> list[Finding]:
     """zero_std_groups, where its draw holds a group without signal and new completions can be scored, with its
-    severity from the resample (a draw with none costs no rollout)."""
+    severity from the resample (a draw with none costs no rollout). `holds(seconds)`: whether that much time is left
+    (the diagnosis's budget); where the resample does not fit, the one draw's severity stands and says so."""
     out = []
     for f in findings:
         if f.id != "zero_std_groups" or f.severity == "absent":
@@ -123,8 +169,15 @@ def signal_tested(step: GRPOStep, findings: list[Finding]) -> list[Finding]:
             out.append(f)
         elif step.stored_rewards:
             out.append(dataclasses.replace(f, summary=f.summary + "; one draw (pass --task to resample the run's)"))
+        elif holds is not None and not holds(0.0):
+            out.append(not_resampled(f, "the resample was cut for the budget"))
         else:
-            measured = resampled_signal(step, draws_for(f.evidence["of_groups"], step.cfg.num_generations))
+            try:
+                draws = draws_for(f.evidence["of_groups"], step.cfg.num_generations)
+                measured = resampled_signal(step, draws, holds, f.severity)
+            except NotAffordable:
+                out.append(not_resampled(f, "the resample was cut for the budget"))
+                continue
             severity, said = severity_of(measured, f.severity)
             evidence = {**f.evidence, "resampled": measured}
             out.append(dataclasses.replace(f, severity=severity, summary=f.summary + said, evidence=evidence))

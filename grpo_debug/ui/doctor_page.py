@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from ..detectors.findings import Finding
-from ..doctor.present import flip_name, flip_verdict, horizon_line, probe_line
+from ..doctor.present import budget_line, flip_name, flip_verdict, horizon_line, probe_line
 from ..doctor.report import Report, config_fix, fix_of
 from ..pitfalls import PITFALLS
 from ..show.text import page_text as _h
@@ -240,6 +240,7 @@ def page(report: Report, title: str = "grpo-debug doctor") -> str:
         f"<p class='verdict{quiet}' id='verdict'>{_h(verdict(report))}</p>",
         f"<p class='meta'>{len(report.findings)} checks in {report.seconds:.1f} s; {_h(horizon_line(report))}</p>",
         f"<p class='meta'>{_h(probe_line(report))}</p>",
+        f"<p class='meta'>{_h(budget_line(report))}</p>" if budget_line(report) else "",
         signal_table(report),
         f"<h2>The causal chain</h2>{chain_svg(report)}",
         f"<h2>{heading}</h2>",
