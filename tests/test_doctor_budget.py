@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from grpo_debug.doctor.deadline import RESERVE, Deadline
 from grpo_debug.doctor.present import budget_line, text
 from grpo_debug.step import GRPOStep
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 SMALL = dict(num_prompts=2, num_generations=4, max_new_tokens=8, learning_rate=1e-3, position_ids=False)
 
 
@@ -72,3 +74,18 @@ def test_the_command_counts_its_loading_against_the_budget(tmp_path):
     written = json.loads((tmp_path / "r.json").read_text())
     assert written["budget"]["seconds"] == 1.0 and "the flip of position_ids" in written["budget"]["cut"]
     assert "budget 1 s (--budget)" in done.stdout and "doctor: the step run and examined" in done.stderr
+
+
+def test_the_docs_state_the_budgets_the_command_uses():
+    from documentation import documentation
+
+    from grpo_debug.cli.arguments import BUDGET
+    from grpo_debug.horizon_bounds import most
+
+    said = " ".join(documentation().split())
+    assert (
+        f"default on a CPU {BUDGET['cpu']:g} s at `--horizon 0` and {BUDGET['cpu horizon']:g} s with a horizon, "
+        f"{BUDGET['cuda']:g} s on a GPU" in said
+    ), "docs/doctor.md's default budgets are not the command's"
+    assert f"{most(BUDGET['cpu horizon'])} at {BUDGET['cpu horizon']:g} s, {most(BUDGET['cuda'])} at" in said
+    assert f"{RESERVE:.0%} kept back for the report" in said, "docs/doctor.md's reserve is not deadline.RESERVE's"

@@ -4,8 +4,10 @@ each cut before it would run past the end, and the report says what was cut (`De
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import sys
 import time
 
 RESERVE = 0.05  # of the budget, kept for ranking, the report and its page after the last phase
@@ -36,6 +38,31 @@ class Deadline:
         return time.perf_counter() - self.started
 
 
-def budget_said(deadline: Deadline, cut: list[str], phases: dict[str, float]) -> dict:
-    """The report's record of the budget: its seconds, the seconds each phase took, what was cut for it."""
-    return {"seconds": deadline.budget, "phases": {k: round(v, 3) for k, v in phases.items()}, "cut": list(cut)}
+@dataclasses.dataclass
+class Phases:
+    """The diagnosis's phases as they go: the seconds each took, what was cut for the budget, and (`progress`) a
+    line on stderr as each starts, with the time spent and left."""
+
+    deadline: Deadline
+    progress: bool = False
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    cut: list[str] = dataclasses.field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        if self.progress:
+            d = self.deadline
+            left = "" if d.budget is None else f"; {max(d.left(), 0):.0f} s left of {d.budget:g}"
+            print(f"doctor: {line} ({d.spent():.1f} s{left})", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def said(self) -> dict:
+        """The report's record of the budget: its seconds, the seconds each phase took, what was cut for it."""
+        seconds = {k: round(v, 3) for k, v in self.seconds.items()}
+        return {"seconds": self.deadline.budget, "phases": seconds, "cut": list(self.cut)}

@@ -20,7 +20,7 @@ from ..stats import bonferroni_level
 from ..step import GRPOStep, StepRun
 from .at_start import before_the_jump, collapse_at_start
 from .chain import SIGNAL_OF_THE_FIX, differential
-from .deadline import Deadline, budget_said
+from .deadline import Deadline, Phases
 from .exhibits import exhibits_of
 from .facts import detect, examine, facts_of, held_out_prompts
 from .flips import HeldOut, _flippable, change_key, counterfactual
@@ -68,42 +68,21 @@ def diagnose(
 
 def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, deadline: Deadline, progress, probe):
     start = time.perf_counter()
-    phases: dict[str, float] = {}
-    cut: list[str] = []
-
-    def said(line: str) -> None:
-        if progress:
-            left = "" if deadline.budget is None else f"; {max(deadline.left(), 0):.0f} s left of {deadline.budget:g}"
-            print(f"doctor: {line} ({deadline.spent():.1f} s{left})", file=sys.stderr)
-
+    phases = Phases(deadline, progress)
     prompts = held_out_prompts(step, held_out) if flip else []
-    facts, delta, after = examine(step, prompts)
-    phases["the step and its detectors"] = time.perf_counter() - start
-    said("the step run and examined")
+    with phases.timed(STEP_PHASE):
+        facts, delta, after = examine(step, prompts)
+    phases.say("the step run and examined")
     step.reward_tally = {}  # what the functions return on the completions scored from here on
     base = facts.run
-    t0 = time.perf_counter()
-    findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts)), deadline.holds))
-    cut += [f"the resample of {f.id}" for f in findings if f.evidence.get("not_resampled")]
-    phases["the resampled tests"] = time.perf_counter() - t0
+    with phases.timed("the resampled tests"):
+        findings = narrowing_tested(step, signal_tested(step, forecast_tested(step, detect(facts)), deadline.holds))
+    phases.cut += [f"the resample of {f.id}" for f in findings if f.evidence.get("not_resampled")]
     chained: list[str] = []
     fixes: dict[str, dict] = {}
     if flip and delta is not None:
-        flips = [i for i, f in enumerate(findings) if _flippable(f, base.config, facts.uses_vllm)]
-        paired = after and HeldOut(prompts, after, eval_sampling_of(base.config), bonferroni_level(len(flips)))
-        detected: dict[tuple, dict[str, Finding]] = {}
-        t0, took = time.perf_counter(), []
-        said(f"flipping {len(flips)} findings")
-        for i in flips:
-            if not deadline.holds(max(took, default=phases["the step and its detectors"])):  # a flip runs the step
-                cut.append(f"the flip of {findings[i].id}")  # again: its detector's severity stands
-                continue
-            t1 = time.perf_counter()
-            toggle = PITFALLS[findings[i].id].toggle
-            effect = counterfactual(step, base, delta, *toggle, paired, detected, facts.step_kl)
-            findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect), facts.uses_vllm)
-            took.append(time.perf_counter() - t1)
-        phases["the flips"] = time.perf_counter() - t0
+        findings, detected = _flipped(step, facts, findings, delta, HeldOut(prompts, after, eval_sampling_of(
+            base.config), 0.0) if after else None, phases)  # fmt: skip
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
         findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
     findings = after_onsets(
@@ -118,29 +97,11 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
     )
     findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
-    probed = None
-    per_step = phases["the step and its detectors"]  # a step of the probe or the horizon costs about as much
-    if probe > 0 and not deadline.holds(2 * probe * per_step):  # its smallest plan: 2 seeds
-        cut.append("the probe")
-        probed = {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
-    elif probe > 0:
-        said(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds")
-        t0 = time.perf_counter()
-        probed = run_probe(step, base, probe, PROBE_SEEDS, deadline.for_phase())
-        phases["the probe"] = time.perf_counter() - t0
-    followed = None
-    if horizon > 0 and not deadline.holds((2 + 2 * 2 * 2) * per_step):  # one timed, then 2 arms x 2 seeds x 2 steps
-        cut.append("the horizon")
-        followed = {"steps": 0, "why": "cut for the budget: not even its smallest plan fit in what was left"}
-    elif horizon > 0:
-        said(f"the horizon: each cause's fix followed {horizon} steps")
-        t0 = time.perf_counter()
-        findings, followed = _follow(step, findings, fixes, horizon, horizon_seeds, deadline.for_phase(), chained,
-                                     progress)  # fmt: skip
-        phases["the horizon"] = time.perf_counter() - t0
+    probed = _probed(step, base, probe, phases)
+    findings, followed = _followed(step, findings, fixes, horizon, horizon_seeds, chained, phases)
     findings = none_later(findings, step.reward_tally, dict(zip(step.task.reward_names, step.task.weights)))
-    if cut:
-        said(f"cut for the budget: {', '.join(cut)}")
+    if phases.cut:
+        phases.say(f"cut for the budget: {', '.join(phases.cut)}")
     return Report(
         rank(findings, chained),
         base.config.settings(),
@@ -149,8 +110,60 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         followed,
         exhibits=exhibits_of(facts),
         probe=probed,
-        budget=budget_said(deadline, cut, phases),
+        budget=phases.said(),
     )
+
+
+STEP_PHASE = "the step and its detectors"
+
+
+def _flipped(step: GRPOStep, facts, findings: list[Finding], delta, held_out: HeldOut | None, phases: Phases):
+    """Each flippable finding with its toggle flipped on the step (`counterfactual`), its severity from the flip where
+    that decides it, in the order found; a flip that would run past the budget is cut (the slowest flip so far, or
+    the step itself before the first, is what one costs), its detector's severity kept. (findings, detected)."""
+    base = facts.run
+    flips = [i for i, f in enumerate(findings) if _flippable(f, base.config, facts.uses_vllm)]
+    paired = held_out and dataclasses.replace(held_out, level=bonferroni_level(len(flips)))
+    detected: dict[tuple, dict[str, Finding]] = {}
+    findings, took = list(findings), []
+    phases.say(f"flipping {len(flips)} findings")
+    with phases.timed("the flips"):
+        for i in flips:
+            if not phases.deadline.holds(max(took, default=phases.seconds[STEP_PHASE])):
+                phases.cut.append(f"the flip of {findings[i].id}")
+                continue
+            t0 = time.perf_counter()
+            toggle = PITFALLS[findings[i].id].toggle
+            effect = counterfactual(step, base, delta, *toggle, paired, detected, facts.step_kl)
+            findings[i] = severity_from_flip(dataclasses.replace(findings[i], effect=effect), facts.uses_vllm)
+            took.append(time.perf_counter() - t0)
+    return findings, detected
+
+
+def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict | None:
+    """The probe trained `probe` steps where asked (0: None), cut where not even its smallest plan (2 seeds, each
+    step costing about what the step did) fits in what is left."""
+    if probe <= 0:
+        return None
+    if not phases.deadline.holds(2 * probe * phases.seconds[STEP_PHASE]):
+        phases.cut.append("the probe")
+        return {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
+    phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds")
+    with phases.timed("the probe"):
+        return run_probe(step, base, probe, PROBE_SEEDS, phases.deadline.for_phase())
+
+
+def _followed(step: GRPOStep, findings, fixes: dict, horizon: int, seeds: int, chained, phases: Phases):
+    """Each cause's fix followed `horizon` steps (`_follow`) within what is left, cut where not even its smallest plan
+    (one timed step, then 2 arms x 2 seeds x 2 steps) fits; (findings, what was followed) or (findings, None)."""
+    if horizon <= 0:
+        return findings, None
+    if not phases.deadline.holds((2 + 2 * 2 * 2) * phases.seconds[STEP_PHASE]):
+        phases.cut.append("the horizon")
+        return findings, {"steps": 0, "why": "cut for the budget: not even its smallest plan fit in what was left"}
+    phases.say(f"the horizon: each cause's fix followed {horizon} steps")
+    with phases.timed("the horizon"):
+        return _follow(step, findings, fixes, horizon, seeds, phases.deadline.for_phase(), chained, phases.progress)
 
 
 def none_later(findings: list[Finding], tally: dict[str, list[int]], weights: dict[str, float]) -> list[Finding]:
