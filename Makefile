@@ -39,7 +39,7 @@ $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	@date +%s > $(VENV)/.install-start
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 ifeq ($(RESOLVE),latest)
-	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test]"
+	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test,trackers]"
 else
 	sed -n '/^uv==/,/# via/p' $(LOCK) > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/uv-requirement.txt
@@ -54,7 +54,7 @@ endif
 lock: $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q uv==$(UV_VERSION)
 	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
-	$(BIN)/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 --upgrade \
+	$(BIN)/uv pip compile pyproject.toml --extra test --extra trackers --universal --python-version 3.11 --upgrade \
 	  $(if $(wildcard $(TORCH_WHEELS)),--find-links $(TORCH_WHEELS)) -c $(VENV)/torch-constraint.txt \
 	  --no-emit-package torch --generate-hashes --custom-compile-command "make lock" -o $(LOCK)
 

@@ -49,9 +49,9 @@ def digits_until(turn: int | None):
     return digits
 
 
-def user_run(folder: Path, model: Path, turn: int | None, **recorder) -> tuple[Path, list, list]:
+def user_run(folder: Path, model: Path, turn: int | None, report_to="none", **recorder) -> tuple[Path, list, list]:
     """A plain GRPOConfig (TRL's defaults but the sizes), the user's reward, FlightRecorder: (its folder, what TRL
-    logged each step, the warnings at the end of training)."""
+    logged each step, the warnings at the end of training). `report_to`: the trackers the run reports to."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -64,7 +64,7 @@ def user_run(folder: Path, model: Path, turn: int | None, **recorder) -> tuple[P
         max_completion_length=32,
         max_steps=STEPS,
         logging_steps=1,
-        report_to="none",
+        report_to=report_to,
         use_cpu=True,
     )
     trainer = GRPOTrainer(

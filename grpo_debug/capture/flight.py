@@ -59,6 +59,7 @@ import torch
 from ..files import write_text_atomically
 from . import folder_lock, health
 from .callback import CaptureCallback, at_the_edge
+from .trackers import TrackerLog, trackers_for
 from .trainer_state import jsonable
 from .writing import HEALTH_FILE, MAX_WEIGHT_BYTES, append_line
 
@@ -103,7 +104,10 @@ class FlightRecorder(CaptureCallback):
         update_sample: int = UPDATE_SAMPLE,
         max_weight_bytes: int = MAX_WEIGHT_BYTES,
         optimizer_state: bool = True,
+        trackers: bool = True,
     ):
+        if not isinstance(trackers, bool):
+            raise ValueError(f"trackers must be True or False, got {trackers!r}")
         _check_settings(max_captures, grad_spike, reward_drop, window, min_history, trigger_on, update_sample)
         self._setup(out_dir, max_weight_bytes, optimizer_state)  # the folder locked first: a live run is named
         held = another_runs_file(Path(out_dir))
@@ -124,6 +128,7 @@ class FlightRecorder(CaptureCallback):
         self.not_captured: dict[int, str] = {}
         self.index = "never"  # captures.json: never written, written (up to date), or its last write failed
         self.sample: list[tuple[torch.nn.Parameter, torch.Tensor | None, float]] | None = None
+        self.trackers, self.tracker_log = trackers, None  # the run's trackers, found at its first line
 
     # ---- CaptureCallback, with every step recorded
 
@@ -256,6 +261,10 @@ class FlightRecorder(CaptureCallback):
             append_line(self.out_dir / HEALTH_FILE, jsonable(line))
         except Exception as e:  # a full disk, a read-only folder: the run goes on
             problems.append(f"left no health line ({type(e).__name__}: {e})")
+        if self.trackers and self.trainer is not None:
+            if self.tracker_log is None:
+                self.tracker_log = TrackerLog(trackers_for(self.trainer))
+            self.tracker_log.log_line(jsonable(line), state.global_step)
         if capture.get("reasons"):
             problems += self._index_problems()
         return problems
@@ -324,6 +333,8 @@ class FlightRecorder(CaptureCallback):
         """The last step closed; captures.json written if it is not up to date; each triggered step not captured
         and not yet warned about, named (one warning per reason)."""
         self._close(state)
+        if self.tracker_log is not None:
+            self.tracker_log.close()
         if self.index != "written":
             before, problems = self.index, self._index_problems()
             if problems and before == "never":  # a failure already said with its step is not said again
