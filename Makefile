@@ -26,7 +26,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-slow test-kernels test-latest lock notebooks exercises setup stockfish chromium data model evaluate
+.PHONY: lab test test-slow test-kernels test-latest lock notebooks exercises docs setup stockfish chromium data model evaluate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	@date +%s > $(VENV)/.install-start
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 ifeq ($(RESOLVE),latest)
-	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test,trackers]"
+	$(BIN)/pip install --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test,trackers,docs]"
 else
 	sed -n '/^uv==/,/# via/p' $(LOCK) > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/uv-requirement.txt
@@ -54,7 +54,7 @@ endif
 lock: $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q uv==$(UV_VERSION)
 	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
-	$(BIN)/uv pip compile pyproject.toml --extra test --extra trackers --universal --python-version 3.11 --upgrade \
+	$(BIN)/uv pip compile pyproject.toml --extra test --extra trackers --extra docs --universal --python-version 3.11 --upgrade \
 	  $(if $(wildcard $(TORCH_WHEELS)),--find-links $(TORCH_WHEELS)) -c $(VENV)/torch-constraint.txt \
 	  --no-emit-package torch --generate-hashes --custom-compile-command "make lock" -o $(LOCK)
 
@@ -108,6 +108,11 @@ notebooks: setup
 	  $(BIN)/python tests/notebook_pairs.py --tidy "$$nb" && \
 	  $(BIN)/jupytext -q --sync "$$nb" || exit 1; \
 	done
+
+# The documentation as a site (MkDocs, from docs/ and mkdocs.yml) in site/, every warning an error: a page not in
+# the navigation, a link to a page or an anchor that is not there.
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # The student's copies of the notebooks with exercises: every cell tagged "solution" emptied (its functions' bodies
 # raise NotImplementedError), every output cleared, in exercises/ (`grpo_debug.exercises.student_copy`).
