@@ -84,7 +84,8 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         findings, detected = _flipped(step, facts, findings, delta, HeldOut(prompts, after, eval_sampling_of(
             base.config), 0.0) if after else None, phases)  # fmt: skip
         fixes = {f.id: c for f in findings if (c := _fix_changes(step, f, base.config, facts.uses_vllm)) is not None}
-        findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings))
+        with phases.timed("causes told from symptoms"):
+            findings, chained = differential(findings, fixes, _detect_under(step, base, detected, findings, phases))
     findings = after_onsets(
         findings,
         chained,
@@ -95,7 +96,8 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
             next((tuple(f.evidence.get("named") or ()) for f in findings if f.id == "constant_reward"), ()),
         ),
     )
-    findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
+    with phases.timed("the run's start"):
+        findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
     probed = _probed(step, base, probe, phases)
     findings, followed = _followed(step, findings, fixes, horizon, horizon_seeds, chained, phases)
@@ -357,18 +359,24 @@ def _revealed(fixed: Finding, as_found: Finding) -> Finding:
 THE_TEXTS = ("identical_groups",)  # what was sampled: no change after sampling alters it (its severity, resampled)
 
 
-def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[Finding]):
+def _detect_under(step: GRPOStep, base: StepRun, detected: dict, as_found: list[Finding], phases=None):
     """Every detector on the step with config changes applied (the same completions and weights), remembered in
     `detected` by `change_key`; None where the step refuses them. A change of how the step samples (a rollout
     field) is measured on a capture by sampling anew twice from the captured weights, with the change and without
     its rollout fields (the other fixes kept), at the same seed, each update the engine's stepping the trainer's
     optimizer (`take_trainers_optimizer`): a finding counts as cleared only where the resample without the change
     keeps it (else the trainer's finding is kept: a new draw alone quieted it). On the same completions, THE_TEXTS
-    are the trainer's findings as found: their severity came from sampling anew, which the detector alone has not."""
+    are the trainer's findings as found: their severity came from sampling anew, which the detector alone has not.
+    `phases`: a fix whose step would run past the budget is not tested (None, as one the step refuses), said cut."""
     trainer = {f.id: f for f in as_found}
 
     def run_detectors(changes: dict, anew: bool) -> dict[str, Finding] | None:
         key = (*change_key(changes), ("sampled anew", True)) if anew else change_key(changes)  # flips store the latter
+        if key not in detected and phases is not None and not phases.deadline.holds(phases.seconds[STEP_PHASE]):
+            under = ", ".join(f"{k}={v}" for k, v in changes.items()) or "the run's own settings, sampled anew"
+            said = f"the step under {under} (to tell causes from symptoms)"
+            phases.cut += [said] if said not in phases.cut else []
+            return None
         if key not in detected:
             cfg = base.config.replace(**changes)
             with step.trial():
