@@ -50,7 +50,8 @@ class Parser(argparse.ArgumentParser):
         super().exit(status, message and bounded(message, self.echoed))
 
 
-def main(argv: list[str] | None = None) -> int:
+def command_line() -> Parser:
+    """`python -m grpo_debug`'s parser, every command's arguments: read, nothing run."""
     parser = Parser(prog="python -m grpo_debug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         add_landing_parser,
     ):
         add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = command_line()
     Parser.echoed = tuple(sys.argv[1:] if argv is None else argv)  # the subcommands' parsers too
     args = parser.parse_args(argv)
     parser.parsed = True
