@@ -208,7 +208,7 @@ def test_a_flip_that_moves_the_update_outranks_one_that_does_not(runs):
 def test_the_command_line_from_another_directory_writes_ranked_json_and_a_page(runs, tmp_path):
     out, page = tmp_path / "doctor.json", tmp_path / "doctor.html"
     done = subprocess.run(
-        [sys.executable, "-m", "grpo_debug", "doctor", str(runs["attention_dropout"])]
+        [sys.executable, "-m", "grpo_debug", "doctor", str(runs["attention_dropout"]), "--budget", "600"]
         + ["--task", str(runs["attention_dropout"].parents[2] / "planted_train.py") + ":digits"]
         + ["--json", str(out), "--html", str(page)],
         cwd=tmp_path,
@@ -234,7 +234,7 @@ def test_the_command_line_reads_every_shape_of_user_run(runs, run, tmp_path):
     every finding's id, severity, evidence, fix and effect; on GPT-2 with TRL's defaults its dropout is named."""
     out = tmp_path / "doctor.json"
     done = subprocess.run(
-        [sys.executable, "-m", "grpo_debug", "doctor", str(runs[run]), "--json", str(out)],
+        [sys.executable, "-m", "grpo_debug", "doctor", str(runs[run]), "--json", str(out), "--budget", "600"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -40,7 +40,7 @@ def doctor(captures: Path, user: Path, funcs: str = "user_train.py:REWARD_FUNCS"
     out = user / f"{captures.parent.name}-report.json"
     done = subprocess.run(
         [sys.executable, "-m", "grpo_debug", "doctor", str(step), "--task", funcs, "--horizon", "0", "--held-out", "0",
-         "--probe", "8", "--json", str(out)],
+         "--probe", "8", "--budget", "600", "--json", str(out)],  # the budget's own tests: test_doctor_budget.py
         cwd=user, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, f"the doctor failed on {step}:\n{done.stderr[-2000:]}"
