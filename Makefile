@@ -56,7 +56,7 @@ lock: $(BIN)/python
 	echo "torch==2.13.0" > $(VENV)/torch-constraint.txt
 	$(BIN)/uv pip compile pyproject.toml --extra test --extra trackers --extra docs --universal --python-version 3.11 --upgrade \
 	  $(if $(wildcard $(TORCH_WHEELS)),--find-links $(TORCH_WHEELS)) -c $(VENV)/torch-constraint.txt \
-	  --no-emit-package torch --generate-hashes --custom-compile-command "make lock" -o $(LOCK)
+	  --overrides lock-overrides.txt --no-emit-package torch --generate-hashes --custom-compile-command "make lock" -o $(LOCK)
 
 # Every test on the newest releases (a separate environment, so the locked one stays as it is).
 test-latest:

@@ -5,6 +5,7 @@ logged numbers bit-identical with the recorder's trackers on and off."""
 
 import glob
 import json
+import os
 import struct
 import sys
 import warnings
@@ -130,6 +131,34 @@ def test_mlflow_file_store_holds_the_health_metrics_at_each_step_and_the_break_s
     assert sorted(levels) == [(1, 0.0), (2, 0.0), (3, 2.0), (4, 2.0)], levels
     texts = [a.path for a in client.list_artifacts(on.info.run_id, "grpo_debug")]
     assert texts == [f"grpo_debug/alert-step-{TURNS_CONSTANT}.txt"], texts
+
+
+def test_trackio_local_holds_the_health_keys_at_each_step_and_the_break_steps_alert(tmp_path, model):
+    """trackio reads TRACKIO_DIR once, when imported: each run in a process of its own; its SQLite store read back."""
+    import sqlite3
+    import subprocess
+
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    logged = {}
+    for side in ("on", "off"):
+        done = subprocess.run(
+            [sys.executable, str(TESTS / "tracked_run.py"), str(tmp_path / side), str(model), "trackio", side],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        logged[side] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert trained_numbers(logged["on"]) == trained_numbers(logged["off"]), "the trackers changed the run's numbers"
+    stores = list((tmp_path / "trackio").glob("*.db"))
+    assert len(stores) == 1, stores
+    with sqlite3.connect(stores[0]) as db:
+        rows = [
+            (run, step, json.loads(m)) for run, step, m in db.execute("select run_name, step, metrics from metrics")
+        ]
+        alerts = db.execute("select run_name, step, text from alerts").fetchall()
+    levels = sorted((step, m[BREAK]) for _, step, m in rows if BREAK in m)
+    assert levels == [(1, 0.0), (2, 0.0), (3, 2.0), (4, 2.0)], levels
+    assert len({run for run, _, m in rows if BREAK in m}) == 1, "health logged to both runs: trackers=False ignored"
+    assert [(step, "constant_reward" in text) for _, step, text in alerts] == [(TURNS_CONSTANT, True)], alerts
 
 
 def test_a_tracker_that_fails_is_switched_off_with_one_warning_and_the_others_go_on():

@@ -8,6 +8,7 @@ loud, a grad_norm spike, a reward drop) as an alert where the tracker has one, e
                  trainer logs its own, and `wandb.alert` (which a run in offline mode keeps with it)
     mlflow       the run the trainer opened (`mlflow.active_run()`): metrics at the step, the alert as a text
                  artifact grpo_debug/alert-step-K.txt
+    trackio      the run the trainer opened: metrics at the step, and `trackio.alert`
 
 Nothing is logged where `report_to` is none, or to a tracker whose run the trainer did not open. A tracker that
 fails (a full disk, a closed run) is switched off with one warning; the run and the other trackers go on. The
@@ -23,7 +24,7 @@ PREFIX = "grpo_debug/"
 LEVELS = {"ok": 0.0, "info": 0.0, "warning": 1.0, "problem": 2.0}
 OWN_METRICS = ("update/relative_norm", "grad_norm/running_median")  # the recorder's, beside TRL's own
 OWN_SUFFIXES = ("/length_correlation", "/length_p")
-SUPPORTED = ("tensorboard", "wandb", "mlflow")
+SUPPORTED = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 def health_scalars(line: dict) -> dict[str, float]:
@@ -141,6 +142,28 @@ class MLflow:
         pass
 
 
+class Trackio:
+    name = "trackio"
+
+    def active(self) -> bool:
+        from trackio import context_vars
+
+        return context_vars.current_run.get() is not None
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        import trackio
+
+        trackio.log(scalars, step=step)
+
+    def alert(self, title: str, text: str, step: int) -> None:
+        import trackio
+
+        trackio.alert(title=title, text=text, level=trackio.AlertLevel.WARN)
+
+    def close(self) -> None:
+        pass
+
+
 def trackers_for(trainer) -> list:
     """The trackers of the trainer's `report_to` (a list, "all" or "none") this module logs to, whose library is
     installed; others are left alone. TensorBoard writes through the trainer's own writer where it has one."""
@@ -152,8 +175,13 @@ def trackers_for(trainer) -> list:
         names = list(SUPPORTED)
     writer = next((getattr(c, "tb_writer", None) for c in trainer.callback_handler.callbacks
                    if type(c).__name__ == "TensorBoardCallback"), None)  # fmt: skip
-    made = {"tensorboard": lambda: TensorBoard(output_dir, writer), "wandb": Wandb, "mlflow": MLflow}
-    library = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+    made = {
+        "tensorboard": lambda: TensorBoard(output_dir, writer),
+        "wandb": Wandb,
+        "mlflow": MLflow,
+        "trackio": Trackio,
+    }
+    library = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
     return [made[n]() for n in names if n in made and importlib.util.find_spec(library[n]) is not None]
 
 
