@@ -248,7 +248,7 @@ print(f"change over {LOOP_SEEDS} seeds: {np.mean(loop_change):+.2f}, 95% t inter
 import textwrap
 
 from grpo_debug.files import DATA_DIR
-from grpo_debug.runs.control import headline, positive_control
+from grpo_debug.runs.control import chosen_rate, headline, positive_control
 from grpo_debug.runs.results import detected, eval_table, per_seed
 
 control = positive_control(DATA_DIR / "experiments")
@@ -263,6 +263,10 @@ trl = control["summary"]["trl"]
 print(f"fixed: {int((rose > 0).sum())} of {len(rose)} seeds rose. TRL as shipped: change from its start "
       f"{interval(changes['trl'])} ({verdict(changes['trl'])}); minus fixed at the end "
       f"{interval(trl['minus_fixed'])} ({verdict(trl['minus_fixed'])})")
+rate, start = float(chosen_rate(DATA_DIR / "experiments")), control["summary"]["fixed"]["reward_start"]
+print(f"its rate {rate:g} was chosen by the plan's stage 1 on validation prompts, before any test prompt was seen "
+      f"(this notebook's step uses {cfg.learning_rate:g}); its start, {start:.3f}, is the mean over its "
+      f"{control['eval_prompts']} test prompts; 00's baseline is over the first {cfg.eval_prompts}")
 plots.held_out_by_seed(held_out, changes, K, title=f"{K} steps on {seeds} seeds: " + ", ".join(
     f"{arm} {d['mean']:+.3f} from its start ({verdict(d)})" for arm, d in changes.items()))
 
