@@ -72,8 +72,10 @@ print(f"sample {i}: {n} tokens, log-probs {by_hand[0]:.3f} {by_hand[1]:.3f} ...;
       f"{to_engine:.1e}; ratio to the sampler's: max |rho - 1| {to_one:.1e}")
 
 # %% [markdown]
-# Each pitfall below breaks that agreement on its own (README.md, "Where each toggle comes from", says which bug
-# report each one is from); each is one field of `Scoring`, flipped on the same cached rollout:
+# Each pitfall below is one field of `Scoring`, flipped on the same cached rollout (docs/notebooks.md, "Where each
+# toggle comes from", says which bug report each one is from). Five break that agreement on their own; the mask
+# leaves every log-prob as it is and changes which tokens the loss scores (its row's gap is at most the fixed
+# step's: the same log-probs, fewer of them):
 #
 # | toggle | what goes wrong |
 # |---|---|
@@ -89,8 +91,8 @@ print(f"sample {i}: {n} tokens, log-probs {by_hand[0]:.3f} {by_hand[1]:.3f} ...;
 # and `loss` columns are opened in notebook 05; here read `kl` as how far the policy's log-probs are from the
 # reference model's (0 where they agree) and `loss` as the step's loss. `kl` is in nats per scored token:
 # k3 = exp(d) - 1 - d averaged over tokens, with d = log pi_ref - log pi. It is about d^2 / 2 for small gaps and
-# grows exponentially with large ones, so a scoring pitfall that moves log-probs by a few nats (dropout does) shows
-# up as a KL far above 1 (checked at the end). With beta = 0 TRL neither computes nor logs a KL; the `kl` column of
+# grows exponentially with large ones, so a scoring pitfall that moves log-probs by nats (dropout does: its largest
+# gap is printed below) shows up as a KL far above 1 (checked at the end). With beta = 0 TRL neither computes nor logs a KL; the `kl` column of
 # its row is this suite's k3, shown for comparison.
 
 # %%
@@ -205,7 +207,7 @@ pd.DataFrame({mode: completion_mask(r, mode)[i, end - 3:end + 2].tolist()
 #
 # - $\log \pi_\theta(o_{i,t})$ is the `log_softmax` of the logits one position earlier, divided by $T$, read at the token.
 # - The ratio $\rho = \exp(\log \pi_\theta - \log \pi_{\text{old}})$ is exactly 1 where the recomputation is right.
-# - Six pitfalls break the recomputation; dropout and missing position_ids move log-probs by many nats.
+# - Five pitfalls break the recomputation, the mask changes what is scored; dropout and positions move nats.
 # - TRL 1.16 as shipped is hit by dropout on every row and by positions on every left-padded row.
 
 # %% [markdown]
@@ -223,6 +225,7 @@ if CAPTURE is None:  # measured on the bundled step
         assert table.loc[name, "logps/max_sampler_gap"] > 1e-2, name
     assert table.loc["bfloat16", "logps/max_sampler_gap"] < 1.0  # small per token, but not zero
     assert table.loc[base, "logps/eos_kept"] == 1.0 and table.loc["EOS and PAD dropped", "logps/eos_kept"] == 0.0
+    assert table.loc["EOS and PAD dropped", "logps/max_sampler_gap"] <= fixed_gap, "the mask moved a log-prob"
     assert table.loc["dropout on", "kl"] > 1.0  # "a KL far above 1"
     assert abs(table.loc[base, "kl"]) < 1e-4  # "0 up to rounding": the policy is the reference at step 0
     assert rows["no position_ids"][padded].min() > 1.0 and rows["no position_ids"][~padded].max() < 1e-4

@@ -116,7 +116,7 @@ print(f"the captured config is the {run.config.preset_name() or 'custom'} preset
 # after are from the trainer's (`grpo_debug.capture.landing`). Whether they are bit-equal is a fact about the CPU's
 # float32 matmul kernels, not about the replay: on one Intel Xeon with AVX-512 they were bit-equal under MKL's
 # compatible path (`MKL_CBWR=COMPATIBLE`) and within float rounding under MKL's own AVX-512 path, whose kernels
-# follow each matmul's shape (README, "Same seed, same numbers"). The line below says what this CPU gives.
+# follow each matmul's shape (docs/development.md, "Same seed, same numbers"). The line below says what this CPU gives.
 
 # %%
 from grpo_debug.capture.landing import landing
