@@ -98,9 +98,11 @@ def test_the_plan_is_cut_to_the_budget_causes_first_then_steps_then_seeds():
 
 @pytest.mark.slow  # `make test-slow`: two doctors with a horizon (about three minutes on two cores)
 def test_the_horizon_keeps_to_its_budget(step):
-    """A budget of a few continuation steps: the doctor times one, cuts the plan, says what it cut, and the horizon
-    takes no more than the budget and 20%."""
+    """A budget (the whole diagnosis's) that leaves the horizon room for about 12 continuation steps of the 24 it asks:
+    the doctor times one, cuts the plan, says what it cut, and the diagnosis takes no more than the budget and 20%."""
     import time
+
+    from grpo_debug.doctor.deadline import RESERVE
 
     dropout = GRPOStep(StepConfig(**SMALL, dropout=True, sample_dropout=True, position_ids=False))
     t0 = time.perf_counter()
@@ -108,14 +110,15 @@ def test_the_horizon_keeps_to_its_budget(step):
     whole = time.perf_counter() - t0
     assert free.horizon["steps"] == 4, f"no budget: nothing is cut ({free.horizon})"
     per_step = free.horizon["seconds_per_step"]
-    budget = 6 * per_step  # (1 + 1 cause) x 3 seeds x 4 steps = 24 steps asked
+    rest = whole - free.budget["phases"]["the horizon"]  # the diagnosis before its horizon
+    budget = (rest + 14 * per_step) / (1 - RESERVE)  # (1 + 1 cause) x 3 seeds x 4 steps = 24 steps asked, 2 timed
     t0 = time.perf_counter()
     cut = diagnose(dropout, held_out=0, horizon=4, horizon_seeds=3, budget=budget)
-    spent = time.perf_counter() - t0 - (whole - free.horizon["estimate_seconds"])  # the rest of the doctor aside
+    spent = time.perf_counter() - t0
     h = cut.horizon
-    assert h["steps"] * h["seeds"] * (1 + len([f for f in cut.findings if f.learning])) <= 8, f"not cut: {h}"
+    assert h["steps"] and h["steps"] * h["seeds"] * (1 + len([f for f in cut.findings if f.learning])) < 24, h
     assert h["cut"]["steps_asked"] == 4 and h["cut"]["seeds_asked"] == 3, h
-    assert spent <= 1.2 * budget + 2 * per_step, f"the horizon took {spent:.1f} s against a budget of {budget:.1f} s"
+    assert spent <= 1.2 * budget + 2 * per_step, f"the diagnosis took {spent:.1f} s against a budget of {budget:.1f} s"
 
 
 def test_a_fix_that_samples_otherwise_is_read_where_both_arms_sample_alike(step):

@@ -100,7 +100,7 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
         findings = a_cause_of_its_own(collapse_at_start(step, base, before_the_jump(step, findings)))
     step.restore_policy()
     probed = _probed(step, base, probe, phases)
-    findings, followed = _followed(step, findings, fixes, horizon, horizon_seeds, chained, phases)
+    findings, followed = _followed(step, base, findings, fixes, horizon, horizon_seeds, chained, phases)
     findings = none_later(findings, step.reward_tally, dict(zip(step.task.reward_names, step.task.weights)))
     if phases.cut:
         phases.say(f"cut for the budget: {', '.join(phases.cut)}")
@@ -117,6 +117,15 @@ def _diagnose(step: GRPOStep, flip, held_out, horizon: int, horizon_seeds: int, 
 
 
 STEP_PHASE = "the step and its detectors"
+
+
+def one_step(base: StepRun, phases: Phases) -> float:
+    """Seconds one step of the probe or the horizon costs: the step's own phases where it sampled here, else (a
+    capture's completions are the trainer's) the step with its detectors, an upper bound."""
+    sampled = base.timings.get("rollout")
+    if sampled is not None and sampled.seconds > 0:
+        return sum(t.seconds for t in base.timings.values())
+    return phases.seconds[STEP_PHASE]
 
 
 def _flipped(step: GRPOStep, facts, findings: list[Finding], delta, held_out: HeldOut | None, phases: Phases):
@@ -147,7 +156,7 @@ def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict |
     step costing about what the step did) fits in what is left."""
     if probe <= 0:
         return None
-    if not phases.deadline.holds(2 * probe * phases.seconds[STEP_PHASE]):
+    if not phases.deadline.holds(2 * probe * one_step(base, phases)):
         phases.cut.append("the probe")
         return {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
     phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds")
@@ -155,12 +164,12 @@ def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict |
         return run_probe(step, base, probe, PROBE_SEEDS, phases.deadline.for_phase())
 
 
-def _followed(step: GRPOStep, findings, fixes: dict, horizon: int, seeds: int, chained, phases: Phases):
+def _followed(step: GRPOStep, base: StepRun, findings, fixes: dict, horizon: int, seeds: int, chained, phases: Phases):
     """Each cause's fix followed `horizon` steps (`_follow`) within what is left, cut where not even its smallest plan
     (one timed step, then 2 arms x 2 seeds x 2 steps) fits; (findings, what was followed) or (findings, None)."""
     if horizon <= 0:
         return findings, None
-    if not phases.deadline.holds((2 + 2 * 2 * 2) * phases.seconds[STEP_PHASE]):
+    if not phases.deadline.holds((2 + 2 * 2 * 2) * one_step(base, phases)):
         phases.cut.append("the horizon")
         return findings, {"steps": 0, "why": "cut for the budget: not even its smallest plan fit in what was left"}
     phases.say(f"the horizon: each cause's fix followed {horizon} steps")
