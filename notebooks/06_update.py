@@ -265,7 +265,7 @@ print(f"fixed: {int((rose > 0).sum())} of {len(rose)} seeds rose. TRL as shipped
       f"{interval(trl['minus_fixed'])} ({verdict(trl['minus_fixed'])})")
 rate, start = float(chosen_rate(DATA_DIR / "experiments")), control["summary"]["fixed"]["reward_start"]
 print(f"its rate {rate:g} was chosen by the plan's stage 1 on validation prompts, before any test prompt was seen "
-      f"(this notebook's step uses {cfg.learning_rate:g}); its start, {start:.3f}, is the mean over its "
+      f"(this notebook's step uses {cfg.learning_rate:g});\nits start, {start:.3f}, is the mean over its "
       f"{control['eval_prompts']} test prompts; 00's baseline is over the first {cfg.eval_prompts}")
 plots.held_out_by_seed(held_out, changes, K, title=f"{K} steps on {seeds} seeds: " + ", ".join(
     f"{arm} {d['mean']:+.3f} from its start ({verdict(d)})" for arm, d in changes.items()))
