@@ -181,8 +181,7 @@ def trackers_for(trainer) -> list:
         "mlflow": MLflow,
         "trackio": Trackio,
     }
-    library = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
-    return [made[n]() for n in names if n in made and importlib.util.find_spec(library[n]) is not None]
+    return [made[n]() for n in names if n in made and importlib.util.find_spec(n) is not None]
 
 
 class TrackerLog:
