@@ -4,6 +4,7 @@ functions as arguments and default to their readable versions; `kernels(fast)` h
 
   generate     G samples of each prompt          rollout.generate_repeated   fast.shared_prompt.generate_per_prompt
   score        per-token log-probs, entropies    scoring.per_token_logps_and_entropies  fast.scoring.*_fast
+  score_update the update's, no per-sample norms  scoring.per_token_logps_and_entropies  fast.scoring.*_per_group
   score_logps  per-token log-probs only          scoring.per_token_logps     fast.scoring.per_token_logps_fast
   norms        each sample's gradient norm      update.OneBackwardPerSample fast.backward.HookedNorms
 """
@@ -23,21 +24,38 @@ from .update import OneBackwardPerSample, SampleNorms
 class Kernels:
     generate: Callable
     score: Callable
+    score_update: Callable  # the update's scoring where no per-sample gradient norm is taken
     score_logps: Callable
     norms: SampleNorms
 
 
-READABLE = Kernels(generate_repeated, per_token_logps_and_entropies, per_token_logps, OneBackwardPerSample())
+READABLE = Kernels(
+    generate_repeated,
+    per_token_logps_and_entropies,
+    per_token_logps_and_entropies,
+    per_token_logps,
+    OneBackwardPerSample(),
+)
 
 
 @functools.cache
 def fast_kernels() -> Kernels:
     """The fast twins, imported on first use: a step with every fast path off never loads `grpo_debug.fast`."""
     from .fast.backward import HookedNorms
-    from .fast.scoring import per_token_logps_and_entropies_fast, per_token_logps_fast
+    from .fast.scoring import (
+        per_token_logps_and_entropies_fast,
+        per_token_logps_and_entropies_per_group,
+        per_token_logps_fast,
+    )
     from .fast.shared_prompt import generate_per_prompt
 
-    return Kernels(generate_per_prompt, per_token_logps_and_entropies_fast, per_token_logps_fast, HookedNorms())
+    return Kernels(
+        generate_per_prompt,
+        per_token_logps_and_entropies_fast,
+        per_token_logps_and_entropies_per_group,
+        per_token_logps_fast,
+        HookedNorms(),
+    )
 
 
 def kernels(fast: bool) -> Kernels:

@@ -338,7 +338,7 @@ class GRPOStep:
             start=self.initial_state.values(),  # the weights it starts from, read as needed: no second copy
             num_iterations=cfg.num_iterations,
             per_sample_grad_norms=cfg.per_sample_grad_norms,
-            score=kernels(cfg.fast).score,
+            score=kernels(cfg.fast).score if cfg.per_sample_grad_norms else kernels(cfg.fast).score_update,
             norms=kernels(cfg.fast).norms,
         )
 

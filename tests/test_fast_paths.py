@@ -106,6 +106,69 @@ def test_fast_update_equals_the_readable_one():
     assert fast.loss.loss.item() == pytest.approx(readable.loss.loss.item(), abs=1e-6)
 
 
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], list(range(12)), [0, 1, 4, 5, 8, 9]], ids=["group", "groups", "pairs"])
+def test_scoring_a_groups_prompt_once_with_gradients_equals_the_readable_forward(rows):
+    """The update's twin (`score_update`): each run of rows sharing a prompt computes it once, gradients flowing
+    back through its repeated keys and values; the log-probs and every parameter's gradient as one plain forward's."""
+    from grpo_debug.fast.scoring import per_token_logps_and_entropies_per_group, shares_with_grad, trim
+    from grpo_debug.logprobs import completion_mask
+    from grpo_debug.scoring import Scoring, per_token_logps_and_entropies
+
+    policy, r = _sample(True)
+    policy.eval()
+    spec = Scoring(temperature=0.7)
+    part = r.rows(rows)
+    assert shares_with_grad(policy, trim(part, True, True)[0], spec) == (4 if len(rows) != 6 else 2)
+    scored = completion_mask(part, "keep_first_eos")
+    results = []
+    for score in (per_token_logps_and_entropies_per_group, per_token_logps_and_entropies):
+        policy.zero_grad(set_to_none=True)
+        logps, _ = score(policy, part, spec)
+        (logps * scored * torch.linspace(-1, 1, len(rows))[:, None]).sum().backward()  # advantages of both signs
+        results.append((logps.detach(), {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (fast, fast_grads), (plain, plain_grads) = results
+    assert ((fast - plain).abs() * scored).max() <= 2e-5, "the log-probs differ beyond float rounding"
+    for name, g in plain_grads.items():
+        diff = (fast_grads[name] - g).norm() / g.norm().clamp(min=1e-12)
+        assert diff <= 1e-4, f"{name}: the gradient differs by {diff:.2e} of its norm"
+    policy.zero_grad(set_to_none=True)
+
+
+def test_a_groups_prompt_is_computed_once_only_where_it_may_be():
+    """Dropout, bfloat16, no position_ids, a train-mode model or no gradient: the plain forward."""
+    from grpo_debug.fast.scoring import shares_with_grad, trim
+    from grpo_debug.scoring import Scoring
+
+    policy, r = _sample(True)
+    policy.eval()
+    part = trim(r.rows([0, 1, 2, 3]), True, True)[0]
+    assert shares_with_grad(policy, part, Scoring(temperature=0.7)) == 4
+    for spec in (Scoring(temperature=0.7, dropout=True), Scoring(temperature=0.7, dtype="bfloat16")):
+        assert shares_with_grad(policy, part, spec) == 1, spec
+    assert shares_with_grad(policy, part, Scoring(temperature=0.7, position_ids=False)) == 1
+    with torch.no_grad():
+        assert shares_with_grad(policy, part, Scoring(temperature=0.7)) == 1
+    policy.train()
+    assert shares_with_grad(policy, part, Scoring(temperature=0.7)) == 1
+    policy.eval()
+
+
+def test_the_fast_update_without_per_sample_norms_equals_the_readable_one():
+    """The step TRL's benchmark row times: no per-sample norms, so the update scores each group's prompt once."""
+    from grpo_debug.step import GRPOStep
+
+    cfg = StepConfig(
+        num_prompts=2, num_generations=4, max_new_tokens=40, learning_rate=1e-3, per_sample_grad_norms=False
+    )
+    step = GRPOStep(cfg)
+    fast = step.run(cfg, until="update")
+    readable = step.run(cfg.replace(fast=False), until="update")
+    assert torch.equal(fast.rollout.completion_ids, readable.rollout.completion_ids)
+    assert fast.update.grad_norm == pytest.approx(readable.update.grad_norm, rel=1e-5)
+    assert fast.update.update_norm == pytest.approx(readable.update.update_norm, rel=1e-3)
+    assert fast.update.loss == pytest.approx(readable.update.loss, abs=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_keeping_the_completions_logits_only_gives_the_same_logits(dtype, tmp_path):
     """Without a gradient, `completion_logits` asks the model for the last C + 1 positions' logits alone
