@@ -42,6 +42,7 @@ EXPECTED = {  # script, extra arguments -> the report's keys that the README's t
         "capture_2_layers_horizon_8_budget",
     },
     ("train.py", ("--arm", "fixed", "tracin")): {"seconds_per_step"},
+    ("reward_worker.py", ()): {"worker_start_seconds", "call_in_worker_ms", "call_in_process_ms", "cost_per_call_ms"},
 }
 
 

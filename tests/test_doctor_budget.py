@@ -89,3 +89,23 @@ def test_the_docs_state_the_budgets_the_command_uses():
     ), "docs/doctor.md's default budgets are not the command's"
     assert f"{most(BUDGET['cpu horizon'])} at {BUDGET['cpu horizon']:g} s, {most(BUDGET['cuda'])} at" in said
     assert f"{RESERVE:.0%} kept back for the report" in said, "docs/doctor.md's reserve is not deadline.RESERVE's"
+
+
+@pytest.mark.parametrize(
+    "cut, not_followed, said",
+    [
+        ({"causes": ["dropout"], "late": ["dropout"]}, {}, "cut for the budget, not followed: dropout"),
+        ({"causes": ["dropout"], "late": []}, {}, "cut for the budget, not followed: dropout"),
+        ({"causes": []}, {"truncation": "a length past the model's 64 positions"}, "truncation's fix not followed"),
+    ],
+    ids=["cut-when-the-machine-ran-slow", "cut-by-the-plan", "a-fix-the-steps-cannot-take"],
+)
+def test_a_horizon_that_left_a_cause_out_never_says_each_causes_fix_was_followed(cut, not_followed, said):
+    """A cause planned and then cut when the machine ran slower than its timed step (a loaded machine) is a cut
+    like the plan's own: the text names it and does not say that each cause's fix was followed."""
+    from grpo_debug.doctor.present import horizon_line
+    from grpo_debug.doctor.report import Report
+
+    h = {"steps": 8, "seeds": 3, "level": 0.975, "cut": {**cut, "steps_asked": 8, "seeds_asked": 3}}
+    line = horizon_line(Report((), {}, 0.0, horizon={**h, "not_followed": not_followed}))
+    assert said in line and "each cause's fix" not in line, line

@@ -284,3 +284,29 @@ def test_the_grpo_config_names_are_those_the_trl_bridge_writes(tmp_path):
         args = grpo_config(cfg, str(tmp_path))
         for name, value in grpo_config_changes(changes).items():
             assert getattr(args, name) == value, f"{changes} -> {name}={getattr(args, name)!r}, the page says {value!r}"
+
+
+@pytest.mark.slow  # a headless Chromium (`make test-slow`)
+def test_a_3000_character_name_wraps_inside_the_page_width(tmp_path):
+    """A user's reward function named with 3,000 characters and no space (in the title, summaries, a flip table and a
+    probed function's name): the page a browser lays out is no wider than its window."""
+    from playwright.sync_api import sync_playwright
+
+    name = "r" * 3000
+    report = planted_report()
+    findings = tuple(dataclasses.replace(f, summary=f.summary.replace(HOSTILE, name)) for f in report.findings)
+    findings = tuple(
+        dataclasses.replace(f, evidence={"probed": {name: {"rise_padded": 0.2}}}) if f.id == "length_reward" else f
+        for f in findings
+    )
+    path = tmp_path / "page.html"
+    path.write_text(doctor_page.page(dataclasses.replace(report, findings=findings), f"doctor {name}"))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        view = browser.new_page(viewport={"width": 1280, "height": 800})
+        view.goto(path.as_uri())
+        width = view.evaluate("document.documentElement.scrollWidth")
+        shown = view.evaluate("document.body.innerText").count("r" * 100)
+        browser.close()
+    assert shown >= 3, "the long name is not on the page"
+    assert width <= 1280, f"the page is {width} px wide in a 1280 px window"

@@ -239,19 +239,21 @@ def capture(tmp_path_factory):
 
 
 @pytest.mark.usefixtures("task_registry_restored")
-def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(capture, tmp_path, capsys):
-    """Your reward functions return None for every completion where the run scored them: every advantage would
-    be 0 (TRL 1.16), so the replay compares nothing with the trainer's step. One line naming --task, exit 2,
+@pytest.mark.parametrize("value", ["None", "float('nan')"])
+def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(capture, tmp_path, capsys, value):
+    """Your reward functions return None (or NaN) for every completion where the run scored them: every advantage
+    would be 0 (TRL 1.16), so the replay compares nothing with the trainer's step. One line naming --task, exit 2,
     before the update, no output written; where the run scored none either, the replay goes on."""
     from grpo_debug.cli.capture_commands import unscorable
     from grpo_debug.cli.commands import main
 
-    (tmp_path / "tasks.py").write_text("def rookworld(completions, **kw):\n    return [None for c in completions]\n")
+    (tmp_path / "tasks.py").write_text(f"def rookworld(completions, **kw):\n    return [{value} for c in completions]\n")
     with pytest.raises(SystemExit) as exited:
         main(["replay", str(capture), "--task", f"{tmp_path / 'tasks.py'}:rookworld", "--json", str(tmp_path / "o")])
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert exited.value.code == 2 and len(errors) == 1, errors
     assert "tasks.py:rookworld: no reward function scored any of the 8 completions" in errors[0], errors[0]
+    assert "(each returned None or NaN;" in errors[0], errors[0]
     assert not (tmp_path / "o").exists()
     assert unscorable([True, True], {"f": [None, None]}, "t.py:f") is None  # the run scored none either
     assert unscorable([True, False], {"f": [1.0, 0.0]}, "t.py:f") is None  # one scored: a replay to compare

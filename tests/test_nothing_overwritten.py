@@ -74,6 +74,27 @@ def test_a_lock_path_that_is_not_a_lock_file_is_refused_and_never_followed(tmp_p
     assert not (tmp_path / "elsewhere").exists(), "a file was made outside out_dir"
 
 
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES], ids=["immutable", "another-users"])
+def test_a_lock_file_that_cannot_be_opened_is_refused_not_shared(tmp_path, monkeypatch, code):
+    """An immutable lock file (chattr +i) or another user's: refused in one line naming it, not a warning after
+    which two runs would write one folder."""
+    from grpo_debug.capture import folder_lock
+
+    run = tmp_path / "out"
+    run.mkdir()
+    (run / LOCK_FILE).write_text("{}")
+    real_open = os.open
+
+    def refused(path, flags, *args, **kwargs):
+        if str(path).endswith(LOCK_FILE):
+            raise OSError(code, os.strerror(code))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(folder_lock.os, "open", refused)
+    with pytest.raises(FolderInUse, match=f"{LOCK_FILE} cannot be opened .*give this run its own out_dir"):
+        take(run, "FlightRecorder")
+
+
 def test_a_line_cut_by_a_full_disk_is_cut_back_and_the_next_line_stands_alone(tmp_path, monkeypatch):
     health = tmp_path / "health.jsonl"
     writing.append_line(health, {"step": 1})

@@ -33,10 +33,10 @@ def captures(tmp_path_factory) -> Path:
     return user_train_run(qwen2_user(tmp_path_factory.mktemp("user")), "run", RUN)
 
 
-def damaged(captures: Path, tmp_path: Path, meta=None, tensors=None) -> Path:
-    """Step 2 copied, `meta(capture.json)` and `tensors(optimizer state)` applied in place, then resealed."""
-    folder = tmp_path / "step-2"
-    shutil.copytree(captures / "step-2", folder)
+def damaged(captures: Path, tmp_path: Path, meta=None, tensors=None, step: str = "step-2") -> Path:
+    """`step` (step 2) copied, `meta(capture.json)` and `tensors(optimizer state)` applied in place, then resealed."""
+    folder = tmp_path / step
+    shutil.copytree(captures / step, folder)
     if meta:
         js = json.loads((folder / "capture.json").read_text())
         meta(js)
@@ -253,3 +253,25 @@ def test_shown_cuts_a_value_to_200_characters_with_its_length():
     cut = shown("x" * LONG)
     assert cut.startswith("x" * 160 + "…") and cut.endswith("x" * 40 + f" ({LONG} characters)"), cut
     assert bounded(f"--device {'x' * LONG!r} is not a device", ["x" * LONG]).count("x") == 200
+
+
+LANDING_CASES = ["learning_rate 1e300", "exp_avg 1e38", "fused and differentiable", "step 0 with its moments kept"]
+
+
+@pytest.mark.parametrize("which", ["first", "second"])
+@pytest.mark.parametrize("case", LANDING_CASES)
+def test_landing_refuses_a_damaged_optimizer_in_either_folder_as_replay_does(captures, tmp_path, capsys, case, which):
+    """`landing` opens both captures as `replay` opens one: the same damage, in step k or in step k+1, is one line
+    naming the file and the field, exit 2, before a model loads."""
+    meta, tensors, says = CASES[case]
+    if which == "first":
+        folders = [damaged(captures, tmp_path, meta, tensors), captures / "step-3"]
+    else:
+        folders = [captures / "step-2", damaged(captures, tmp_path, meta, tensors, step="step-3")]
+    code, out, err = command(capsys, "landing", *folders)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, (
+        f"{case} in the {which}: exit {code}\n{err[-2000:]}"
+    )
+    assert re.search(says, errors[0]), f"{case} in the {which}: {errors[0]!r} does not say {says!r}"
+    assert "Loading weights" not in err, f"{case}: a model was loaded before the refusal"

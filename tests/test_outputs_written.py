@@ -99,3 +99,47 @@ def test_a_file_name_too_long_is_refused_before_any_work_naming_it_cut(user):
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "a file name longer than 255 bytes" in lines[0] and "(100000 characters)" in lines[0], lines
     assert len(lines[0]) < 400, f"the name echoed whole: {len(lines[0])} characters"
+
+
+@pytest.mark.parametrize("case", ["dangling-link", "device", "the-json-file", "the-html-file"])
+def test_a_png_folder_that_cannot_be_one_is_refused_before_any_work(user, tmp_path, case):
+    """`--png` is checked with `--json` and `--html` before the diagnosis starts: a dangling link, a device, or the
+    very file another flag writes is one line naming it, exit 2, and nothing is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = {"--json": str(out / "r.json"), "--html": str(out / "r.html")}
+    png = {
+        "dangling-link": str(out / "gone"),
+        "device": FULL,
+        "the-json-file": args["--json"],
+        "the-html-file": args["--html"],
+    }[case]
+    if case == "dangling-link":
+        os.symlink(out / "nowhere", png)
+    flags = [x for flag, path in args.items() for x in (flag, path)]
+    done = grpo_debug("doctor", user["capture"], "--no-model", *flags, "--png", png, cwd=user["folder"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"--png {png}" in lines[0], lines
+    assert sorted(p.name for p in out.iterdir()) == (["gone"] if case == "dangling-link" else []), "a file was written"
+
+
+def test_a_figure_that_cannot_be_written_leaves_no_half_written_file(tmp_path, monkeypatch):
+    """write_pngs writes each figure whole or not at all: a disk that fills mid-figure leaves no .png behind."""
+    import matplotlib.figure
+
+    from grpo_debug.doctor.report import Report
+    from grpo_debug.ui import doctor_page, report_figures
+
+    fig = matplotlib.figure.Figure()
+    fig.add_subplot().plot([0, 1])
+    monkeypatch.setattr(report_figures, "figures_of", lambda report: {"1-finding-evidence": fig})
+
+    def full(self, f, **kwargs):
+        f.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        doctor_page.write_pngs(Report((), {}, 0.0), tmp_path / "figs")
+    assert list((tmp_path / "figs").iterdir()) == [], "a half-written figure was left"

@@ -61,6 +61,21 @@ def digits(prompts, completions, **kwargs):  # the run's own name: a number on i
     return [float(sum(ch.isdigit() for ch in c)) if len(calls) <= 2 else float("nan") for c in completions]
 """
 
+HANGS = """
+import time
+
+calls = []
+
+def digits(prompts, completions, **kwargs):  # an API reward under the run's name: answers once, then retries forever
+    calls.append(len(completions))
+    while len(calls) > 1:
+        try:
+            time.sleep(1e6)
+        except:  # noqa: E722
+            pass
+    return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+"""
+
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> dict:
@@ -68,6 +83,7 @@ def user(tmp_path_factory) -> dict:
     capture = captured_step(folder)
     (folder / "rewards.py").write_text(REWARDS)
     (folder / "later.py").write_text(LATER)
+    (folder / "hangs.py").write_text(HANGS)
     return {"folder": folder, "capture": capture}
 
 
@@ -90,6 +106,30 @@ def test_a_function_that_will_not_stop_is_stopped_at_its_limit_in_one_line(user,
     line = one_line(done)
     assert func in line and "within 1 s (--reward-timeout)" in line, line
     assert seconds < 1 + SLACK + 20, f"{func}: the command took {seconds:.0f} s"  # + the command's own start
+
+
+@pytest.mark.parametrize("command", ["doctor", "replay"])
+def test_a_function_that_hangs_after_its_first_call_is_stopped_mid_run_in_one_line(user, command):
+    """Its check call returns; the step's own batch then never does: stopped at the limit mid-run, one line naming
+    the function and the batch, for both commands."""
+    start = time.monotonic()
+    extra = ["--no-model"] if command == "doctor" else []
+    done = grpo_debug(command, user["capture"], *extra, "--task", "hangs.py:digits", "--reward-timeout", "1",
+                      cwd=user["folder"], timeout=120)  # fmt: skip
+    seconds = time.monotonic() - start
+    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("Loading weights")]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = lines[0]
+    assert "'digits'" in line and "within 1 s (--reward-timeout)" in line and "rows" in line, line
+    assert seconds < 1 + SLACK + 20, f"{command}: the command took {seconds:.0f} s"
+
+
+def test_replay_imports_the_task_file_once(user):
+    log = user["folder"] / "imported.log"
+    log.unlink(missing_ok=True)
+    done = grpo_debug("replay", user["capture"], "--task", "rewards.py:digits", cwd=user["folder"], timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert log.read_text().splitlines() == ["imported"], f"the task file was imported {log.read_text()!r}"
 
 
 def test_os_exit_in_a_reward_is_one_line_and_no_exit_0(user):

@@ -110,14 +110,14 @@ def replay_command(parser, args) -> int:
 
 def unscorable(unscored: list[bool], captured: dict[str, list], task: str | None) -> str | None:
     """Why the replay stops before its update: your reward functions scored none of the completions (each returned
-    None) where the run scored some. Every reward is then NaN and every advantage 0, as TRL 1.16 makes them, so no
+    None or NaN) where the run scored some. Every reward is then NaN and every advantage 0, as TRL 1.16 makes them, so no
     number of the step could be compared with the trainer's. None: some completion was scored, or the run scored
     none either (the replay then reproduces that step as it was)."""
     run_scored = sum(any(v is not None for v in values) for values in zip(*captured.values()))
     if not all(unscored) or run_scored == 0:
         return None
     return (
-        f"--task {task}: no reward function scored any of the {len(unscored)} completions (each returned None; the "
+        f"--task {task}: no reward function scored any of the {len(unscored)} completions (each returned None or NaN; the "
         f"run scored {run_scored}): every advantage would be 0, so nothing replayed could be compared with the "
         "trainer's step; fix the functions (doctor --task names them under bad_reward), or leave out --task to "
         "replay the captured rewards"

@@ -144,7 +144,7 @@ def doctor_command(parser, args) -> int:
         check_capture_folder(parser, args.path)
     reads = capture_reads(args.path) if args.path else model_reads([cfg])
     check_outputs(parser, args, reads + task_reads(args.task))
-    check_png_folder(parser, args.png, reads + task_reads(args.task))
+    check_png_folder(parser, args.png, reads + task_reads(args.task), {"--json": args.json, "--html": args.html})
     threads(args.threads)
     from ..capture.sizes import estimate_line, replay_estimate
     from ..doctor.present import text

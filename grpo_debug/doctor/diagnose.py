@@ -174,7 +174,11 @@ def _followed(step: GRPOStep, base: StepRun, findings, fixes: dict, horizon: int
         return findings, {"steps": 0, "why": "cut for the budget: not even its smallest plan fit in what was left"}
     phases.say(f"the horizon: each cause's fix followed {horizon} steps")
     with phases.timed("the horizon"):
-        return _follow(step, findings, fixes, horizon, seeds, phases.deadline.for_phase(), chained, phases.progress)
+        findings, followed = _follow(
+            step, findings, fixes, horizon, seeds, phases.deadline.for_phase(), chained, phases.progress
+        )
+    phases.cut.extend(f"the horizon's arm for {cause}" for cause in followed.get("cut", {}).get("causes", ()))
+    return findings, followed
 
 
 def none_later(findings: list[Finding], tally: dict[str, list[int]], weights: dict[str, float]) -> list[Finding]:
@@ -259,10 +263,10 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
             return out
 
         as_run = arm({})
-        learned, unfollowed = {}, {}
+        learned, unfollowed, late = {}, {}, []
         for f in kept:
             if budget is not None and time.perf_counter() - t0 > budget:  # the plan ran slower than timed (a loaded
-                unfollowed[f.id] = f"the budget of {budget:g} s was spent before its arm began"  # machine): no overrun
+                late.append(f.id)  # machine): no overrun, the cause cut as the plan's own cuts are
                 continue
             try:
                 learned[f.id] = {**compare(as_run, arm(fixes[f.id]), level), "changes": fixes[f.id]}
@@ -270,7 +274,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
                 unfollowed[f.id] = str(e)
     findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
     by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
-    cut = [f.id for f in causes[plan["causes"] :]]
+    cut = late + [f.id for f in causes[plan["causes"] :]]
     return findings, {
         "steps": steps,
         "seeds": seeds,
@@ -279,7 +283,12 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         "seconds_per_step": per_step,
         "estimate_seconds": plan["estimate"],
         "budget_seconds": budget,
-        "cut": {"causes": cut, "steps_asked": plan["steps_asked"], "seeds_asked": plan["seeds_asked"]},
+        "cut": {
+            "causes": cut,
+            "late": late,  # planned, then cut when the machine ran slower than its timed step
+            "steps_asked": plan["steps_asked"],
+            "seeds_asked": plan["seeds_asked"],
+        },
         "not_followed": unfollowed,
     }
 

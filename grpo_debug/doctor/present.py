@@ -95,14 +95,19 @@ def horizon_line(report: Report) -> str:
         return "one-step effects only (--horizon K follows each fix for K steps, with --task)"
     if not h["steps"]:
         return f"not followed over steps: {h['why']}"
-    cut = h.get("cut") or {}
-    who = "each cause's fix" if not cut.get("causes") else "the likeliest causes' fixes"
+    cut, unfollowed = h.get("cut") or {}, h.get("not_followed") or {}
+    who = (
+        "the likeliest causes' fixes"
+        if cut.get("causes")
+        else "each other cause's fix"
+        if unfollowed
+        else "each cause's fix"
+    )
     said = f"{who} followed {h['steps']} steps x {h['seeds']} seeds ({h['level']:.2%} intervals)"
     if cut.get("causes"):
         said += f"; cut for the budget, not followed: {', '.join(cut['causes'])}"
     if cut.get("steps_asked", h["steps"]) > h["steps"] or cut.get("seeds_asked", h["seeds"]) > h["seeds"]:
         said += f" (asked: {cut['steps_asked']} steps x {cut['seeds_asked']} seeds)"
-    unfollowed = h.get("not_followed") or {}
     return said + "".join(f"; {k}'s fix not followed: {why}" for k, why in unfollowed.items())
 
 
