@@ -2,7 +2,8 @@
 `python benchmarks/reward_worker.py [--repeats N] [--rows R]`. Prints JSON: the worker's start (spawned, the task
 file imported there once), and one call on a batch of R completions (64: the bundled step's 8 x 8) through the
 worker against the same function called in this process, medians of `--repeats` calls, and the difference per
-call. `--quick`: 4 rows, 3 calls (run by `make test`; no number means anything)."""
+call. `--quick`: 4 rows, 3 calls (run by `make test`; no number means anything). The script imports no torch: the
+spawned worker imports the starting script again, as it imports `python -m grpo_debug`'s torch-free command line."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-from common import add_repeats
 
 from grpo_debug.reward_process import functions, stop_all
 
@@ -35,10 +34,12 @@ def timed_calls(func, prompts: list[str], completions: list[str], repeats: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    add_repeats(parser, help="calls timed (median)")
+    parser.add_argument("--threads", type=int, default=1, help="taken for the other scripts' sake: no torch here")
+    parser.add_argument("--repeats", type=int, default=20, help="calls timed (median)")
+    parser.add_argument("--quick", action="store_true", help="4 rows and 3 calls: checks the script runs")
     parser.add_argument("--rows", type=int, default=64, help="completions per call")
     args = parser.parse_args()
-    rows, repeats = (4, 3) if args.quick else (args.rows, max(args.repeats, 20))
+    rows, repeats = (4, 3) if args.quick else (args.rows, args.repeats)
     prompts = [f"What is {k} + {k}? " for k in range(rows)]
     completions = [f"The answer is {2 * k}, as {k} + {k} makes {2 * k}." * 4 for k in range(rows)]
     with tempfile.TemporaryDirectory() as tmp:
