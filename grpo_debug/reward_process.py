@@ -152,6 +152,13 @@ class RewardProcess:
         self.container = "list"
 
     def start(self) -> None:
+        """The worker running and its file imported (launched here unless `launch` did it), its functions described."""
+        if self.process is None:
+            self.launch()
+        self._described()
+
+    def launch(self) -> None:
+        """The worker spawned; its import of the file goes on while the caller does other work (`start` waits)."""
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
         self.process = context.Process(target=_worker, args=(theirs, self.file, self.name, self.said), daemon=True)
@@ -167,6 +174,13 @@ class RewardProcess:
         theirs.close()
         self.connection = mine
         _LIVE.add(self)
+
+    def replied(self, seconds: float) -> bool:
+        """Whether the worker has answered its start (imported the file, or failed to) within `seconds`."""
+        return self.described is not None or (self.connection is not None and self.connection.poll(seconds))
+
+    def _described(self) -> None:
+        mine = self.connection
         if not mine.poll(START_SECONDS):
             self.kill()
             raise ValueError(f"{self.said}: importing {self.file} did not end within {START_SECONDS:g} s")
@@ -278,6 +292,16 @@ def process_of(file: str, name: str, said: str) -> RewardProcess:
     if process.described is None:
         process.start()
     return process
+
+
+def launch(file: str, name: str, said: str) -> RewardProcess:
+    """The command's worker for `file:name` spawned now, its import of the file overlapping the command's own
+    imports; `functions` then waits for it."""
+    key = (str(Path(file).resolve()), name)
+    if key not in _PROCESSES:
+        _PROCESSES[key] = RewardProcess(file, name, said)
+        _PROCESSES[key].launch()
+    return _PROCESSES[key]
 
 
 def functions(file: str, name: str, said: str) -> list:

@@ -99,10 +99,11 @@ def trainer_keywords(step: int, max_steps: int | None) -> dict:
     (`_calculate_rewards`'s reward_kwargs): `trainer_state`, its TrainerState at the step's generation
     (`global_step` the optimizer steps done before it: a schedule that reads it scores as in the run), and
     `log_extra`, `log_metric`, which log nothing here. TRL's `completion_ids` is not given (a function that needs
-    it is refused in one line), nor `environments`."""
-    from transformers import TrainerState
+    it is refused in one line), nor `environments`. The state is built at its first attribute read
+    (`LazyTrainerState`): importing transformers' trainer takes seconds a function that never reads it should not pay."""
+    from ..reward_process import LazyTrainerState
 
-    state = TrainerState(global_step=max(step - 1, 0), max_steps=max_steps or 0)
+    state = LazyTrainerState({"global_step": max(step - 1, 0), "max_steps": max_steps or 0})
     return {"trainer_state": state, "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None}
 
 

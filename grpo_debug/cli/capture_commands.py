@@ -23,6 +23,7 @@ from .checks import (
     check_capture_folder,
     check_outputs,
     check_task,
+    launch_task,
     task_reads,
 )
 
@@ -52,6 +53,8 @@ def add_analyze_and_replay_parsers(sub) -> None:
 
 def replay_command(parser, args) -> int:
     overrides = capture_overrides(parser, args)  # the arguments first: --set reads no file, --task its own
+    if launch_task(args.task):  # the replay's imports while the worker imports the user's file
+        from ..capture import opening, replay  # noqa: F401
     check_task(parser, args.task, args.path)
     check_capture_folder(parser, args.path)
     check_outputs(parser, args, capture_reads(args.path) + task_reads(args.task))

@@ -201,6 +201,19 @@ def check_task(parser, task: str | None, capture: str | None) -> None:
         parser.error(str(e))
 
 
+def launch_task(task: str | None, grace: float = 1.0) -> bool:
+    """`--task FILE.py:NAME`'s worker spawned now (`reward_process.launch`), `check_task` then waiting for it; True
+    where its import of the user's file is still going after `grace` seconds (a file that imports TRL: seconds), so
+    that the command may import what it needs meanwhile, each process on its own core. A file that imports in less
+    is checked before this process imports torch, and so refused without it. False for a registered task or no file."""
+    file, _, name = (task or "").rpartition(":")
+    if ".py:" not in (task or "") or not os.path.isfile(file):
+        return False
+    from ..reward_process import launch
+
+    return not launch(file, name, f"--task {task}").replied(grace)
+
+
 def capture_columns(capture: str | None) -> dict[str, list]:
     """The dataset columns the capture holds (capture.json's `columns`, TRL's reward_kwargs), {} where it holds none
     or cannot be read (its own checks refuse it later)."""

@@ -29,6 +29,7 @@ from .checks import (
     check_outputs,
     check_prompts,
     check_task,
+    launch_task,
     model_reads,
     run_reads,
     task_reads,
@@ -139,6 +140,9 @@ def doctor_command(parser, args) -> int:
         parser.error(
             "--no-model runs no step: --horizon, --probe, --held-out, --set, --device and --dtype need the model"
         )
+    if launch_task(args.task) and not args.no_model:  # the diagnosis's imports while the worker imports the file
+        from ..capture import opening, replay  # noqa: F401
+        from ..doctor import diagnose  # noqa: F401
     check_task(parser, args.task, args.path)
     if args.path:
         check_capture_folder(parser, args.path)
