@@ -14,16 +14,16 @@
 # ---
 
 # %% [markdown]
-# # 08 · Diagnostics: a loss of `0.0000`, and where the time goes
+# # 08 · Diagnostics: a loss of `0.0000`
 #
 # **What you will learn.** How to tell a normal loss of 0 from a failure, on the step's own numbers; how to read
-# every token of a step (its advantage, ratio, KL, gradient); where a step's time and memory go, and what one
-# `generate` call for the batch and `torch.compile` change.
+# every token of a step (its advantage, ratio, KL, gradient). Where the step's time goes is notebook 08b's
+# (optional).
 #
 # **What you need first.** Notebooks 04 (zero-std groups), 05 (a loss of 0 with a gradient) and 06 (the update).
 #
 # A training log that reads `iter 1: loss 0.0000 ... time 103634 ms` asks two questions: is the loss a
-# failure, and where does the time go?
+# failure, and where does the time go? This notebook answers the first; 08b, the second.
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -81,66 +81,15 @@ print(f"loss {run.loss.loss.item():.2e}; {len(moved)} kept tokens get |d loss / 
 notebook_view(page)
 
 # %% [markdown]
-# ## Time and memory per phase
-#
-# Seconds per phase, and the process's peak resident memory after it (it only grows; a jump marks the phase
-# that needed the memory). Both vary from run to run.
-
-# %% tags=["nbval-ignore-output"]
-import pandas as pd
-
-from grpo_debug.ui import plots
-
-print(pd.DataFrame({"seconds": {k: round(v.seconds, 2) for k, v in run.timings.items()},
-                    "peak RSS after (MB)": {k: round(v.peak_rss_mb) for k, v in run.timings.items()}}))
-plots.time_per_phase({k: v.seconds for k, v in run.timings.items()})
-
-# %% tags=["nbval-ignore-output"]
-from grpo_debug.rollout import rollout
-from grpo_debug.specs import sampling_of
-from grpo_debug.speed import kernels
-
-sampled = {generation: rollout(step.policy, step.loaded.tokenizer, step.result.rollout.prompts,  # sampled anew
-                               sampling_of(cfg.replace(generation=generation)), kernels(cfg.fast).generate).seconds
-           for generation in ("batched", "loop")}
-batched, loop = sampled["batched"], sampled["loop"]
-print(f"one generate call: {batched:.2f} s; one call per prompt: {loop:.2f} s; ratio {loop / batched:.2f}")
-
-# %% [markdown]
-# ## torch.compile on and off
-#
-# The scoring forward (8 rows) eager and compiled: the first compiled call pays the compilation; the
-# numbers must agree. The speed-up is the eager call's time over the compiled call's, both after their first call.
-# Timings vary from run to run; the agreement is asserted. By default the forward is
-# compiled with the `aot_eager` backend (traced, checked, in seconds); `INDUCTOR = True` compiles it with
-# inductor's generated C++ kernels, what a training run gets (`tests/test_diagnostics.py` runs that one on
-# every test run).
-
-# %% tags=["nbval-ignore-output"]
-from grpo_debug.show.diagnostics import compile_comparison
-
-INDUCTOR = False
-compiled = compile_comparison(step, rows=8, backend="inductor" if INDUCTOR else "aot_eager")
-print(compiled.error or f"{compiled.rows} rows scored, after the first call: eager {compiled.eager_seconds:.3f} s, compiled "
-      f"({compiled.backend}) {compiled.compiled_seconds:.3f} s: a speed-up of {compiled.speedup:.2f}x (eager / compiled)\n"
-      f"the compiled first call {compiled.compiled_first_seconds:.1f} s (compilation); max |eager - compiled| log-prob "
-      f"{compiled.max_abs_diff:.1e}")
-assert compiled.error == ""
-if step.cfg.dtype == "float32":  # bfloat16 autocast rounds differently once compiled kernels fuse ops
-    assert compiled.max_abs_diff < 1e-4
-
-# %% [markdown]
 # **What to notice.** A zero loss is a failure only when the advantages (or the mask, or the log-probs)
-# are zero. `benchmarks/step.py` prints the full timing and memory table, including a 124M GPT-2 shape
-# and a TRL step on the same configuration.
+# are zero.
 
 # %% [markdown]
 # ## Summary
 #
 # - A loss of 0 is normal under grpo at ratio 1 while the gradient is not 0; it is a failure when every advantage is 0.
 # - Every token's d loss / d logp shows where the gradient goes: none into a zero-std group's tokens.
-# - Time and memory per phase, one `generate` call against one per prompt, and `torch.compile`: measured above (they
-#   vary from run to run).
+# - Where the step's time and memory go, one `generate` call and `torch.compile`: notebook 08b (optional).
 
 # %% [markdown]
 # ## Checks

@@ -154,7 +154,6 @@ def doctor_command(parser, args) -> int:
     from ..doctor.present import text
     from ..files import write_text_atomically
     from ..model import ModelUnavailable
-    from ..ui.doctor_page import page, write_pngs
 
     if args.path:
         print(estimate_line(replay_estimate(args.path)))
@@ -170,6 +169,8 @@ def doctor_command(parser, args) -> int:
     try:
         if args.json:
             write_json(args.json, report.to_json())
+        if args.html or args.png is not None:  # the page's figures need matplotlib: imported only to draw them
+            from ..ui.doctor_page import page, write_pngs
         if args.html:
             write_text_atomically(args.html, page(report, f"grpo-debug doctor: {args.path or 'the bundled step'}"))
         if args.png is not None:
