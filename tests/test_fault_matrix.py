@@ -247,7 +247,9 @@ def test_a_replay_whose_task_scores_no_completion_is_refused_not_reported(captur
     from grpo_debug.cli.capture_commands import unscorable
     from grpo_debug.cli.commands import main
 
-    (tmp_path / "tasks.py").write_text(f"def rookworld(completions, **kw):\n    return [{value} for c in completions]\n")
+    (tmp_path / "tasks.py").write_text(
+        f"def rookworld(completions, **kw):\n    return [{value} for c in completions]\n"
+    )
     with pytest.raises(SystemExit) as exited:
         main(["replay", str(capture), "--task", f"{tmp_path / 'tasks.py'}:rookworld", "--json", str(tmp_path / "o")])
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
