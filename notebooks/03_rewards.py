@@ -18,7 +18,7 @@
 #
 # **What you will learn.** How a completion's reward is made (the task's reward functions, weighted and summed as
 # TRL sums them, and the chess components inside them); which components carry this step's signal; what malformed
-# completions score; how the bundled analyses compare with a live Stockfish.
+# completions score. How the bundled analyses compare with a live Stockfish is notebook 03b's (optional).
 #
 # **What you need first.** Notebook 01 (the groups of completions).
 #
@@ -126,37 +126,6 @@ pd.DataFrame({name: {**score_policy(analysis, text).components, "total": score_p
               for name, text in cases.items()}).T
 
 # %% [markdown]
-# ## Engine-free vs live Stockfish
-#
-# For a position that is not bundled, the scorer starts one Stockfish process and analyses every legal
-# move, with a time limit per call; an engine that dies or freezes is restarted once, and a position that
-# still fails, is invalid or is already over gets the documented score (-1, format 0) with the reason. The
-# engine's hash is cleared before each analysis, so a score does not depend on what was analysed before.
-# On a bundled position the two agree on the legal moves; the evaluations differ where the depths do
-# (the bundled analyses searched to `analysis.depth`, the live one below to depth 8). The table puts the
-# two evaluations of each move side by side (pawns, side to move), best first by the bundled analysis;
-# the lines under it say how far the two rankings agree.
-
-# %%
-import chess
-
-from grpo_debug.chess.engine import Stockfish
-from grpo_debug.stats import spearman
-
-with Stockfish(depth=8) as engine:
-    live = engine.analyse(chess.Board(record["fen"]))
-moves = list(analysis.evals)
-engines = pd.DataFrame({f"bundled (depth {analysis.depth})": analysis.evals,
-                        f"live (depth {live.depth})": {m: live.evals[m] for m in moves},
-                        "bundled rank": {m: i + 1 for i, m in enumerate(moves)},
-                        "live rank": {m: live.ranked_moves.index(m) + 1 for m in moves}})
-engines["difference"] = engines.iloc[:, 1] - engines.iloc[:, 0]
-print(f"{len(moves)} legal moves, the same set in both; best move: bundled {moves[0]}, live {live.ranked_moves[0]}; "
-      f"Spearman of the two evaluations {spearman(engines.iloc[:, 0].tolist(), engines.iloc[:, 1].tolist()):+.2f}; "
-      f"median |difference| {engines['difference'].abs().median():.2f} pawns")
-engines.head(8).round(2)
-
-# %% [markdown]
 # **What to notice.** The step's signal is in the components that differ between the completions of a group
 # (the spread printed under the reward plot); a component the model always gets right, or always wrong, is the
 # same in every group and teaches nothing at this step. The graded best-move rank is what separates two legal
@@ -179,6 +148,5 @@ engines.head(8).round(2)
 # %%
 if CAPTURE is None:  # the bundled task: the engine's rewards, by hand
     assert torch.allclose(by_hand, run.rewards.total, equal_nan=True) and by_hand_gap < 1e-6
-assert set(live.evals) == set(analysis.evals)  # "the two agree on the legal moves"
 assert score_policy(analysis, truth).total == 1.0  # "the ground truth scores exactly 1.0"
 print("every claim above holds")

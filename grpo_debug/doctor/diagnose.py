@@ -274,7 +274,8 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
                 unfollowed[f.id] = str(e)
     findings = [dataclasses.replace(f, learning=learned.get(f.id)) for f in findings]
     by_step = [sum(c.rewards[k] for c in as_run) / seeds for k in range(steps)]
-    cut = late + [f.id for f in causes[plan["causes"] :]]
+    cut = {"causes": late + [f.id for f in causes[plan["causes"] :]], "late": late}  # late: planned, then cut when the
+    cut |= {k: plan[k] for k in ("steps_asked", "seeds_asked")}  # machine ran slower than its timed step
     return findings, {
         "steps": steps,
         "seeds": seeds,
@@ -283,12 +284,7 @@ def _follow(step: GRPOStep, findings: list[Finding], fixes: dict, steps: int, se
         "seconds_per_step": per_step,
         "estimate_seconds": plan["estimate"],
         "budget_seconds": budget,
-        "cut": {
-            "causes": cut,
-            "late": late,  # planned, then cut when the machine ran slower than its timed step
-            "steps_asked": plan["steps_asked"],
-            "seeds_asked": plan["seeds_asked"],
-        },
+        "cut": cut,
         "not_followed": unfollowed,
     }
 
