@@ -283,12 +283,14 @@ _PROCESSES: dict[tuple[str, str], RewardProcess] = {}
 _LIVE: set[RewardProcess] = set()
 
 
+def _registered(file: str, name: str, said: str) -> RewardProcess:
+    """The command's one worker for `file:name`, made on first ask, not yet spawned."""
+    return _PROCESSES.setdefault((str(Path(file).resolve()), name), RewardProcess(file, name, said))
+
+
 def process_of(file: str, name: str, said: str) -> RewardProcess:
     """The command's one worker for `file:name`, started (its file imported there once)."""
-    key = (str(Path(file).resolve()), name)
-    if key not in _PROCESSES:
-        _PROCESSES[key] = RewardProcess(file, name, said)
-    process = _PROCESSES[key]
+    process = _registered(file, name, said)
     if process.described is None:
         process.start()
     return process
@@ -297,11 +299,10 @@ def process_of(file: str, name: str, said: str) -> RewardProcess:
 def launch(file: str, name: str, said: str) -> RewardProcess:
     """The command's worker for `file:name` spawned now, its import of the file overlapping the command's own
     imports; `functions` then waits for it."""
-    key = (str(Path(file).resolve()), name)
-    if key not in _PROCESSES:
-        _PROCESSES[key] = RewardProcess(file, name, said)
-        _PROCESSES[key].launch()
-    return _PROCESSES[key]
+    process = _registered(file, name, said)
+    if process.process is None and process.described is None:
+        process.launch()
+    return process
 
 
 def functions(file: str, name: str, said: str) -> list:

@@ -38,7 +38,7 @@ def trim(rollout, left: bool, right: bool):
 
 def prompt_is_shared(model, rollout, scoring) -> bool:
     """No-grad, float32, dropout-free scoring of rows that all share one prompt, with position_ids."""
-    ids, mask = rollout.prompt_ids, rollout.prompt_mask
+    ids = rollout.prompt_ids
     return (
         not torch.is_grad_enabled()
         and not scoring.dropout
@@ -46,8 +46,7 @@ def prompt_is_shared(model, rollout, scoring) -> bool:
         and scoring.dtype == "float32"
         and ids.shape[0] > 1
         and ids.shape[1] > 1
-        and bool((ids == ids[:1]).all())
-        and bool((mask == mask[:1]).all())
+        and rows_per_prompt(rollout) == ids.shape[0]
     )
 
 
@@ -55,6 +54,11 @@ def completion_logits_after_shared_prompt(model, rollout, model_inputs: dict) ->
     """(N, C, V) logits that score the completion, with the group's prompt computed once."""
     P, C, N = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1], rollout.num_samples
     cache = shared_prompt_cache(model, rollout.prompt_ids[:1], rollout.prompt_mask[:1], N, C)
+    return completion_logits_after(model, model_inputs, P, C, cache)
+
+
+def completion_logits_after(model, model_inputs: dict, P: int, C: int, cache) -> torch.Tensor:
+    """(N, C, V) logits of the completion's positions P-1 ... P+C-2, the prompt's first P-1 held by `cache`."""
     return model(
         input_ids=model_inputs["input_ids"][:, P - 1 : P + C - 1],
         attention_mask=model_inputs["attention_mask"][:, : P + C - 1],
@@ -68,16 +72,10 @@ def rows_per_prompt(rollout) -> int:
     """k where the rows come in runs of k that share one prompt (ids and mask), every run alike; 1 otherwise."""
     ids, mask = rollout.prompt_ids, rollout.prompt_mask
     N = ids.shape[0]
-    same = ((ids[1:] == ids[:-1]).all(1) & (mask[1:] == mask[:-1]).all(1)).tolist()
+    same = ((ids[1:] == ids[:-1]).all(1) & (mask[1:] == mask[:-1]).all(1)).tolist()  # row i + 1 as row i
     k = same.index(False) + 1 if False in same else N
-    runs = ids.view(N // k, k, -1) if N % k == 0 else None
-    if (
-        runs is None
-        or not bool((runs == runs[:, :1]).all())
-        or not bool((mask.view(N // k, k, -1) == mask[::k, None]).all())
-    ):
-        return 1
-    return k
+    alike = N % k == 0 and all(same[i] for i in range(N - 1) if (i + 1) % k)  # each row as the one before, in its run
+    return k if alike else 1
 
 
 def completion_logits_per_group(model, rollout, model_inputs: dict, k: int) -> torch.Tensor:
@@ -95,13 +93,7 @@ def completion_logits_per_group(model, rollout, model_inputs: dict, k: int) -> t
         logits_to_keep=1,
     )
     cache.batch_repeat_interleave(k)
-    return model(
-        input_ids=model_inputs["input_ids"][:, P - 1 : P + C - 1],
-        attention_mask=model_inputs["attention_mask"][:, : P + C - 1],
-        position_ids=model_inputs["position_ids"][:, P - 1 : P + C - 1],
-        **with_cache(model, cache),
-        use_cache=True,
-    ).logits
+    return completion_logits_after(model, model_inputs, P, C, cache)
 
 
 def shares_with_grad(model, rollout, scoring) -> int:
@@ -128,20 +120,22 @@ def _trimmed_logits(model, rollout, scoring, per_group: bool = False):
     return logits, trimmed.completion_ids, dropped
 
 
+def _logps_and_entropies(model, rollout, scoring, entropy_grad: bool, per_group: bool):
+    logits, ids, dropped = _trimmed_logits(model, rollout, scoring, per_group)
+    pad = lambda x: torch.nn.functional.pad(x, (0, dropped))
+    return pad(token_logps(logits, ids, scoring)), pad(token_entropies(logits, scoring, entropy_grad))
+
+
 def per_token_logps_and_entropies_fast(model, rollout, scoring, entropy_grad: bool = False):
     """(N, C) log-probs and (N, C) entropies as `logprobs.per_token_logps_and_entropies`, for less work
     (the dropped columns after every EOS get 0)."""
-    logits, ids, dropped = _trimmed_logits(model, rollout, scoring)
-    pad = lambda x: torch.nn.functional.pad(x, (0, dropped))
-    return pad(token_logps(logits, ids, scoring)), pad(token_entropies(logits, scoring, entropy_grad))
+    return _logps_and_entropies(model, rollout, scoring, entropy_grad, per_group=False)
 
 
 def per_token_logps_and_entropies_per_group(model, rollout, scoring, entropy_grad: bool = False):
     """`per_token_logps_and_entropies_fast`, and with gradients each run of rows that share a prompt computes it
     once: the update's scoring where no per-sample norm is taken."""
-    logits, ids, dropped = _trimmed_logits(model, rollout, scoring, per_group=True)
-    pad = lambda x: torch.nn.functional.pad(x, (0, dropped))
-    return pad(token_logps(logits, ids, scoring)), pad(token_entropies(logits, scoring, entropy_grad))
+    return _logps_and_entropies(model, rollout, scoring, entropy_grad, per_group=True)
 
 
 def per_token_logps_fast(model, rollout, scoring) -> torch.Tensor:
