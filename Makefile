@@ -135,16 +135,15 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # Every notebook again under other CPU kernels, against the same stored outputs: MKL's compatible path (what an AMD
-# CPU and an Intel one compute alike), and `make test`'s notebooks at 2 torch threads (float sums split in two). A
-# stored output that holds digits one machine's kernels decided fails here, on the developers' machine, before it
-# fails on a user's. tests/test_digits.py (the digits and the sanitizer) brings tests/conftest.py's tiers.
-# The 2-thread pass runs one notebook at a time: two workers of two threads on two cores made each one's OpenMP
-# threads wait on the other's (10_doctor's diagnosis: 34 s alone, 300 s beside another, on this machine).
+# CPU and an Intel one compute alike) and 2 torch threads (float sums split in two), both in one pass. A stored output
+# that holds digits one machine's kernels decided fails here, on the developers' machine, before it fails on a
+# user's. tests/test_digits.py (the digits and the sanitizer) brings tests/conftest.py's tiers.
+# One notebook at a time: two workers of two threads on two cores made each one's OpenMP threads wait on the other's
+# (10_doctor's diagnosis: 34 s alone, 300 s beside another, on this machine).
 NBVAL = $(BIN)/python -m pytest --dist loadscope -p no:cacheprovider --nbval $(NOTEBOOKS) \
   --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
 test-kernels: setup
-	MKL_CBWR=COMPATIBLE $(NBVAL) -n auto tests/test_digits.py
-	GRPO_DEBUG_THREADS=2 $(NBVAL) -n 1 tests/test_digits.py -m "not slow"
+	MKL_CBWR=COMPATIBLE GRPO_DEBUG_THREADS=2 $(NBVAL) -n 1 --durations=10 tests/test_digits.py
 
 data: setup
 	$(BIN)/python -m grpo_debug.chess.data build

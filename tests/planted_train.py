@@ -1,12 +1,16 @@
 """A user's GRPO script with one planted defect, for the doctor's tests: a plain GRPOConfig (TRL's defaults but the
 batch shape and `use_cpu`), a model in a relative folder, the user's own reward functions, one captured step.
 
-    python planted_train.py DEFECT OUT      (DEFECT: one of DEFECTS below, "clean" plants nothing; or one of USER_RUNS)
+    python planted_train.py DEFECT OUT [DEFECT OUT ...]
+
+DEFECT: one of DEFECTS below ("clean" plants nothing) or of USER_RUNS; several runs in one process pay its imports once,
+each seeded alike, whatever ran before it.
 """
 
 import sys
 
 from datasets import Dataset
+from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_debug.capture import CaptureCallback
@@ -100,8 +104,10 @@ USER_RUNS = {
     "two_passes": ("llama", [digits], {"num_iterations": 2, "gradient_accumulation_steps": 2}, SAME_LENGTH),
 }
 
-if __name__ == "__main__":
-    defect, out = sys.argv[1], sys.argv[2]
+
+def train(defect: str, out: str) -> None:
+    """One planted run, trained one step and its step captured in OUT/captures."""
+    set_seed(42)  # every run starts where a fresh process would (GRPOConfig's seed), whatever ran before it
     model, reward_funcs, changes, prompts = {**DEFECTS, **DOUBLE_DEFECTS, **CLEAN_RUNS, **USER_RUNS}[defect]
     changes = dict(changes)
     lora, positions = changes.pop("_lora", False), changes.pop("_positions", False)
@@ -122,9 +128,10 @@ if __name__ == "__main__":
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    trainer_class = GRPOTrainer
     if positions:
-        from grpo_debug.capture.trl_bridge import PositionIdsGRPOTrainer as GRPOTrainer  # noqa: F811
-    trainer = GRPOTrainer(
+        from grpo_debug.capture.trl_bridge import PositionIdsGRPOTrainer as trainer_class
+    trainer = trainer_class(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
@@ -133,3 +140,12 @@ if __name__ == "__main__":
     )
     trainer.add_callback(CaptureCallback(f"{out}/captures", steps=[args.max_steps]))
     trainer.train()
+
+
+if __name__ == "__main__":
+    pairs = sys.argv[1:]
+    if not pairs or len(pairs) % 2:
+        sys.exit("usage: python planted_train.py DEFECT OUT [DEFECT OUT ...]")
+    for defect, out in zip(pairs[::2], pairs[1::2]):  # one process for many runs: its imports paid once
+        print(f"planted run {defect}", file=sys.stderr, flush=True)
+        train(defect, out)
