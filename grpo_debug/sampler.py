@@ -192,6 +192,19 @@ def kept_mass(rollout) -> torch.Tensor:
     return torch.exp(rollout.sampler_logps_temperature_only - rollout.sampler_logps)
 
 
+def sampler_reach(kept: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of the policy's completions (by probability) the truncating sampler can produce at all, from the
+    (N, C) mass it kept at each sampled token and the (N, C) mask of scored tokens: the mean over completions of
+    the product of their tokens' kept mass. Unbiased: a completion q samples has q = pi / prod(kept), so
+    E_q[prod(kept)] = sum over q's support of pi = P_pi(a completion stays inside the support). What lies outside is
+    never sampled: no step can raise or lower it."""
+    rows = mask.bool().any(1)
+    if not bool(rows.any()):
+        return 1.0
+    log_kept = (torch.log(kept.clamp(min=1e-30)) * mask).sum(1)
+    return torch.exp(log_kept[rows]).mean().item()
+
+
 # verl's health check (docs/algo/rollout_corr.md): a warning when a metric leaves its range
 HEALTH = {
     "rollout_corr/rollout_is_mean": ("outside [0.5, 2]", lambda v: not 0.5 <= v <= 2.0),

@@ -4,6 +4,7 @@ stage where the signal is lost is named, and the setting that lost it traced, fo
 
 - learning_rate 1e-10: the update moves nothing (the update stage, learning_rate)
 - top_entropy_quantile 0.02: 2% of the completion tokens carry a gradient (the tokens stage, top_entropy_quantile)
+- top_k 3 at temperature 1.3: the sampler can produce a sliver of the policy's completions (the samples stage)
 - beta 10: the KL term's gradient outweighs the policy term's (the loss stage, beta)
 - a judge's noisy score: the rewards are not the completions' own (rescored, reordered, against the logged ones)
 - reward functions edited after the run: the recomputed rewards differ from the trainer's logged ones, rows named
@@ -83,6 +84,23 @@ def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
     assert first["evidence"]["lost_to"] == "top_entropy_quantile 0.02", first["evidence"]
     tokens = stage(report, "tokens")
     assert tokens["kept"] <= 0.1 and tokens["measured"]["removed"]["top_entropy_quantile 0.02"] >= 0.9, tokens
+
+
+def test_a_sampler_that_keeps_a_few_tokens_loses_the_signal_at_the_samples_whatever_its_flip(user):
+    """top_k 3 at a warm temperature, without vLLM: scoring over the sampler's support may leave the update as it is,
+    but the step can sample only the completions the cut leaves, a sliver of the policy's: the finding stays loud."""
+    report = doctor(user_train_run(user, "few_tokens_sampled", {"top_k": 3, "temperature": 1.3}), user)
+    samples = stage(report, "samples")
+    reach = samples["measured"]["reach"]
+    assert reach is not None and reach <= 0.1 and samples["lost"], samples
+    assert samples["lost_to"].startswith("top_k 3"), samples
+    found = {f["id"]: f for f in report["findings"]}
+    truncation = found["sampler_truncation"]
+    assert truncation["severity"] in ("problem", "warning"), truncation
+    assert truncation["evidence"]["reach"] == pytest.approx(reach), (truncation["evidence"], reach)
+    assert f"can produce {reach:.0%} of the policy's completions" in truncation["summary"], truncation["summary"]
+    loud = [f["id"] for f in report["findings"] if f["severity"] in ("problem", "warning")]
+    assert "sampler_truncation" in loud, loud  # (a tiny model sampled this narrowly never ends: truncation leads)
 
 
 def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completions_own(user):

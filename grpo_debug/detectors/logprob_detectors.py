@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sampler import HEALTH, outside_clip, sampler_importance_ratio
+from ..sampler import HEALTH, outside_clip, sampler_importance_ratio, sampler_reach
 from .findings import Finding, StepFacts, _finding, _masked_mean
 
 # ---- log-probs
@@ -76,14 +76,16 @@ def sampler_truncation(f: StepFacts) -> Finding:
         return _finding("sampler_truncation", "absent", "sampled from the full distribution", **evidence)
     mean = _masked_mean(f.kept_mass, mask)
     below = _masked_mean((f.kept_mass < 0.5).float(), mask)
-    evidence.update(kept_mass_mean=mean, tokens_below_half=below)
+    reach = sampler_reach(f.kept_mass, mask)
+    evidence.update(kept_mass_mean=mean, tokens_below_half=below, reach=reach)
     if cfg.logprob_support == "sampler_support":
         return _finding("sampler_truncation", "absent", "scored over the sampler's support", **evidence)
     severity = "warning" if mean < KEPT_MASS_WARNING else "info"
     return _finding(
         "sampler_truncation", severity,
         f"top_p={cfg.top_p:g}, top_k={cfg.top_k}: the sampler kept {mean:.1%} of the mass on average "
-        f"({below:.0%} of tokens below half); the loss scores the full distribution"
+        f"({below:.0%} of tokens below half) and can produce {reach:.0%} of the policy's completions; the loss "
+        "scores the full distribution"
         + ("" if f.uses_vllm else " (the trainer sampled itself: no vLLM importance ratio carries the cut mass)"),
         **evidence,
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """The learning signal's path through one GRPO step, measured stage by stage: what each stage lets through of what
 came in, and what it lost to. Whatever broke a step, its signal is lost at one of these:
 
-    samples      the completions the sampler drew: groups with two different texts (and the mass it kept)
+    samples      the completions the sampler drew: groups with two different texts, and the share of the policy's
+                 completions the sampler can produce (top_p, top_k, min_p)
     rewards      groups whose weighted reward varies (only they give an advantage)
     advantages   rows of those groups with a non-zero advantage, and their scale
     tokens       completion tokens that carry the policy term's gradient (masks, top_entropy_quantile, the clip)
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..logprobs import completion_mask
+from ..sampler import sampler_reach
 from ..show.loss_gradients import gradient_of_loss_wrt_logps
 from .findings import LOUD, Finding, StepFacts, _finding
 
@@ -74,21 +76,26 @@ class Stage:
 
 
 def samples(f: StepFacts) -> Stage:
+    """Groups with two different completions, and the share of the policy's completions the sampler can produce at
+    all (`sampler_reach`: top_p, top_k and min_p cut mass at every token, and the cut multiplies along a completion);
+    the stage keeps the smaller of the two."""
     r, cfg = f.run.rollout, f.run.config
     B = len(r.prompts)
     distinct = 1 - len(r.identical_groups) / B
-    mass = None
+    mass = reach = None
     if f.kept_mass is not None and bool(f.run.logprobs.mask.any()):
         m = f.run.logprobs.mask
-        mass = ((f.kept_mass * m).sum() / m.sum()).item()
+        mass, reach = ((f.kept_mass * m).sum() / m.sum()).item(), sampler_reach(f.kept_mass, m)
     narrowed = [s for s in (f"top_p {cfg.top_p:g}" if cfg.top_p < 1 else "", f"top_k {cfg.top_k}" if cfg.top_k else "",
                             f"min_p {cfg.min_p:g}" if cfg.min_p else "", f"temperature {cfg.temperature:g}") if s]  # fmt: skip
     said = f"{B - len(r.identical_groups)}/{B} groups hold two different completions"
     if mass is not None:
-        said += f"; the sampler kept {mass:.0%} of the policy's probability mass per token ({', '.join(narrowed)})"
-    return Stage("samples", distinct, said, ", ".join(narrowed) if distinct <= LOST else "",
-                 "sample wider (raise temperature, top_p, top_k) or raise num_generations",
-                 dict(groups=B, identical_groups=len(r.identical_groups), kept_mass=mass))  # fmt: skip
+        said += (f"; the sampler kept {mass:.0%} of the policy's probability mass per token and can produce "
+                 f"{reach:.0%} of its completions ({', '.join(narrowed)})")  # fmt: skip
+    kept = distinct if reach is None else min(distinct, reach)
+    return Stage("samples", kept, said, ", ".join(narrowed) if kept <= LOST else "",
+                 "sample wider (raise temperature, top_p, top_k; lower min_p) or raise num_generations",
+                 dict(groups=B, identical_groups=len(r.identical_groups), kept_mass=mass, reach=reach))  # fmt: skip
 
 
 def _unscored_groups(adv) -> set[int]:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from ..config import StepConfig, changes_sampling
 from ..detectors.detectors import NONE_WARNING
 from ..detectors.findings import LOUD, SEVERITIES, Finding
+from ..detectors.signal_path import LOST
 from ..horizon_bounds import horizon_problem
 from ..pitfalls import PITFALLS
 from ..specs import eval_sampling_of
@@ -206,7 +207,9 @@ def none_later(findings: list[Finding], tally: dict[str, list[int]], weights: di
 # findings whose statistic says only that something differs; whether it matters is what flipping it does to the update
 SEVERITY_FROM_FLIP = ("dropout", "grad_clipped")
 # ...and, where the trainer sampled with its own model, a truncated sampler's: the mass it cut biases vLLM's
-# importance ratio (TRL #6789), which such a run does not have; what is left is which tokens the step can sample
+# importance ratio (TRL #6789), which such a run does not have; what is left is which completions the step can
+# sample, which the flip (scoring over the sampler's support) does not measure: where the sampler can produce a tenth
+# of the policy's completions or less (`signal_path.LOST`), the finding keeps its severity whatever the flip says
 SEVERITY_FROM_FLIP_WITHOUT_VLLM = ("sampler_truncation",)
 
 
@@ -215,6 +218,8 @@ def severity_from_flip(f: Finding, uses_vllm: bool = False) -> Finding:
     cosine and grad_norm within 1%) is info: under the trainer's optimizer it changes nothing this step learns."""
     e, ids = f.effect, SEVERITY_FROM_FLIP + (() if uses_vllm else SEVERITY_FROM_FLIP_WITHOUT_VLLM)
     if f.id not in ids or f.severity not in LOUD or not e or "error" in e:
+        return f
+    if f.id in SEVERITY_FROM_FLIP_WITHOUT_VLLM and f.evidence.get("reach", 1.0) <= LOST:
         return f
     where = "on this step"
     if not flip_measurable(e):  # no gradient either way: what a fresh draw of its prompts with one shows
