@@ -202,7 +202,7 @@ PITFALLS: dict[str, Pitfall] = {
             "the KL estimator's value and gradient differ from the KL's",
             "use_bias_correction_kl=True (k3 times the ratio: the reverse-KL gradient)",
             "Tang & Munos 2025, 'On a few pitfalls in KL divergence gradient estimation for RL'",
-            "05_loss: KL estimators; Per-token KL on real tokens",
+            "05_loss: KL estimators; 05d_kl_estimators: Per-token KL on real tokens",
             ("kl_estimator", "k3_corrected"),
             panel="pitfalls",
         ),

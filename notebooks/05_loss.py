@@ -16,48 +16,38 @@
 # %% [markdown]
 # # 05 · Loss and KL
 #
-# **What you will learn.** The GRPO objective written out: the clipped surrogate, the KL term and each normaliser
-# (`loss_type`); why the clip exists; why a loss of 0 at ratio 1 still carries a gradient; the KL estimators k1,
-# k2, k3 with their values and gradients; and one token of the bundled step computed by hand, every number checked
-# against the engine.
+# **What you will learn.** The GRPO objective and its normalisers (`loss_type`); why a loss of 0 still has a
+# gradient; why the clip exists; the KL estimators; one token of the bundled step by hand.
 #
 # **What you need first.** Notebooks 02 (the ratio $\rho$ and $\pi_{\text{old}}$) and 04 (the advantages $A_i$).
 #
 # ## The objective
 #
-# Each scored token $t$ of completion $i$ contributes, with $\rho_{i,t} = \pi_\theta(o_{i,t} \mid \cdot) /
-# \pi_{\text{old}}(o_{i,t} \mid \cdot)$ (notebook 02) and the advantage $A_i$ (notebook 04):
+# Each scored token $t$ of completion $i$, with $\rho_{i,t} = \pi_\theta(o_{i,t} \mid \cdot) /
+# \pi_{\text{old}}(o_{i,t} \mid \cdot)$, contributes
 #
 # $$\ell_{i,t}(\theta) = -\min\Big(\rho_{i,t} A_i,\ \operatorname{clip}\big(\rho_{i,t}, 1 - \epsilon_{\text{low}},
-# 1 + \epsilon_{\text{high}}\big) A_i\Big) + \beta\, \mathrm{KL}_{i,t},$$
+# 1 + \epsilon_{\text{high}}\big) A_i\Big) + \beta\, \mathrm{KL}_{i,t}:$$
 #
-# the clipped surrogate of PPO plus $\beta$ times a per-token estimate of the KL divergence from the reference
-# model (below). Minimising $-\rho A$ raises the probability of tokens with $A > 0$ and lowers it for $A < 0$. The
-# loss sums the $\ell_{i,t}$ of the batch's $N = BG$ completions with the **normaliser** `loss_type` picks, $\lvert o_i \rvert$
-# being completion $i$'s scored tokens, $L$ `max_completion_length` and $M$ the tokens of the whole generation batch:
+# PPO's clipped surrogate plus $\beta$ times a per-token estimate of the KL from the reference model. Minimising
+# $-\rho A$ raises the probability of tokens with $A > 0$ and lowers it for $A < 0$. The loss is
+# $\sum_{i,t} w_{i,t}\, \ell_{i,t}$ over the $N$ completions, weighted as `loss_type` picks ($\lvert o_i \rvert$:
+# completion $i$'s scored tokens; $L$: `max_completion_length`; $M$: the generation batch's tokens):
 #
-# | `loss_type` | loss | each token's weight |
-# |---|---|---|
-# | grpo | $\frac{1}{N} \sum_i \frac{1}{\lvert o_i \rvert} \sum_t \ell_{i,t}$ | $1 / (N \lvert o_i \rvert)$: each completion counts alike |
-# | bnpo | $\sum_i \sum_t \ell_{i,t} \,/\, \sum_i \lvert o_i \rvert$ (per micro-batch) | $1 / \sum_i \lvert o_i \rvert$: each token counts alike |
-# | dr_grpo | $\sum_i \sum_t \ell_{i,t} \,/\, (N L)$ | $1 / (N L)$: a constant |
-# | dapo | $\sum_i \sum_t \ell_{i,t} \,/\, M$ (TRL 1.16's default) | $1 / M$: bnpo's, with one micro-batch |
+# | `loss_type` | each token's weight $w_{i,t}$ |
+# |---|---|
+# | grpo (DeepSeekMath's) | $1 / (N \lvert o_i \rvert)$: each completion counts alike |
+# | bnpo | $1 / \sum_i \lvert o_i \rvert$ per micro-batch: each token counts alike |
+# | dr_grpo | $1 / (N L)$: a constant |
+# | dapo (TRL 1.16's default) | $1 / M$: bnpo's with one micro-batch |
 #
-# Put together, under grpo (DeepSeekMath's objective, negated to be minimised):
+# Sequence REINFORCE (`reinforce_sum`, `reinforce_mean`), $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$,
+# has no ratio and no clip. The engine's `compute_loss` (`grpo_debug/loss.py`) adds TRL's other loss types.
 #
-# $$\mathcal{L}(\theta) = \frac{1}{N} \sum_{i=1}^{N} \frac{1}{\lvert o_i \rvert} \sum_{t=1}^{\lvert o_i \rvert} \Big[-\min\big(\rho_{i,t}
-# A_i,\ \operatorname{clip}(\rho_{i,t}, 1 - \epsilon_{\text{low}}, 1 + \epsilon_{\text{high}}) A_i\big) + \beta\,
-# \mathrm{KL}_{i,t}\Big].$$
-#
-# Sequence REINFORCE, $-A_i \sum_t \log \pi_\theta(o_{i,t} \mid \cdot)$ (or divided by $\lvert o_i \rvert$; `reinforce_sum`,
-# `reinforce_mean`), is the other form in use: no ratio, no clip. In plain torch (the engine's `compute_loss` in
-# `grpo_debug/loss.py` adds TRL's other loss types and masks).
-#
-# **Exercises 2 and 3: the per-token objective and one normaliser (about 10 minutes).** Write `per_token_loss` (the
-# clipped surrogate and the k3 KL term, per token, to be minimised) and `normalised` (at least its `grpo` row: each
-# completion's mean over its own tokens, then the mean over completions). The checkers after the cell try tokens on
-# both sides of the clip for $A > 0$ and $A < 0$, $\beta = 0$ and $0.04$, and completions of other lengths with
-# padding the mask must hide. The cell holds a solution; `make exercises` empties it in your copy.
+# **Exercises 2 and 3 (about 10 minutes).** Write `per_token_loss` (the clipped surrogate plus the k3 KL term, per
+# token) and `normalised` (at least its `grpo` row). The checkers try both sides of the clip, both signs of $A$,
+# $\beta = 0$ and $0.04$, and padded completions. The cell holds a solution; `make exercises` empties it in your
+# copy.
 
 # %%
 import torch
@@ -89,18 +79,16 @@ print(check_normaliser(lambda per_token, mask: normalised(per_token, mask, "grpo
 # %% [markdown]
 # ## A loss of 0 still has a gradient
 #
-# In this step every token is scored once, by the weights that sampled it: $\pi_\theta = \pi_{\text{old}}$, so
-# $\rho = 1$ exactly and the clip is inactive. Since $\nabla_\theta \rho = \rho\, \nabla_\theta \log \pi_\theta$,
-# each token's gradient is then
+# Here every token is scored by the weights that sampled it: $\pi_\theta = \pi_{\text{old}}$, so $\rho = 1$
+# exactly and the clip is inactive. As $\nabla_\theta \rho = \rho\, \nabla_\theta \log \pi_\theta$, each token's
+# gradient is REINFORCE's with the group baseline (the KL's is 0 while the policy is the reference):
 #
-# $$\nabla_\theta \ell_{i,t} \big|_{\rho = 1} = -A_i\, \nabla_\theta \log \pi_\theta(o_{i,t} \mid q, o_{i,<t})
-# + \beta\, \nabla_\theta \mathrm{KL}_{i,t},$$
+# $$\nabla_\theta \ell_{i,t} \big|_{\rho = 1} = -A_i\, \nabla_\theta \log \pi_\theta(o_{i,t} \mid q, o_{i,<t}).$$
 #
-# REINFORCE's with the group baseline, and the KL's gradient is 0 too while the policy is the reference. The loss's
-# *value* is $-\sum_i A_i w_i$, with $w_i$ the total weight the normaliser gives completion $i$'s tokens: 0 for grpo
-# ($w_i = 1/N$, and each group's advantages sum to 0), not 0 for the others where advantages correlate with
-# lengths. Its gradient is not 0 for any of them. The table: the engine's loss, the same by hand, the gradient's
-# norm, and $-\sum_i A_i w_i$ from the advantages and lengths alone.
+# The loss's *value* is $-\sum_i A_i w_i$, $w_i$ the total weight of completion $i$'s tokens: 0 for grpo
+# ($w_i = 1/N$, and each group's advantages sum to 0), not 0 for the others when advantages correlate with
+# lengths. The table, per loss type: the engine's loss, your `normalised`, the gradient's norm (never 0), and
+# $-\sum_i A_i w_i$.
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -119,59 +107,36 @@ print(f"this step: loss_type {cfg.loss_type}, beta {cfg.beta}, kl_estimator {cfg
       f"[{1 - cfg.epsilon_low:g}, {1 + cfg.epsilon_high:g}], num_iterations {cfg.num_iterations}")
 
 # %%
-from grpo_debug.show.loss_gradients import gradient_of_loss_wrt_logps, loss_value_at_ratio_one
-from grpo_debug.ui.tables import compare_variants
+from grpo_debug.show.loss_gradients import loss_types_at_ratio_one
 
 terms = per_token_loss(lp.policy, lp.policy, lp.reference, advantages[:, None], cfg.beta, cfg.epsilon_low,
                        cfg.epsilon_high)  # at step 0, pi_old's log-probs are the policy's
-variants = {t: {"loss_type": t} for t in ["grpo", "bnpo", "dr_grpo", "dapo", "reinforce_sum", "reinforce_mean"]}
-table = compare_variants(step, variants, until="loss", columns=["loss", "loss/policy"])
-for name, changes in variants.items():
-    variant = step.run(cfg.replace(**changes), until="loss", remember=False)  # on the same rollout and log-probs
-    table.loc[name, "|d loss / d logp|"] = gradient_of_loss_wrt_logps(variant, variant.config).norm().item()
-    if not name.startswith("reinforce"):
-        table.loc[name, "by hand"] = normalised(terms * lp.mask, lp.mask, name, cfg.max_new_tokens).item()
-        table.loc[name, "-sum A_i w_i"] = loss_value_at_ratio_one(variant)
+table = loss_types_at_ratio_one(step, cfg, by_hand=lambda lt: normalised(terms * lp.mask, lp.mask, lt, cfg.max_new_tokens).item())
 table
-
-# %%
-for name in ["grpo", "bnpo", "dapo", "dr_grpo", "reinforce_sum"]:
-    print(f"{name:>14}: loss {table.loc[name, 'loss']:+.2e}, |d loss / d logp| {table.loc[name, '|d loss / d logp|']:.3g}")
 
 # %% [markdown]
 # ## Why the clip
 #
-# With one pass per rollout the ratio is exactly 1 when the loss is taken, and the clip never acts. It acts when
-# $\pi_\theta$ has moved away from $\pi_{\text{old}}$: on later passes over the same rollout (`num_iterations`
-# $\mu > 1$, after the first optimizer step) or with samples from a lagging sampler (notebooks 05b, 05c). There
-# the samples say less and less about $\pi_\theta$, and the clip removes the incentive to move further: once
-# $\rho > 1 + \epsilon_{\text{high}}$ with $A > 0$ (or $\rho < 1 - \epsilon_{\text{low}}$ with $A < 0$), the
-# minimum picks the clipped term, a constant, and the token's gradient is 0. A move in the other direction is never
-# clipped. This is PPO's trust region around $\pi_{\text{old}}$. The gradient of $\ell$ with respect to
-# $\log \pi_\theta$, case by case: $A > 0$ and $A < 0$, each at a ratio below the clip region, inside it and above
-# it (with $\pi_{\text{old}}$'s log-prob at 0, $\epsilon = 0.2$, $\beta = 0$). Before you run the cell, predict the
-# last column of each row: $-\rho A$ where the min takes $\rho A$, 0 where it takes the clipped constant.
+# With one pass per rollout $\rho = 1$ when the loss is taken, and the clip never acts. It acts once $\pi_\theta$
+# has moved from $\pi_{\text{old}}$: on later passes over a rollout (`num_iterations` $\mu > 1$) or with samples
+# from a lagging sampler (notebooks 05b, 05c). The samples then say less and less about $\pi_\theta$, and the clip
+# removes the incentive to move further, PPO's trust region: past the clip region in the direction $A$ asks, the
+# min takes the clipped constant and the token's gradient is 0.
+#
+# Below, your `per_token_loss` on one token with $A = \pm 1$ at three ratios ($\log \pi_{\text{old}} = 0$,
+# $\epsilon = 0.2$, $\beta = 0$). Before you run the cell, predict the last column of each row: $-\rho A$ where
+# the min takes $\rho A$, 0 where it takes the clipped constant.
 
 # %%
-import pandas as pd
+from grpo_debug.show.loss_gradients import clip_cases
 
-cases = []
-for A in (1.0, -1.0):
-    for rho in (0.7, 1.0, 1.3):
-        logp = torch.log(torch.tensor(rho)).requires_grad_(True)  # log pi_theta, with log pi_old = 0
-        clipped = torch.clamp(torch.exp(logp), 0.8, 1.2)
-        (-torch.min(torch.exp(logp) * A, clipped * A)).backward()
-        side = "below 1 - eps" if rho < 0.8 else ("above 1 + eps" if rho > 1.2 else "inside")
-        takes = "rho A" if rho * A <= clipped.item() * A else "clip(rho) A: a constant"
-        cases.append({"A": A, "rho": rho, "rho is": side, "the min takes": takes, "d l / d log pi": logp.grad.item()})
-clip_cases = pd.DataFrame(cases)
-clip_cases.round(2)
+cases = clip_cases(per_token_loss, epsilon=0.2)  # d l / d log pi_theta by autograd, one row per (A, rho)
+cases.round(2)
 
 # %% [markdown]
-# **What to notice.** Two rows have a gradient of exactly 0: $A > 0$ with $\rho$ above $1 + \epsilon$, and $A < 0$
-# with $\rho$ below $1 - \epsilon$. There the step has already moved the token as far as the trust region allows in the
-# direction its advantage asks, and the clip stops the push. The other four rows keep $-\rho A$: inside the region,
-# and every move back toward $\rho = 1$, which is never clipped.
+# **What to notice.** The gradient is exactly 0 in two rows: $A > 0$ above $1 + \epsilon$ and $A < 0$ below
+# $1 - \epsilon$, where the token has already moved as far as the trust region allows. The other four keep
+# $-\rho A$: inside the region, and every move back toward $\rho = 1$, which is never clipped.
 
 # %% [markdown]
 # ## KL estimators
@@ -182,97 +147,33 @@ clip_cases.round(2)
 #
 # $$k_1 = -d, \qquad k_2 = \tfrac{1}{2} d^2, \qquad k_3 = e^{d} - d - 1, \qquad k_3^{\text{corrected}} = \rho\, k_3.$$
 #
-# $k_1$ and $k_3$ are unbiased for the value, $k_2$ is not, and $k_3 \ge 0$ for every token. Their gradients differ
-# (Tang & Munos 2025): $k_1$'s is $\nabla_\theta \log \pi_\theta$, whose expectation is 0, so it does not pull
-# towards the reference on average; $k_3$'s, $(1 - e^d) \nabla_\theta \log \pi_\theta$, has the expectation of the
-# *forward* KL's gradient, $\nabla_\theta \mathrm{KL}(\pi_{\text{ref}} \,\|\, \pi_\theta)$; $k_2$'s and $\rho\, k_3$'s
-# have the reverse KL's. `k3_corrected` is TRL's `use_bias_correction_kl=True`, its default with beta > 0 (TRL
-# 1.16's default `beta` is 0: no KL term). Below, each on a categorical policy over 8 tokens, from 200,000 samples,
-# against the exact KL and its exact gradient (the same as `grpo_debug.show.diagnostics.kl_estimator_check`):
+# $k_1$ and $k_3$ are unbiased for the value, $k_2$ is not, and $k_3 \ge 0$ on every token. Their gradients differ
+# (Tang & Munos 2025): $k_1$'s has expectation 0; $k_3$'s, $(1 - e^d) \nabla_\theta \log \pi_\theta$, has the
+# expectation of the *forward* KL's gradient, $\nabla_\theta \mathrm{KL}(\pi_{\text{ref}} \,\|\, \pi_\theta)$;
+# $k_2$'s and $\rho\, k_3$'s have the reverse KL's. `k3_corrected` is TRL's `use_bias_correction_kl=True` (TRL
+# 1.16's default `beta` is 0: no KL term); this step's estimator (printed above) is plain k3, the suite's default.
+# The suite's check, on a categorical policy over 8 tokens from 200,000 samples, against the exact KL and its
+# gradient (k1's gradient error of 1 is noise around 0; in plain torch, and on real tokens: optional notebook 05d):
 
 # %%
 import pandas as pd
 
 from grpo_debug.show.diagnostics import kl_estimator_check
 
-g = torch.Generator().manual_seed(0)
-theta = torch.randn(8, generator=g).requires_grad_(True)  # the policy's logits
-ref = torch.log_softmax(torch.randn(8, generator=g), 0)  # the reference's log-probs
-exact = (torch.softmax(theta, 0) * (torch.log_softmax(theta, 0) - ref)).sum()  # KL(pi || ref)
-(exact_grad,) = torch.autograd.grad(exact, theta)
-x = torch.multinomial(torch.softmax(theta, 0).detach(), 200_000, replacement=True, generator=g)  # tokens from pi
-
-
-def estimates(logp, d):
-    """Each estimator per token, from the policy's log-probs and d = log pi_ref - log pi."""
-    k3 = torch.exp(d) - d - 1
-    return {"k1": -d, "k2": 0.5 * d**2, "k3": k3, "k3_corrected": k3 * torch.exp(logp - logp.detach())}
-
-
-rows = {}
-for name in ["k1", "k2", "k3", "k3_corrected"]:
-    logp = torch.log_softmax(theta, 0)[x]
-    k = estimates(logp, ref[x] - logp)[name].mean()
-    (grad,) = torch.autograd.grad(k, theta)
-    rows[name] = {"value": k.item(), "exact KL": exact.item(), "gradient error": ((grad - exact_grad).norm()
-                  / exact_grad.norm()).item(), "|gradient| / |exact|": (grad.norm() / exact_grad.norm()).item(),
-                  "cosine to exact": torch.nn.functional.cosine_similarity(grad, exact_grad, 0).item()}
-check = pd.DataFrame(rows).T
-check["value biased"] = (check["value"] - check["exact KL"]).abs() > 0.02
-check["gradient biased"] = check["gradient error"] > 0.1
-reference_check = pd.DataFrame(kl_estimator_check()).T
-assert ((check["value"] - reference_check["value"]).abs() < 1e-6).all(), "the plain-torch check is not the suite's"
+check = pd.DataFrame(kl_estimator_check()).T  # grad_rel_error: |gradient - exact| / |exact|
 check
-
-# %% [markdown]
-# k1's gradient is noise around 0: its norm is a small share of the exact gradient's (the table's fourth column),
-# and its cosine is the direction of that noise. This step's estimator (printed at the top) is plain k3, the
-# suite's default: an unbiased value with the forward KL's gradient. At step 0 that costs nothing, as the policy
-# is the reference and every estimator's gradient is 0 there:
-
-# %%
-logp = lp.policy.clone().requires_grad_(True)
-d = lp.reference - logp
-(kl_grad,) = torch.autograd.grad((cfg.beta * (torch.exp(d) - d - 1) * lp.mask).sum(), logp)
-at_reference = "the policy is the reference" if step.at_reference else "the policy has moved from the reference"
-print(f"max |d (beta k3) / d logp| over the step's tokens: {kl_grad.abs().max():.1e} ({at_reference})")
-
-# %% [markdown]
-# ## Per-token KL on real tokens
-#
-# At step 0 policy and reference are the same weights, so every estimator is 0. Scoring the policy with
-# dropout on (phase 2's pitfall) makes them differ, and the estimators disagree token by token.
-
-# %%
-from grpo_debug.loss import KL_ESTIMATORS
-from grpo_debug.ui import plots
-
-dropped = step.run(cfg.replace(dropout=True), until="loss", remember=False).logprobs
-kl = plots.kl_by_estimator(dropped.policy, dropped.reference, dropped.mask)  # (estimator, token) on sample 0, as drawn
-spread = kl.max(0).values - kl.min(0).values  # per token: how far apart the estimators are
-t = int(spread.argmax())
-title = (f"dropout on while scoring: the KL estimators disagree most at token {t}\n"
-         + ", ".join(f"{e} {v:+.3g}" for e, v in zip(KL_ESTIMATORS, kl[:, t].tolist()))
-         if spread.numel() and spread.max() > 0 else "dropout on while scoring: every KL estimator 0 on every token")
-plots.kl_per_token(dropped.policy, dropped.reference, dropped.mask, title=title, chosen=cfg.kl_estimator)
 
 # %% [markdown]
 # ## One token, by hand
 #
 # One group of the step: its rewards, its advantages by hand (notebook 04's formula), and its sample with the
-# largest $|A_i|$. Of that sample, one token: the one whose probability the first optimizer step raised most. Its
-# log-probs, ratio, clipped term, KL term, $\ell_{i,t}$, its share of the loss under each normaliser, and the
-# gradient the loss sends into its log-prob, in two columns: **pass 1** is this step as it runs (the loss the update
-# backpropagates); **pass 2** is the same token re-scored after that update, as `num_iterations=2` would take it
-# ($\pi_\theta$ has moved; $\pi_{\text{old}}$ and the reference have not). Every number is plain torch, and the cell
-# asserts each against the engine's.
+# largest $|A_i|$. Of that sample, the token whose probability the first optimizer step raised most: each term of
+# $\ell_{i,t}$, its share of the loss under each normaliser, and the gradient the loss sends into its log-prob.
+# **Pass 1** is this step as it runs; **pass 2** is the same token re-scored after that update, as
+# `num_iterations=2` would take it ($\pi_\theta$ has moved; $\pi_{\text{old}}$ and the reference have not). Plain
+# torch, checked against the engine in the next cell.
 
 # %%
-import dataclasses
-
-from grpo_debug.loss import compute_loss, loss_weights
-from grpo_debug.specs import loss_spec_of
-
 B, G = len(run.rollout.prompts), cfg.num_generations
 rewards = run.rewards.total.view(B, G)
 group = next((b for b in range(B) if rewards[b].std() > 0), 0)  # the first group whose rewards differ
@@ -303,15 +204,9 @@ for name, logp_t in {"pass 1": old[t], "pass 2": second.logps[i, t]}.items():
 pd.DataFrame({name: {k: f"{v.item():+.4g}" for k, v in values.items()} for name, values in hand.items()})
 
 # %%
-spec = dataclasses.replace(loss_spec_of(cfg), loss_type=lt, gradient_accumulation_steps=1, steps_per_generation=1)
-engine = {}
-for name, logps in {"pass 1": lp.policy, "pass 2": second.logps}.items():
-    logps = logps.clone().requires_grad_(True)
-    out = compute_loss(logps, lp.policy, lp.reference, advantages, mask, entropies=lp.entropies, **spec.kwargs())
-    (grad,) = torch.autograd.grad(out.loss, logps)
-    engine[name] = {"rho": out.ratio[i, t], "beta k3": cfg.beta * out.per_token_kl[i, t], "l_it": out.per_token_loss[i, t],
-                    **{f"share, {k}": out.per_token_loss[i, t] * loss_weights(mask, k, L)[i, t] for k in weight},
-                    f"d loss / d logp ({lt})": grad[i, t]}
+from grpo_debug.show.loss_gradients import one_token_from_engine
+
+engine = one_token_from_engine(cfg, lp, advantages, {"pass 1": lp.policy, "pass 2": second.logps}, lt, i, t)
 if CAPTURE is None:  # the bundled step: grpo, k3, one micro-batch
     assert abs(A - advantages[i]) < 1e-5, f"the advantage by hand ({A:.6f}) is not the engine's ({advantages[i]:.6f})"
     assert torch.equal(second.ratio[i, t], engine["pass 2"]["rho"]), "the update's pass 2 ratio is not compute_loss's"
@@ -322,14 +217,11 @@ if CAPTURE is None:  # the bundled step: grpo, k3, one micro-batch
 print("every number above equals the engine's (compute_loss on the same log-probs, loss_weights for the shares)")
 
 # %% [markdown]
-# **What to notice.** Pass 1 is the step as it runs: $\rho = 1$ and the KL term 0 ($\pi_\theta$ is
-# $\pi_{\text{old}}$ and $\pi_{\text{ref}}$), so $\ell_{i,t} = -A_i$ and the gradient is $-A_i$ times the token's
-# weight: negative for $A_i > 0$, so gradient descent raises the token's log-prob, even though the grpo loss over the
-# batch is about 0. In pass 2 the first update has raised this token past $1 + \epsilon$: the minimum takes the
-# clipped constant, the policy term sends no gradient, and the KL term, no longer 0, pulls the token back towards the
-# reference (a positive gradient). The shares differ only by the normaliser's weight. For the estimators: k1 does
-# not pull on average, plain k3 pulls with the forward KL's gradient, k2 and the corrected k3 with the reverse KL's;
-# the value you log and the gradient you apply are different questions.
+# **What to notice.** Pass 1: $\rho = 1$ and the KL term 0, so $\ell_{i,t} = -A_i$ and the gradient is $-A_i$
+# times the token's weight: negative for $A_i > 0$, so gradient descent raises the token's log-prob, though the
+# grpo loss over the batch is about 0. Pass 2: the update has raised the token past $1 + \epsilon$, the min takes
+# the clipped constant, the policy term sends no gradient, and the KL term, no longer 0, pulls the token back
+# towards the reference (a positive gradient).
 
 # %% [markdown]
 # ## Summary
@@ -337,7 +229,7 @@ print("every number above equals the engine's (compute_loss on the same log-prob
 # - $\ell_{i,t} = -\min(\rho A_i, \operatorname{clip}(\rho, 1-\epsilon, 1+\epsilon) A_i) + \beta\,\mathrm{KL}_{i,t}$,
 #   summed with the normaliser's weights: grpo per completion, bnpo and dapo per token, dr_grpo a constant.
 # - At $\rho = 1$ each token's gradient is $-A_i \nabla \log \pi_\theta$: a loss of 0 can carry a gradient.
-# - The clip acts only once $\pi_\theta$ has left $\pi_{\text{old}}$: it stops the push past $1 \pm \epsilon$.
+# - The clip acts only once $\pi_\theta$ has left $\pi_{\text{old}}$, to stop the push past $1 \pm \epsilon$.
 # - k1 does not pull in expectation; k3's gradient is the forward KL's; k2's and $\rho k_3$'s the reverse KL's.
 
 # %% [markdown]
@@ -349,23 +241,29 @@ print("every number above equals the engine's (compute_loss on the same log-prob
 # part of the lesson.)
 
 # %%
-assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio))  # "the ratio is exactly 1 at step 0"
+assert torch.equal(run.loss.ratio, torch.ones_like(run.loss.ratio)), "the ratio is not exactly 1 at step 0"
 token_level = table.drop(["reinforce_sum", "reinforce_mean"])
-assert (token_level["loss/policy"] - token_level["-sum A_i w_i"]).abs().max() < 1e-6  # the last column
-assert abs(table.loc["grpo", "loss/policy"]) < 1e-6
+assert (token_level["loss/policy"] - token_level["-sum A_i w_i"]).abs().max() < 1e-6, "the value is not -sum A_i w_i"
+assert abs(table.loc["grpo", "loss/policy"]) < 1e-6, "grpo's loss at ratio 1 is not ~0"
+logp = lp.policy.clone().requires_grad_(True)
+d = lp.reference - logp
+(kl_grad,) = torch.autograd.grad((cfg.beta * (torch.exp(d) - d - 1) * lp.mask).sum(), logp)
 if CAPTURE is None:  # the bundled step's completions differ in length, so dapo's token mean moves off 0
-    assert (token_level["loss"] - token_level["by hand"]).abs().max() < 1e-6  # the normalisers by hand
-    assert (table["|d loss / d logp|"] > 1e-3).all()  # a loss of ~0, with a gradient
-    assert abs(table.loc["dapo", "loss/policy"]) > 1e-4
-    assert cfg.kl_estimator == "k3" and step.at_reference and kl_grad.abs().max() == 0  # "costs nothing at step 0"
+    assert (token_level["loss"] - token_level["by hand"]).abs().max() < 1e-6, "a normaliser by hand is not the engine's"
+    assert (table["|d loss / d logp|"] > 1e-3).all(), "a loss type at ratio 1 has no gradient"
+    assert abs(table.loc["dapo", "loss/policy"]) > 1e-4, "dapo's loss at ratio 1 is ~0"
+    assert cfg.kl_estimator == "k3" and step.at_reference and kl_grad.abs().max() == 0, "the KL has a gradient at step 0"
     one, two = hand["pass 1"], hand["pass 2"]
-    assert one["rho"] == 1 and one["beta k3"] == 0 and (one[f"d loss / d logp ({lt})"] < 0) == (A > 0)
-    assert A > 0 and two["rho"] > 1 + cfg.epsilon_high and two["min(rho A, clip(rho) A)"] == two["clip(rho)"] * A
-    assert two["beta k3"] > 0 and two[f"d loss / d logp ({lt})"] > 0  # clipped; the KL pulls back
-grads = clip_cases.set_index(["A", "rho"])["d l / d log pi"]  # the clip's table: zero exactly where the min is clipped
-assert grads[(1.0, 1.3)] == 0 and grads[(-1.0, 0.7)] == 0, "the clip stops the push past 1 +- eps"
-assert grads[(1.0, 0.7)] < 0 < grads[(-1.0, 1.3)], "a move back toward 1 is never clipped"
-assert list(check.index[check["gradient biased"]]) == ["k1", "k3"]  # the KL estimators' table
-assert list(check.index[check["value biased"]]) == ["k2"]
-assert check.loc["k1", "|gradient| / |exact|"] < 0.1 and check.loc["k2", "cosine to exact"] > 0.99  # k1: noise around 0
+    assert one["rho"] == 1 and one["beta k3"] == 0 and (one[f"d loss / d logp ({lt})"] < 0) == (A > 0), "pass 1"
+    assert A > 0 and two["rho"] > 1 + cfg.epsilon_high and two["min(rho A, clip(rho) A)"] == two["clip(rho)"] * A, \
+        "pass 2 is not clipped"
+    assert two["beta k3"] > 0 and two[f"d loss / d logp ({lt})"] > 0, "pass 2: the KL does not pull back"
+grads = cases.set_index(["A", "rho"])["d l / d log pi"]  # the clip's table: zero exactly where the min is clipped
+assert grads[(1.0, 1.3)] == 0 and grads[(-1.0, 0.7)] == 0, "the clip does not stop the push past 1 +- eps"
+assert grads[(1.0, 0.7)] < 0 < grads[(-1.0, 1.3)], "a move back toward 1 is clipped"
+keep = cases[cases["d l / d log pi"] != 0]  # the other four rows: -rho A
+assert len(keep) == 4 and ((keep["d l / d log pi"] + keep["rho"] * keep["A"]).abs() < 1e-6).all(), "-rho A"
+assert list(check.index[check["grad_rel_error"] > 0.1]) == ["k1", "k3"], "the gradients' biases differ from the text"
+assert list(check.index[(check["value"] - check["exact_kl"]).abs() > 0.02]) == ["k2"], "the values' biases differ"
+assert abs(check.loc["k1", "grad_rel_error"] - 1) < 0.1 and check.loc["k2", "grad_cosine"] > 0.99, "k1 is not noise around 0"
 print("every claim above holds")

@@ -1,16 +1,24 @@
 """What the loss sends back into the model, beside its value: d loss / d logp per token (not 0 where the loss
-value is), the policy term's value at ratio 1 from the advantages and lengths alone, and the gradient one
-token gets from each loss type as its ratio moves."""
+value is), the policy term's value at ratio 1 from the advantages and lengths alone, the gradient one
+token gets from each loss type as its ratio moves, and the tables notebook 05 reads: the loss types at ratio 1,
+the clip case by case, and one token's terms as the engine computes them."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
+import pandas as pd
 import torch
 
 from ..config import StepConfig
+from ..logprobs import TokenLogProbs
 from ..loss import batch_loss, compute_loss, loss_weights
 from ..specs import loss_spec_of, sampler_correction_of
-from ..step import StepRun
+from ..step import GRPOStep, StepRun
+
+TOKEN_LEVEL = ("grpo", "bnpo", "dr_grpo", "dapo")  # the normalisers of a per-token loss
 
 
 def gradient_of_loss_wrt_logps(run: StepRun, cfg: StepConfig) -> torch.Tensor:
@@ -52,4 +60,86 @@ def token_gradient_curves(loss_types: list[str], ratios: torch.Tensor, **spec) -
             ).loss
             (grad,) = torch.autograd.grad(loss, logps)
             out[loss_type][sign] = (grad[:, 0] * len(ratios)).numpy()
+    return out
+
+
+def loss_types_at_ratio_one(
+    step: GRPOStep,
+    cfg: StepConfig,
+    by_hand: Callable[[str], float] | None = None,
+    loss_types: tuple[str, ...] = (*TOKEN_LEVEL, "reinforce_sum", "reinforce_mean"),
+) -> pd.DataFrame:
+    """One row per loss type, each on `cfg`'s rollout and log-probs (ratio 1): the engine's `loss` and
+    `loss/policy`, the norm of d loss / d logp (`gradient_of_loss_wrt_logps`), `by_hand(loss_type)` (the
+    normaliser written out) and -sum A_i w_i (`loss_value_at_ratio_one`); the last two NaN for REINFORCE."""
+    base = step.run(cfg, until="loss")
+    rows = {}
+    for loss_type in loss_types:
+        run = step.run(base.config.replace(loss_type=loss_type), until="loss", base=base, remember=False)
+        token_level = loss_type in TOKEN_LEVEL
+        rows[loss_type] = {
+            "loss": run.loss.loss.item(),
+            "loss/policy": run.loss.policy_loss.item(),
+            "|d loss / d logp|": gradient_of_loss_wrt_logps(run, run.config).norm().item(),
+            "by hand": by_hand(loss_type) if by_hand is not None and token_level else float("nan"),
+            "-sum A_i w_i": loss_value_at_ratio_one(run) if token_level else float("nan"),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def clip_cases(
+    per_token_loss: Callable[..., torch.Tensor],
+    epsilon: float = 0.2,
+    ratios: tuple[float, ...] = (0.7, 1.0, 1.3),
+    advantages: tuple[float, ...] = (1.0, -1.0),
+) -> pd.DataFrame:
+    """d l / d log pi_theta of one token at each advantage A and ratio rho, one row per pair: which side of
+    [1 - epsilon, 1 + epsilon] rho is on and which term the min takes. `per_token_loss(logp, old, ref, A, beta,
+    eps_low, eps_high)` (notebook 05's exercise 2) is called on (1, 1) tensors: log pi_old = 0, log pi_theta =
+    log rho, beta = 0 (the reference at pi_theta's log-prob)."""
+    rows = []
+    for A in advantages:
+        for rho in ratios:
+            logp = torch.log(torch.tensor([[rho]])).requires_grad_(True)
+            loss = per_token_loss(logp, torch.zeros(1, 1), logp.detach(), torch.tensor([[A]]), 0.0, epsilon, epsilon)
+            (grad,) = torch.autograd.grad(loss.sum(), logp)
+            clipped = min(max(rho, 1 - epsilon), 1 + epsilon)
+            side = "below 1 - eps" if rho < 1 - epsilon else ("above 1 + eps" if rho > 1 + epsilon else "inside")
+            takes = "rho A" if rho * A <= clipped * A else "clip(rho) A: a constant"
+            rows.append({"A": A, "rho": rho, "rho is": side, "the min takes": takes, "d l / d log pi": grad.item()})
+    return pd.DataFrame(rows)
+
+
+def one_token_from_engine(
+    cfg: StepConfig,
+    lp: TokenLogProbs,
+    advantages: torch.Tensor,
+    logps_by_pass: dict[str, torch.Tensor],
+    loss_type: str,
+    i: int,
+    t: int,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Token (i, t)'s terms as `compute_loss` computes them under `cfg`'s loss with `loss_type`, the batch one
+    micro-batch, for each pass's (N, C) log-probs of pi_theta (pi_old's and the reference's: `lp`'s; advantages
+    (N,)): rho, beta k3, l_it, its share of the loss under each token-level normaliser (`loss_weights`), and
+    d loss / d logp under `loss_type`."""
+    spec = dataclasses.replace(
+        loss_spec_of(cfg), loss_type=loss_type, gradient_accumulation_steps=1, steps_per_generation=1
+    )
+    shares = {k: loss_weights(lp.mask, k, cfg.max_new_tokens)[i, t] for k in TOKEN_LEVEL}
+    out = {}
+    for name, logps in logps_by_pass.items():
+        logps = logps.clone().requires_grad_(True)
+        loss = compute_loss(
+            logps, lp.policy, lp.reference, advantages, lp.mask, entropies=lp.entropies, **spec.kwargs()
+        )
+        (grad,) = torch.autograd.grad(loss.loss, logps)
+        l_it = loss.per_token_loss[i, t]
+        out[name] = {
+            "rho": loss.ratio[i, t],
+            "beta k3": cfg.beta * loss.per_token_kl[i, t],
+            "l_it": l_it,
+            **{f"share, {k}": l_it * w for k, w in shares.items()},
+            f"d loss / d logp ({loss_type})": grad[i, t],
+        }
     return out
