@@ -16,10 +16,9 @@
 # %% [markdown]
 # # 04 · Advantages: group-relative, and where they go wrong
 #
-# **What you will learn.** The advantage formula and why each part is there: the group mean is a REINFORCE
-# baseline (the same expected gradient, less variance), the std makes the step's size independent of the reward's
-# units; why a clean +-1 group gets advantages of 0.866 and not 1; why groups with identical rewards send no gradient
-# yet still shape the loss; how a tiny std turns a meaningless difference into a full-size advantage.
+# **What you will learn.** Why each part of the advantage is there: the group mean is a REINFORCE baseline, the
+# std makes the step independent of the reward's units (a clean +-1 group gets 0.866, not 1); why groups with
+# identical rewards still shape the loss; how a tiny std makes a full-size advantage from nothing.
 #
 # **What you need first.** Notebooks 01 (the groups) and 03 (the rewards); REINFORCE's gradient.
 #
@@ -28,12 +27,11 @@
 # Within each group of $G$ completions of one prompt, with rewards $r_1, \dots, r_G$:
 #
 # $$A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \delta}, \qquad
-# \operatorname{mean}(r) = \frac{1}{G} \sum_{j=1}^{G} r_j, \qquad
 # \operatorname{std}(r) = \sqrt{\frac{1}{G-1} \sum_{j=1}^{G} \big(r_j - \operatorname{mean}(r)\big)^2}, \qquad
 # \delta = 10^{-4},$$
 #
-# exactly as TRL 1.16 computes it (`scale_rewards="group"`; `"batch"` divides by the whole batch's std, `"none"`
-# does not divide). Every token of completion $i$ gets the same $A_i$. In plain torch, on the step's own rewards:
+# as TRL 1.16 computes it (`scale_rewards="group"`; `"batch"` divides by the batch's std, `"none"` does not
+# divide). Every token of completion $i$ gets $A_i$.
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -47,25 +45,10 @@ TASK = None
 # setup() first: one torch thread, the same numbers on every run
 cfg, step = open_step(MODEL, CAPTURE, TASK)
 
-# %%
-import torch
-
-run = step.run(cfg, until="advantages")
-G = cfg.num_generations
-r = run.rewards.total.view(-1, G)  # (B, G): one row per group
-mean, std = r.mean(1, keepdim=True), r.std(1, keepdim=True)  # torch's std divides by G - 1
-by_hand = ((r - mean) / (std + 1e-4)).flatten()
-by_hand_gap = (by_hand - run.advantages.values).abs().max().item()
-print(f"group 0: rewards {' '.join(f'{v:+.3f}' for v in r[0].tolist())}\n"
-      f"         A_i     {' '.join(f'{v:+.3f}' for v in by_hand[:G].tolist())}\n"
-      f"max |by hand - engine| over the batch: {by_hand_gap:.1e}")
-
 # %% [markdown]
-# **Exercise 1: the group advantage (about 5 minutes).** Write `group_advantages(rewards, G)` for a flat tensor of
-# B x G rewards, sample $i$ in group $i // G$: $A_i = (r_i - \mathrm{mean}_{\text{group}}) / (\mathrm{std}_{\text{group}} +
-# 10^{-4})$, the std torch's default (divided by $G - 1$), as TRL computes it. The checker below calls it on a group
-# of equal rewards, random groups, a clean $\pm 1$ group and $G = 2$, and says in a sentence what is wrong. The
-# cell holds a solution; `make exercises` writes your copy of this notebook with it emptied.
+# **Exercise 1: the group advantage (about 5 minutes).** Write `group_advantages(rewards, G)`: a flat tensor of
+# B x G rewards (sample $i$ in group $i // G$) to the advantages above, the std torch's default. The checker names
+# the mistake. `make exercises` writes your copy with the solution emptied.
 
 # %% tags=["solution"]
 def group_advantages(rewards, G):
@@ -80,23 +63,27 @@ from grpo_debug.exercises import check_advantages
 
 print(check_advantages(group_advantages))
 
+# %%
+run = step.run(cfg, until="advantages")
+G, adv = cfg.num_generations, run.advantages  # the advantages with their groups' stds, and TRL's metrics
+by_hand_gap = (group_advantages(run.rewards.total, G) - adv.values).abs().max().item()
+print(f"yours on the step's {len(run.rewards.total)} rewards: max |yours - engine| {by_hand_gap:.1e}")
+
 # %% [markdown]
 # ## The group mean is a baseline
 #
 # REINFORCE's gradient is $\nabla_\theta J = \mathbb{E}_{o \sim \pi_\theta}\big[r(o)\, \nabla_\theta \log
 # \pi_\theta(o \mid q)\big]$. The score has mean zero, $\mathbb{E}_{o \sim \pi_\theta}[\nabla_\theta \log
 # \pi_\theta(o \mid q)] = \sum_o \nabla_\theta \pi_\theta(o \mid q) = \nabla_\theta 1 = 0$, so subtracting any
-# baseline $b$ that does not depend on $o$ leaves the expected gradient as it was:
-#
-# $$\mathbb{E}\big[(r(o) - b)\, \nabla_\theta \log \pi_\theta(o \mid q)\big] = \nabla_\theta J,$$
-#
-# while a $b$ near $\mathbb{E}[r \mid q]$ makes every term smaller, so the estimate varies less. PPO learns $b$ with a
-# value network; GRPO takes the group's mean, a sample estimate of the prompt's own expected reward. (The mean
-# includes $r_i$ itself, which scales the expected gradient by $1 - 1/G$: the same direction.) Below, a policy over
-# four completions whose rewards share a large offset, its gradient estimated from groups of 8 samples, with and
-# without the group mean subtracted:
+# baseline $b$ that does not depend on $o$ leaves the expected gradient as it was, while a $b$ near
+# $\mathbb{E}[r \mid q]$ makes every term smaller: the estimate varies less. PPO learns $b$ with a value network;
+# GRPO takes the group's mean. (It includes $r_i$ itself, which scales the expected gradient by $1 - 1/G$: the
+# same direction.) Below, a policy over four completions whose rewards share an offset, its gradient estimated
+# from groups of 8, with and without the group mean:
 
 # %%
+import torch
+
 torch.manual_seed(0)
 pi = torch.softmax(torch.tensor([0.5, 0.2, -0.1, -0.6]), 0)  # a policy over 4 completions (its logits' softmax)
 reward = torch.tensor([1.0, 0.8, 0.7, 0.4])  # every reward positive: a common offset
@@ -117,14 +104,12 @@ print(f"the group mean divides the variance by {variance['no baseline'] / varian
 # ## Dividing by the std
 #
 # Dividing by the group's std makes the advantages independent of the reward's units and offset: rewards times 100
-# plus 5 give the same $A_i$, up to the share $\delta / \operatorname{std}$ that the $\delta$ takes
-# (printed below), so one learning rate serves any reward scale, and every group with any spread gets advantages
-# of about the same size, whether its rewards differ by a hundredth or by 2. That is also its weakness (phantom
-# advantages, below); `scale_rewards="none"` (Dr. GRPO's choice) keeps the reward's scale.
+# plus 5 give the same $A_i$, up to the share $\delta / \operatorname{std}$ (printed below). One learning rate
+# serves any reward scale, but rewards that barely differ get advantages as large as a real split's (phantoms,
+# below). `scale_rewards="none"` (Dr. GRPO) keeps the scale.
 #
-# TRL's std is the **unbiased** one, dividing by $G - 1$. A clean group $(+1, -1, +1, -1)$ has mean 0 and
-# $\sum_j (r_j - \operatorname{mean})^2 = 4$, so $\operatorname{std} = \sqrt{4/3}$ and $A_i = \pm\sqrt{3/4}$, not
-# $\pm 1$ (which dividing by $G$ would give): in general $\pm\sqrt{(G-1)/G}$.
+# The std is **unbiased** (divided by $G - 1$): a clean group $(+1, -1, +1, -1)$ has std $\sqrt{4/3}$, so
+# $A_i = \pm\sqrt{3/4}$, not $\pm 1$; in general $\pm\sqrt{(G-1)/G}$.
 
 # %%
 from grpo_debug.advantages import compute_advantages
@@ -135,100 +120,62 @@ largest = lambda groups: f"{change[groups].max():.1e}" if groups.any() else "non
 print(f"rewards x 100 + 5: max |change in A_i| {largest(spread)} in the {int(spread.sum())} groups with "
       f"std > 1e-2; {largest(~spread)} in the others (their std is near delta)")
 clean = torch.tensor([1.0, -1.0, 1.0, -1.0])
-print(f"clean group {clean.tolist()}: unbiased std {clean.std():.4f}, dividing by G {clean.std(correction=0):.4f}; "
-      f"A_i {compute_advantages(clean, 4)[0]:.4f}; sqrt(3/4) = {(3 / 4) ** 0.5:.4f} (the divisor's + 1e-4 aside)")
-
-# %%
-adv = run.advantages  # the advantages and their summary: group means and stds, TRL's metrics
-print(f"reward {adv.reward:.4f}, reward_std {adv.reward_std:.4f}, frac_reward_zero_std {adv.frac_reward_zero_std:.3f}")
-sums = adv.values.view(-1, cfg.num_generations).sum(1)
-print("advantages summed per group:", [round(s, 6) for s in sums.tolist()])
+print(f"clean group {clean.tolist()}: unbiased std {clean.std():.4f}, A_i {compute_advantages(clean, 4)[0]:.4f}")
 
 # %%
 from grpo_debug.ui import plots
 
-red = adv.phantom_groups  # a reward std under advantages.PHANTOM_STD, divided into full-size advantages
-note = (f"phantom groups {red} (red): reward std <= {adv.group_std[red].max():.2g}, yet |advantage| up to "
-        f"{adv.values.view(-1, cfg.num_generations)[red].abs().max():.2g}" if red else "no phantom group (red)")
-plots.advantages_bars(adv, cfg.num_generations, title=f"{len(adv.zero_std_groups)} of {len(adv.group_std)} groups: "
-                      f"reward std 0, every advantage 0 (shaded)\n{note}")
-
-# %%
-from grpo_debug.ui.tables import compare_variants
-
-scales = compare_variants(step, {"group (TRL default)": {}, "batch": {"scale_rewards": "batch"},
-                                 "none": {"scale_rewards": "none"}, "group + std_floor 0.1": {"std_floor": 0.1}},
-                          until="advantages", columns=["reward_std", "frac_reward_zero_std", "advantages/max_abs",
-                                                       "advantages/phantom_groups"])
-scales["share of groups with every advantage 0"] = len(adv.zero_std_groups) / len(adv.group_std)
-scales.rename(columns={"advantages/phantom_groups": "phantom groups (a count)"})
+plots.advantages_bars(adv, G, title=plots.advantages_takeaway(adv, G))
 
 # %% [markdown]
-# `frac_reward_zero_std` is TRL's metric, and TRL reads it from the std it divides by: under
-# `scale_rewards="batch"` that is the batch's std, so the metric says 0 while the groups whose rewards are all
-# equal still have advantage 0 (their rewards minus their own mean). The cell below counts those groups.
+# `frac_reward_zero_std`, TRL's metric, reads the std TRL divides by: under `scale_rewards="batch"` the batch's,
+# so it says 0 while the groups of equal rewards still get advantage 0:
 
 # %%
-print(f"batch scaling: frac_reward_zero_std = {scales.loc['batch', 'frac_reward_zero_std']:.3f}, "
-      f"yet {len(adv.zero_std_groups)} of {len(adv.group_std)} groups have every advantage 0")
+batch = step.run(cfg.replace(scale_rewards="batch"), until="advantages", remember=False).advantages
+equal = batch.values.view(-1, G)[adv.zero_std_groups]  # the groups whose rewards are all equal
+print(f'scale_rewards="batch": frac_reward_zero_std {batch.frac_reward_zero_std:.3f}, yet the '
+      f"{len(adv.zero_std_groups)} groups of equal rewards have |advantage| at most {equal.abs().max() if len(equal) else 0:.1g}")
 
 # %% [markdown]
 # ## Zero-std groups still shape the loss
 #
-# A group with advantage 0 sends no gradient of its own. It still counts in the loss's normaliser (the loss
-# divides its summed token terms by it; notebook 05 writes each as a formula): the number of sequences for grpo and
-# dr_grpo, the number of tokens for bnpo and dapo. So adding such groups
-# shrinks every other sample's weight. Below: the weight one sample with a non-zero advantage gets, with the
-# zero-std groups in the batch and with them dropped.
+# A group with advantage 0 sends no gradient of its own but counts in the loss's normaliser (05): sequences for
+# grpo and dr_grpo, tokens for bnpo and dapo. So it shrinks every other sample's weight. Below: one sample's
+# weight with the zero-std groups in, over its weight without them.
 
 # %%
-import pandas as pd
-
 from grpo_debug.loss import loss_weights
 
-lp_mask = step.run(cfg, until="logprobs").logprobs.mask
-step.run(cfg, until="advantages")
-keep = torch.tensor([g not in adv.zero_std_groups for g in range(len(adv.group_std))]).repeat_interleave(cfg.num_generations)
-sample = int(torch.nonzero(keep & (adv.values != 0))[0])
-dilution = {}
-for loss_type in ["grpo", "bnpo", "dr_grpo", "dapo"]:
-    with_all = loss_weights(lp_mask, loss_type, cfg.max_new_tokens)[sample].sum().item()
-    without = loss_weights(lp_mask[keep], loss_type, cfg.max_new_tokens)[int(keep[:sample].sum())].sum().item()
-    dilution[loss_type] = {"weight, zero-std groups in": with_all, "weight, zero-std groups out": without,
-                           "ratio": with_all / without}
-dilution = pd.DataFrame(dilution).T
-print(f"{len(adv.zero_std_groups)} zero-std groups; sample {sample}'s weight shrinks to "
-      f"{dilution['ratio'].min():.2f} to {dilution['ratio'].max():.2f} of its weight without them")
-dilution
+keep = torch.tensor([g not in adv.zero_std_groups for g in range(len(adv.group_std))]).repeat_interleave(G)
+sample = int(torch.nonzero(keep & (adv.values != 0))[0])  # a sample with a non-zero advantage
+weight = lambda t, kept: loss_weights(run.logprobs.mask[kept], t, cfg.max_new_tokens)[int(kept[:sample].sum())].sum()
+dilution = {t: (weight(t, torch.ones_like(keep)) / weight(t, keep)).item() for t in ["grpo", "bnpo", "dr_grpo", "dapo"]}
+print(f"{len(adv.zero_std_groups)} zero-std groups; sample {sample}'s weight with them over its weight without: "
+      + ", ".join(f"{t} {ratio:.3g}" for t, ratio in dilution.items()))
 
 # %% [markdown]
 # ## Phantom advantages, on purpose
 #
-# Two groups: one whose rewards differ only by 1e-4, a difference too small to mean that one completion is better
-# than another (the bundled reward is deterministic: such a difference is an artefact of its arithmetic, not noise),
-# and one with a real win/loss split.
+# Two groups: one whose rewards differ only by 1e-4, a difference that means nothing (the bundled reward is
+# deterministic: it is an artefact of its arithmetic), and a real win/loss split. `std_floor` (not in TRL)
+# divides by $\max(\operatorname{std}(r), \text{std\_floor}) + \delta$ instead.
 
 # %%
 rewards = torch.tensor([0.3, 0.3, 0.3001, 0.3, 1.0, -1.0, 1.0, -1.0])
-phantom = pd.DataFrame({"reward": rewards, "TRL (group)": compute_advantages(rewards, 4),
-                        "std_floor=0.1": compute_advantages(rewards, 4, std_floor=0.1)})
-noise, real = phantom["TRL (group)"][2], phantom["TRL (group)"][4]
-print(f"a reward 1e-4 above its group gets advantage {noise:.2f}; a real win gets {real:.3f}; "
-      f"with std_floor=0.1 the 1e-4 difference gets {phantom['std_floor=0.1'][2]:.4f}")
-phantom
-
-# %% [markdown]
-# **What to notice.** A difference of 1e-4 becomes an advantage of the same order as a real win or loss
-# (printed above); the floor removes it and leaves the real group untouched. Groups with identical rewards
-# send no gradient, but they are not free: every loss type counts them in its normaliser.
+trl, floored = compute_advantages(rewards, 4), compute_advantages(rewards, 4, std_floor=0.1)
+noise, real = trl[2].item(), trl[4].item()
+print(f"TRL:           the reward 1e-4 above its group gets advantage {noise:.2f}; a real win gets {real:.3f}\n"
+      f"std_floor=0.1: the 1e-4 difference gets {floored[2]:.4f}; the real win {floored[4]:.3f}")
 
 # %% [markdown]
 # ## Summary
 #
-# - $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \delta)$ in each group, the std unbiased.
-# - The group mean is a REINFORCE baseline: the same direction of expected gradient, far less variance.
-# - The std makes the advantages unit-free; a clean +-1 group gets $\pm\sqrt{(G-1)/G}$ (0.866 for G = 4).
-# - A zero-std group sends no gradient but dilutes every other sample's weight; a tiny std makes phantom advantages.
+# - $A_i = (r_i - \operatorname{mean}(r)) / (\operatorname{std}(r) + \delta)$ per group, the std unbiased.
+# - The group mean is a REINFORCE baseline: the same direction, far less variance.
+# - The std makes advantages unit-free; a clean +-1 group gets $\pm\sqrt{(G-1)/G}$ (0.866 for G = 4).
+# - A zero-std group sends no gradient but dilutes every other sample's weight.
+# - A tiny std turns a 1e-4 difference into a real win's order of advantage; `std_floor` stops it.
 
 # %% [markdown]
 # ## Checks
@@ -240,12 +187,14 @@ phantom
 # %%
 if CAPTURE is None:  # the bundled step: scale_rewards="group", no std floor, no NaN reward
     assert by_hand_gap < 1e-5, "the advantages by hand are not the engine's"
-assert abs(multiple["no baseline"] - 1) < 0.05 and abs(multiple["group mean"] - (1 - 1 / size)) < 0.05  # the direction
-assert variance["no baseline"] > 5 * variance["group mean"]  # "less variance"
-assert abs(compute_advantages(clean, 4)[0] - (3 / 4) ** 0.5) < 1e-3  # the clean group's 0.866
-assert not spread.any() or change[spread].max() < 1e-2  # unit-free where the std is large against delta
-assert sums.abs().max() < 1e-4  # each group's advantages sum to 0
-assert scales.loc["batch", "frac_reward_zero_std"] == 0.0 or len(adv.zero_std_groups) == 0
-assert len(adv.zero_std_groups) == 0 or (dilution["ratio"] < 1).all()  # zero-std groups dilute every weight
-assert noise > 0.5 * real and abs(phantom["std_floor=0.1"][2]) < 0.01  # noise amplified; the floor stops it
+assert abs(multiple["no baseline"] - 1) < 0.05, "without a baseline the mean estimate is not the exact gradient"
+assert abs(multiple["group mean"] - (1 - 1 / size)) < 0.05, "the group mean does not scale it by 1 - 1/G"
+assert variance["no baseline"] > 5 * variance["group mean"], "the group mean does not cut the variance"
+assert abs(compute_advantages(clean, 4)[0] - (3 / 4) ** 0.5) < 1e-3, "the clean group's A_i is not 0.866"
+assert not spread.any() or change[spread].max() < 1e-2, "A_i is not unit-free where the std is large against delta"
+if adv.zero_std_groups:  # "the metric says 0 while the groups whose rewards are all equal still get advantage 0"
+    assert batch.frac_reward_zero_std == 0.0 and equal.abs().max() < 1e-6, "batch scaling: the metric is not 0"
+assert len(adv.zero_std_groups) == 0 or all(r < 1 for r in dilution.values()), "a zero-std group did not dilute"
+assert noise > 0.5 * real, "the 1e-4 difference is not amplified to the order of a real win"
+assert abs(floored[2]) < 0.01 and abs(floored[4] - real) < 1e-4, "the floor did not stop the noise alone"
 print("every claim above holds")

@@ -99,6 +99,24 @@ def advantages_bars(adv: Advantages, num_generations: int, title: str = "advanta
     return _done(fig)
 
 
+def advantages_takeaway(adv: Advantages, num_generations: int) -> str:
+    """The title of `advantages_bars`, computed from what it draws: how many groups have reward std 0 (every
+    advantage 0, shaded), and the phantom groups (red: a reward std under `advantages.PHANTOM_STD`, divided into
+    full-size advantages) with their largest std and largest |advantage| (`adv.values`: B*G, groups of
+    `num_generations`)."""
+    red = adv.phantom_groups
+    values = adv.values.view(-1, num_generations)
+    note = (
+        f"phantom groups {red} (red): reward std <= {adv.group_std[red].max():.2g}, yet |advantage| up to "
+        f"{values[red].abs().max():.2g}"
+        if red
+        else "no phantom group (red)"
+    )
+    return (
+        f"{len(adv.zero_std_groups)} of {len(adv.group_std)} groups: reward std 0, every advantage 0 (shaded)\n{note}"
+    )
+
+
 def logprob_gap_heatmap(logprobs: TokenLogProbs, title: str = "|sampler - recomputed| per token"):
     gap = logprobs.sampler_gap.numpy()
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -123,6 +141,25 @@ def gap_by_toggle(gaps: dict[str, float], title: str = "max |sampler - recompute
     ax.axvline(GAP_LINE, color="k", ls="--", lw=0.8)
     ax.set(xlabel="nats (log scale; dashed: 1e-4)", title=title)
     return _done(fig)
+
+
+def gap_takeaway(gaps: dict[str, float], base: str) -> str:
+    """The title of a table of scoring variants' largest |sampler - recomputed| log-prob gaps ({row: nats}): where
+    the row `base` (the step as run) stands against `GAP_LINE`, how many pitfall rows (every row but `base` and
+    "every scoring fix on") lie above it, and the largest of them."""
+    pitfalls = {name: gap for name, gap in gaps.items() if name not in (base, "every scoring fix on")}
+    worst = max(pitfalls, key=pitfalls.get)
+    side = "below" if gaps[base] < GAP_LINE else "above"
+    above = sum(gap > GAP_LINE for gap in pitfalls.values())
+    return (
+        f"{base}: max gap {gaps[base]:.2g} nats, {side} the dashed 1e-4 line\n"
+        f"{above} of {len(pitfalls)} pitfall rows above it; largest: {worst} ({pitfalls[worst]:.3g} nats)"
+    )
+
+
+def gaps_ranked(gaps: dict[str, float], base: str):
+    """`gap_by_toggle` with its rows ranked, the largest gap on top, under `gap_takeaway`'s title."""
+    return gap_by_toggle(dict(sorted(gaps.items(), key=lambda item: item[1])), title=gap_takeaway(gaps, base))
 
 
 def kl_by_estimator(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, sample: int = 0) -> torch.Tensor:
