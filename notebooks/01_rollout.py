@@ -23,19 +23,17 @@
 #
 # ## The group
 #
-# For each of the B prompts $q$ of the step, the policy as it is now, $\pi_{\text{old}}$, samples a **group** of
-# $G$ completions, token by token at temperature $T$ (and `top_p`), until an EOS or `max_new_tokens`:
+# For each of the B prompts $q$, the policy as it is now, $\pi_{\text{old}}$, samples a **group** of $G$
+# completions, token by token at temperature $T$ (and `top_p`), until an EOS or `max_new_tokens`:
 #
 # $$o_1, \dots, o_G \sim \pi_{\text{old}}(\cdot \mid q), \qquad
 # \pi_{\text{old}}(o_i \mid q) = \prod_{t=1}^{|o_i|} \pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t}).$$
 #
-# Of each sample $i$ the rollout keeps its tokens $o_{i,1}, \dots, o_{i,|o_i|}$ (the EOS included), its length
-# $|o_i|$, whether it ended with an EOS, and the sampler's own log-probability of each token,
-# $\log \pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t})$, which phase 2 recomputes. The B x G samples are rows of one
-# batch, prompt by prompt: rows $bG$ to $bG + G - 1$ are group $b$, and row $i$'s prompt is $q_{\lfloor i / G
-# \rfloor}$. All of it comes from **one** `generate` call on the prompts repeated G times (left padding, KV cache,
-# model in eval mode, seeded): `sample` in `grpo_debug/rollout.py`. The cell below reads a group back from the
-# rollout and sums its token log-probs into each completion's $\log \pi_{\text{old}}(o_i \mid q)$.
+# Of each sample the rollout keeps its tokens (the EOS included), its length $|o_i|$, whether it ended with an
+# EOS, and the sampler's log-probability of each token, which phase 2 recomputes. Row $i$ of the batch belongs to
+# prompt $\lfloor i / G \rfloor$: rows $bG$ to $bG + G - 1$ are group $b$. All of it comes from **one** `generate`
+# call on the prompts repeated G times (left padding, KV cache, eval mode, seeded): `sample` in
+# `grpo_debug/rollout.py` (its time against one call per prompt: notebook 08b).
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -52,35 +50,26 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)
 # %%
 import torch
 
-run = step.run(cfg, until="rollout")
-r = run.rollout
+r = step.run(cfg, until="rollout").rollout
 B, G, C = len(r.prompts), r.num_generations, r.completion_ids.shape[1]
 print(f"{r.num_samples} samples = {B} prompts x {G}; prompt width {r.prompt_ids.shape[1]} tokens, completion width {C}")
-groups = r.completion_ids.view(B, G, C)  # group b: rows b*G to b*G + G - 1
-assert torch.equal(groups[-1], r.completion_ids[-G:])  # the last group: the last G rows
 kept = torch.arange(C) < r.completion_lengths[:, None]  # the tokens up to and with the EOS
 seq_logp = (r.sampler_logps * kept).sum(1)  # log pi_old(o_i | q): the sum of its tokens' log-probs
 print(f"group 0: lengths {r.completion_lengths[:G].tolist()}, log pi_old(o_i | q) "
       + " ".join(f"{v:.1f}" for v in seq_logp[:G].tolist()))
 
 # %%
-import pandas as pd
+from grpo_debug.ui.tables import rollout_table
 
-table = pd.DataFrame({"group": [i // G for i in range(r.num_samples)], "task": [r.prompts[i // G][:2] for i in range(r.num_samples)],
-                      "length": r.completion_lengths.tolist(), "ended with EOS": r.finished.tolist(),
-                      "completion": [c[:80] for c in r.completions]})
-table.head(16)
+rollout_table(r, groups=2, per_group=4)  # the first 4 samples of groups 0 and 1, each cut to 80 characters
 
 # %% [markdown]
-# The table cuts each completion short. An A: completion carries its fields (the position after
-# the move, the reward, whether the game ended or the move was illegal) after that point; two in full:
+# After the cut, an A: completion carries its fields (the reward, whether the game ended, whether the move was
+# illegal); one in full:
 
 # %%
 env_rows = [i for i in range(r.num_samples) if r.prompts[i // G].startswith("A:")]
-for i in env_rows[:2]:
-    print(r.prompts[i // G] + "|" + r.completions[i])
-if not env_rows:
-    print("no A: prompt in this batch")
+print(r.prompts[env_rows[0] // G] + "|" + r.completions[env_rows[0]] if env_rows else "no A: prompt in this batch")
 
 # %%
 padding = (r.prompt_mask == 0).sum(1)[::G]  # pad tokens in front of each prompt
@@ -88,14 +77,11 @@ print("left padding per prompt:", ", ".join(f"{q[:2]} {n}" for q, n in zip(r.pro
 unfinished = int((~r.finished).sum())
 print(f"unfinished (no EOS within max_new_tokens={cfg.max_new_tokens}): {unfinished} of {r.num_samples}")
 print("groups whose G completions are identical:", r.identical_groups)
-print("completions/mean_length:", round(r.completion_lengths.float().mean().item(), 2))
 
 # %% [markdown]
-# **What to notice.** The prompts of one batch differ in length, so every prompt shorter than the longest is
-# left-padded: here the P: prompts (the policy task) by many tokens, and the A: prompts by a few or none (printed
-# above). Phase 2 shows what happens when a forward pass ignores that. Identical groups give zero reward std and
-# no learning signal (phase 4). One `generate` call per prompt instead of one for the batch is
-# `generation="loop"`; its cost against the one-call rollout is in notebook 08.
+# **What to notice.** Every prompt shorter than the batch's longest is left-padded: here the P: prompts by many
+# tokens, the A: prompts by a few or none (printed above); phase 2 shows what a forward pass that ignores it
+# gets wrong. An identical group has zero reward std: no signal (phase 4).
 
 # %% [markdown]
 # ## Summary
@@ -113,6 +99,7 @@ print("completions/mean_length:", round(r.completion_lengths.float().mean().item
 # part of the lesson.)
 
 # %%
+assert torch.equal(r.completion_ids.view(B, G, C)[-1], r.completion_ids[-G:]), "the last group is not the last G rows"
 assert r.finished.all() or r.completion_lengths.max() == cfg.max_new_tokens
 assert (padding == r.prompt_ids.shape[1] - r.prompt_mask.sum(1)[::G]).all()
 if CAPTURE is None:  # the bundled step's mixed task: A: prompts are longer than P: prompts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -171,3 +172,105 @@ def verdict_table(results: dict, key: str) -> pd.DataFrame:
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = f"{first['family']} (family of {first['family_size']})"
     return table
+
+
+# The small tables of the student's path (notebooks 00, 01, 03, 08): each turns a step's numbers into what one cell
+# shows, so that the cell keeps only the idea.
+
+COMPONENT_MEANING = {  # the bundled chess task's reward components (grpo_debug/chess/rewards.py)
+    "best_move": "P: the best move's rank among the legal moves",
+    "candidates": "P: the 5 moves against Stockfish's top 5",
+    "evals": "P: the 5 evaluations against Stockfish's",
+    "format": "the completion parses",
+    "fen": "A: the position after the move",
+    "reward": "A: the completion's reward field (0.001 legal, -1 illegal)",
+    "terminated": "A: the game-over flag",
+    "truncated": "A: the illegal-move flag",
+}
+
+
+def component_means(means: dict[str, float], meaning: dict[str, str] = COMPONENT_MEANING) -> FittedTable:
+    """One row per reward component: its mean (`means`, e.g. an `EvalSide`'s components) and what it scores
+    (`meaning`; "-" for a component it does not describe, such as a captured run's own)."""
+    return FittedTable({"mean": means, "what it scores": {name: meaning.get(name, "-") for name in means}})
+
+
+def rollout_table(rollout, groups: int = 2, per_group: int = 4, width: int = 80) -> FittedTable:
+    """The first `per_group` samples of each of the first `groups` groups of a `Rollout`: group, task (the prompt's
+    first two characters), length, whether it ended with an EOS, and the completion cut to `width` characters.
+    The row label is the sample's row in the batch (row i belongs to prompt i // G)."""
+    G = rollout.num_generations
+    rows = [i for i in range(min(groups, len(rollout.prompts)) * G) if i % G < per_group]
+    return FittedTable(
+        {
+            "group": [i // G for i in rows],
+            "task": [rollout.prompts[i // G][:2] for i in rows],
+            "length": [int(rollout.completion_lengths[i]) for i in rows],
+            "ended with EOS": [bool(rollout.finished[i]) for i in rows],
+            "completion": [rollout.completions[i][:width] for i in rows],
+        },
+        index=rows,
+    )
+
+
+def components_by_group(table: pd.DataFrame, groups: int = 2, rows: int = 4) -> list[FittedTable]:
+    """`per_sample(run, wide=True)` cut into one table per group (the first `groups`, `rows` samples each): the
+    completion, its total reward and the components that score its task (a component that scores none of the
+    group's samples, NaN throughout, is left out: a P: group has no `fen`)."""
+    scores = ["completion", "reward", *[c for c in table.columns if c.startswith("rewards/")]]
+    return [
+        FittedTable(table[table["group"] == g][scores].head(rows).dropna(axis=1, how="all"))
+        for g in sorted(set(table["group"]))[:groups]
+    ]
+
+
+def within_group_spread(components: dict[str, torch.Tensor], group_size: int) -> dict[str, float]:
+    """Each component's spread within the groups, as a share of all the components' spread: its (N,) values minus
+    their group's mean (groups of `group_size` consecutive rows), squared and summed, NaN (not scored) left out,
+    unweighted. Largest first; a component the same within every group has share 0."""
+    spread = {}
+    for name, values in components.items():
+        grouped = values.view(-1, group_size)
+        spread[name] = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nansum().item()
+    total = sum(spread.values())
+    return dict(sorted(((k, v / total if total else 0.0) for k, v in spread.items()), key=lambda kv: -kv[1]))
+
+
+def scored_cases(score, cases: dict[str, str]) -> pd.DataFrame:
+    """One row per named completion in `cases`: the components and the total of `score(completion)` (a function
+    returning a `Score`, e.g. `lambda text: score_policy(analysis, text)`)."""
+    scores = {name: score(text) for name, text in cases.items()}
+    return pd.DataFrame({name: {**s.components, "total": s.total} for name, s in scores.items()}).T
+
+
+@dataclass(frozen=True)
+class GradientReach:
+    """Where a token page's d loss / d logp lands: `tokens` kept tokens (mask 1) get a gradient that is not 0,
+    of magnitude `smallest` to `largest`; the samples `none` (with their `advantages`) get none on any kept token.
+    Printed, it is that sentence."""
+
+    tokens: int
+    smallest: float
+    largest: float
+    none: list[int]
+    advantages: list[float]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tokens} kept tokens get |d loss / d logp| from {self.smallest:.1e} to {self.largest:.1e}; "
+            f"samples with none: {self.none}, advantages {self.advantages}"
+        )
+
+
+def gradient_reach(samples) -> GradientReach:
+    """Where the d loss / d logp of a token page's samples (`TokenPage.samples`) lands (`GradientReach`)."""
+    kept = {s.index: [abs(g) for g, m in zip(s.values["gradient"], s.values["mask"]) if m] for s in samples}
+    moved = [g for grads in kept.values() for g in grads if g > 0]
+    none = [s for s in samples if not any(kept[s.index])]
+    return GradientReach(
+        len(moved),
+        min(moved, default=0.0),
+        max(moved, default=0.0),
+        [s.index for s in none],
+        [s.advantage for s in none],
+    )
