@@ -6,6 +6,7 @@ and says in one sentence what is wrong.
     check_clipped_objective(clipped_objective)  # 05: per-token loss of the clipped objective with its KL term
     check_normaliser(grpo_normaliser)           # 05: per-token losses and the mask -> TRL's "grpo" loss
     check_grpo_step(grpo_step)                  # 06: sample, score, advantages, loss, backward, AdamW
+    run_student_loop(grpo_step)                 # 06: that step as a loop on 4 prompts, per seed; a t interval
 
 Each returns a line saying what it checked where the function passes, and raises `ExerciseFailed` (an
 AssertionError) with the first problem found where it does not. The stored notebooks hold solutions; `make
@@ -14,6 +15,8 @@ typical wrong answer with its sentence and accepts the solution).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -288,6 +291,106 @@ def check_grpo_step(fn) -> str:
                              "minimise is -A x ratio, whose gradient is -A grad log pi")  # fmt: skip
     return ("check_grpo_step: passed (B x G completions scored in groups, equal rewards move nothing, the step "
             "raises the log-probability of completions with a positive advantage)")  # fmt: skip
+
+
+# ---------------------------------------------------------------- 06: the student's step, run as a loop
+
+
+def summed_reward(task):
+    """The task's reward functions as one TRL-style `reward_fn(prompts, completions)` -> list[float]: each
+    function's score times its weight, summed as TRL sums them (a None score, a function that does not apply,
+    left out)."""
+
+    def reward_fn(prompts, completions, **kwargs):
+        scores = [f(prompts=prompts, completions=completions) for f in task.reward_funcs]
+        return [sum(w * s for w, s in zip(task.weights, row) if s is not None) for row in zip(*scores)]
+
+    return reward_fn
+
+
+@dataclass
+class StudentLoop:
+    """`run_student_loop`'s result: per seed, the mean reward on the loop's prompts before and after its steps."""
+
+    steps: int
+    lr: float
+    start: list[float]
+    end: list[float]
+
+    @property
+    def change(self) -> list[float]:
+        return [e - s for s, e in zip(self.start, self.end)]
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """The 95% t interval of the mean change over the seeds (the seed is the unit); the mean itself where every
+        seed changed alike."""
+        import numpy as np
+        import scipy.stats
+
+        mean, sem = np.mean(self.change), scipy.stats.sem(self.change)
+        return (mean, mean) if sem == 0 else scipy.stats.t.interval(0.95, len(self.change) - 1, loc=mean, scale=sem)
+
+    def summary(self) -> str:
+        import numpy as np
+
+        low, high = self.ci
+        return (f"change over {len(self.change)} seeds: {np.mean(self.change):+.2f}, 95% t interval [{low:+.2f}, "
+                f"{high:+.2f}]: {'above 0, your loop learns' if low > 0 else 'not above 0'}")  # fmt: skip
+
+
+def run_student_loop(grpo_step, steps: int = 6, seeds: int = 4, lr: float = 1e-3, *, prompts: int = 4,
+                     samples: int = 16, G: int = 8, temperature: float = 0.7, max_new_tokens: int = 40,
+                     task="policy", load=None, show: bool = True) -> StudentLoop:  # fmt: skip
+    """The student's `grpo_step` run `steps` times from the model's start with AdamW at `lr`, on the first
+    `prompts` training prompts of `task` (a Task or a registered name), once per seed (seeds 0..seeds-1, each from a fresh model). Before and
+    after, the mean reward (`summed_reward`) of `samples` completions per prompt, sampled at `temperature` with
+    seed 10_000 + seed: the same draws before and after. `load()` -> (model, tokenizer), a fresh model in eval mode
+    (None: the bundled model). With `show`, a line per seed as it ends, then `StudentLoop.summary`. Raises
+    ExerciseFailed where the step is not written or does not return the B x G rewards."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .files import DEFAULT_MODEL
+    from .task import as_task
+
+    the_task = as_task(task)
+    loop_prompts = the_task.prompts("train", prompts)
+    reward_fn = summed_reward(the_task)
+    if load is None:
+        tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+
+        def load():
+            return AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL).eval(), tokenizer  # eval: dropout off (02)
+
+    def reward_on_the_prompts(model, tokenizer, seed: int) -> float:
+        torch.manual_seed(seed)
+        enc = tokenizer(loop_prompts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            seqs = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                  max_new_tokens=max_new_tokens, num_return_sequences=samples,
+                                  pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        return sum(reward_fn([p for p in loop_prompts for _ in range(samples)], texts)) / len(texts)
+
+    loop = StudentLoop(steps, lr, [], [])
+    for seed in range(seeds):
+        model, tokenizer = load()
+        loop.start.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        torch.manual_seed(seed)
+        for _ in range(steps):
+            rewards = _called(grpo_step, "your step", model, tokenizer, optimizer, loop_prompts, reward_fn, G,
+                              temperature, max_new_tokens)  # fmt: skip
+            if rewards.shape != (len(loop_prompts) * G,):
+                raise ExerciseFailed(f"your step returned shape {tuple(rewards.shape)}: it returns the B x G = "
+                                     f"{len(loop_prompts) * G} rewards")  # fmt: skip
+        loop.end.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
+        if show:
+            print(f"seed {seed}: reward on the {len(loop_prompts)} prompts {loop.start[-1]:+.2f} -> "
+                  f"{loop.end[-1]:+.2f} after {steps} steps", flush=True)  # fmt: skip
+    if show:
+        print(loop.summary())
+    return loop
 
 
 # ---------------------------------------------------------------- the student's copies

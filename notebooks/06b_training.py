@@ -504,6 +504,18 @@ print(textwrap.fill("positive control: " + headline(control), 110))
 display(verdict_table(control, "change_from_start"))
 display(verdict_table(control, "minus_fixed"))
 
+# %% [markdown]
+# Each seed's held-out reward at the start and after K steps, for the fixed arm and TRL as shipped, and each arm's
+# change from its start with its interval (paired by seed and test prompt, at the family's corrected level). TRL as
+# shipped rose less: its change from its start is not detected, and it ends below `fixed` (asserted below).
+
+# %%
+K = control["steps"]
+held_out = {arm: tuple(eval_table(control["records"], arm, control["seeds"], k).mean(1) for k in (0, K)) for arm in ("fixed", "trl")}
+changes = {arm: control["summary"][arm]["change_from_start"] for arm in held_out}
+plots.held_out_by_seed(held_out, changes, K, title=f"{K} steps on {control['seeds']} seeds: " + ", ".join(
+    f"{arm} {d['mean']:+.3f} from its start ({'detected' if detected(d) else 'not detected'})" for arm, d in changes.items()))
+
 # %% tags=["nbval-ignore-output"]
 below = [a for a, s in control["summary"].items() if "minus_fixed" in s and detected(s["minus_fixed"])
          and s["minus_fixed"]["mean"] < 0]
@@ -558,6 +570,8 @@ assert len(identical_runs) == 1 and own["n_seeds"] == 1  # greedy: one run three
 assert primary["ci_low"] < 0 < primary["ci_high"] and abs(primary["mean"]) < abs(exploratory) / 2  # the confirmatory run
 assert measured["seed"] > 0 and measured["prompt"] > 0 and power_measured < power_planned  # the plan's 0s were not 0
 assert detected(control["summary"]["fixed"]["change_from_start"]) and (rose > 0).all(), "the fixed step no longer learns"
+assert (K, control["eval_prompts"]) == (24, 128), "the control is no longer 24 steps on 128 held-out prompts"
+assert not detected(changes["trl"]) and changes["trl"]["mean"] < changes["fixed"]["mean"], "TRL's change from its start"
 assert all(detected(control["summary"][a]["minus_fixed"]) and control["summary"][a]["minus_fixed"]["mean"] < 0
            for a in ("trl", "dropout")), "TRL as shipped or dropout no longer ends below fixed"
 assert not detected(control["summary"]["no_temperature"]["minus_fixed"])

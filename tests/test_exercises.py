@@ -181,3 +181,40 @@ def test_the_students_copy_of_06_empties_the_step(tmp_path):
     exec(source, space)
     with pytest.raises(ExerciseFailed, match="not written yet"):
         check_grpo_step(space["grpo_step"])
+
+
+def test_the_students_loop_pairs_its_draws_and_rejects_a_broken_step():
+    """`run_student_loop` on a tiny random GPT-2: a step that moves nothing changes no seed's reward (the same
+    draws before and after); 06's solution runs through it; an unwritten step or one that returns the wrong
+    number of rewards is refused with its sentence."""
+    from types import SimpleNamespace
+
+    from grpo_debug.exercises import STEP_PROMPTS, run_student_loop, summed_reward, tiny_policy
+    from grpo_debug.task import Task
+
+    lengths = Task(
+        "lengths",
+        lambda which, n: list(STEP_PROMPTS[:n]),
+        (lambda prompts, completions: [len(c) for c in completions],),
+    )
+    small = dict(steps=1, seeds=2, prompts=2, samples=3, G=2, max_new_tokens=4, task=lengths, load=lambda: tiny_policy(0),
+                 show=False)  # fmt: skip
+    idle = run_student_loop(lambda m, t, o, prompts, r, G, T, n: torch.zeros(len(prompts) * G), **small)
+    assert idle.change == [0.0, 0.0] and idle.start[0] != idle.start[1], (idle.start, idle.end)
+    assert "not above 0" in idle.summary()
+    space = {"torch": torch}
+    exec(notebook_solution("06_update", "grpo_step"), space)
+    loop = run_student_loop(space["grpo_step"], **{**small, "lr": 1e-2})
+    assert loop.start == idle.start and loop.end != loop.start, "the same draws before; the step moved the model"
+    assert loop.summary().startswith("change over 2 seeds: ")
+
+    def unwritten(*args):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseFailed, match="not written yet"):
+        run_student_loop(unwritten, **small)
+    with pytest.raises(ExerciseFailed, match="it returns the B x G = 4 rewards"):
+        run_student_loop(lambda m, t, o, prompts, r, G, T, n: torch.zeros(len(prompts)), **small)
+    task = SimpleNamespace(reward_funcs=(lambda prompts, completions: [1.0, None], lambda prompts, completions: [2.0, 3.0]),
+                           weights=(0.5, 2.0))  # fmt: skip
+    assert summed_reward(task)(["p", "q"], ["a", "b"]) == [4.5, 6.0], "weights times scores, a None left out"
