@@ -81,7 +81,7 @@ PITFALLS: dict[str, Pitfall] = {
             "rewards that are None, NaN or infinite",
             "return a float for every completion; None only where the function does not apply",
             "TRL gives a completion whose every function returned None the reward NaN and warns on inf",
-            "03_rewards: Malformed completions get documented scores, not exceptions",
+            "03b_stockfish: Malformed completions get documented scores, not exceptions",
         ),
         _p(
             "rewards_not_own",
@@ -124,7 +124,7 @@ PITFALLS: dict[str, Pitfall] = {
             "dropout is on in the policy's forward passes: two scorings of the same tokens differ",
             "disable_dropout=True in GRPOConfig (TRL 1.16's default is False)",
             "a public RookWorld debug log (policy -440 vs reference -45 nats); TRL issue #3234",
-            "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
+            "02_logprobs; 02b_trl_rows: Which rows TRL 1.16 gets wrong, and why",
             ("dropout", False),
             trl_value=True,  # disable_dropout=False
             panel="pitfalls",
@@ -136,7 +136,7 @@ PITFALLS: dict[str, Pitfall] = {
             "train with grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer, a GRPOTrainer whose scoring forward "
             "passes position_ids = attention_mask.cumsum(-1) - 1",
             "TRL issue #6800 (GPT-2 without position_ids)",
-            "02_logprobs: Which rows TRL 1.16 gets wrong, and why",
+            "02_logprobs; 02b_trl_rows: Which rows TRL 1.16 gets wrong, and why",
             ("position_ids", True),
             trl_value=False,  # TRL scores with input_ids and attention_mask only
             panel="pitfalls",
@@ -202,7 +202,7 @@ PITFALLS: dict[str, Pitfall] = {
             "the KL estimator's value and gradient differ from the KL's",
             "use_bias_correction_kl=True (k3 times the ratio: the reverse-KL gradient)",
             "Tang & Munos 2025, 'On a few pitfalls in KL divergence gradient estimation for RL'",
-            "05_loss: KL estimators; 05d_kl_estimators: Per-token KL on real tokens",
+            "05d_kl_estimators: The four estimators; 05d_kl_estimators: Per-token KL on real tokens",
             ("kl_estimator", "k3_corrected"),
             panel="pitfalls",
         ),
@@ -232,7 +232,7 @@ PITFALLS: dict[str, Pitfall] = {
             "tiny reward stds divided into the advantages blow noise up (phantom advantages)",
             "scale_rewards='batch' or 'none' (Dr. GRPO)",
             "TRL's std + 1e-4; Dr. GRPO",
-            "04_advantages: Phantom advantages, on purpose",
+            "04b_std_traps: Phantom advantages, on purpose",
             ("scale_rewards", "none"),
             panel="pitfalls",
         ),

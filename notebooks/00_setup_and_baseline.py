@@ -16,21 +16,16 @@
 # %% [markdown]
 # # 00 · Set-up and baseline evaluation
 #
-# **What you will learn.** What one GRPO step does, phase by phase, and which notebook opens each phase; the whole
-# step as one function; the model and its two chess tasks; its reward on held-out prompts before training; the
-# words and symbols the path uses (the glossary below).
+# **What you will learn.** One GRPO step, phase by phase, and which notebook opens each; the step as one function;
+# the model, its two chess tasks and its reward before training; the glossary.
 #
 # **What you need first.** PyTorch, and the policy gradient of REINFORCE: for a policy $\pi_\theta$ and a
 # reward $r$, $\nabla_\theta\, \mathbb{E}_{o \sim \pi_\theta}[r(o)] = \mathbb{E}_{o \sim \pi_\theta}[r(o)\,
 # \nabla_\theta \log \pi_\theta(o)]$. Nothing of GRPO.
 #
-# **GRPO in one paragraph.** Group Relative Policy Optimization (DeepSeekMath, 2024) trains a language model from
-# rewards without a value network. It samples a group of G completions per prompt and rewards each; a completion's
-# advantage is its reward against its group's, shared by all its tokens. The loss raises the log-probability of
-# completions above their group and lowers it for those below, through PPO's clipped ratio; an optional KL term
-# keeps the policy near a frozen reference model.
-#
-# The step as pseudocode, each phase with the notebook that opens it:
+# **GRPO** (Group Relative Policy Optimization, DeepSeekMath 2024) trains a language model from rewards without a
+# value network: it raises the log-probability of the completions rewarded above their group's mean and lowers
+# those below. One step, each phase with its notebook:
 #
 # ```
 # for each prompt q: o_1 .. o_G = sample(pi_old, q)       # 01 rollout: a group of G completions
@@ -74,7 +69,7 @@
 # | $\beta_1$, $\beta_2$, $\epsilon_{\text{Adam}}$ | AdamW's two moment decays and its denominator's offset (not $\beta$, $\epsilon$) | `adam_beta1`, `adam_beta2`, `adam_epsilon` |
 
 # %%
-from grpo_debug.ui.notebook import open_step
+from grpo_debug.ui.notebook import open_step, show_source
 
 # The model by name: None is the bundled model; "jrahn/RookWorld-LM-124M" works where the hub is reachable.
 MODEL = None
@@ -88,14 +83,11 @@ cfg, step = open_step(MODEL, CAPTURE, TASK)
 # %% [markdown]
 # ## The whole step in one function
 #
-# The pseudocode above as the library runs it, one line a phase, with tensors and the plain settings
-# `grpo_debug/specs.py` reads from the config (the sampler correction, TRL's vLLM option, is off here: 05c). The
-# `step` object the notebooks use computes the same numbers bit for bit (`tests/test_reference_step.py`); it also
-# keeps each phase's result and re-runs only the phases a change touches.
+# The pseudocode as the library runs it. The notebooks' `step` computes the same numbers bit for bit
+# (`tests/test_reference_step.py`) and re-runs only the phases a change touches.
 
 # %%
 from grpo_debug.reference_step import grpo_step
-from grpo_debug.ui.notebook import show_source
 
 show_source(grpo_step)
 
@@ -103,15 +95,14 @@ show_source(grpo_step)
 from grpo_debug.model import dropout_sources
 
 policy, reference, tokenizer = step.loaded.policy, step.loaded.reference, step.loaded.tokenizer
-n_params = sum(p.numel() for p in policy.parameters())
-print(f"{type(policy).__name__}: {n_params / 1e6:.2f}M parameters, {policy.config.num_hidden_layers} layers, "
-      f"vocab {policy.config.vocab_size}, dropout in train mode: {', '.join(dropout_sources(policy)) or 'none'}")
-print("pad == eos:", tokenizer.pad_token_id == tokenizer.eos_token_id)
+print(f"{type(policy).__name__}: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, vocab "
+      f"{policy.config.vocab_size}, pad == eos: {tokenizer.pad_token_id == tokenizer.eos_token_id}")
+print("dropout in train mode:", ", ".join(dropout_sources(policy)) or "none")
 
 # %% [markdown]
-# The model's two RookWorld tasks (prompt, `|`, the right completion). A policy (P:) prompt asks for the top-5
-# moves, their evaluations and the best move; an environment (A:) prompt for the position after a move, the
-# game's reward for it, whether the game ended (terminated) and whether the move was illegal (truncated).
+# The two RookWorld tasks (prompt`|`right completion): a policy (P:) prompt asks for the top-5 moves, their
+# evaluations and the best move; an environment (A:) prompt for the position after a move, its reward, whether
+# the game ended (terminated) and the move was illegal (truncated).
 
 # %%
 from grpo_debug.chess.data import env_example, load_split, policy_example
@@ -119,15 +110,13 @@ from grpo_debug.chess.data import env_example, load_split, policy_example
 examples = [policy_example(load_split("policy_eval")[0]), env_example(load_split("env_eval")[0])]
 if CAPTURE is not None:  # your run's first prompt and completion instead
     examples = [(step.result.rollout.prompts[0], step.result.rollout.completions[0])]
-for prompt, truth in examples:
-    print(prompt + "|" + truth)
+print("\n".join(prompt + "|" + truth for prompt, truth in examples))
 
 # %% [markdown]
 # ## Baseline: mean reward on held-out prompts
 #
-# The task's held-out test prompts, a few samples each at the step's temperature. The reward is in [-1, 1], a
-# weighted sum of components (03 opens them). The A: component `reward` scores the completion's reward field,
-# not the reward GRPO trains on.
+# The chess reward, in [-1, 1], weights its components (03); the A: component `reward` scores the completion's
+# reward field, not GRPO's reward.
 
 # %%
 from grpo_debug.evaluation import eval_side
@@ -137,17 +126,14 @@ from grpo_debug.ui.tables import component_means
 
 prompts = step.task.prompts("test", cfg.eval_prompts)  # the bundled RookWorld task unless CAPTURE/TASK say otherwise
 baseline = eval_side(policy, tokenizer, prompts, eval_sampling_of(cfg), step.task, kernels(cfg.fast).generate)
-print(f"{len(prompts)} test prompts x {cfg.eval_samples} samples at temperature {cfg.temperature}: "
-      f"mean reward {baseline.reward:.4f}; each component's mean:")
+print(f"{len(prompts)} prompts x {cfg.eval_samples} samples, T = {cfg.temperature}: mean reward {baseline.reward:.4f}")
 component_means(baseline.components)
 
 # %% [markdown]
 # ## Summary
 #
-# - One GRPO step: sample G completions per prompt, score their tokens, reward them, compare each reward with its
-#   group's, take the clipped loss, step the optimizer; `grpo_step` is that step in one function.
-# - The model's held-out reward before training, per component, is the baseline.
-# - The glossary gives each word and symbol of the path one meaning.
+# - One GRPO step (`grpo_step`): sample groups, reward, compare within each group, clipped loss, optimizer step.
+# - The baseline: the held-out reward before training.
 
 # %% [markdown]
 # ## Checks
@@ -157,5 +143,12 @@ component_means(baseline.components)
 # demonstrates, such as "bit for bit", stays in that cell: it is part of the lesson.)
 
 # %%
+from grpo_debug.advantages import TRL_EPS
+from grpo_debug.rewards import compute_rewards
+
 assert not any(p.requires_grad for p in reference.parameters()), "the reference is not frozen"
+assert TRL_EPS == 1e-4, "the Symbols table's delta is not the offset the advantage adds to its group's std"
+if CAPTURE is None:  # the chess reward of every baseline sample in [-1, 1]
+    totals = compute_rewards(prompts, baseline.completions, eval_sampling_of(cfg).num_generations, step.task).total
+    assert totals.abs().max() <= 1, f"a baseline reward outside [-1, 1]: {totals.abs().max():.4f}"
 print("every claim above holds")

@@ -17,23 +17,22 @@
 # # 01 · Generation: B prompts x G samples
 #
 # **What you will learn.** What a group is and what the rollout keeps of each sample; why the prompts are
-# left-padded; which completions end with an EOS; why a group of identical completions teaches nothing.
+# left-padded; why a group of identical completions teaches nothing.
 #
-# **What you need first.** Notebook 00 (the step's phases and the glossary).
+# **What you need first.** Notebook 00.
 #
 # ## The group
 #
 # For each of the B prompts $q$, the policy as it is now, $\pi_{\text{old}}$, samples a **group** of $G$
-# completions, token by token at temperature $T$ (and `top_p`), until an EOS or `max_new_tokens`:
+# completions at temperature $T$ (and `top_p`), each until an EOS or `max_new_tokens`:
 #
 # $$o_1, \dots, o_G \sim \pi_{\text{old}}(\cdot \mid q), \qquad
 # \pi_{\text{old}}(o_i \mid q) = \prod_{t=1}^{|o_i|} \pi_{\text{old}}(o_{i,t} \mid q, o_{i,<t}).$$
 #
-# Of each sample the rollout keeps its tokens (the EOS included), its length $|o_i|$, whether it ended with an
-# EOS, and the sampler's log-probability of each token, which phase 2 recomputes. Row $i$ of the batch belongs to
-# prompt $\lfloor i / G \rfloor$: rows $bG$ to $bG + G - 1$ are group $b$. All of it comes from **one** `generate`
-# call on the prompts repeated G times (left padding, KV cache, eval mode, seeded): `sample` in
-# `grpo_debug/rollout.py` (its time against one call per prompt: notebook 08b).
+# The rollout keeps each sample's tokens (the EOS included), its length $|o_i|$, whether it ended with an EOS, and
+# the sampler's log-probability of each token (02 recomputes it). Rows $bG$ to $bG + G - 1$ are group $b$. One
+# `generate` call on the prompts repeated G times (left padding, KV cache, eval mode, seeded) samples them all:
+# `sample` in `grpo_debug/rollout.py` (its time: 08b).
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -64,8 +63,7 @@ from grpo_debug.ui.tables import rollout_table
 rollout_table(r, groups=2, per_group=4)  # the first 4 samples of groups 0 and 1, each cut to 80 characters
 
 # %% [markdown]
-# After the cut, an A: completion carries its fields (the reward, whether the game ended, whether the move was
-# illegal); one in full:
+# An A: completion in full (the table cuts its fields off):
 
 # %%
 env_rows = [i for i in range(r.num_samples) if r.prompts[i // G].startswith("A:")]
@@ -74,21 +72,20 @@ print(r.prompts[env_rows[0] // G] + "|" + r.completions[env_rows[0]] if env_rows
 # %%
 padding = (r.prompt_mask == 0).sum(1)[::G]  # pad tokens in front of each prompt
 print("left padding per prompt:", ", ".join(f"{q[:2]} {n}" for q, n in zip(r.prompts, padding.tolist())))
-unfinished = int((~r.finished).sum())
-print(f"unfinished (no EOS within max_new_tokens={cfg.max_new_tokens}): {unfinished} of {r.num_samples}")
+print(f"unfinished (no EOS within max_new_tokens={cfg.max_new_tokens}): {int((~r.finished).sum())} of {r.num_samples}")
 print("groups whose G completions are identical:", r.identical_groups)
 
 # %% [markdown]
-# **What to notice.** Every prompt shorter than the batch's longest is left-padded: here the P: prompts by many
-# tokens, the A: prompts by a few or none (printed above); phase 2 shows what a forward pass that ignores it
-# gets wrong. An identical group has zero reward std: no signal (phase 4).
+# **What to notice.** Every prompt shorter than the longest is left-padded: the P: prompts by many tokens, the A:
+# prompts by a few or none; 02 shows what a forward pass that ignores it gets wrong. An identical group has zero
+# reward std: no signal (04).
 
 # %% [markdown]
 # ## Summary
 #
-# - A group is G completions of one prompt, sampled from $\pi_{\text{old}}$; the batch holds B groups, prompt by prompt.
-# - Each sample keeps its tokens, its length, whether it ended with an EOS, and the sampler's log-prob of each token.
-# - Prompts are left-padded to the longest; a group of identical completions carries no signal.
+# - A group: G completions of one prompt from $\pi_{\text{old}}$; the batch holds B groups, prompt by prompt.
+# - A sample keeps its tokens, length, EOS or not, and each token's sampler log-prob.
+# - Prompts are left-padded to the longest; an identical group carries no signal.
 
 # %% [markdown]
 # ## Checks

@@ -17,10 +17,10 @@
 # # 02 · Log-probs: six ways to get them wrong
 #
 # **What you will learn.** How a token's log-probability comes out of the logits (the shift by one position, the
-# temperature), what the ratio to $\pi_{\text{old}}$ is, and six ways a recomputation of the log-probs goes wrong,
-# each measured on the same cached rollout; why TRL 1.16 as shipped is hit twice on this model.
+# temperature), the ratio to $\pi_{\text{old}}$, and six ways its recomputation goes wrong, measured on one cached
+# rollout.
 #
-# **What you need first.** Notebook 01 (the rollout, and the sampler's log-prob of each token it keeps).
+# **What you need first.** Notebook 01 (the rollout, and the sampler's log-probs).
 #
 # ## A token's log-probability, and the ratio
 #
@@ -29,11 +29,12 @@
 #
 # $$\log \pi_\theta(o_{i,t} \mid q, o_{i,<t}) = \frac{z_{o_{i,t}}}{T} - \log \sum_{v=1}^{V} \exp\frac{z_v}{T},$$
 #
-# a `log_softmax` of $z / T$ read at the token's index (a `gather`). The loss (notebook 05) uses the **ratio**
+# a `log_softmax` of $z / T$ read at the token's index (a `gather`). The loss (05) uses the **ratio**
 # $\rho_{i,t} = \exp\big(\log \pi_\theta(o_{i,t} \mid \cdot) - \log \pi_{\text{old}}(o_{i,t} \mid \cdot)\big)$.
 # At the start of a step $\pi_\theta$ and $\pi_{\text{old}}$ are the same weights: a correct recomputation gives
-# back the sampler's log-probs up to float rounding, and $\rho = 1$. One sample by hand (the engine's version:
-# `token_logps` in `grpo_debug/scoring.py`):
+# back the sampler's log-probs up to float rounding, and $\rho = 1$. One sample by hand (the engine's:
+# `token_logps` in `grpo_debug/scoring.py`), against `sampler_logps_temperature_only`: the sampler's log-prob at
+# $T$ only, before top_p/top_k, what a recomputation can match (01's `sampler_logps` here: top_p = 1, top_k = 0).
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -62,26 +63,25 @@ with torch.no_grad():
 logp = (z[P - 1:P + C - 1] / cfg.temperature).log_softmax(-1).gather(-1, r.completion_ids[i][:, None])[:n, 0]
 rho = torch.exp(logp - r.sampler_logps_temperature_only[i, :n])  # pi_theta / pi_old, pi_old's from the sampler
 to_engine, to_one = (logp - run.logprobs.policy[i, :n]).abs().max().item(), (rho - 1).abs().max().item()
-print(f"sample {i}: {n} tokens; max |by hand - engine| {to_engine:.1e}; "
-      f"max |rho - 1| {to_one:.1e}")
+print(f"sample {i}: {n} tokens; max |by hand - engine| {to_engine:.1e}; max |rho - 1| {to_one:.1e}")
 
 # %% [markdown]
-# Each pitfall below is one field of `Scoring`, flipped on the same cached rollout (docs/notebooks.md, "Where each
-# toggle comes from", names the bug report of each). Five move the log-probs; the mask moves none and changes
-# which tokens the loss scores:
+# Each pitfall below flips one field of `Scoring` on the same cached rollout (its bug report: docs/notebooks.md).
+# Five move the log-probs; the mask changes which tokens are scored:
 #
 # | toggle | what goes wrong |
 # |---|---|
-# | `logprob_temperature=False` | sampled at the step's temperature, scored at T=1 |
-# | `mask="drop_eos_and_pad"` | the EOS is dropped from the loss; with pad == eos a value mask drops it too |
-# | `dropout=True` | the policy scored in train mode (dropout on); the reference in eval mode |
+# | `logprob_temperature=False` | sampled at temperature $T$, scored at $T = 1$ |
+# | `mask="drop_eos_and_pad"` | a mask built from token values drops the EOS (pad == eos) |
+# | `dropout=True` | the policy scored with dropout on; the reference without |
 # | `position_ids=False` | left-padded rows scored at shifted positions |
 # | `dtype="bfloat16"` | scored in bfloat16 autocast |
-# | `gather="first_position"` | every token scored by the first completion position's distribution |
+# | `gather="first_position"` | every token scored at the first completion position |
 #
-# `TRL 1.16 as shipped` is the step TRL 1.16's `GRPOTrainer` takes with a default `GRPOConfig` (the `trl` preset:
-# dropout on, no position_ids; loss dapo and beta 0, opened in 05). `kl` is how far the policy's log-probs are
-# from the reference model's, in nats per token (k3, opened in 05; TRL computes none at beta 0): 0 where they agree.
+# `TRL 1.16 as shipped` is TRL 1.16's `GRPOTrainer` under a default `GRPOConfig` (dropout on, no position_ids).
+# The columns: `logps/max_sampler_gap`, **the gap**: the largest |sampler's log-prob − recomputed log-prob| over the
+# batch's scored tokens, in nats; `logps/eos_kept`, the share of finished completions whose EOS the mask keeps;
+# `kl`, the policy's distance from the reference model, in nats per token (k3, 05): 0 where they agree.
 
 # %%
 from grpo_debug.config import StepConfig
@@ -104,42 +104,23 @@ from grpo_debug.ui import plots
 plots.gaps_ranked(table["logps/max_sampler_gap"].to_dict(), base)
 
 # %% [markdown]
-# ## Which rows TRL 1.16 gets wrong, and why
+# **What to notice.** With every fix on, the gap is float rounding. Dropout gives a KL far above 1 before any
+# update (the reference is scored without dropout, as in TRL), larger even than its largest gap: k3 of a
+# token's $d = \log \pi_{\text{ref}} - \log \pi_\theta$ is $e^d - d - 1$, about $d^2/2$ for a small $d$ but
+# exponential in $d$. bfloat16 is small per token but not zero. Which rows TRL 1.16 gets wrong, and why:
+# `02b_trl_rows`.
 #
-# GPT-2 (and so RookWorld-LM-124M) adds a learned embedding of each token's absolute position. `generate()`
-# counts positions from the attention mask, so a row behind k pad tokens starts at position 0. TRL 1.16 scores
-# without `position_ids`: the model counts from the first column, and every token of a padded row sits k positions
-# later than when it was sampled. Unpadded rows, and models with rotary positions (Llama, Qwen), are unaffected.
-# Dropout, on in TRL's default, moves every row.
+# ## The EOS when pad == eos
+#
+# GPT-2's tokenizer has no pad token, so TRL sets `pad_token = eos_token`; so does the step
+# (`pad_with_eos=True`). A mask built from token values (`ids != pad`) then drops the real EOS too:
+# the model is never rewarded for stopping. TRL keeps the first EOS and masks what follows, from the lengths.
 
 # %%
 import pandas as pd
 
-r = step.result.rollout
-rows = pd.DataFrame({"task": [p[:2] for p in r.prompts for _ in range(r.num_generations)],
-                     "left padding": (r.prompt_mask == 0).sum(1).tolist()})
-for name in ["no position_ids", "dropout on", "TRL 1.16 as shipped"]:  # each row's largest gap, same rollout
-    lp = step.run(cfg.replace(**pitfalls[name]), until="logprobs", remember=False).logprobs
-    rows[name] = lp.sampler_gap.max(1).values.tolist()
-padded = rows["left padding"] > 0
-print(f"{padded.sum()} of {len(rows)} rows are left-padded ({', '.join(sorted(set(rows.task[padded])))} prompts)")
-rows.groupby(["task", "left padding"]).max().round(4)
-
-# %% [markdown]
-# The fix outside this notebook: `grpo_debug.capture.trl_bridge.PositionIdsGRPOTrainer`, a drop-in `GRPOTrainer`
-# that passes `position_ids` on every scoring pass (tested on a real TRL step).
-#
-# ## The EOS when pad == eos
-#
-# GPT-2's tokenizer has no pad token, so TRL's `GRPOTrainer` sets `pad_token = eos_token`; the step simulates
-# that with `pad_with_eos=True`, its default (the bundled tokenizer has its own `<pad>`). A mask built from token
-# values (`ids != pad`) then drops the real EOS too: the model is never rewarded for stopping. TRL keeps the
-# first EOS and masks what follows, from the lengths.
-
-# %%
 from grpo_debug.logprobs import completion_mask
 
-print("pad == eos in this rollout:", r.pad_token_id == r.eos_token_id)
 i = int(r.finished.nonzero()[0]) if r.finished.any() else 0  # the first completion that ended with an EOS
 end = int(r.completion_lengths[i])
 ids = r.completion_ids[i, end - 3:end + 2].tolist()
@@ -148,17 +129,12 @@ pd.DataFrame({mode: completion_mask(r, mode)[i, end - 3:end + 2].tolist()
              index=[f"{t}{' (EOS)' if t == r.eos_token_id else ''}" for t in ids]).T
 
 # %% [markdown]
-# **What to notice.** With every fix on, the gap is float rounding. Dropout gives a KL far above 1 before any
-# update: the reference is scored without dropout (as TRL does), as in a public RookWorld debug log where one
-# completion scored -440 under the policy and -45 under the reference. bfloat16 is small per token but not zero.
-
-# %% [markdown]
 # ## Summary
 #
 # - $\log \pi_\theta(o_{i,t})$ is the `log_softmax` of the logits one position earlier, divided by $T$, read at the token.
 # - The ratio $\rho = \exp(\log \pi_\theta - \log \pi_{\text{old}})$ is 1 where the recomputation is right.
-# - Five pitfalls move the log-probs, the mask changes what is scored; dropout and positions move nats.
-# - TRL 1.16 as shipped is hit by dropout on every row and by positions on every left-padded row.
+# - Five pitfalls move the log-probs, dropout and positions by nats (both in TRL 1.16 as shipped; which rows:
+#   02b); the mask changes what is scored.
 
 # %% [markdown]
 # ## Checks
@@ -175,11 +151,15 @@ if CAPTURE is None:  # measured on the bundled step
     for name in ["temperature not applied", "dropout on", "no position_ids", "bfloat16", "first-position gather"]:
         assert table.loc[name, "logps/max_sampler_gap"] > 1e-2, f"{name} does not move the log-probs"
     assert table.loc["bfloat16", "logps/max_sampler_gap"] < 1.0, "bfloat16 is not small per token"
-    assert table.loc[base, "logps/eos_kept"] == 1.0 and table.loc["EOS and PAD dropped", "logps/eos_kept"] == 0.0
+    assert table.loc[base, "logps/eos_kept"] == 1.0, "with every fix on, an EOS is masked"
+    assert table.loc["EOS and PAD dropped", "logps/eos_kept"] == 0.0, "the value mask kept an EOS"
     assert table.loc["EOS and PAD dropped", "logps/max_sampler_gap"] <= fixed_gap, "the mask moved a log-prob"
     assert table.loc["dropout on", "kl"] > 1.0, "dropout's KL is not far above 1"
     assert abs(table.loc[base, "kl"]) < 1e-4, "the KL with every fix on is not 0: the policy is the reference"
-    assert rows["no position_ids"][padded].min() > 1.0 and rows["no position_ids"][~padded].max() < 1e-4
-    assert rows["dropout on"].min() > 1e-2, "dropout does not move every row"
-    assert rows["TRL 1.16 as shipped"].min() > 1e-2 and rows["TRL 1.16 as shipped"][padded].min() > 1.0, "TRL: hit twice"
+    dropout_gap = table.loc["dropout on", "logps/max_sampler_gap"]
+    assert table.loc["dropout on", "kl"] > dropout_gap, "dropout's KL per token is not above its largest gap"
+    assert table.loc["TRL 1.16 as shipped", "logps/max_sampler_gap"] > 1.0, "TRL 1.16 as shipped is not off by nats"
+    assert r.pad_token_id == r.eos_token_id, "pad != eos in the bundled rollout"
+    assert cfg.top_p == 1 and cfg.top_k == 0 and torch.equal(r.sampler_logps, r.sampler_logps_temperature_only), \
+        "top_p = 1 and top_k = 0, yet the temperature-only log-probs are not 01's sampler_logps"
 print("every claim above holds")

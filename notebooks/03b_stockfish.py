@@ -14,11 +14,11 @@
 # ---
 
 # %% [markdown]
-# # 03b · The bundled analyses against a live Stockfish
+# # 03b · The bundled analyses against a live Stockfish; malformed answers
 #
 # **What you will learn.** How the engine-free scorer's bundled analyses compare with a live Stockfish on the same
 # position (the legal moves, the evaluations, the two rankings), and what the live scorer does when an engine dies
-# or a position is invalid.
+# or a position is invalid; what a weakened or malformed answer scores.
 #
 # **What you need first.** Notebook 03 (the chess reward's components, scored against a bundled analysis).
 
@@ -70,9 +70,32 @@ engines.head(8).round(2)
 # call; the two agree on the moves and, mostly, on their order (the Spearman above).
 
 # %% [markdown]
+# ## Malformed completions get documented scores, not exceptions
+#
+# The position above, answered right, weakened and broken, scored engine-free as 03 scores a P: completion.
+
+# %%
+from grpo_debug.chess.data import policy_example
+from grpo_debug.chess.rewards import score_policy
+from grpo_debug.ui.tables import scored_cases
+
+truth = policy_example(record)[1]  # the same position as above
+head, ranked = truth.rsplit(" ", 1)[0] + " ", list(analysis.evals)  # ranked: the legal moves, best first
+cases = {"ground truth": truth, "a middling best move": head + ranked[len(ranked) // 2], "the worst legal best move":
+         head + ranked[-1], "illegal best move": head + "a1a1", "evals off by 1 pawn": truth.replace("E: ", "E: 1"),
+         "garbage": "\u2603 M: ?? B:"}
+scored_cases(lambda text: score_policy(analysis, text), cases)
+
+# %% [markdown]
+# **What to notice.** The graded best-move rank separates legal answers: a weaker legal move earns less than the
+# right answer and more than garbage, so a group's samples differ. The ground truth scores exactly 1.0.
+
+# %% [markdown]
 # ## Summary
 #
 # - The bundled analyses and a live Stockfish agree on the legal moves; their evaluations differ where their depths do.
+# - A malformed completion gets a documented score, never an exception; a weaker legal move scores
+#   between the right answer and garbage.
 
 # %% [markdown]
 # ## Checks
@@ -82,4 +105,8 @@ engines.head(8).round(2)
 
 # %%
 assert set(live.evals) == set(analysis.evals)  # "the two agree on the legal moves"
+total = scored_cases(lambda text: score_policy(analysis, text), cases)["total"]
+assert total["ground truth"] == 1.0, "the ground truth does not score exactly 1.0"
+assert total["ground truth"] > total["a middling best move"] > total["garbage"], "a weaker legal move is not between"
+assert total["ground truth"] > total["the worst legal best move"] > total["garbage"], "the worst legal move not between"
 print("every claim above holds")

@@ -24,9 +24,9 @@
 #
 # ## The AdamW step
 #
-# The update clips the gradient $g = \nabla_\theta \mathcal{L}$ to norm `max_grad_norm` and takes one AdamW step.
-# With step count $k$, learning rate $\eta$, weight decay $\lambda$ and torch's defaults $\beta_1 = 0.9$,
-# $\beta_2 = 0.999$, $\epsilon_{\text{Adam}} = 10^{-8}$ (Adam's symbols, not the KL weight $\beta$ or the clip $\epsilon$):
+# The update clips the gradient $g = \nabla_\theta \mathcal{L}$ to norm `max_grad_norm` and takes one AdamW step,
+# with step count $k$, learning rate $\eta$, weight decay $\lambda$ and 00's $\beta_1$, $\beta_2$,
+# $\epsilon_{\text{Adam}}$ (torch's defaults, printed below):
 #
 # $$m \leftarrow \beta_1 m + (1 - \beta_1)\, g, \qquad v \leftarrow \beta_2 v + (1 - \beta_2)\, g^2, \qquad
 # \theta \leftarrow \theta - \eta \Big(\frac{m / (1 - \beta_1^k)}{\sqrt{v / (1 - \beta_2^k)} + \epsilon_{\text{Adam}}}
@@ -36,9 +36,9 @@
 #
 # $$\Delta\theta = -\eta\, \frac{g}{|g| + \epsilon_{\text{Adam}}} \approx -\eta\, \operatorname{sign}(g):$$
 #
-# every weight whose gradient is well above $\epsilon_{\text{Adam}}$ moves by $\eta$: scaling the loss by 100 changes
-# nothing (a gradient within a few hundred $\epsilon_{\text{Adam}}$ of 0 moves a little less), and the step's norm is
-# about $\eta \sqrt{\text{number of weights with a gradient}}$. Against torch's AdamW:
+# every weight whose gradient is well above $\epsilon_{\text{Adam}}$ moves by $\eta$, whatever the loss's scale (a
+# gradient near $\epsilon_{\text{Adam}}$ moves a little less), and the step's norm is about
+# $\eta \sqrt{\text{number of weights with a gradient}}$. Against torch's AdamW:
 
 # %%
 import torch
@@ -51,10 +51,10 @@ for scale in (1.0, 100.0):
     adamw = torch.optim.AdamW([w], lr=1e-4, weight_decay=0.0)
     adamw.step()
     steps[scale] = w.detach()
-    print(f"gradient x {scale:<3g}: AdamW's step {' '.join(f'{v:+.2e}' for v in steps[scale].tolist())}")
+    print(f"{f'AdamW, gradient x {scale:g}':<25} {' '.join(f'{v:+.2e}' for v in steps[scale].tolist())}")
 by_hand = -1e-4 * g / (g.abs() + 1e-8) + 0.0  # (+ 0.0: no -0)
-print(f"-lr g / (|g| + eps): by hand     {' '.join(f'{v:+.2e}' for v in by_hand.tolist())}")
-print(f"(torch's AdamW defaults: betas {adamw.defaults['betas']}, eps {adamw.defaults['eps']:g})")
+print(f"{'-lr g / (|g| + eps_Adam)':<25} {' '.join(f'{v:+.2e}' for v in by_hand.tolist())}")
+print(f"(torch's AdamW defaults: beta_1, beta_2 {adamw.defaults['betas']}, eps_Adam {adamw.defaults['eps']:g})")
 
 # %%
 from grpo_debug.ui.notebook import open_step
@@ -80,49 +80,35 @@ print(f"update norm {u.update_norm:.4f}; lr x sqrt(weights moved) = {cfg.learnin
       f"{u.update_norm / weight_norm:.3%} of the weights' norm {weight_norm:.1f}")
 
 # %% [markdown]
-# Each sample's gradient norm (`per_sample_grad_norms`: one backward with layer hooks). At ratio 1 the loss is about
-# 0 (notebook 05), yet the gradient is not. Samples with advantage 0 send none at step 0: their policy term is 0, and
-# so is the KL term's gradient while the policy equals the reference.
+# At ratio 1 the loss is about 0 (notebook 05), yet the gradient is not. Per sample (`per_sample_grad_norms`: one
+# backward with layer hooks), those with advantage 0 send none: their policy term is 0, and so is the KL term's
+# gradient while the policy equals the reference.
 
 # %%
 from grpo_debug.ui import plots
 
 plots.per_sample_grad_norms(u.per_sample_grad_norms, run.advantages.values)
 
-# %%
-zero = run.advantages.values == 0
-norms = u.per_sample_grad_norms
-if zero.any() and (~zero).any():
-    in_flat_groups = len(run.advantages.zero_std_groups) * cfg.num_generations  # notebook 04's zero-std groups
-    print(f"{int(zero.sum())} samples with advantage 0 ({in_flat_groups} in groups whose rewards are all equal, "
-          f"{int(zero.sum()) - in_flat_groups} with a reward exactly at their group's mean): max gradient norm "
-          f"{norms[zero].max():.2g}; the others: median {norms[~zero].median():.3g}")
-
 # %% [markdown]
 # ## One step on held-out prompts
 #
-# The held-out test prompts are sampled with the same seeds before and after the update: each prompt's change is
-# paired, and the mean change gets a 95% bootstrap interval over prompts.
+# The test prompts, sampled with the same seeds before and after the update: each prompt's change is paired, with a
+# 95% bootstrap interval over prompts. One step's holds 0: each weight moved by about $\eta$, a fraction of a
+# percent of the weights' norm (above). Learning shows over many steps and seeds.
 
 # %%
 ev = step.run(cfg).evaluation  # samples anew on the test prompts: under CAPTURE, needs TASK
-plots.eval_before_after(ev)
-
-# %% [markdown]
-# **What to notice.** One step is not told apart from sampling noise (the figure's title): each weight moved by
-# about the learning rate, a fraction of a percent of the weights' norm (printed above). Learning shows over many
-# steps and seeds. The seeds are paired, so changing one setting (`learning_rate`, `beta`, a pitfall of 02) and
-# re-running shows that setting's effect.
+print(f"{len(ev.before.per_prompt)} test prompts: reward {ev.before.reward:+.3f} -> {ev.after.reward:+.3f}, change "
+      f"{ev.delta:+.4f}, 95% interval [{ev.ci_low:+.4f}, {ev.ci_high:+.4f}]")
 
 # %% [markdown]
 # ## Exercise 4: a GRPO step of your own (about 20 minutes)
 #
-# Everything so far in one function of plain torch and transformers: sample $G$ completions per prompt at
-# temperature $T$ (01), score them with the task's reward function as TRL calls it (03), the group advantage (04),
-# the token log-probs at $T$ (02), the loss (05, at ratio 1 and without the KL term, $\beta = 0$), backward and one
-# optimizer step. Write `grpo_step(model, tokenizer, optimizer, prompts, reward_fn, G, temperature,
-# max_new_tokens)`, returning the $B \cdot G$ rewards. The checker runs it on a tiny random GPT-2. (The cell holds a
-# solution; `make exercises` empties it.)
+# Everything so far in plain torch and transformers: sample $G$ completions per prompt at temperature $T$ (01),
+# score them with the task's reward function as TRL calls it (03), the group advantage (04), the token log-probs at
+# $T$ (02), the loss (05, at ratio 1 and $\beta = 0$), backward and one optimizer step. Write `grpo_step(model,
+# tokenizer, optimizer, prompts, reward_fn, G, temperature, max_new_tokens)`, returning the $B \cdot G$ rewards;
+# the checker runs it on a tiny random GPT-2.
 
 # %% tags=["solution"]
 def grpo_step(model, tokenizer, optimizer, prompts, reward_fn, G, temperature, max_new_tokens):
@@ -160,9 +146,8 @@ from grpo_debug.exercises import check_grpo_step
 print(check_grpo_step(grpo_step))
 
 # %% [markdown]
-# **Your loop.** Your step, 6 times from the bundled model's start on 4 training prompts of the policy task, once
-# per seed: the reward on those prompts before and after (the same draws), and a t interval over the seeds. The rate
-# is 10 times the step's above, so that a few steps show it.
+# **Your loop.** Your step 6 times from the bundled model on 4 training prompts, once per seed: their reward before
+# and after (the same draws), and a t interval over the seeds. The rate is 10 times the step's above.
 
 # %% tags=["nbval-ignore-output"]
 from grpo_debug.exercises import run_student_loop
@@ -170,15 +155,14 @@ from grpo_debug.exercises import run_student_loop
 loop = run_student_loop(grpo_step, steps=6, seeds=4, lr=1e-3)  # a line per seed (a few minutes), then the interval
 
 # %% [markdown]
-# **What to notice.** Every seed's reward rises and the interval lies above 0 (printed): a correct step learns what
-# it is rewarded for. Change one line of `grpo_step` (the advantage's sign, the batch's mean for the group's, the
-# mask) and run the loop again. Learning on held-out prompts over 24 steps, with a planned positive control:
+# **What to notice.** Every seed's reward rises and the interval lies above 0. Break one line of `grpo_step` (the
+# advantage's sign, the mask) and run the loop again. Learning on held-out prompts, with a positive control:
 # notebook 06b, section 6.
 
 # %% [markdown]
 # ## Summary
 #
-# - A fresh AdamW's first step moves every weight with a gradient by about the learning rate, whatever $|g|$.
+# - A fresh AdamW's first step moves every weight with a gradient by about $\eta$, whatever $|g|$.
 # - Samples with advantage 0 send no gradient; the loss's value says nothing about the step's size.
 # - One step's held-out change is not told apart from noise; your own loop learns its prompts within a few steps.
 
@@ -191,16 +175,19 @@ loop = run_student_loop(grpo_step, steps=6, seeds=4, lr=1e-3)  # a line per seed
 # part of the lesson.)
 
 # %%
-assert torch.allclose(steps[1.0], by_hand, rtol=1e-4, atol=1e-12), "AdamW's first step is not -lr g / (|g| + eps)"
-assert torch.allclose(steps[1.0][:2], steps[100.0][:2]) and torch.allclose(steps[1.0][0], -steps[1.0][1])
-assert 0.95 < steps[1.0][2] / steps[100.0][2] < 1, "the gradient near eps no longer moves a little less at scale 1"
+assert torch.allclose(steps[1.0], by_hand, rtol=1e-4, atol=1e-12), "AdamW's first step is not -lr g / (|g| + eps_Adam)"
+assert torch.allclose(steps[1.0][:2], steps[100.0][:2]) and torch.allclose(steps[1.0][0], -steps[1.0][1]), (
+    "AdamW's first step depends on the loss's scale"
+)
+assert 0.95 < steps[1.0][2] / steps[100.0][2] < 1, "the gradient near eps_Adam no longer moves a little less at scale 1"
 if CAPTURE is None:  # the bundled step: grpo at ratio 1 with the policy at the reference, a fresh AdamW
-    assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3  # a loss of ~0, yet a gradient
-    assert norms[zero].max() < 1e-3 * norms[~zero].median()  # zero-advantage samples send no gradient
-    assert u.update_norm / weight_norm < 0.01  # "a fraction of a percent of its weights"
-    assert abs(delta.abs().max() - cfg.learning_rate) < 0.01 * cfg.learning_rate  # each weight moves by about lr
-    assert abs(u.update_norm / (cfg.learning_rate * moved**0.5) - 1) < 0.05  # the norm: lr x sqrt(weights moved)
-    assert ev.ci_low < 0 < ev.ci_high  # one step: not told apart from 0
+    zero, norms = run.advantages.values == 0, u.per_sample_grad_norms
+    assert abs(u.loss) < 1e-5 and u.grad_norm > 1e-3, "the loss is not ~0 with a gradient"
+    assert norms[zero].max() < 1e-3 * norms[~zero].median(), "zero-advantage samples send a gradient"
+    assert u.update_norm / weight_norm < 0.01, "the step is not a fraction of a percent of the weights' norm"
+    assert abs(delta.abs().max() - cfg.learning_rate) < 0.01 * cfg.learning_rate, "the largest move is not about lr"
+    assert abs(u.update_norm / (cfg.learning_rate * moved**0.5) - 1) < 0.05, "the norm is not lr x sqrt(weights moved)"
+    assert ev.ci_low < 0 < ev.ci_high, "one step's held-out change is told apart from 0"
 assert min(loop.change) > 0 and loop.ci[0] > 0, f"your loop did not learn its prompts: changes {loop.change}"
 assert loop.lr == 10 * cfg.learning_rate or CAPTURE is not None, "the loop's rate is no longer 10 times the step's"
 print("every claim above holds")

@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 08 · Diagnostics: a loss of `0.0000`
 #
-# **What you will learn.** How to tell a normal loss of 0 from a failure; how to read every token of a step.
-# A step's time: 08b (optional).
+# **What you will learn.** Telling a normal loss of 0 from a failure; where the gradient goes, token by token. A
+# step's time: 08b (optional).
 #
 # **What you need first.** Notebooks 04, 05 and 06.
 
@@ -51,24 +51,23 @@ print(textwrap.fill(triage_zero_loss(broken), 110))
 # %% [markdown]
 # ## Every token of the step
 #
-# Each completion's tokens coloured by the quantity the selector picks (run the cell), values on hover. A loss
-# near 0 still sends d loss / d logp (grpo, ratio 1: -A / (N |o_i|) plus the KL term's share) into every kept
-# token of a sample with A not 0; a zero-std group's tokens get none.
+# Tokens coloured by the selected quantity. A loss near 0 still sends d loss / d logp (grpo, ratio 1:
+# -A / (N |o_i|), plus the KL share) into every kept token of a sample with A not 0 (counted below), none
+# into a zero-std group's.
 
 # %%
 from grpo_debug.show.token_page import notebook_view, token_values
 from grpo_debug.ui.tables import gradient_reach
 
 page = token_values(run, step.loaded.tokenizer, groups=2)  # the first two groups
-reach = gradient_reach(page.samples)  # which kept tokens get a gradient, and which samples none
-print(reach)
+print(reach := gradient_reach(page.samples))  # which kept tokens get a gradient, and which samples none
 notebook_view(page)
 
 # %% [markdown]
 # ## Summary
 #
-# - A grpo loss of 0 at ratio 1 is normal while the gradient is not 0; a failure when every advantage is 0.
-# - Per token, d loss / d logp shows where the gradient goes: none into a zero-std group.
+# - A grpo loss of 0 at ratio 1: normal while the gradient is not 0 (none reaches a zero-std group), a failure when
+#   every advantage is 0.
 
 # %% [markdown]
 # ## Checks
@@ -80,4 +79,6 @@ notebook_view(page)
 # %%
 assert triage_zero_loss(broken).startswith("FAILURE") and triage_zero_loss(run).startswith("NORMAL"), "triage"
 assert all(abs(a) < 1e-6 for a in reach.advantages), "a sample with no gradient has an advantage"
+if CAPTURE is None:  # the bundled step (grpo, ratio 1): every kept token of a sample with A != 0 gets a gradient
+    assert reach.tokens == reach.signal_tokens, f"{reach.tokens} tokens with a gradient, {reach.signal_tokens} kept"
 print("every claim above holds")

@@ -1,12 +1,14 @@
 """The student's path (README.md's table, "The student's path"): each notebook opens with what the reader will learn
 and what they need first, ends with a summary of at most five lines before the maintainers' checks, shows no source
-over 15 lines, and the README's minutes are computed from the stored notebooks at a stated pace.
+over 15 lines, and the README's minutes are computed from the stored notebooks at a stated pace, exercises included.
 
-The pace (a student who knows PyTorch, reading every cell closely, formulas included): PROSE_WORDS words of markdown
-a minute, CODE_LINES lines of code a minute, OUTPUT_LINES lines of output a minute (a printed line, or a table's row),
-FIGURE_MINUTES a figure (or an HTML page other than a table). The maintainers' checks at the end of each notebook are not counted (a reader may skip
-them), and the set-up cell every notebook opens with (MODEL, CAPTURE, TASK, open_step) is counted once, in the
-first notebook. `python tests/test_core_path.py` prints each notebook's counts and minutes, the README's table."""
+The pace (a careful student who knows PyTorch, reading every cell closely, formulas included): PROSE_WORDS words of
+markdown a minute, CODE_LINES lines of code a minute, OUTPUT_LINES lines of output a minute (a printed line, or a
+table's row), FIGURE_MINUTES a figure (or an HTML page other than a table). An exercise takes the minutes its heading
+states ("Exercise 1: ... (about 5 minutes)"), in place of reading its solution (the cells tagged "solution"). The
+maintainers' checks at the end of each notebook are not counted (a reader may skip them), and the set-up cell every
+notebook opens with (MODEL, CAPTURE, TASK, open_step) is counted once, in the first notebook.
+`python tests/test_core_path.py` prints each notebook's counts and minutes, the README's table."""
 
 import re
 import sys
@@ -16,12 +18,13 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROSE_WORDS, CODE_LINES, OUTPUT_LINES, FIGURE_MINUTES = 120, 10, 15, 1.0
+PROSE_WORDS, CODE_LINES, OUTPUT_LINES, FIGURE_MINUTES = 80, 6, 10, 2.0
 MAX_MINUTES = 150
 MAX_SHOWN_LINES = 15
 MAX_SUMMARY_LINES = 5
 ROW = re.compile(r"^\| `(\d\d\w*)` \| .* \| (\d+) \|$")
 TOTAL = re.compile(r"about (\d+) minutes in all")
+EXERCISE = re.compile(r"(?:\*\*|## )Exercises? [^*\n]*\(about (\d+) minutes\)")
 SET_UP = (  # the set-up lines every notebook opens with, read once
     "# The model by name: None is the bundled model;",
     "MODEL = None",
@@ -48,11 +51,14 @@ def reading(stem: str, first: bool) -> dict[str, float]:
     cells = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
     if len(cells) > 1 and cells[-2].source.startswith("## Checks"):
         cells = cells[:-2]
-    words = code = output = figures = 0
+    words = code = output = figures = exercises = 0
     for cell in cells:
         if cell.cell_type == "markdown":
             words += len(cell.source.split())
+            exercises += sum(int(m) for m in EXERCISE.findall(cell.source))
             continue
+        if "solution" in cell.metadata.get("tags", []):
+            continue  # the student writes it: the exercise's stated minutes
         lines = [line for line in cell.source.splitlines() if line.strip()]
         code += sum(1 for line in lines if first or not line.strip().startswith(SET_UP))
         for out in cell.get("outputs", []):
@@ -66,8 +72,9 @@ def reading(stem: str, first: bool) -> dict[str, float]:
                 output, figures = output + rows, figures + (rows == 0)
             elif "text/plain" in data:
                 output += len("".join(data["text/plain"]).splitlines())
-    minutes = words / PROSE_WORDS + code / CODE_LINES + output / OUTPUT_LINES + figures * FIGURE_MINUTES
-    return {"words": words, "code": code, "output": output, "figures": figures, "minutes": minutes}
+    minutes = words / PROSE_WORDS + code / CODE_LINES + output / OUTPUT_LINES + figures * FIGURE_MINUTES + exercises
+    return {"words": words, "code": code, "output": output, "figures": figures, "exercises": exercises,
+            "minutes": minutes}  # fmt: skip
 
 
 def path_minutes() -> dict[str, dict[str, float]]:
@@ -123,7 +130,7 @@ if __name__ == "__main__":
     for stem, r in rows.items():
         print(
             f"{stem:24s} {r['words']:5d} words {r['code']:4d} code {r['output']:4d} output {r['figures']:2d} figures "
-            f"{r['minutes']:5.1f} min"
+            f"{r['exercises']:3d} min of exercises {r['minutes']:5.1f} min"
         )
     print(f"{'total':24s} {sum(r['minutes'] for r in rows.values()):.1f} min")
     sys.exit(0)

@@ -72,6 +72,20 @@ def test_within_group_spread_is_a_share_and_a_shared_component_has_none():
     assert within_group_spread({"flat": torch.ones(4)}, group_size=2) == {"flat": 0.0}, "no spread: no division"
 
 
+def test_within_group_spread_weights_each_component_and_leaves_out_weight_0():
+    components = {
+        "heavy": torch.tensor([1.0, -1.0, 0.0, 0.0]),  # spread 2, weighted by 0.5: 2 * 0.25 = 0.5
+        "light": torch.tensor([1.0, -1.0, 1.0, -1.0]),  # spread 4, weighted by 0.25: 4 * 0.0625 = 0.25
+        "format": torch.tensor([1.0, 0.0, 1.0, 0.0]),  # weight 0: in no reward, left out
+        "unlisted": torch.tensor([5.0, -5.0, 0.0, 0.0]),  # no weight: left out
+    }
+    shares = within_group_spread(components, group_size=2, weights={"heavy": 0.5, "light": 0.25, "format": 0.0})
+    assert list(shares) == ["heavy", "light"], "only the weighted components, largest first"
+    assert shares["heavy"] == pytest.approx(0.5 / 0.75) and shares["light"] == pytest.approx(0.25 / 0.75)
+    unweighted = within_group_spread(components, group_size=2)
+    assert unweighted["light"] > unweighted["heavy"] and "format" in unweighted, "no weights: every component as is"
+
+
 def test_scored_cases_holds_each_component_and_the_total():
     from grpo_debug.chess.data import load_split, policy_example
     from grpo_debug.chess.engine import PositionAnalysis
@@ -95,8 +109,9 @@ def test_gradient_reach_counts_the_kept_tokens_that_get_a_gradient():
     ]
     reach = gradient_reach(samples)
     assert (reach.tokens, reach.smallest, reach.largest, reach.none, reach.advantages) == (3, 0.1, 0.5, [1], [0.0])
-    assert (
-        str(reach)
-        == "3 kept tokens get |d loss / d logp| from 1.0e-01 to 5.0e-01; samples with none: [1], advantages [0.0]"
+    assert reach.signal_tokens == 4, "the kept tokens of the samples with A != 0: 2 of sample 0, 2 of sample 2"
+    assert str(reach) == (
+        "3 kept tokens get |d loss / d logp| from 1.0e-01 to 5.0e-01 (samples with A != 0 keep 4); "
+        "samples with none: [1], max |A| 0.0e+00"
     )
     assert gradient_reach(samples[1:2]).tokens == 0 and gradient_reach(samples[1:2]).largest == 0.0

@@ -219,7 +219,9 @@ def kl_estimator_check(vocab: int = 8, num_samples: int = 200_000, seed: int = 0
     A categorical policy pi = softmax(theta) and a fixed reference; samples come from pi (on-policy,
     old = pi detached). The estimator's loss is the sample mean of its per-token KL; its gradient is
     compared with the exact gradient of KL(pi || ref). Relative errors well above the Monte-Carlo noise
-    mark a biased gradient: k1 (expected gradient 0) and k3 (the gradient of KL(ref || pi)).
+    mark a biased gradient: k1 (expected gradient 0) and k3 (the gradient of KL(ref || pi)). Per estimator:
+    value, exact_kl, grad_rel_error (|grad - exact| / |exact|), grad_cosine, grad_norm_ratio (|grad| / |exact|)
+    and forward_grad_rel_error (the relative error against the exact gradient of the forward KL(ref || pi)).
     """
     g = torch.Generator().manual_seed(seed)
     theta = torch.randn(vocab, generator=g).requires_grad_(True)
@@ -227,6 +229,8 @@ def kl_estimator_check(vocab: int = 8, num_samples: int = 200_000, seed: int = 0
     logp_all = torch.log_softmax(theta, 0)
     exact_kl = (logp_all.exp() * (logp_all - ref_logp)).sum()
     (exact_grad,) = torch.autograd.grad(exact_kl, theta)
+    logp_all = torch.log_softmax(theta, 0)  # again: the graph above is freed
+    (forward_grad,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - logp_all)).sum(), theta)  # KL(ref || pi)'s
     samples = torch.multinomial(logp_all.detach().exp(), num_samples, replacement=True, generator=g)
     out = {}
     for estimator in KL_ESTIMATORS:
@@ -238,5 +242,7 @@ def kl_estimator_check(vocab: int = 8, num_samples: int = 200_000, seed: int = 0
             "exact_kl": exact_kl.item(),
             "grad_rel_error": ((grad - exact_grad).norm() / exact_grad.norm()).item(),
             "grad_cosine": torch.nn.functional.cosine_similarity(grad, exact_grad, 0).item(),
+            "grad_norm_ratio": (grad.norm() / exact_grad.norm()).item(),
+            "forward_grad_rel_error": ((grad - forward_grad).norm() / forward_grad.norm()).item(),
         }
     return out

@@ -224,14 +224,21 @@ def components_by_group(table: pd.DataFrame, groups: int = 2, rows: int = 4) -> 
     ]
 
 
-def within_group_spread(components: dict[str, torch.Tensor], group_size: int) -> dict[str, float]:
+def within_group_spread(
+    components: dict[str, torch.Tensor], group_size: int, weights: dict[str, float] | None = None
+) -> dict[str, float]:
     """Each component's spread within the groups, as a share of all the components' spread: its (N,) values minus
-    their group's mean (groups of `group_size` consecutive rows), squared and summed, NaN (not scored) left out,
-    unweighted. Largest first; a component the same within every group has share 0."""
+    their group's mean (groups of `group_size` consecutive rows), squared and summed, NaN (not scored) left out.
+    `weights` ({component: w}, e.g. the reward formula's): the spread of w times the values (w^2 times theirs); a
+    component without a weight, or of weight 0, left out (it enters no reward). None: unweighted, every component.
+    Largest first; a component the same within every group has share 0."""
     spread = {}
     for name, values in components.items():
-        grouped = values.view(-1, group_size)
-        spread[name] = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nansum().item()
+        weight = 1.0 if weights is None else weights.get(name, 0.0)
+        if weight == 0:
+            continue
+        grouped = values.view(-1, group_size)  # weighted after the sum: a group's equal values stay exactly equal
+        spread[name] = weight**2 * (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nansum().item()
     total = sum(spread.values())
     return dict(sorted(((k, v / total if total else 0.0) for k, v in spread.items()), key=lambda kv: -kv[1]))
 
@@ -246,19 +253,22 @@ def scored_cases(score, cases: dict[str, str]) -> pd.DataFrame:
 @dataclass(frozen=True)
 class GradientReach:
     """Where a token page's d loss / d logp lands: `tokens` kept tokens (mask 1) get a gradient that is not 0,
-    of magnitude `smallest` to `largest`; the samples `none` (with their `advantages`) get none on any kept token.
-    Printed, it is that sentence."""
+    of magnitude `smallest` to `largest`, of the `signal_tokens` kept tokens of the samples whose advantage is not
+    0; the samples `none` (with their `advantages`) get none on any kept token. Printed, it is that sentence (the
+    largest |advantage| of `none` for their advantages)."""
 
     tokens: int
     smallest: float
     largest: float
+    signal_tokens: int
     none: list[int]
     advantages: list[float]
 
     def __str__(self) -> str:
+        largest_a = max((abs(a) for a in self.advantages), default=0.0)
         return (
-            f"{self.tokens} kept tokens get |d loss / d logp| from {self.smallest:.1e} to {self.largest:.1e}; "
-            f"samples with none: {self.none}, advantages {self.advantages}"
+            f"{self.tokens} kept tokens get |d loss / d logp| from {self.smallest:.1e} to {self.largest:.1e} (samples "
+            f"with A != 0 keep {self.signal_tokens}); samples with none: {self.none}, max |A| {largest_a:.1e}"
         )
 
 
@@ -271,6 +281,7 @@ def gradient_reach(samples) -> GradientReach:
         len(moved),
         min(moved, default=0.0),
         max(moved, default=0.0),
+        sum(len(kept[s.index]) for s in samples if s.advantage != 0),
         [s.index for s in none],
         [s.advantage for s in none],
     )
