@@ -308,7 +308,7 @@ def summed_reward(task):
     return reward_fn
 
 
-@dataclass
+@dataclass(frozen=True)
 class StudentLoop:
     """`run_student_loop`'s result: per seed, the mean reward on the loop's prompts before and after its steps."""
 
@@ -372,10 +372,10 @@ def run_student_loop(grpo_step, steps: int = 6, seeds: int = 4, lr: float = 1e-3
         texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         return sum(reward_fn([p for p in loop_prompts for _ in range(samples)], texts)) / len(texts)
 
-    loop = StudentLoop(steps, lr, [], [])
+    start, end = [], []
     for seed in range(seeds):
         model, tokenizer = load()
-        loop.start.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
+        start.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         torch.manual_seed(seed)
         for _ in range(steps):
@@ -384,10 +384,11 @@ def run_student_loop(grpo_step, steps: int = 6, seeds: int = 4, lr: float = 1e-3
             if rewards.shape != (len(loop_prompts) * G,):
                 raise ExerciseFailed(f"your step returned shape {tuple(rewards.shape)}: it returns the B x G = "
                                      f"{len(loop_prompts) * G} rewards")  # fmt: skip
-        loop.end.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
+        end.append(reward_on_the_prompts(model, tokenizer, 10_000 + seed))
         if show:
-            print(f"seed {seed}: reward on the {len(loop_prompts)} prompts {loop.start[-1]:+.2f} -> "
-                  f"{loop.end[-1]:+.2f} after {steps} steps", flush=True)  # fmt: skip
+            print(f"seed {seed}: reward on the {len(loop_prompts)} prompts {start[-1]:+.2f} -> "
+                  f"{end[-1]:+.2f} after {steps} steps", flush=True)  # fmt: skip
+    loop = StudentLoop(steps, lr, start, end)
     if show:
         print(loop.summary())
     return loop
