@@ -2,7 +2,8 @@
 functions as arguments and default to their readable versions; `kernels(fast)` hands the fast twins
 (`grpo_debug/fast/`), each tested equal to its readable function in tests/test_fast_paths.py.
 
-  generate     G samples of each prompt          rollout.generate_repeated   fast.shared_prompt.generate_per_prompt
+  generate     G samples of each prompt          rollout.generate_repeated   fast.decode.decode_per_prompt (a GPT-2;
+                                                                              else fast.shared_prompt.generate_per_prompt)
   score        per-token log-probs, entropies    scoring.per_token_logps_and_entropies  fast.scoring.*_fast
   score_update the update's, no per-sample norms  scoring.per_token_logps_and_entropies  fast.scoring.*_per_group
   score_logps  per-token log-probs only          scoring.per_token_logps     fast.scoring.per_token_logps_fast
@@ -47,10 +48,10 @@ def fast_kernels() -> Kernels:
         per_token_logps_and_entropies_per_group,
         per_token_logps_fast,
     )
-    from .fast.shared_prompt import generate_per_prompt
+    from .fast.decode import decode_per_prompt
 
     return Kernels(
-        generate_per_prompt,
+        decode_per_prompt,
         per_token_logps_and_entropies_fast,
         per_token_logps_and_entropies_per_group,
         per_token_logps_fast,

@@ -134,6 +134,43 @@ def test_scoring_a_groups_prompt_once_with_gradients_equals_the_readable_forward
     policy.zero_grad(set_to_none=True)
 
 
+@pytest.mark.parametrize(
+    "sampling", [dict(), dict(top_p=0.8, top_k=20), dict(min_p=0.1, temperature=1.3)], ids=str
+)
+def test_the_decode_loop_written_out_samples_what_generate_samples(sampling):
+    """The GPT-2 decode loop (`fast.decode`) against `generate` itself, warpers and all: the same tokens, the
+    sampler's log-probs to float rounding."""
+    from grpo_debug.fast.decode import decode_per_prompt, decodes_by_hand
+    from grpo_debug.rollout import generate_repeated
+    from grpo_debug.task import load_task
+
+    cfg = StepConfig(num_prompts=3, num_generations=4, max_new_tokens=48, task="mixed", **sampling)
+    policy, _, tokenizer = load_model()
+    assert decodes_by_hand(policy.eval()), "the bundled GPT-2 should take the loop written out"
+    prompts = load_task(cfg.task).prompts("train", cfg.num_prompts)
+    by_hand = rollout(policy, tokenizer, prompts, sampling_of(cfg), decode_per_prompt)
+    plain = rollout(policy, tokenizer, prompts, sampling_of(cfg), generate_repeated)
+    assert torch.equal(by_hand.completion_ids, plain.completion_ids), "the loop drew other tokens than generate"
+    assert torch.allclose(by_hand.sampler_logps, plain.sampler_logps, atol=1e-4)
+    assert torch.allclose(by_hand.sampler_logps_temperature_only, plain.sampler_logps_temperature_only, atol=1e-4)
+
+
+def test_the_decode_loop_leaves_to_generate_what_it_does_not_reproduce():
+    """A repetition penalty in the model's generation config, a train-mode model, bfloat16 weights: `generate`."""
+    from grpo_debug.fast.decode import decodes_by_hand
+
+    policy, _, _ = load_model()
+    policy.eval()
+    assert decodes_by_hand(policy)
+    policy.generation_config.repetition_penalty = 1.3
+    assert not decodes_by_hand(policy), "a repetition penalty is not reproduced by the loop"
+    policy.generation_config.repetition_penalty = 1.0
+    policy.train()
+    assert not decodes_by_hand(policy), "dropout on: one mask per sample is generate's"
+    policy.eval()
+    assert not decodes_by_hand(policy.to(torch.bfloat16)), "bfloat16 weights round otherwise"
+
+
 def test_a_groups_prompt_is_computed_once_only_where_it_may_be():
     """Dropout, bfloat16, no position_ids, a train-mode model or no gradient: the plain forward."""
     from grpo_debug.fast.scoring import shares_with_grad, trim

@@ -29,7 +29,7 @@ from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .narrowed import a_cause_of_its_own, narrowing_tested
 from .onsets import after_onsets, onsets_of
-from .probe import PROBE_SEEDS, run_probe
+from .probe import PROBE_SEEDS, opened, run_probe
 from .report import Report, flip_measurable, rank
 from .resampled import signal_tested
 
@@ -153,14 +153,15 @@ def _flipped(step: GRPOStep, facts, findings: list[Finding], delta, held_out: He
 
 
 def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict | None:
-    """The probe trained `probe` steps where asked (0: None), cut where not even its smallest plan (2 seeds, each
-    step costing about what the step did) fits in what is left."""
+    """The probe trained `probe` steps where asked (0: None), cut where not even its smallest plan (2 seeds of each
+    arm, each step costing about what the step did) fits in what is left."""
     if probe <= 0:
         return None
-    if not phases.deadline.holds(2 * probe * one_step(base, phases)):
+    arms = 2 if opened(base.config)[1] else 1  # the run's pipeline, and the same opened where it differs
+    if not phases.deadline.holds(2 * arms * probe * one_step(base, phases)):
         phases.cut.append("the probe")
         return {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
-    phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds")
+    phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds x {arms} arms")
     with phases.timed("the probe"):
         return run_probe(step, base, probe, PROBE_SEEDS, phases.deadline.for_phase())
 

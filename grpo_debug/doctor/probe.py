@@ -14,13 +14,18 @@ completions (every position, teacher-forced, dropout off), after each of K steps
 with the run's config and optimizer (a capture's: the trainer's AdamW at the captured step's rates, its second
 moments kept, its first moments cleared: the user's reward's momentum would carry the first steps where it pointed),
 each seed its own continuation.
-Whether it carries is read from the direction of the move, not its size (a small rate moves the policy a little, in
-the right direction): the cosine between the K steps' move of the trained weights and the gradient of the probe's
-mass at the start, one value per seed, Student's t over seeds; above 0, the pipeline "carries" the signal. Else it
-is "slow" where, at its pace, the policy would take more than LONG_RUN steps to move by MEANINGFUL nats per token
-(KL on the same completions, k3: a rate too small for the weights, frozen weights, a schedule still warming up), and
-"turned away" where it moves, not toward the probe (masks that leave few tokens a gradient, a KL weight that pulls
-the policy back, a clip), whatever the user's reward does. The rise of the mass is reported beside it. Nothing of the step changes (`GRPOStep.trial`).
+Whether it carries is decided by intervention. The same seeds are trained again with the pipeline opened
+(`opened`: the KL term off, no truncation mask, every token trained, no off-policy mask; nothing else changed): where
+the run's pipeline raises the probe's mass by less than half of what the opened one does on the same seeds (the
+interval over seeds of rise - rise_opened / 2 below 0), the pipeline "turns the signal away" (masks that leave few
+tokens a gradient, a KL weight that pulls the policy back), whatever the user's reward does. Where it moves the
+policy too little to learn anything it is "slow": at its pace the policy would take more than LONG_RUN steps to move
+by MEANINGFUL nats per token (KL on the same completions, k3: a rate too small for the weights, frozen weights, a
+schedule still warming up). A pipeline that is neither "carries" the signal, where its move points toward the probe
+(the cosine between the K steps' move of the trained weights and the gradient of the probe's mass, its interval over
+seeds not below 0) and it keeps at least half of the opened pipeline's rise (or has nothing to open); else the probe
+is "undecided" and says which measurement the seeds could not settle. Nothing of the step changes
+(`GRPOStep.trial`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ PROBE_SEEDS = 6  # continuations, the seed the unit
 MASS_BAND = (0.2, 0.8)  # the probe's tokens hold this share of the sampler's mass
 LONG_RUN = 10_000  # steps: a pipeline that would take longer to move the policy by MEANINGFUL is too slow to learn
 MEANINGFUL = 0.01  # nats per token of KL(start || now): a policy that has learned something
+KEPT = 0.5  # the share of the opened pipeline's rise the run's pipeline must keep to carry the signal
+OPENED = dict(beta=0.0, mask_truncated_completions=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None)
 
 
 @dataclass(frozen=True)
@@ -125,16 +132,24 @@ def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
     return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), float(cumulative[k - 1]))
 
 
+def opened(cfg):
+    """The pipeline's settings that can keep the signal from the weights, opened (`OPENED`), and the list of those
+    that changed, as "name value -> opened value" (empty: nothing to open). The clip is left as it is: at the first
+    pass over a batch every ratio is 1 and no clip binds."""
+    changed = [f"{k} {getattr(cfg, k)} -> {v}" for k, v in OPENED.items() if getattr(cfg, k) != v]
+    return cfg.replace(**OPENED), changed
+
+
 def continue_on_probe(
-    step: GRPOStep, run: StepRun, probe: TokenProbe, steps: int, seed: int, toward: torch.Tensor
+    step: GRPOStep, run: StepRun, probe: TokenProbe, steps: int, seed: int, toward: torch.Tensor, cfg=None
 ) -> dict:
-    """`run`'s config trained `steps` steps on the probe alone from the step's start, each step sampled anew from
+    """`cfg` (None: `run`'s config) trained `steps` steps on the probe alone from the step's start, each step sampled anew from
     the policy the last one left; {"mass": (K+1,) the probe's mass on `run`'s completions before and after each
     step, "kl": (K+1,) KL(start || now) per token on them (k3), "reward": (K,) each batch's mean probe reward,
     "cosine": between the K steps' move of the trained weights and `toward` (`mass_gradient`), NaN where they did not
     move}. The step, its task and the caller's RNG are left as they were."""
-    rollout, cfg = run.rollout, run.config
-    scoring, task, where = as_sampled(cfg), step.task, _positions(run.rollout)
+    rollout, cfg = run.rollout, cfg or run.config
+    scoring, task, where = as_sampled(run.config), step.task, _positions(run.rollout)
     start = per_token_logps(step.policy, rollout, scoring)
     masses, kl, rewards = [probe.start_mass], [0.0], []
     before = trained_vector(step.policy)
@@ -167,32 +182,43 @@ def continue_on_probe(
 def run_probe(
     step: GRPOStep, run: StepRun, steps: int = PROBE_STEPS, seeds: int = PROBE_SEEDS, budget: float | None = None
 ) -> dict:
-    """The probe chosen on `run` (the step as run) trained on `seeds` continuations of `steps` steps, and what it
-    says: `carries` True where the probe's mass rose (an interval over seeds above 0), False where it did not, None
-    where no probe could be chosen or run (`why`). `budget` seconds (None: no bound): the first seed is timed, then
-    the seeds cut to what fits (two at least: the seed is the unit; `seeds_asked`)."""
+    """The probe chosen on `run` (the step as run) trained on `seeds` continuations of `steps` steps with the run's
+    pipeline, and with it opened on the same seeds (where there is something to open), and what it says (see the
+    module): `verdict` carries, slow, turned away or undecided; `carries` True, False (slow, turned away) or None
+    (undecided, or no probe: `why`). `budget` seconds (None: no bound): the first seed is timed, then the seeds cut to
+    what fits (two at least: the seed is the unit; `seeds_asked`)."""
     probe = probe_of(step, run)
     if probe is None:
         return {"carries": None, "why": f"no probe: one token holds more than {MASS_BAND[1]:.0%} of the sampler's mass"}
     t0 = time.perf_counter()
     step.restore_policy()
     toward = mass_gradient(step.policy, run.rollout, as_sampled(run.config), list(probe.tokens))
+    wide, changed = opened(run.config)
+
+    def one_seed(s: int) -> tuple[dict, dict | None]:
+        mine = continue_on_probe(step, run, probe, steps, s, toward)
+        return mine, (continue_on_probe(step, run, probe, steps, s, toward, wide) if changed else None)
+
     try:
-        curves = [continue_on_probe(step, run, probe, steps, 0, toward)]
+        pairs = [one_seed(0)]
     except ValueError as e:  # the run's config cannot sample anew here (a length past the model's positions)
         return {"carries": None, "why": f"no probe: {e}"}
     per_seed = time.perf_counter() - t0
     kept = seeds if budget is None else max(2, min(seeds, int(budget // max(per_seed, 1e-9))))
-    curves += [continue_on_probe(step, run, probe, steps, s, toward) for s in range(1, kept)]
-    rise = seed_interval(torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves]))
-    cosines = torch.tensor([c["cosine"] for c in curves]).nan_to_num(0.0)
-    toward_probe = seed_interval(cosines)
+    pairs += [one_seed(s) for s in range(1, kept)]
+    curves = [mine for mine, _ in pairs]
+    rises = torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves])
+    rise = seed_interval(rises)
+    toward_probe = seed_interval(torch.tensor([c["cosine"] for c in curves]).nan_to_num(0.0))
     moved = sum(c["kl"][-1] for c in curves) / len(curves)
-    slow = moved < slow_below(steps)
-    carries = bool(not slow and toward_probe.ci_low is not None and toward_probe.ci_low > 0)
-    verdict = "carries" if carries else ("slow" if slow else "turned away")
+    kept_share = None
+    if changed:
+        rises_opened = torch.tensor([o["mass"][-1] - o["mass"][0] for _, o in pairs])
+        kept_share = {"rise_opened": seed_interval(rises_opened).as_dict(),
+                      "margin": seed_interval(rises - KEPT * rises_opened).as_dict()}  # fmt: skip
+    verdict = verdict_of(moved < slow_below(steps), toward_probe, kept_share)
     return {
-        "carries": carries,
+        "carries": {"carries": True, "undecided": None}.get(verdict, False),
         "verdict": verdict,
         "tokens": list(probe.tokens),
         "words": list(probe.words),
@@ -208,10 +234,27 @@ def run_probe(
         "toward_probe": toward_probe.as_dict(),
         "kl_moved": moved,
         "slow_below": slow_below(steps),
+        "opened": changed,
+        "mass_by_step_opened": [sum(o["mass"][k] for _, o in pairs) / len(pairs) for k in range(steps + 1)]
+        if changed
+        else None,
+        "kept": kept_share,
         "seeds_asked": seeds,
         "seconds": time.perf_counter() - t0,
-        "said": said_of(verdict, probe, rise, toward_probe, moved, steps),
+        "said": said_of(verdict, probe, rise, toward_probe, moved, steps, changed, kept_share),
     }
+
+
+def verdict_of(slow: bool, toward, kept: dict | None) -> str:
+    """slow, turned away (the move points away from the probe, or keeps under KEPT of the opened pipeline's rise),
+    carries (toward it, not below, and at least KEPT of the opened rise, or nothing to open), else undecided."""
+    if slow:
+        return "slow"
+    away = toward.ci_high is not None and toward.ci_high < 0
+    if away or (kept is not None and kept["margin"]["ci_high"] is not None and kept["margin"]["ci_high"] < 0):
+        return "turned away"
+    keeps = kept is None or (kept["margin"]["ci_low"] is not None and kept["margin"]["ci_low"] > 0)
+    return "carries" if keeps and toward.ci_low is not None and toward.ci_low > 0 else "undecided"
 
 
 def slow_below(steps: int) -> float:
@@ -220,12 +263,15 @@ def slow_below(steps: int) -> float:
     return MEANINGFUL * (steps / LONG_RUN) ** 2
 
 
-def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: int) -> str:
+def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: int, changed, kept) -> str:
     words = ", ".join(repr(w) for w in probe.words)
     what = (f"a probe reward paying for the share of {words} tokens (the policy's mass {probe.start_mass:.2f}), "
             f"trained {steps} steps with the run's own config: the weights moved toward the probe at cosine "
             f"{toward.mean:+.3f} [{toward.ci_low:+.3f}, {toward.ci_high:+.3f}], its mass {rise.mean:+.2g}, the policy "
             f"by KL {moved:.2g} per token")  # fmt: skip
+    if changed:
+        what += (f"; with the pipeline opened ({', '.join(changed)}) on the same seeds its mass "
+                 f"{kept['rise_opened']['mean']:+.2g}")  # fmt: skip
     if verdict == "carries":
         return f"{what}: the pipeline carries a reward the model can learn; a signal lost here is lost at the reward"
     if verdict == "slow":
@@ -234,7 +280,11 @@ def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: 
             "steps: the pipeline moves it too little to learn even a reward it can learn (the rate, frozen "
             "weights, the schedule), whatever the reward"
         )
-    return (
-        f"{what}: the weights do not move toward the probe: the pipeline turns the signal away (masks, the KL "
-        "weight, the clip), whatever the reward"
-    )
+    if verdict == "turned away":
+        return (
+            f"{what}: the pipeline turns the signal away"
+            + (f", keeping less than {KEPT:.0%} of what it learns opened" if changed else "")
+            + " (masks, the KL weight), whatever the reward"
+        )
+    settled = "its move toward the probe" if kept is None else "its move toward the probe and the share it keeps"
+    return f"{what}: undecided: {toward.n_seeds} seeds do not settle {settled}"

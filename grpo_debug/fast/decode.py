@@ -1,0 +1,176 @@
+"""Sampling G completions per prompt from a GPT-2 with a decode loop written out, the fast twin of `generate`.
+
+`generate_per_prompt` (shared_prompt.py) already reads each prompt once per group; what it leaves is transformers'
+work around the model at every token: the causal mask rebuilt, the static cache's index copies, the attention
+dispatch, the stopping criteria. On the bundled model at 8 prompts x 8 samples that was most of the rollout. Here
+one token of every sample is:
+
+    h = wte[token] + wpe[position]                                  (N, E)   N = B*G samples
+    per block:  q, k, v = c_attn(ln_1(h))                           (N, H, D) each; k, v appended to the sample's own
+                scores = [q . prompt keys of its group, q . its own keys] * scaling, -inf on the prompt's padding
+                h += c_proj(softmax(scores) @ [prompt values; own values])
+                h += mlp(ln_2(h))
+    logits = lm_head(ln_f(h))                                       (N, V)
+
+then sampled exactly as `generate` samples: the same warpers in the same order (temperature, top_k, top_p, min_p),
+softmax, one `torch.multinomial` over all N rows, PAD once a row has produced its EOS, stop when every row has or
+after `max_new_tokens`. The tokens drawn match `generate`'s (the logits to float rounding:
+tests/test_fast_paths.py). Any other model, a generation config that asks for more processors than these, or
+dropout on: `generate_per_prompt` as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation import (
+    GenerateDecoderOnlyOutput,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from ..scoring import positions_from_mask
+from .shared_prompt import generate_per_prompt, with_cache
+
+# the model's generation-config entries this loop reproduces (the sampling ones come in as arguments); any other
+# entry it sets (a repetition penalty, a bad-words list, a minimum length...) sends the call to `generate`
+PLAIN_GENERATION_CONFIG = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
+    "do_sample", "temperature", "top_p", "top_k", "min_p", "max_length", "max_new_tokens", "use_cache",
+    "output_attentions", "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate",
+}  # fmt: skip
+
+
+def decodes_by_hand(model) -> bool:
+    """A float32 GPT-2 in eval mode, outside autocast, whose generation config asks for nothing beyond
+    `PLAIN_GENERATION_CONFIG`."""
+    if getattr(model.config, "model_type", None) != "gpt2" or model.training or model.config.add_cross_attention:
+        return False
+    if model.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        return False
+    if model.config._attn_implementation not in ("sdpa", "eager") or model.config.reorder_and_upcast_attn:
+        return False
+    return set(model.generation_config.to_diff_dict()) <= PLAIN_GENERATION_CONFIG
+
+
+def warpers(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None):
+    """What `generate` applies to the logits before sampling, for these settings, in its order."""
+    out = LogitsProcessorList()
+    if temperature is not None and temperature != 1.0:
+        out.append(TemperatureLogitsWarper(temperature))
+    if top_k is not None and top_k != 0:
+        out.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p is not None and top_p < 1.0:
+        out.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    if min_p is not None:
+        out.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+    return out
+
+
+@torch.no_grad()
+def prompt_keys_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Each block's (keys, values) of the (B, P) left-padded prompts, each (B, H, P, D), and the last position's
+    logits (B, V): one forward, each prompt once."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        **with_cache(model, cache),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return [(layer.keys, layer.values) for layer in cache.layers], out.logits[:, -1]
+
+
+def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, copies: int) -> torch.Tensor:
+    """(N,) tokens at (N,) positions -> (N, V) next-token logits; writes their keys and values at column `t` of
+    `own_kv` (per block, (N, H, T, D) each). `prompt_bias`: (N, 1, P), 0 on a prompt token, -inf on its padding."""
+    tr = model.transformer
+    N, E = tokens.shape[0], model.config.n_embd
+    H = model.config.n_head
+    D, B = E // H, N // copies
+    h = tr.wte(tokens) + tr.wpe(positions)
+    for block, (pk, pv), (ok, ov) in zip(tr.h, prompt_kv, own_kv):
+        q, k, v = block.attn.c_attn(block.ln_1(h)).view(N, 3, H, D).unbind(1)
+        ok[:, :, t], ov[:, :, t] = k, v
+        on_prompt = (q.view(B, copies, H, D).transpose(1, 2) @ pk.transpose(-1, -2)).transpose(1, 2)  # (B, G, H, P)
+        on_own = (q.unsqueeze(2) @ ok[:, :, : t + 1].transpose(-1, -2)).squeeze(2)  # (N, H, t+1)
+        scores = torch.cat([on_prompt.reshape(N, H, -1) * block.attn.scaling + prompt_bias,
+                            on_own * block.attn.scaling], -1)  # fmt: skip
+        probs = scores.softmax(-1)
+        P = pk.shape[2]
+        from_prompt = (probs[..., :P].view(B, copies, H, P).transpose(1, 2) @ pv).transpose(1, 2).reshape(N, H, D)
+        from_own = (probs[..., P:].unsqueeze(2) @ ov[:, :, : t + 1]).squeeze(2)
+        h = h + block.attn.c_proj((from_prompt + from_own).reshape(N, E))
+        h = h + block.mlp(block.ln_2(h))
+    return model.lm_head(tr.ln_f(h))
+
+
+@torch.no_grad()
+def decode_per_prompt(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    copies: int,
+    max_new_tokens: int,
+    *,
+    pad_token_id: int,
+    eos_token_id: int,
+    do_sample: bool = True,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    output_scores: bool = False,
+    output_logits: bool = False,
+    return_dict_in_generate: bool = False,
+):
+    """`generate_per_prompt`'s result (sequences (B*G, P + T), rows grouped by prompt; with `return_dict_in_generate`
+    the processed scores and raw logits per step) from the loop written out, where `decodes_by_hand(model)`."""
+    chosen = (temperature, top_k, top_p)  # None: `generate` would take the model's own (top_k 50 by default)
+    if not (do_sample and decodes_by_hand(model)) or any(x is None for x in chosen):
+        return generate_per_prompt(
+            model, input_ids, attention_mask, copies, max_new_tokens, pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, output_scores=output_scores, output_logits=output_logits,
+            return_dict_in_generate=return_dict_in_generate,
+        )  # fmt: skip
+    B, P = input_ids.shape
+    N, H = B * copies, model.config.n_head
+    prompt_kv, logits = prompt_keys_values(model, input_ids, attention_mask)
+    logits = logits.repeat_interleave(copies, 0)
+    D = prompt_kv[0][0].shape[-1]
+    own_kv = [(prompt_kv[0][0].new_empty(N, H, max_new_tokens, D), prompt_kv[0][0].new_empty(N, H, max_new_tokens, D))
+              for _ in prompt_kv]  # fmt: skip
+    prompt_bias = torch.zeros(B, P, dtype=logits.dtype).masked_fill(attention_mask == 0, float("-inf"))
+    prompt_bias = prompt_bias.repeat_interleave(copies, 0).unsqueeze(1)
+    positions = attention_mask.sum(-1).repeat_interleave(copies, 0)  # the first new token's position
+    process = warpers(temperature, top_k, top_p, min_p)
+    sequences = input_ids.repeat_interleave(copies, 0)
+    unfinished = torch.ones(N, dtype=torch.long)
+    scores, raw = [], []
+    for t in range(max_new_tokens):
+        if t:
+            logits = one_token(model, tokens, positions + t - 1, prompt_kv, own_kv, t - 1, prompt_bias, copies)
+        next_logits = logits.to(dtype=torch.float32, copy=True)
+        next_scores = process(sequences, next_logits)
+        scores.append(next_scores)
+        raw.append(next_logits)
+        tokens = torch.multinomial(torch.softmax(next_scores, -1), num_samples=1).squeeze(1)
+        tokens = tokens * unfinished + pad_token_id * (1 - unfinished)
+        sequences = torch.cat([sequences, tokens[:, None]], -1)
+        unfinished = unfinished & (tokens != eos_token_id).long()
+        if unfinished.max() == 0:
+            break
+    if not return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(scores) if output_scores else None,
+        logits=tuple(raw) if output_logits else None,
+    )
