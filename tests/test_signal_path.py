@@ -221,3 +221,26 @@ def test_a_not_measurable_flip_takes_its_severity_from_the_resampled_step():
     kept = severity_from_flip(Finding("dropout", "warning", "dropout is on", {}, moving))
     assert kept.severity == "warning", f"a flip that moves a resampled step's update was demoted: {kept.summary}"
     assert "the update moves (cosine +0.500)" in flip_verdict(moving), flip_verdict(moving)
+
+
+def test_the_probes_verdict_follows_its_intervals_and_an_undecided_one_is_printed():
+    """verdict_of on intervals as run_probe builds them: slow first; away where the move points away or keeps under
+    half the opened rise; carries only where both are settled; the text report prints an undecided probe."""
+    from grpo_debug.doctor.present import probe_line
+    from grpo_debug.doctor.probe import verdict_of
+    from grpo_debug.stats import seed_interval
+
+    toward, noisy, away = (seed_interval(torch.tensor(v)) for v in ([0.1, 0.12, 0.09], [0.1, -0.1, 0.02], [-0.1, -0.12, -0.09]))
+    kept = {"margin": seed_interval(torch.tensor([0.01, 0.02, 0.015])).as_dict()}
+    lost = {"margin": seed_interval(torch.tensor([-0.01, -0.02, -0.015])).as_dict()}
+    unsettled = {"margin": seed_interval(torch.tensor([0.01, -0.02, 0.005])).as_dict()}
+    assert verdict_of(True, toward, None) == "slow"
+    assert verdict_of(False, toward, None) == "carries" and verdict_of(False, toward, kept) == "carries"
+    assert verdict_of(False, toward, lost) == "turned away" and verdict_of(False, away, None) == "turned away"
+    assert verdict_of(False, noisy, None) == "undecided" and verdict_of(False, toward, unsettled) == "undecided"
+
+    class Undecided:
+        probe = {"carries": None, "verdict": "undecided", "said": "...: undecided", "mass_by_step": [0.5, 0.51],
+                 "seeds": [0, 1], "mass_by_step_opened": [0.5, 0.6]}  # fmt: skip
+
+    assert probe_line(Undecided) == "probe: ...: undecided (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"

@@ -137,10 +137,13 @@ def probe_line(report: Report) -> str:
     p = report.probe
     if p is None:
         return "probe: not run (--probe K trains a probe reward K steps on the run's pipeline)"
-    if p["carries"] is None:
+    if "why" in p:  # no probe chosen, run or left time
         return f"probe: {p['why']}"
     curve = " -> ".join(f"{m:.2f}" for m in p["mass_by_step"])
-    return f"probe: {p['said']} (mass by step, mean of {len(p['seeds'])} seeds: {curve})"
+    line = f"probe: {p['said']} (mass by step, mean of {len(p['seeds'])} seeds: {curve}"
+    if p.get("mass_by_step_opened"):
+        line += "; opened: " + " -> ".join(f"{m:.2f}" for m in p["mass_by_step_opened"])
+    return line + ")"
 
 
 def signal_lines(report: Report) -> list[str]:
