@@ -501,8 +501,7 @@ PIPELINE_STAGES = ("tokens", "loss", "parameters", "update")  # the optimizer's 
 def probe_row(spec: dict, probe: dict | None) -> dict:
     """What the doctor's probe said on a run whose side is known: an outside kind's (the pipeline where its stage is
     one of PIPELINE_STAGES, else the reward) or a clean run's (the reward: nothing planted in the pipeline). Its
-    verdict: carries (the reward's side), slow or turned away (the pipeline's), undecided or None (no probe: neither
-    side, so never right). Nothing for a
+    verdict: carries (the reward's side), slow or turned away (the pipeline's), None (no probe). Nothing for a
     catalogue defect (its side is not one) or a doctor that ran no probe."""
     if probe is None or (spec["defects"] and spec["defects"][0] not in OUTSIDE):
         return {}
@@ -514,7 +513,7 @@ def probe_row(spec: dict, probe: dict | None) -> dict:
                       "learning_rate": dict(spec.get("config", [])).get("learning_rate"), "seconds": probe.get("seconds")}}  # fmt: skip
 
 
-VERDICTS = ("carries", "slow", "turned away", "undecided", None)
+VERDICTS = ("carries", "slow", "turned away", None)
 
 
 def probe_scores(rows: list[dict]) -> dict:
@@ -562,13 +561,12 @@ def probe_lines(pr: dict) -> list[str]:
     kinds' share; nothing where no run was probed."""
     if not (pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs")):
         return []
-    lines = ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | undecided | no probe "
-             "| on their side | held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | no probe | on their side "
+             "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for side, what in (("pipeline", "outside kinds of the pipeline's stages"),
                        ("reward", "outside kinds of the reward's stages, and clean runs")):  # fmt: skip
         p, h = pr[side], pr["held_out_kinds"][side]
-        lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | "
-                     f"{p.get('undecided', 0)} | {p['None']} | "
+        lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | {p['None']} | "
                      f"{p['right']} | {h['right']} / {h['runs']} |")  # fmt: skip
     return lines
 

@@ -87,7 +87,7 @@ def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
     probe = report["probe"]  # every token trained, the same seeds: the probe learns; as the run trains, far less
     assert probe["opened"] == ["top_entropy_quantile 0.02 -> 1.0"], probe["opened"]
     assert probe["verdict"] == "turned away" and probe["carries"] is False, probe["said"]
-    assert probe["kept"]["margin"]["ci_high"] < 0 < probe["kept"]["rise_opened"]["mean"], probe["kept"]
+    assert probe["kept"]["margin"]["ci_high"] < 0 < probe["kept"]["progress_opened"]["mean"], probe["kept"]
 
 
 def test_a_sampler_that_keeps_a_few_tokens_loses_the_signal_at_the_samples_whatever_its_flip(user):
@@ -223,9 +223,9 @@ def test_a_not_measurable_flip_takes_its_severity_from_the_resampled_step():
     assert "the update moves (cosine +0.500)" in flip_verdict(moving), flip_verdict(moving)
 
 
-def test_the_probes_verdict_follows_its_intervals_and_an_undecided_one_is_printed():
-    """verdict_of on intervals as run_probe builds them: slow first; away where the move points away or keeps under
-    half the opened rise; carries only where both are settled; the text report prints an undecided probe."""
+def test_the_probes_verdict_follows_its_intervals_and_is_printed_with_both_curves():
+    """verdict_of on intervals as run_probe builds them: slow first; turned away where the move points away or keeps
+    under half the opened progress; else carries (the pipeline is blamed on a measurement, not for want of one)."""
     from grpo_debug.doctor.present import probe_line
     from grpo_debug.doctor.probe import verdict_of
     from grpo_debug.stats import seed_interval
@@ -234,13 +234,13 @@ def test_the_probes_verdict_follows_its_intervals_and_an_undecided_one_is_printe
     kept = {"margin": seed_interval(torch.tensor([0.01, 0.02, 0.015])).as_dict()}
     lost = {"margin": seed_interval(torch.tensor([-0.01, -0.02, -0.015])).as_dict()}
     unsettled = {"margin": seed_interval(torch.tensor([0.01, -0.02, 0.005])).as_dict()}
-    assert verdict_of(True, toward, None) == "slow"
+    assert verdict_of(True, toward, None) == "slow" and verdict_of(True, toward, kept) == "slow"
     assert verdict_of(False, toward, None) == "carries" and verdict_of(False, toward, kept) == "carries"
     assert verdict_of(False, toward, lost) == "turned away" and verdict_of(False, away, None) == "turned away"
-    assert verdict_of(False, noisy, None) == "undecided" and verdict_of(False, toward, unsettled) == "undecided"
+    assert verdict_of(False, noisy, None) == "carries" and verdict_of(False, toward, unsettled) == "carries"
 
-    class Undecided:
-        probe = {"carries": None, "verdict": "undecided", "said": "...: undecided", "mass_by_step": [0.5, 0.51],
+    class Probed:
+        probe = {"carries": True, "verdict": "carries", "said": "...: carries", "mass_by_step": [0.5, 0.51],
                  "seeds": [0, 1], "mass_by_step_opened": [0.5, 0.6]}  # fmt: skip
 
-    assert probe_line(Undecided) == "probe: ...: undecided (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"
+    assert probe_line(Probed) == "probe: ...: carries (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"

@@ -14,18 +14,17 @@ completions (every position, teacher-forced, dropout off), after each of K steps
 with the run's config and optimizer (a capture's: the trainer's AdamW at the captured step's rates, its second
 moments kept, its first moments cleared: the user's reward's momentum would carry the first steps where it pointed),
 each seed its own continuation.
-Whether it carries is decided by intervention. The same seeds are trained again with the pipeline opened
-(`opened`: the KL term off, no truncation mask, every token trained, no off-policy mask; nothing else changed): where
-the run's pipeline raises the probe's mass by less than half of what the opened one does on the same seeds (the
-interval over seeds of rise - rise_opened / 2 below 0), the pipeline "turns the signal away" (masks that leave few
-tokens a gradient, a KL weight that pulls the policy back), whatever the user's reward does. Where it moves the
-policy too little to learn anything it is "slow": at its pace the policy would take more than LONG_RUN steps to move
-by MEANINGFUL nats per token (KL on the same completions, k3: a rate too small for the weights, frozen weights, a
-schedule still warming up). A pipeline that is neither "carries" the signal, where its move points toward the probe
-(the cosine between the K steps' move of the trained weights and the gradient of the probe's mass, its interval over
-seeds not below 0) and it keeps at least half of the opened pipeline's rise (or has nothing to open); else the probe
-is "undecided" and says which measurement the seeds could not settle. Nothing of the step changes
-(`GRPOStep.trial`).
+The pipeline is blamed on a measurement, never for want of one. "slow": it moves the policy too little to learn
+anything; at its pace the policy would take more than LONG_RUN steps to move by MEANINGFUL nats per token (KL on the
+same completions, k3: a rate too small for the weights, frozen weights, a schedule still warming up). "turned away":
+its K steps' move of the trained weights points away from the gradient of the probe's mass (the cosine's interval
+over seeds below 0), or, by intervention, it keeps less than half of what the same seeds make with the pipeline
+opened (`opened`: the KL term off, no truncation mask, every token trained, no off-policy mask; nothing else
+changed): the interval over seeds of progress - progress_opened / 2 below 0, progress being the move's length along
+that gradient (masks that leave few tokens a gradient, a KL weight that pulls the policy back). Else it "carries" the
+signal: it moves the policy at a pace that learns, toward the probe or not measurably away, and opening its settings
+(where any differ) does not show it losing half; a signal lost is then lost at the reward. The intervals are in the
+result. Nothing of the step changes (`GRPOStep.trial`).
 """
 
 from __future__ import annotations
@@ -174,9 +173,10 @@ def continue_on_probe(
             moved = trained_vector(step.policy) - before
             norms = moved.norm() * toward.norm()
             cosine = float(moved @ toward / norms) if norms > 0 else float("nan")
+            progress = float(moved @ toward / toward.norm()) if toward.norm() > 0 else 0.0
         finally:
             step.task = task
-    return {"seed": seed, "mass": masses, "kl": kl, "reward": rewards, "cosine": cosine}
+    return {"seed": seed, "mass": masses, "kl": kl, "reward": rewards, "cosine": cosine, "progress": progress}
 
 
 def run_probe(
@@ -184,8 +184,8 @@ def run_probe(
 ) -> dict:
     """The probe chosen on `run` (the step as run) trained on `seeds` continuations of `steps` steps with the run's
     pipeline, and with it opened on the same seeds (where there is something to open), and what it says (see the
-    module): `verdict` carries, slow, turned away or undecided; `carries` True, False (slow, turned away) or None
-    (undecided, or no probe: `why`). `budget` seconds (None: no bound): the first seed is timed, then the seeds cut to
+    module): `verdict` carries, slow or turned away; `carries` True, False (slow, turned away) or None (no probe:
+    `why`). `budget` seconds (None: no bound): the first seed is timed, then the seeds cut to
     what fits (two at least: the seed is the unit; `seeds_asked`)."""
     probe = probe_of(step, run)
     if probe is None:
@@ -213,12 +213,15 @@ def run_probe(
     moved = sum(c["kl"][-1] for c in curves) / len(curves)
     kept_share = None
     if changed:
-        rises_opened = torch.tensor([o["mass"][-1] - o["mass"][0] for _, o in pairs])
-        kept_share = {"rise_opened": seed_interval(rises_opened).as_dict(),
-                      "margin": seed_interval(rises - KEPT * rises_opened).as_dict()}  # fmt: skip
+        progress = torch.tensor([c["progress"] for c in curves])
+        opened_progress = torch.tensor([o["progress"] for _, o in pairs])
+        kept_share = {"progress": seed_interval(progress).as_dict(),
+                      "progress_opened": seed_interval(opened_progress).as_dict(),
+                      "rise_opened": seed_interval(torch.tensor([o["mass"][-1] - o["mass"][0] for _, o in pairs])).as_dict(),
+                      "margin": seed_interval(progress - KEPT * opened_progress).as_dict()}  # fmt: skip
     verdict = verdict_of(moved < slow_below(steps), toward_probe, kept_share)
     return {
-        "carries": {"carries": True, "undecided": None}.get(verdict, False),
+        "carries": verdict == "carries",
         "verdict": verdict,
         "tokens": list(probe.tokens),
         "words": list(probe.words),
@@ -246,15 +249,14 @@ def run_probe(
 
 
 def verdict_of(slow: bool, toward, kept: dict | None) -> str:
-    """slow, turned away (the move points away from the probe, or keeps under KEPT of the opened pipeline's rise),
-    carries (toward it, not below, and at least KEPT of the opened rise, or nothing to open), else undecided."""
+    """The pipeline is blamed on a measurement, never for want of one: slow (it moves the policy too little); turned
+    away (its move points away from the probe: the cosine's interval below 0; or, opened on the same seeds, it keeps
+    less than KEPT of the opened pipeline's progress: the margin's interval below 0); else it carries the signal."""
     if slow:
         return "slow"
     away = toward.ci_high is not None and toward.ci_high < 0
-    if away or (kept is not None and kept["margin"]["ci_high"] is not None and kept["margin"]["ci_high"] < 0):
-        return "turned away"
-    keeps = kept is None or (kept["margin"]["ci_low"] is not None and kept["margin"]["ci_low"] > 0)
-    return "carries" if keeps and toward.ci_low is not None and toward.ci_low > 0 else "undecided"
+    lost = kept is not None and kept["margin"]["ci_high"] is not None and kept["margin"]["ci_high"] < 0
+    return "turned away" if away or lost else "carries"
 
 
 def slow_below(steps: int) -> float:
@@ -270,10 +272,13 @@ def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: 
             f"{toward.mean:+.3f} [{toward.ci_low:+.3f}, {toward.ci_high:+.3f}], its mass {rise.mean:+.2g}, the policy "
             f"by KL {moved:.2g} per token")  # fmt: skip
     if changed:
-        what += (f"; with the pipeline opened ({', '.join(changed)}) on the same seeds its mass "
-                 f"{kept['rise_opened']['mean']:+.2g}")  # fmt: skip
+        share = kept["progress"]["mean"] / kept["progress_opened"]["mean"] if kept["progress_opened"]["mean"] else None
+        what += (f"; opened ({', '.join(changed)}) on the same seeds its mass {kept['rise_opened']['mean']:+.2g}, the "
+                 "run's pipeline making " + ("an undefined share" if share is None else f"{share:.0%}")
+                 + " of the opened one's progress toward it")  # fmt: skip
     if verdict == "carries":
-        return f"{what}: the pipeline carries a reward the model can learn; a signal lost here is lost at the reward"
+        return (f"{what}: no measurement shows the pipeline losing the signal (it moves the policy at a pace that learns,"
+                " not away from a reward the model can learn); a signal lost here is lost at the reward")  # fmt: skip
     if verdict == "slow":
         return (
             f"{what}: at this pace the policy moves by {MEANINGFUL} nats per token in more than {LONG_RUN:,} "
@@ -286,5 +291,4 @@ def said_of(verdict: str, probe: TokenProbe, rise, toward, moved: float, steps: 
             + (f", keeping less than {KEPT:.0%} of what it learns opened" if changed else "")
             + " (masks, the KL weight), whatever the reward"
         )
-    settled = "its move toward the probe" if kept is None else "its move toward the probe and the share it keeps"
-    return f"{what}: undecided: {toward.n_seeds} seeds do not settle {settled}"
+    raise ValueError(f"no probe verdict {verdict!r}")
