@@ -153,14 +153,14 @@ def _flipped(step: GRPOStep, facts, findings: list[Finding], delta, held_out: He
 
 
 def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict | None:
-    """The probe trained `probe` steps where asked (0: None), cut where not even its smallest plan (2 seeds of each
-    arm, each step costing about what the step did) fits in what is left."""
+    """The probe trained `probe` steps where asked (0: None), cut where not even one step of it (about what the step
+    cost, an upper bound) fits in what is left; `run_probe` times one and fits its seeds to the rest."""
     if probe <= 0:
         return None
     arms = 2 if opened(base.config)[1] else 1  # the run's pipeline, and the same opened where it differs
-    if not phases.deadline.holds(2 * arms * probe * one_step(base, phases)):
+    if not phases.deadline.holds(one_step(base, phases)):
         phases.cut.append("the probe")
-        return {"carries": None, "why": "cut for the budget: not even 2 seeds fit in what was left"}
+        return {"carries": None, "why": "cut for the budget: not even one of its steps fit in what was left"}
     phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds x {arms} arms")
     with phases.timed("the probe"):
         return run_probe(step, base, probe, PROBE_SEEDS, phases.deadline.for_phase())

@@ -185,12 +185,12 @@ def run_probe(
     """The probe chosen on `run` (the step as run) trained on `seeds` continuations of `steps` steps with the run's
     pipeline, and with it opened on the same seeds (where there is something to open), and what it says (see the
     module): `verdict` carries, slow or turned away; `carries` True, False (slow, turned away) or None (no probe:
-    `why`). `budget` seconds (None: no bound): the first seed is timed, then the seeds cut to
-    what fits (two at least: the seed is the unit; `seeds_asked`)."""
+    `why`). `budget` seconds (None: no bound): one probe step is timed, then the seeds cut to what fits, the probe
+    cut where two do not (the seed is the unit; `seeds_asked`)."""
+    t0 = time.perf_counter()
     probe = probe_of(step, run)
     if probe is None:
         return {"carries": None, "why": f"no probe: one token holds more than {MASS_BAND[1]:.0%} of the sampler's mass"}
-    t0 = time.perf_counter()
     step.restore_policy()
     toward = mass_gradient(step.policy, run.rollout, as_sampled(run.config), list(probe.tokens))
     wide, changed = opened(run.config)
@@ -199,12 +199,18 @@ def run_probe(
         mine = continue_on_probe(step, run, probe, steps, s, toward)
         return mine, (continue_on_probe(step, run, probe, steps, s, toward, wide) if changed else None)
 
-    try:
-        pairs = [one_seed(0)]
+    try:  # one probe step timed, on a seed the plan does not use: the plan's unit
+        timed = time.perf_counter()
+        continue_on_probe(step, run, probe, 1, seeds, toward)
+        per_seed = (time.perf_counter() - timed) * steps * (2 if changed else 1)
     except ValueError as e:  # the run's config cannot sample anew here (a length past the model's positions)
         return {"carries": None, "why": f"no probe: {e}"}
-    per_seed = time.perf_counter() - t0
-    kept = seeds if budget is None else max(2, min(seeds, int(budget // max(per_seed, 1e-9))))
+    left = None if budget is None else budget - (time.perf_counter() - t0)
+    if left is not None and left < 2 * per_seed:
+        return {"carries": None, "why": f"cut for the budget: 2 seeds of {steps} steps x {2 if changed else 1} arms "
+                                        f"need about {2 * per_seed:.0f} s, {max(left, 0):.0f} s were left"}  # fmt: skip
+    kept = seeds if left is None else min(seeds, int(left // per_seed))
+    pairs = [one_seed(0)]
     pairs += [one_seed(s) for s in range(1, kept)]
     curves = [mine for mine, _ in pairs]
     rises = torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves])
