@@ -89,7 +89,10 @@ def prompt_keys_values(model, input_ids: torch.Tensor, attention_mask: torch.Ten
 
 def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, copies: int) -> torch.Tensor:
     """(N,) tokens at (N,) positions -> (N, V) next-token logits; writes their keys and values at column `t` of
-    `own_kv` (per block, (N, H, T, D) each). `prompt_bias`: (N, 1, P), 0 on a prompt token, -inf on its padding."""
+    `own_kv`. Per block, `prompt_kv`: keys transposed (B, H, D, P) and values (B, H, P, D), one row per group;
+    `own_kv`: keys transposed (N, H, D, T) and values (N, H, T, D) (keys stored transposed: the product reads them
+    in place, where a transposed slice would be copied). `prompt_bias`: (N, 1, P), 0 on a prompt token, -inf on its
+    padding."""
     tr = model.transformer
     N, E = tokens.shape[0], model.config.n_embd
     H = model.config.n_head
@@ -97,14 +100,15 @@ def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, 
     h = tr.wte(tokens) + tr.wpe(positions)
     for block, (pk, pv), (ok, ov) in zip(tr.h, prompt_kv, own_kv):
         q, k, v = block.attn.c_attn(block.ln_1(h)).view(N, 3, H, D).unbind(1)
-        ok[:, :, t], ov[:, :, t] = k, v
-        on_prompt = (q.view(B, copies, H, D).transpose(1, 2) @ pk.transpose(-1, -2)).transpose(1, 2)  # (B, G, H, P)
-        on_own = (q.unsqueeze(2) @ ok[:, :, : t + 1].transpose(-1, -2)).squeeze(2)  # (N, H, t+1)
-        scores = torch.cat([on_prompt.reshape(N, H, -1) * block.attn.scaling + prompt_bias,
+        ok[..., t], ov[:, :, t] = k, v
+        P = pk.shape[-1]
+        on_prompt = (q.view(B, copies, H, D).transpose(1, 2) @ pk).transpose(1, 2)  # (B, G, H, P)
+        on_own = (q.unsqueeze(2) @ ok[..., : t + 1]).squeeze(2)  # (N, H, t+1)
+        scores = torch.cat([on_prompt.reshape(N, H, P) * block.attn.scaling + prompt_bias,
                             on_own * block.attn.scaling], -1)  # fmt: skip
         probs = scores.softmax(-1)
-        P = pk.shape[2]
-        from_prompt = (probs[..., :P].view(B, copies, H, P).transpose(1, 2) @ pv).transpose(1, 2).reshape(N, H, D)
+        by_group = probs[..., :P].reshape(B, copies, H, P).transpose(1, 2).contiguous()  # (B, H, G, P)
+        from_prompt = (by_group @ pv).transpose(1, 2).reshape(N, H, D)
         from_own = (probs[..., P:].unsqueeze(2) @ ov[:, :, : t + 1]).squeeze(2)
         h = h + block.attn.c_proj((from_prompt + from_own).reshape(N, E))
         h = h + block.mlp(block.ln_2(h))
@@ -143,9 +147,10 @@ def decode_per_prompt(
     B, P = input_ids.shape
     N, H = B * copies, model.config.n_head
     prompt_kv, logits = prompt_keys_values(model, input_ids, attention_mask)
+    prompt_kv = [(keys.transpose(-1, -2).contiguous(), values) for keys, values in prompt_kv]
     logits = logits.repeat_interleave(copies, 0)
-    D = prompt_kv[0][0].shape[-1]
-    own_kv = [(prompt_kv[0][0].new_empty(N, H, max_new_tokens, D), prompt_kv[0][0].new_empty(N, H, max_new_tokens, D))
+    D = prompt_kv[0][1].shape[-1]
+    own_kv = [(logits.new_empty(N, H, D, max_new_tokens), logits.new_empty(N, H, max_new_tokens, D))
               for _ in prompt_kv]  # fmt: skip
     prompt_bias = torch.zeros(B, P, dtype=logits.dtype).masked_fill(attention_mask == 0, float("-inf"))
     prompt_bias = prompt_bias.repeat_interleave(copies, 0).unsqueeze(1)
