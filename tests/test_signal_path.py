@@ -154,6 +154,8 @@ def test_a_kl_weight_that_swamps_the_policy_term_is_lost_at_the_loss(user):
     first = first_loud(report)
     assert first["id"] == "signal_lost" and first["evidence"]["stage"] == "loss", first
     assert first["evidence"]["lost_to"] == "beta 10", first["evidence"]
+    probe = report["probe"]  # opened (beta 0) on the same seeds, the probe progresses; at beta 10 it is pulled back
+    assert probe["opened"] == ["beta 10.0 -> 0.0"] and probe["verdict"] == "turned away", probe["said"]
 
 
 @pytest.mark.slow
