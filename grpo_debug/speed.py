@@ -43,12 +43,12 @@ READABLE = Kernels(
 def fast_kernels() -> Kernels:
     """The fast twins, imported on first use: a step with every fast path off never loads `grpo_debug.fast`."""
     from .fast.backward import HookedNorms
+    from .fast.decode import decode_per_prompt
     from .fast.scoring import (
         per_token_logps_and_entropies_fast,
         per_token_logps_and_entropies_per_group,
         per_token_logps_fast,
     )
-    from .fast.decode import decode_per_prompt
 
     return Kernels(
         decode_per_prompt,

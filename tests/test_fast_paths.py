@@ -134,9 +134,7 @@ def test_scoring_a_groups_prompt_once_with_gradients_equals_the_readable_forward
     policy.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize(
-    "sampling", [dict(), dict(top_p=0.8, top_k=20), dict(min_p=0.1, temperature=1.3)], ids=str
-)
+@pytest.mark.parametrize("sampling", [dict(), dict(top_p=0.8, top_k=20), dict(min_p=0.1, temperature=1.3)], ids=str)
 def test_the_decode_loop_written_out_samples_what_generate_samples(sampling):
     """The GPT-2 decode loop (`fast.decode`) against `generate` itself, warpers and all: the same tokens, the
     sampler's log-probs to float rounding."""

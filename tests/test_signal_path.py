@@ -232,7 +232,9 @@ def test_the_probes_verdict_follows_its_intervals_and_is_printed_with_both_curve
     from grpo_debug.doctor.probe import verdict_of
     from grpo_debug.stats import seed_interval
 
-    toward, noisy, away = (seed_interval(torch.tensor(v)) for v in ([0.1, 0.12, 0.09], [0.1, -0.1, 0.02], [-0.1, -0.12, -0.09]))
+    toward, noisy, away = (
+        seed_interval(torch.tensor(v)) for v in ([0.1, 0.12, 0.09], [0.1, -0.1, 0.02], [-0.1, -0.12, -0.09])
+    )
     kept = {"margin": seed_interval(torch.tensor([0.01, 0.02, 0.015])).as_dict()}
     lost = {"margin": seed_interval(torch.tensor([-0.01, -0.02, -0.015])).as_dict()}
     unsettled = {"margin": seed_interval(torch.tensor([0.01, -0.02, 0.005])).as_dict()}
@@ -245,4 +247,6 @@ def test_the_probes_verdict_follows_its_intervals_and_is_printed_with_both_curve
         probe = {"carries": True, "verdict": "carries", "said": "...: carries", "mass_by_step": [0.5, 0.51],
                  "seeds": [0, 1], "mass_by_step_opened": [0.5, 0.6]}  # fmt: skip
 
-    assert probe_line(Probed) == "probe: ...: carries (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"
+    assert (
+        probe_line(Probed) == "probe: ...: carries (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"
+    )

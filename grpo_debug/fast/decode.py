@@ -158,9 +158,9 @@ def decode_per_prompt(
     process = warpers(temperature, top_k, top_p, min_p)
     sequences = input_ids.repeat_interleave(copies, 0)
     unfinished = torch.ones(N, dtype=torch.long)
-    scores, raw = [], []
+    scores, raw, tokens = [], [], None  # tokens: the last drawn, fed at the next step
     for t in range(max_new_tokens):
-        if t:
+        if tokens is not None:
             logits = one_token(model, tokens, positions + t - 1, prompt_kv, own_kv, t - 1, prompt_bias, copies)
         next_logits = logits.to(dtype=torch.float32, copy=True)
         next_scores = process(sequences, next_logits)
