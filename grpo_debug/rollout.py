@@ -78,7 +78,8 @@ def _lengths(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, t
 @torch.no_grad()
 def generate_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int, **generate_kwargs):
     """`model.generate` of `copies` samples per (left-padded) prompt, rows grouped by prompt: each prompt
-    repeated `copies` times. The fast twin: `fast.shared_prompt.generate_per_prompt`."""
+    repeated `copies` times. The fast twins: `fast.decode.decode_per_prompt` (a GPT-2), else
+    `fast.shared_prompt.generate_per_prompt`."""
     return model.generate(
         input_ids=input_ids.repeat_interleave(copies, 0),
         attention_mask=attention_mask.repeat_interleave(copies, 0),
