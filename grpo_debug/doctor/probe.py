@@ -210,8 +210,13 @@ def run_probe(
         return {"carries": None, "why": f"cut for the budget: 2 seeds of {steps} steps x {2 if changed else 1} arms "
                                         f"need about {2 * per_seed:.0f} s, {max(left, 0):.0f} s were left"}  # fmt: skip
     kept = seeds if left is None else min(seeds, int(left // per_seed))
-    pairs = [one_seed(0)]
-    pairs += [one_seed(s) for s in range(1, kept)]
+    pairs = [one_seed(s) for s in range(kept)]
+    return {**read_probe(probe, pairs, steps, changed), "seeds_asked": seeds, "seconds": time.perf_counter() - t0}
+
+
+def read_probe(probe: TokenProbe, pairs: list[tuple[dict, dict | None]], steps: int, changed: list[str]) -> dict:
+    """What the continuations say (`run_probe`): per seed (the run's pipeline, the same opened or None), the
+    intervals over seeds, the verdict and its sentence, the curves."""
     curves = [mine for mine, _ in pairs]
     rises = torch.tensor([c["mass"][-1] - c["mass"][0] for c in curves])
     rise = seed_interval(rises)
@@ -221,11 +226,13 @@ def run_probe(
     if changed:
         progress = torch.tensor([c["progress"] for c in curves])
         opened_progress = torch.tensor([o["progress"] for _, o in pairs])
+        opened_rises = torch.tensor([o["mass"][-1] - o["mass"][0] for _, o in pairs])
         kept_share = {"progress": seed_interval(progress).as_dict(),
                       "progress_opened": seed_interval(opened_progress).as_dict(),
-                      "rise_opened": seed_interval(torch.tensor([o["mass"][-1] - o["mass"][0] for _, o in pairs])).as_dict(),
+                      "rise_opened": seed_interval(opened_rises).as_dict(),
                       "margin": seed_interval(progress - KEPT * opened_progress).as_dict()}  # fmt: skip
     verdict = verdict_of(moved < slow_below(steps), toward_probe, kept_share)
+    mean_curve = lambda runs: [sum(c["mass"][k] for c in runs) / len(runs) for k in range(steps + 1)]  # noqa: E731
     return {
         "carries": verdict == "carries",
         "verdict": verdict,
@@ -234,7 +241,7 @@ def run_probe(
         "start_mass": probe.start_mass,
         "steps": steps,
         "seeds": [c["seed"] for c in curves],
-        "mass_by_step": [sum(c["mass"][k] for c in curves) / len(curves) for k in range(steps + 1)],
+        "mass_by_step": mean_curve(curves),
         "mass_by_seed": [c["mass"] for c in curves],
         "kl_by_seed": [c["kl"] for c in curves],
         "reward_by_seed": [c["reward"] for c in curves],
@@ -244,12 +251,8 @@ def run_probe(
         "kl_moved": moved,
         "slow_below": slow_below(steps),
         "opened": changed,
-        "mass_by_step_opened": [sum(o["mass"][k] for _, o in pairs) / len(pairs) for k in range(steps + 1)]
-        if changed
-        else None,
+        "mass_by_step_opened": mean_curve([o for _, o in pairs]) if changed else None,
         "kept": kept_share,
-        "seeds_asked": seeds,
-        "seconds": time.perf_counter() - t0,
         "said": said_of(verdict, probe, rise, toward_probe, moved, steps, changed, kept_share),
     }
 

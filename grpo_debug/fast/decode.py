@@ -87,6 +87,23 @@ def prompt_keys_values(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     return [(layer.keys, layer.values) for layer in cache.layers], out.logits[:, -1]
 
 
+def start_decoding(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int, max_new_tokens: int):
+    """What `one_token` reads, for (B, P) left-padded prompts of `copies` samples each: the prompts' keys (transposed)
+    and values per block, empty buffers for the samples' own, the prompt's padding bias (N, 1, P), the first new
+    token's position (N,), and the first token's logits (N, V) (the prompt's last position)."""
+    B, P = input_ids.shape
+    N, H = B * copies, model.config.n_head
+    prompt_kv, logits = prompt_keys_values(model, input_ids, attention_mask)
+    prompt_kv = [(keys.transpose(-1, -2).contiguous(), values) for keys, values in prompt_kv]
+    D = prompt_kv[0][1].shape[-1]
+    own_kv = [(logits.new_empty(N, H, D, max_new_tokens), logits.new_empty(N, H, max_new_tokens, D))
+              for _ in prompt_kv]  # fmt: skip
+    prompt_bias = torch.zeros(B, P, dtype=logits.dtype).masked_fill(attention_mask == 0, float("-inf"))
+    prompt_bias = prompt_bias.repeat_interleave(copies, 0).unsqueeze(1)
+    positions = attention_mask.sum(-1).repeat_interleave(copies, 0)
+    return prompt_kv, own_kv, prompt_bias, positions, logits.repeat_interleave(copies, 0)
+
+
 def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, copies: int) -> torch.Tensor:
     """(N,) tokens at (N,) positions -> (N, V) next-token logits; writes their keys and values at column `t` of
     `own_kv`. Per block, `prompt_kv`: keys transposed (B, H, D, P) and values (B, H, P, D), one row per group;
@@ -144,20 +161,12 @@ def decode_per_prompt(
             min_p=min_p, output_scores=output_scores, output_logits=output_logits,
             return_dict_in_generate=return_dict_in_generate,
         )  # fmt: skip
-    B, P = input_ids.shape
-    N, H = B * copies, model.config.n_head
-    prompt_kv, logits = prompt_keys_values(model, input_ids, attention_mask)
-    prompt_kv = [(keys.transpose(-1, -2).contiguous(), values) for keys, values in prompt_kv]
-    logits = logits.repeat_interleave(copies, 0)
-    D = prompt_kv[0][1].shape[-1]
-    own_kv = [(logits.new_empty(N, H, D, max_new_tokens), logits.new_empty(N, H, max_new_tokens, D))
-              for _ in prompt_kv]  # fmt: skip
-    prompt_bias = torch.zeros(B, P, dtype=logits.dtype).masked_fill(attention_mask == 0, float("-inf"))
-    prompt_bias = prompt_bias.repeat_interleave(copies, 0).unsqueeze(1)
-    positions = attention_mask.sum(-1).repeat_interleave(copies, 0)  # the first new token's position
+    prompt_kv, own_kv, prompt_bias, positions, logits = start_decoding(
+        model, input_ids, attention_mask, copies, max_new_tokens
+    )
     process = warpers(temperature, top_k, top_p, min_p)
     sequences = input_ids.repeat_interleave(copies, 0)
-    unfinished = torch.ones(N, dtype=torch.long)
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.long)
     scores, raw, tokens = [], [], None  # tokens: the last drawn, fed at the next step
     for t in range(max_new_tokens):
         if tokens is not None:
