@@ -235,11 +235,15 @@ def snapshot_doctor(root: Path) -> tuple[str, Path]:
     dirty = git("status", "--porcelain", "--", "grpo_debug").strip()
     version = f"{commit}+{tree_digest(staging / 'grpo_debug')}" if dirty else commit
     where = root / "doctor-code" / version
-    if where.exists():
-        shutil.rmtree(staging)
-    else:
+    if not where.exists():
         compileall.compile_dir(staging, quiet=1)  # as pip installs a package: where PYTHONDONTWRITEBYTECODE is set,
-        staging.rename(where)  # nothing else would, and every doctor would compile grpo_debug anew (1.4 s a run)
+        try:  # nothing else would, and every doctor would compile grpo_debug anew (1.4 s a run)
+            staging.rename(where)
+        except OSError:  # another diagnose stage, started at the same moment, made the same snapshot first
+            if not where.exists():
+                raise
+    if staging.exists():
+        shutil.rmtree(staging)
     return version, where
 
 
