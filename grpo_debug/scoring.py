@@ -94,16 +94,21 @@ def keeps_logits(model) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
+def truncating_warpers(top_k: int | None, top_p: float | None, min_p: float | None) -> list:
+    """transformers' warpers for a sampler's top_k, top_p and min_p, in `generate`'s order; none for a setting that
+    is off (0, None, or top_p 1)."""
+    warpers = [TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [TopPLogitsWarper(top_p)] if top_p is not None and top_p < 1 else []
+    return warpers + ([MinPLogitsWarper(min_p)] if min_p else [])
+
+
 def within_sampler_support(logits: torch.Tensor, scoring: Scoring, chosen: torch.Tensor | None = None) -> torch.Tensor:
     """(N, C, V) tempered logits with every token the sampler's top_k, top_p and min_p drop (transformers' own
     warpers, in `generate`'s order) set to -inf, so that a softmax renormalises over the kept ones; the
     `chosen` (N, C) tokens, which the sampler did keep, stay even where float rounding would drop them."""
-    warpers = [TopKLogitsWarper(scoring.top_k)] if scoring.top_k > 0 else []
-    warpers += [TopPLogitsWarper(scoring.top_p)] if scoring.top_p < 1 else []
-    warpers += [MinPLogitsWarper(scoring.min_p)] if scoring.min_p else []
     with torch.no_grad():
         kept = logits.detach().reshape(-1, logits.shape[-1])
-        for warper in warpers:
+        for warper in truncating_warpers(scoring.top_k, scoring.top_p, scoring.min_p):
             kept = warper(None, kept)
         dropped = kept.isneginf().view_as(logits)
         if chosen is not None:

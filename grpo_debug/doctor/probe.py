@@ -49,7 +49,7 @@ PROBE_SEEDS = 6  # continuations, the seed the unit
 MASS_BAND = (0.2, 0.8)  # the probe's tokens hold this share of the sampler's mass
 LONG_RUN = 10_000  # steps: a pipeline that would take longer to move the policy by MEANINGFUL is too slow to learn
 MEANINGFUL = 0.01  # nats per token of KL(start || now): a policy that has learned something
-KEPT = 0.5  # the share of the opened pipeline's rise the run's pipeline must keep to carry the signal
+KEPT = 0.5  # the share of the opened pipeline's progress the run's pipeline must keep to carry the signal
 OPENED = dict(beta=0.0, mask_truncated_completions=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None)
 
 
@@ -194,6 +194,7 @@ def run_probe(
     step.restore_policy()
     toward = mass_gradient(step.policy, run.rollout, as_sampled(run.config), list(probe.tokens))
     wide, changed = opened(run.config)
+    arms = 2 if changed else 1
 
     def one_seed(s: int) -> tuple[dict, dict | None]:
         mine = continue_on_probe(step, run, probe, steps, s, toward)
@@ -202,12 +203,12 @@ def run_probe(
     try:  # one probe step timed, on a seed the plan does not use: the plan's unit
         timed = time.perf_counter()
         continue_on_probe(step, run, probe, 1, seeds, toward)
-        per_seed = (time.perf_counter() - timed) * steps * (2 if changed else 1)
+        per_seed = (time.perf_counter() - timed) * steps * arms
     except ValueError as e:  # the run's config cannot sample anew here (a length past the model's positions)
         return {"carries": None, "why": f"no probe: {e}"}
     left = None if budget is None else budget - (time.perf_counter() - t0)
     if left is not None and left < 2 * per_seed:
-        return {"carries": None, "why": f"cut for the budget: 2 seeds of {steps} steps x {2 if changed else 1} arms "
+        return {"carries": None, "why": f"cut for the budget: 2 seeds of {steps} steps x {arms} arms "
                                         f"need about {2 * per_seed:.0f} s, {max(left, 0):.0f} s were left"}  # fmt: skip
     kept = seeds if left is None else min(seeds, int(left // per_seed))
     pairs = [one_seed(s) for s in range(kept)]

@@ -22,16 +22,9 @@ dropout on: `generate_per_prompt` as before.
 from __future__ import annotations
 
 import torch
-from transformers.generation import (
-    GenerateDecoderOnlyOutput,
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation import GenerateDecoderOnlyOutput, LogitsProcessorList, TemperatureLogitsWarper
 
-from ..scoring import positions_from_mask
+from ..scoring import positions_from_mask, truncating_warpers
 from .shared_prompt import generate_per_prompt, with_cache
 
 # the model's generation-config entries this loop reproduces (the sampling ones come in as arguments); any other
@@ -56,17 +49,10 @@ def decodes_by_hand(model) -> bool:
 
 
 def warpers(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None):
-    """What `generate` applies to the logits before sampling, for these settings, in its order."""
-    out = LogitsProcessorList()
-    if temperature is not None and temperature != 1.0:
-        out.append(TemperatureLogitsWarper(temperature))
-    if top_k is not None and top_k != 0:
-        out.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-    if top_p is not None and top_p < 1.0:
-        out.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-    if min_p is not None:
-        out.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
-    return out
+    """What `generate` applies to the logits before sampling, for these settings, in its order (a min_p of 0, which
+    `generate` applies, keeps every token: left out)."""
+    tempered = [TemperatureLogitsWarper(temperature)] if temperature is not None and temperature != 1.0 else []
+    return LogitsProcessorList(tempered + truncating_warpers(top_k, top_p, min_p))
 
 
 @torch.no_grad()
