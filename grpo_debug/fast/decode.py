@@ -17,6 +17,12 @@ softmax, one `torch.multinomial` over all N rows, PAD once a row has produced it
 after `max_new_tokens`. The tokens drawn match `generate`'s (the logits to float rounding:
 tests/test_fast_paths.py). Any other model, a generation config that asks for more processors than these, or
 dropout on: `generate_per_prompt` as before.
+
+A group whose G samples have all ended is no longer computed (`drop_ended_groups`): in a batch that mixes short
+and long answers that is a third of the row-steps. Its rows still take part in the multinomial, with logits and
+scores 0 (a uniform draw, replaced by PAD), so that the random stream, and every other row's token, is
+`generate`'s: the multinomial draws one exponential per row and vocabulary entry whatever the probabilities.
+The scores and logits of an ended row are PAD positions, which the rollout sets to 0 (`rollout.cut_after_eos`).
 """
 
 from __future__ import annotations
@@ -118,6 +124,17 @@ def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, 
     return model.lm_head(tr.ln_f(h))
 
 
+def drop_ended_groups(kept: torch.Tensor, groups: torch.Tensor, copies: int, prompt_kv, own_kv, prompt_bias, positions):
+    """The decode state of the groups `kept` ((g,) bool over the `groups` still computed) alone: their ids (g',),
+    their rows in the full batch (g' * copies,), and `prompt_kv`, `own_kv`, `prompt_bias`, `positions` cut to them."""
+    rows_kept = kept.repeat_interleave(copies)
+    groups = groups[kept]
+    rows = (groups[:, None] * copies + torch.arange(copies)).flatten()
+    prompt_kv = [(keys[kept], values[kept]) for keys, values in prompt_kv]
+    own_kv = [(keys[rows_kept], values[rows_kept]) for keys, values in own_kv]
+    return groups, rows, (prompt_kv, own_kv, prompt_bias[rows_kept], positions[rows_kept])
+
+
 @torch.no_grad()
 def decode_per_prompt(
     model,
@@ -152,13 +169,22 @@ def decode_per_prompt(
     )
     process = warpers(temperature, top_k, top_p, min_p)
     sequences = input_ids.repeat_interleave(copies, 0)
-    unfinished = torch.ones(sequences.shape[0], dtype=torch.long)
+    N, V = logits.shape
+    unfinished = torch.ones(N, dtype=torch.long)
+    groups = torch.arange(input_ids.shape[0])  # the groups still computed: one of their samples has not ended
+    rows = torch.arange(N)  # their rows, in the order of the decode state
     scores, raw, tokens = [], [], None  # tokens: the last drawn, fed at the next step
     for t in range(max_new_tokens):
         if tokens is not None:
-            logits = one_token(model, tokens, positions + t - 1, prompt_kv, own_kv, t - 1, prompt_bias, copies)
+            live = one_token(model, tokens[rows], positions + t - 1, prompt_kv, own_kv, t - 1, prompt_bias, copies)
+            logits = live if len(rows) == N else live.new_zeros(N, V).index_copy_(0, rows, live)
         next_logits = logits.to(dtype=torch.float32, copy=True)
-        next_scores = process(sequences, next_logits)
+        if len(rows) == N:
+            next_scores = process(sequences, next_logits)
+        else:
+            next_scores = torch.zeros_like(next_logits).index_copy_(
+                0, rows, process(sequences[rows], next_logits[rows])
+            )
         scores.append(next_scores)
         raw.append(next_logits)
         tokens = torch.multinomial(torch.softmax(next_scores, -1), num_samples=1).squeeze(1)
@@ -167,6 +193,11 @@ def decode_per_prompt(
         unfinished = unfinished & (tokens != eos_token_id).long()
         if unfinished.max() == 0:
             break
+        ended = ~unfinished.view(-1, copies)[groups].bool().any(1)
+        if ended.any():
+            groups, rows, (prompt_kv, own_kv, prompt_bias, positions) = drop_ended_groups(
+                ~ended, groups, copies, prompt_kv, own_kv, prompt_bias, positions
+            )
     if not return_dict_in_generate:
         return sequences
     return GenerateDecoderOnlyOutput(
