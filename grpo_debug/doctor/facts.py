@@ -15,6 +15,7 @@ from ..detectors.findings import Finding, StepFacts
 from ..detectors.probes import probe_rewards
 from ..detectors.signal_path import explained
 from ..evaluation import EvalSide, eval_side
+from ..logprobs import chunked_logps
 from ..model import absolute_positions, dropout_sources
 from ..rollout import Sampling
 from ..sampler import mismatch_metrics
@@ -119,15 +120,16 @@ def examine(step: GRPOStep, prompts: list[str] = ()) -> tuple[StepFacts, torch.T
 
 def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
     """How far the update moved the policy on the step's own completions: KL(pi_before || pi_after) per scored
-    token, k3 on the sampled tokens (E[rho - 1 - log rho], rho = pi_after / pi_before; dropout off); None
-    where no update ran. Called while the policy holds the updated weights; leaves it at the step's start."""
+    token, k3 on the sampled tokens (E[rho - 1 - log rho], rho = pi_after / pi_before; dropout off; scored as the
+    step's log-probs are, a group at a time, its prompt once where the step is fast); None where no update ran.
+    Called while the policy holds the updated weights; leaves it at the step's start."""
     if run.update is None or not step.updated or not bool(run.logprobs.mask.any()):
         return None
-    scoring = scoring_of(run.config).without_dropout()
+    scoring, score = scoring_of(run.config).without_dropout(), kernels(run.config.fast).score
     with torch.no_grad():
-        after = per_token_logps(step.policy, run.rollout, scoring)
+        after = chunked_logps(step.policy, run.rollout, scoring, score)[0]
         step.restore_policy()
-        before = per_token_logps(step.policy, run.rollout, scoring)
+        before = chunked_logps(step.policy, run.rollout, scoring, score)[0]
     return k3_per_token(after - before, run.logprobs.mask)
 
 
