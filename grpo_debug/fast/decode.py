@@ -124,15 +124,24 @@ def one_token(model, tokens, positions, prompt_kv, own_kv, t: int, prompt_bias, 
     return model.lm_head(tr.ln_f(h))
 
 
-def drop_ended_groups(kept: torch.Tensor, groups: torch.Tensor, copies: int, prompt_kv, own_kv, prompt_bias, positions):
-    """The decode state of the groups `kept` ((g,) bool over the `groups` still computed) alone: their ids (g',),
-    their rows in the full batch (g' * copies,), and `prompt_kv`, `own_kv`, `prompt_bias`, `positions` cut to them."""
-    rows_kept = kept.repeat_interleave(copies)
-    groups = groups[kept]
+def drop_ended_groups(unfinished: torch.Tensor, groups: torch.Tensor, copies: int, state: tuple):
+    """The decode state (`prompt_kv`, `own_kv`, `prompt_bias`, `positions`) of the `groups` still computed, cut to
+    those with a sample not ended ((N,) `unfinished` over the full batch): their ids (g,), their rows in the full batch
+    (g * copies,) and their state; as it was where none ended."""
+    kept = unfinished.view(-1, copies)[groups].bool().any(1)
     rows = (groups[:, None] * copies + torch.arange(copies)).flatten()
+    if kept.all():
+        return groups, rows, state
+    prompt_kv, own_kv, prompt_bias, positions = state
+    rows_kept = kept.repeat_interleave(copies)
     prompt_kv = [(keys[kept], values[kept]) for keys, values in prompt_kv]
     own_kv = [(keys[rows_kept], values[rows_kept]) for keys, values in own_kv]
-    return groups, rows, (prompt_kv, own_kv, prompt_bias[rows_kept], positions[rows_kept])
+    return groups[kept], rows[rows_kept], (prompt_kv, own_kv, prompt_bias[rows_kept], positions[rows_kept])
+
+
+def on_all_rows(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """(len(rows), V) values of `rows` as (n, V), 0 on the other rows."""
+    return values if len(rows) == n else values.new_zeros(n, values.shape[-1]).index_copy_(0, rows, values)
 
 
 @torch.no_grad()
@@ -167,24 +176,19 @@ def decode_per_prompt(
     prompt_kv, own_kv, prompt_bias, positions, logits = start_decoding(
         model, input_ids, attention_mask, copies, max_new_tokens
     )
+    state = (prompt_kv, own_kv, prompt_bias, positions)  # of the groups still computed: one sample not ended
     process = warpers(temperature, top_k, top_p, min_p)
     sequences = input_ids.repeat_interleave(copies, 0)
-    N, V = logits.shape
-    unfinished = torch.ones(N, dtype=torch.long)
-    groups = torch.arange(input_ids.shape[0])  # the groups still computed: one of their samples has not ended
-    rows = torch.arange(N)  # their rows, in the order of the decode state
+    N = sequences.shape[0]
+    unfinished, groups, rows = torch.ones(N, dtype=torch.long), torch.arange(input_ids.shape[0]), torch.arange(N)
     scores, raw, tokens = [], [], None  # tokens: the last drawn, fed at the next step
     for t in range(max_new_tokens):
         if tokens is not None:
+            prompt_kv, own_kv, prompt_bias, positions = state
             live = one_token(model, tokens[rows], positions + t - 1, prompt_kv, own_kv, t - 1, prompt_bias, copies)
-            logits = live if len(rows) == N else live.new_zeros(N, V).index_copy_(0, rows, live)
+            logits = on_all_rows(live, rows, N)
         next_logits = logits.to(dtype=torch.float32, copy=True)
-        if len(rows) == N:
-            next_scores = process(sequences, next_logits)
-        else:
-            next_scores = torch.zeros_like(next_logits).index_copy_(
-                0, rows, process(sequences[rows], next_logits[rows])
-            )
+        next_scores = on_all_rows(process(sequences[rows], next_logits[rows]), rows, N)
         scores.append(next_scores)
         raw.append(next_logits)
         tokens = torch.multinomial(torch.softmax(next_scores, -1), num_samples=1).squeeze(1)
@@ -193,11 +197,7 @@ def decode_per_prompt(
         unfinished = unfinished & (tokens != eos_token_id).long()
         if unfinished.max() == 0:
             break
-        ended = ~unfinished.view(-1, copies)[groups].bool().any(1)
-        if ended.any():
-            groups, rows, (prompt_kv, own_kv, prompt_bias, positions) = drop_ended_groups(
-                ~ended, groups, copies, prompt_kv, own_kv, prompt_bias, positions
-            )
+        groups, rows, state = drop_ended_groups(unfinished, groups, copies, state)
     if not return_dict_in_generate:
         return sequences
     return GenerateDecoderOnlyOutput(
