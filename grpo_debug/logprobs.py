@@ -15,7 +15,7 @@ import torch
 
 from .choices import MASKS
 from .rollout import ROWS_PER_PASS, Rollout, row_chunks
-from .scoring import Scoring, per_token_logps_and_entropies
+from .scoring import Scoring, per_token_logps, per_token_logps_and_entropies
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,20 @@ def chunked_logps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, C) log-probs and (N, C) entropies a few rows at a time (no grad), cut along groups so that each
     piece shares its prompt. `score`: the readable scoring or its fast twin (`speed.kernels`)."""
-    G = rollout.num_generations
-    size = G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS
-    pieces = [score(model, rollout.rows(rows), scoring) for rows in row_chunks(rollout.num_samples, size)]
+    pieces = [score(model, rollout.rows(rows), scoring) for rows in group_chunks(rollout)]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
+
+
+def chunked_token_logps(model, rollout: Rollout, scoring: Scoring, score=per_token_logps) -> torch.Tensor:
+    """(N, C) log-probs alone, in `chunked_logps`'s pieces (the same numbers, no entropy computed). `score`:
+    `scoring.per_token_logps` or its fast twin (`speed.kernels(...).score_logps`)."""
+    return torch.cat([score(model, rollout.rows(rows), scoring) for rows in group_chunks(rollout)])
+
+
+def group_chunks(rollout: Rollout) -> list[list[int]]:
+    """The rows in pieces of ROWS_PER_PASS at most, a group (G rows sharing a prompt) to a piece where G fits."""
+    G = rollout.num_generations
+    return row_chunks(rollout.num_samples, G if 1 < G <= ROWS_PER_PASS else ROWS_PER_PASS)
 
 
 def compute_logprobs(

@@ -15,7 +15,7 @@ from ..detectors.findings import Finding, StepFacts
 from ..detectors.probes import probe_rewards
 from ..detectors.signal_path import explained
 from ..evaluation import EvalSide, eval_side
-from ..logprobs import chunked_logps
+from ..logprobs import chunked_token_logps
 from ..model import absolute_positions, dropout_sources
 from ..rollout import Sampling
 from ..sampler import mismatch_metrics
@@ -125,11 +125,11 @@ def moved_kl(step: GRPOStep, run: StepRun) -> float | None:
     Called while the policy holds the updated weights; leaves it at the step's start."""
     if run.update is None or not step.updated or not bool(run.logprobs.mask.any()):
         return None
-    scoring, score = scoring_of(run.config).without_dropout(), kernels(run.config.fast).score
+    scoring, score = scoring_of(run.config).without_dropout(), kernels(run.config.fast).score_logps
     with torch.no_grad():
-        after = chunked_logps(step.policy, run.rollout, scoring, score)[0]
+        after = chunked_token_logps(step.policy, run.rollout, scoring, score)
         step.restore_policy()
-        before = chunked_logps(step.policy, run.rollout, scoring, score)[0]
+        before = chunked_token_logps(step.policy, run.rollout, scoring, score)
     return k3_per_token(after - before, run.logprobs.mask)
 
 
