@@ -321,10 +321,19 @@ def both_in_top_two(ranked: list[str], expected: dict[str, list[str]]) -> bool:
     return len(top) == 2 and ((top[0] in ids_a and top[1] in ids_b) or (top[0] in ids_b and top[1] in ids_a))
 
 
+def without_effect(spec: dict) -> list[str]:
+    """The planted defects that are defects only where vLLM samples (`Defect.only_with_vllm`), in a run whose trainer
+    samples with its own model: scored as not planted (a single: a clean run, quiet expected)."""
+    vllm = bool(dict(spec["config"]).get("use_vllm"))
+    return [d for d in spec["defects"] if KINDS[d].only_with_vllm and not vllm]
+
+
 def expected_ids(spec: dict) -> dict[str, list[str]]:
     """defect -> the ids that name it, from the catalogue as it is now (spec.json's `expected` is the catalogue's
-    when the run was drawn: a mended catalogue scores the runs drawn before it)."""
-    return {d: list(KINDS[d].expects) for d in spec["defects"]}
+    when the run was drawn: a mended catalogue scores the runs drawn before it); the defects without effect in this
+    run left out."""
+    idle = without_effect(spec)
+    return {d: list(KINDS[d].expects) for d in spec["defects"] if d not in idle}
 
 
 def score_outside(spec: dict, findings: list[dict]) -> dict:
@@ -365,6 +374,7 @@ def score_run(spec: dict, findings: list[dict]) -> dict:
         "causes": ranked,
         "loud": [f["id"] for f in findings if f["severity"] in LOUD],
         "named": {d: dict(zip(("rank", "as"), named_at(ranked, ids))) for d, ids in expected.items()},
+        "without_effect": without_effect(spec),
     }
     if not expected:
         row["quiet"] = not row["loud"]
@@ -493,6 +503,7 @@ def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:
         "failed": failed,
         "missing": missing,
         "planted_but_not_in_the_step": not_present,
+        "planted_without_effect": {r["name"]: r["without_effect"] for r in rows if r.get("without_effect")},
         # an expected id the doctor does not report (its catalogue lost or renamed it) is never named: mend CATALOGUE
         "expected_ids_the_doctor_lacks": sorted({i for d in CATALOGUE.values() for i in d.expects} - reported),
         "per_run": rows,
@@ -589,6 +600,7 @@ def markdown(scores: dict) -> str:
         f"| clean runs with nothing at warning or above | {percent(scores['quiet_rate_clean'])} | {n['clean']} |",
         f"| doctor seconds per run (median, max) | {s.get('median', 0):.1f}, {s.get('max', 0):.1f} | {s.get('n', 0)} |",
         f"| left out: planted defect not in the captured step | | {len(scores['planted_but_not_in_the_step'])} |",
+        f"| scored as not planted: a defect only where vLLM samples | | {len(scores['planted_without_effect'])} |",
         f"| left out: training or the doctor failed | | {len(scores['failed'])} |",
         f"| left out: not trained or not diagnosed yet | | {len(scores['missing'])} |",
         "",

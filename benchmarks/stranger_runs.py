@@ -265,6 +265,8 @@ class Defect:
     stage: str | None = None  # the stage of the signal's path where it loses the signal (the outside kinds: named
     # right where the doctor's first loud finding speaks of this stage)
     setting: str | None = None  # ...and the words of the setting that did it, in that finding's summary
+    only_with_vllm: bool = False  # a defect only where vLLM samples (its log-probs enter the importance ratio): in
+    # a run whose trainer samples with its own model it changes no number the step learns from, and is scored so
 
 
 def _replace_first_reward(run: Run, name: str) -> Run:
@@ -336,14 +338,18 @@ CATALOGUE: dict[str, Defect] = {
             _pairs_of_two,
             tags=("first_reward", "signal"),
         ),
-        # without vLLM no importance ratio carries the mass the sampler cut (TRL #6789): what a truncation can do
-        # to these runs is narrow their groups to one text, which identical_groups names with the same fix
+        # a truncated sampler biases vLLM's importance ratio (TRL #6789: vLLM's log-probs renormalised over the
+        # kept tokens, the trainer's over the vocabulary); the corpus's runs sample with the trainer's own model,
+        # whose old and new log-probs are both the full distribution's, so a mild cut loses no signal there and the
+        # run is scored as if it were not planted (`only_with_vllm`); a cut that narrows the groups to one text is
+        # narrow_top_p
         Defect(
             "sampler_truncation",
             ("sampler_truncation", "identical_groups"),
             "top_p 0.8-0.95 or top_k 5-20",
             _sampler_truncation,
             tags=("sampling",),
+            only_with_vllm=True,
         ),
         Defect(
             "narrow_top_p",
