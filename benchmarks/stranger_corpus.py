@@ -522,13 +522,13 @@ def probe_row(spec: dict, probe: dict | None) -> dict:
         return {}
     side = "pipeline" if spec["defects"] and OUTSIDE[spec["defects"][0]].stage in PIPELINE_STAGES else "reward"
     verdict = probe.get("verdict")
-    said = {"carries": "reward", "slow": "pipeline", "turned away": "pipeline"}.get(verdict)
-    return {"probe": {"side": side, "verdict": verdict, "said": said, "right": said == side,
+    said = {"carries": "reward", "lost": "pipeline", "slow": "pipeline", "turned away": "pipeline"}.get(verdict)
+    return {"probe": {"side": side, "verdict": verdict, "said": said, "right": said == side, "stage": probe.get("stage"),
                       "rise": (probe.get("rise") or {}).get("mean"), "kl_moved": probe.get("kl_moved"),
                       "learning_rate": dict(spec.get("config", [])).get("learning_rate"), "seconds": probe.get("seconds")}}  # fmt: skip
 
 
-VERDICTS = ("carries", "slow", "turned away", None)
+VERDICTS = ("carries", "lost", "slow", "turned away", None)  # lost: the probe's path (slow, turned away: before it)
 
 
 def probe_scores(rows: list[dict]) -> dict:
@@ -576,12 +576,15 @@ def probe_lines(pr: dict) -> list[str]:
     kinds' share; nothing where no run was probed."""
     if not (pr.get("pipeline", {}).get("runs") or pr.get("reward", {}).get("runs")):
         return []
-    lines = ["", "| the probe, on runs of a known side | runs | carries | slow | turned away | no probe | on their side "
-             "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    path = "lost" in pr["pipeline"]  # the probe's path decides (a report of a doctor before it: slow, turned away)
+    middle = "lost at a stage after the rewards" if path else "slow | turned away"
+    lines = ["", f"| the probe, on runs of a known side | runs | carries | {middle} | no probe | on their side "
+             "| held-out kinds: on their side / runs |", "|---|---|---|---|---|---|---|" + "---|" * (not path)]  # fmt: skip
     for side, what in (("pipeline", "outside kinds of the pipeline's stages"),
                        ("reward", "outside kinds of the reward's stages, and clean runs")):  # fmt: skip
         p, h = pr[side], pr["held_out_kinds"][side]
-        lines.append(f"| {what} | {p['runs']} | {p['carries']} | {p['slow']} | {p['turned away']} | {p['None']} | "
+        counts = f"{p['lost']}" if path else f"{p['slow']} | {p['turned away']}"
+        lines.append(f"| {what} | {p['runs']} | {p['carries']} | {counts} | {p['None']} | "
                      f"{p['right']} | {h['right']} / {h['runs']} |")  # fmt: skip
     return lines
 

@@ -35,13 +35,14 @@ def user(tmp_path_factory) -> Path:
     return qwen2_user(tmp_path_factory.mktemp("user"))
 
 
-def doctor(captures: Path, user: Path, funcs: str = "user_train.py:REWARD_FUNCS") -> dict:
-    """`python -m grpo_debug doctor` on the run's last captured step, from the user's folder, with their rewards."""
+def doctor(captures: Path, user: Path, funcs: str = "user_train.py:REWARD_FUNCS", probe: str = "0") -> dict:
+    """`python -m grpo_debug doctor` on the run's last captured step, from the user's folder, with their rewards (the
+    probe's path; `probe` K > 0: its curve over K steps too)."""
     step = sorted(captures.glob("step-*"))[-1]
     out = user / f"{captures.parent.name}-report.json"
     done = subprocess.run(
         [sys.executable, "-m", "grpo_debug", "doctor", str(step), "--task", funcs, "--horizon", "0", "--held-out", "0",
-         "--probe", "8", "--budget", "600", "--json", str(out)],  # the budget's own tests: test_doctor_budget.py
+         "--probe", probe, "--budget", "600", "--json", str(out)],  # the budget's own tests: test_doctor_budget.py
         cwd=user, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, f"the doctor failed on {step}:\n{done.stderr[-2000:]}"
@@ -72,9 +73,11 @@ def test_a_learning_rate_far_too_small_is_lost_at_the_update(user):
     path = [line.split()[0] for line in report["text"].splitlines() if line.startswith("  ") and "%" in line[:20]]
     assert path[:7] == STAGES, f"the text report does not open with the signal's path: {report['text'][:1500]}"
     assert "<- lost here" in report["text"].split("the doctor:")[0], report["text"][:1500]
-    probe = report["probe"]  # the pipeline moves nothing, whatever the reward
-    assert probe["carries"] is False and probe["kl_moved"] < 1e-10, probe
-    assert probe["verdict"] == "slow" and "too little to learn" in probe["said"] and "probe:" in report["text"], probe
+    probe = report["probe"]  # a reward the model can learn, through the same pipeline: the update moves nothing
+    assert probe["carries"] is False and probe["verdict"] == "lost" and probe["stage"] == "update", probe["said"]
+    assert probe["lost_to"].startswith("learning_rate") and "whatever the reward" in probe["said"], probe
+    moved = next(s for s in probe["path"] if s["stage"] == "update")["measured"]["moved_kl"]
+    assert moved < 1e-10 and "probe:" in report["text"], f"the probe's update moved KL {moved}"
 
 
 def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
@@ -84,10 +87,9 @@ def test_a_token_filter_that_keeps_2_percent_is_lost_at_the_tokens(user):
     assert first["evidence"]["lost_to"] == "top_entropy_quantile 0.02", first["evidence"]
     tokens = stage(report, "tokens")
     assert tokens["kept"] <= 0.1 and tokens["measured"]["removed"]["top_entropy_quantile 0.02"] >= 0.9, tokens
-    probe = report["probe"]  # the filter opened on the same seeds: every token trained makes more progress
-    assert probe["opened"] == ["top_entropy_quantile 0.02 -> 1.0"], probe["opened"]
-    kept = probe["kept"]  # (about half as much: the 2% it keeps are the high-entropy tokens, where the probe's choice
-    assert 0 < kept["progress"]["mean"] < kept["progress_opened"]["mean"], kept  # is made; its verdict is borderline)
+    probe = report["probe"]  # the probe's signal, on the same completions, is lost where the run's was
+    assert probe["verdict"] == "lost" and probe["stage"] == "tokens", probe["said"]
+    assert probe["lost_to"] == "top_entropy_quantile 0.02", probe["lost_to"]
 
 
 def test_a_sampler_that_keeps_a_few_tokens_loses_the_signal_at_the_samples_whatever_its_flip(user):
@@ -112,6 +114,7 @@ def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completion
         user_train_run(user, "judged", {"judged": True, "learning_rate": 3e-4}),
         user,
         "user_train.py:JUDGED_REWARD_FUNCS",
+        probe="8",
     )
     found = next(f for f in report["findings"] if f["id"] == "rewards_not_own")
     assert found["severity"] in ("problem", "warning"), found
@@ -119,9 +122,9 @@ def test_a_judge_that_scores_by_chance_gives_rewards_that_are_not_the_completion
     assert set(e["rescored_moved"]) == {"judged"} and set(e["reordered_moved"]) == {"judged"}, e
     assert set(e["rows_differing"]) == {"judged"}, f"only judged should differ from the logged rewards: {e}"
     assert first_loud(report)["id"] in ("rewards_not_own", "signal_lost"), first_loud(report)
-    probe = report["probe"]  # the pipeline learns a reward the model can learn: the judge is where it is lost
-    assert probe["carries"] is True and probe["rise"]["ci_low"] > 0, probe
-    assert "lost at the reward" in probe["said"], probe["said"]
+    probe = report["probe"]  # the pipeline carries a reward the model can learn: the judge is where it is lost
+    assert probe["carries"] is True and "lost at the reward" in probe["said"], probe["said"]
+    assert probe["rise"]["ci_low"] > 0, f"trained 8 steps at 3e-4 the probe's mass did not rise: {probe['rise']}"
 
 
 def test_a_reward_that_scores_one_completion_in_sixteen_is_lost_at_the_rewards_and_named_by_bad_reward(user):
@@ -154,8 +157,8 @@ def test_a_kl_weight_that_swamps_the_policy_term_is_lost_at_the_loss(user):
     first = first_loud(report)
     assert first["id"] == "signal_lost" and first["evidence"]["stage"] == "loss", first
     assert first["evidence"]["lost_to"] == "beta 10", first["evidence"]
-    probe = report["probe"]  # opened (beta 0) on the same seeds, the probe progresses; at beta 10 it is pulled back
-    assert probe["opened"] == ["beta 10.0 -> 0.0"] and probe["verdict"] == "turned away", probe["said"]
+    probe = report["probe"]  # the probe's policy term, too, is outweighed by the KL term's
+    assert probe["verdict"] == "lost" and probe["stage"] == "loss" and probe["lost_to"] == "beta 10", probe["said"]
 
 
 @pytest.mark.slow
@@ -225,28 +228,31 @@ def test_a_not_measurable_flip_takes_its_severity_from_the_resampled_step():
     assert "the update moves (cosine +0.500)" in flip_verdict(moving), flip_verdict(moving)
 
 
-def test_the_probes_verdict_follows_its_intervals_and_is_printed_with_both_curves():
-    """verdict_of on intervals as run_probe builds them: slow first; turned away where the move points away or keeps
-    under half the opened progress; else carries (the pipeline is blamed on a measurement, not for want of one)."""
+def test_the_probes_verdict_is_the_first_pipeline_stage_that_loses_its_signal_and_is_printed_with_its_curve():
+    """read_path on stages as probe_path measures them: lost at the first stage after the rewards that loses nearly
+    all (the setting traced), carries where none does, no verdict where the probe's own rewards do not vary; the
+    report's line carries the curve where the probe was trained over steps."""
+    from grpo_debug.detectors.signal_path import Stage
     from grpo_debug.doctor.present import probe_line
-    from grpo_debug.doctor.probe import verdict_of
-    from grpo_debug.stats import seed_interval
+    from grpo_debug.doctor.probe import TokenProbe, read_path
 
-    toward, noisy, away = (
-        seed_interval(torch.tensor(v)) for v in ([0.1, 0.12, 0.09], [0.1, -0.1, 0.02], [-0.1, -0.12, -0.09])
-    )
-    kept = {"margin": seed_interval(torch.tensor([0.01, 0.02, 0.015])).as_dict()}
-    lost = {"margin": seed_interval(torch.tensor([-0.01, -0.02, -0.015])).as_dict()}
-    unsettled = {"margin": seed_interval(torch.tensor([0.01, -0.02, 0.005])).as_dict()}
-    assert verdict_of(True, toward, None) == "slow" and verdict_of(True, toward, kept) == "slow"
-    assert verdict_of(False, toward, None) == "carries" and verdict_of(False, toward, kept) == "carries"
-    assert verdict_of(False, toward, lost) == "turned away" and verdict_of(False, away, None) == "turned away"
-    assert verdict_of(False, noisy, None) == "carries" and verdict_of(False, toward, unsettled) == "carries"
+    probe = TokenProbe((3, 5), ("a", "b"), 0.48)
+    varied, flat = Stage("rewards", 0.9, "9/10 groups vary"), Stage("rewards", 0.0, "0/10 groups vary")
+    through = [Stage(n, 1.0, f"{n} through") for n in ("advantages", "tokens", "loss", "parameters", "update")]
+    masked = [*through[:1], Stage("tokens", 0.02, "2% carry", "top_entropy_quantile 0.02"), *through[2:3],
+              Stage("parameters", 0.001, "frozen", "requires_grad=False on 99.9% of the weights"), *through[4:]]  # fmt: skip
+    lost = read_path(probe, [varied, *masked])
+    assert (lost["verdict"], lost["stage"], lost["lost_to"], lost["carries"]) == (
+        "lost", "tokens", "top_entropy_quantile 0.02", False), lost  # fmt: skip
+    assert "lost at the tokens: top_entropy_quantile 0.02" in lost["said"], lost["said"]
+    carries = read_path(probe, [varied, *through])
+    assert carries["verdict"] == "carries" and carries["carries"] is True and "lost at the reward" in carries["said"]
+    none = read_path(probe, [flat, *masked])
+    assert none["verdict"] is None and none["carries"] is None, "a probe without varied rewards gave a verdict"
 
     class Probed:
-        probe = {"carries": True, "verdict": "carries", "said": "...: carries", "mass_by_step": [0.5, 0.51],
-                 "seeds": [0, 1], "mass_by_step_opened": [0.5, 0.6]}  # fmt: skip
+        probe = {**carries, "mass_by_step": [0.5, 0.5001], "seeds": [0, 1], "steps": 1}
 
     assert (
-        probe_line(Probed) == "probe: ...: carries (mass by step, mean of 2 seeds: 0.50 -> 0.51; opened: 0.50 -> 0.60)"
+        probe_line(Probed) == f"probe: {carries['said']} (its mass trained 1 steps, mean of 2 seeds: 0.5000 -> 0.5001)"
     )

@@ -38,15 +38,17 @@ from .png_folder import check_png_folder
 
 
 def add_probe_flag(dr) -> None:
-    dr.add_argument(
+    probe = dr.add_mutually_exclusive_group()
+    probe.add_argument(
         "--probe",
         type=ascii_int,
         metavar="K",
-        help="is it the reward or the pipeline: a probe reward the model can learn (tokens it samples 20-80%% of "
-        "the time) trained K steps (8 is the probe's own default) on the run's own config and optimizer, 6 seeds, "
-        "within --budget; off by default: on the stranger corpus's held-out runs it does not yet tell the two apart "
-        "(benchmarks/README.md)",
+        help="is it the reward or the pipeline (on by default): a probe reward the model can learn (tokens it "
+        "samples 20-80%% of the time) in place of yours, one update through your run's pipeline, where the "
+        "signal's path says whether the pipeline lets it through; K > 0 also trains it K steps, 6 seeds, for its "
+        "curve, within --budget",
     )
+    probe.add_argument("--no-probe", action="store_true", help="no probe (see --probe)")
 
 
 def add_doctor_parser(sub) -> None:
@@ -120,7 +122,7 @@ def diagnosed(args, where: dict | None, cfg, overrides: dict, started: float):
     horizon = args.horizon if args.horizon is not None else (HORIZON if args.task else 0)
     default = "cuda" if where["device"] != "cpu" else "cpu horizon" if horizon else "cpu"
     budget = args.budget if args.budget is not None else BUDGET[default]
-    probe = args.probe or 0
+    probe = None if args.no_probe else (args.probe or 0)
     return diagnose(step, not args.no_flip, args.held_out, horizon, args.horizon_seeds, budget, True, probe, started)
 
 

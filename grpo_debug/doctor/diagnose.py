@@ -29,7 +29,7 @@ from .forecast import forecast_tested
 from .horizon import SEEDS, compare, continue_step, samples_anew, take_trainers_optimizer
 from .narrowed import a_cause_of_its_own, narrowing_tested
 from .onsets import after_onsets, onsets_of
-from .probe import PROBE_SEEDS, opened, run_probe
+from .probe import PROBE_SEEDS, run_probe
 from .report import Report, flip_measurable, rank
 from .resampled import signal_tested
 
@@ -42,7 +42,7 @@ def diagnose(
     horizon_seeds: int = SEEDS,
     budget: float | None = None,
     progress: bool = False,
-    probe: int = 0,
+    probe: int | None = None,
     started: float | None = None,
 ) -> Report:
     """Every detector on the step, each present finding with a toggle flipped on it (`flip`), the differential,
@@ -54,8 +54,9 @@ def diagnose(
     (time.perf_counter(); default now: a command passes its own start, so that loading counts): the step and its
     detectors always run, then the flips, the probe and the horizon take what is left, each cut before it would run
     past the end, and `Report.budget` says what was cut (`deadline`). `progress`: each phase and the time left, and
-    the horizon's plan, on stderr. `probe` K > 0: a probe reward the model can learn trained K steps on the run's
-    pipeline (`probe`), before the horizon takes the rest."""
+    the horizon's plan, on stderr. `probe` (None: not run): a probe reward the model can learn in place of the
+    run's, one update through the run's pipeline and its path (`probe`), and where K > 0 its curve over K steps,
+    before the horizon takes the rest."""
     problem = horizon_problem(horizon, horizon_seeds, budget) if horizon > 0 else None
     if problem:
         raise ValueError(problem)
@@ -152,16 +153,17 @@ def _flipped(step: GRPOStep, facts, findings: list[Finding], delta, held_out: He
     return findings, detected
 
 
-def _probed(step: GRPOStep, base: StepRun, probe: int, phases: Phases) -> dict | None:
-    """The probe trained `probe` steps where asked (0: None), cut where not even one step of it (about what the step
-    cost, an upper bound) fits in what is left; `run_probe` times one and fits its seeds to the rest."""
-    if probe <= 0:
+def _probed(step: GRPOStep, base: StepRun, probe: int | None, phases: Phases) -> dict | None:
+    """The probe where asked (None: not run; K > 0: with its curve over K steps), cut where not even one step of it
+    (about what the step cost, an upper bound) fits in what is left; `run_probe` times one curve step and fits its
+    seeds to the rest."""
+    if probe is None:
         return None
-    arms = 2 if opened(base.config)[1] else 1  # the run's pipeline, and the same opened where it differs
     if not phases.deadline.holds(one_step(base, phases)):
         phases.cut.append("the probe")
         return {"carries": None, "why": "cut for the budget: not even one of its steps fit in what was left"}
-    phases.say(f"probe: a reward the model can learn, trained {probe} steps x {PROBE_SEEDS} seeds x {arms} arms")
+    curve = f", then trained {probe} steps x {PROBE_SEEDS} seeds" if probe > 0 else ""
+    phases.say(f"probe: a reward the model can learn in place of the run's, one update through its pipeline{curve}")
     with phases.timed("the probe"):
         return run_probe(step, base, probe, PROBE_SEEDS, phases.deadline.for_phase())
 

@@ -140,10 +140,15 @@ def k3_per_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
     return ((torch.expm1(log_ratio) - log_ratio) * mask.double()).sum().item() / max(mask.sum().item(), 1.0)
 
 
+def weight_norm_of(step: GRPOStep) -> float:
+    """||theta|| at the step's start over the trained parameters (a tied embedding counted once)."""
+    return torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
+
+
 def facts_of(step: GRPOStep, run: StepRun) -> StepFacts:
     parameters = parameters_moved(step, run)  # before `moved_kl` puts the step's start back
     step_kl = moved_kl(step, run)
-    weight_norm = torch.cat([before.flatten().float() for _, before in _trained(step)]).norm().item()
+    weight_norm = weight_norm_of(step)
     capture, r, lp = step.capture, run.rollout, run.logprobs
     sampler_known = capture is None or "sampling_per_token_logps" in capture.batch  # our sampler, or vLLM's
     sampler_known = sampler_known and bool(lp.mask.any())  # a flip that masks every token scores none

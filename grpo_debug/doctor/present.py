@@ -133,17 +133,17 @@ def signal_path_of(report: Report) -> list[dict]:
 
 
 def probe_line(report: Report) -> str:
-    """Whether the pipeline carries a reward the model can learn (`probe`), with the probe's curve."""
+    """Whether the pipeline carries a reward the model can learn (`probe`), with the probe's curve where it was
+    trained over steps."""
     p = report.probe
     if p is None:
-        return "probe: not run (--probe K trains a probe reward K steps on the run's pipeline)"
+        return "probe: not run (the command runs it unless --no-probe; --probe K adds its curve over K steps)"
     if "why" in p:  # no probe chosen, run or left time
         return f"probe: {p['why']}"
-    curve = " -> ".join(f"{m:.2f}" for m in p["mass_by_step"])
-    line = f"probe: {p['said']} (mass by step, mean of {len(p['seeds'])} seeds: {curve}"
-    if p.get("mass_by_step_opened"):
-        line += "; opened: " + " -> ".join(f"{m:.2f}" for m in p["mass_by_step_opened"])
-    return line + ")"
+    if "mass_by_step" in p:
+        curve = " -> ".join(f"{m:.4f}" for m in p["mass_by_step"])
+        return f"probe: {p['said']} (its mass trained {p['steps']} steps, mean of {len(p['seeds'])} seeds: {curve})"
+    return f"probe: {p['said']}" + (f" ({p['curve']})" if "curve" in p else "")
 
 
 def signal_lines(report: Report) -> list[str]:
