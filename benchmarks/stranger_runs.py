@@ -266,7 +266,7 @@ class Defect:
     # right where the doctor's first loud finding speaks of this stage)
     setting: str | None = None  # ...and the words of the setting that did it, in that finding's summary
     only_with_vllm: bool = False  # a defect only where vLLM samples (its log-probs enter the importance ratio): in
-    # a run whose trainer samples with its own model it changes no number the step learns from, and is scored so
+    # a run whose trainer samples with its own model it is optional (`stranger_corpus.optional`)
 
 
 def _replace_first_reward(run: Run, name: str) -> Run:
@@ -340,9 +340,8 @@ CATALOGUE: dict[str, Defect] = {
         ),
         # a truncated sampler biases vLLM's importance ratio (TRL #6789: vLLM's log-probs renormalised over the
         # kept tokens, the trainer's over the vocabulary); the corpus's runs sample with the trainer's own model,
-        # whose old and new log-probs are both the full distribution's, so a mild cut loses no signal there and the
-        # run is scored as if it were not planted (`only_with_vllm`); a cut that narrows the groups to one text is
-        # narrow_top_p
+        # whose old and new log-probs are both the full distribution's: there a mild cut may narrow some groups to
+        # one text (identical_groups) or change nothing the step learns from, so it is optional (`only_with_vllm`)
         Defect(
             "sampler_truncation",
             ("sampler_truncation", "identical_groups"),

@@ -1,45 +1,49 @@
 """How benchmarks/stranger_corpus.py scores a run against what was planted in it: a defect that is one only where
-vLLM samples (`Defect.only_with_vllm`: a truncating sampler biases vLLM's importance ratio, TRL #6789) is scored
-as not planted in a run whose trainer samples with its own model, and as planted where the run uses vLLM."""
+vLLM samples (`Defect.only_with_vllm`: a truncating sampler biases vLLM's importance ratio, TRL #6789) is optional
+in a run whose trainer samples with its own model (named or not, no miss: its ids and their symptoms are taken out
+and the run scored on the rest), and an ordinary defect where the run uses vLLM."""
 
 import sys
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from stranger_corpus import expected_ids, score_run, without_effect  # noqa: E402
+from stranger_corpus import expected_ids, optional, score_run  # noqa: E402
 from stranger_runs import defects_of, draw_run, spec_json  # noqa: E402
 
 TRUNCATION_SINGLE = next(s for s in range(0, 1000, 2) if defects_of(s) == ("sampler_truncation",))
 TRUNCATION_DOUBLE = next(s for s in range(0, 1000, 2) if defects_of(s) == ("sampler_truncation", "constant_reward"))
 
 
-def finding(id_: str, severity: str = "warning") -> dict:
-    return {"id": id_, "severity": severity, "symptom_of": None, "summary": "", "evidence": {}}
+def finding(id_: str, severity: str = "warning", symptom_of: tuple[str, ...] = ()) -> dict:
+    return {"id": id_, "severity": severity, "symptom_of": list(symptom_of), "summary": "", "evidence": {}}
 
 
 def with_vllm(spec: dict) -> dict:
     return {**spec, "config": {**dict(spec["config"]), "use_vllm": True}}
 
 
-def test_a_mild_truncation_without_vllm_is_scored_as_a_clean_run_that_must_stay_quiet():
+def test_a_mild_truncation_without_vllm_is_a_clean_run_whether_or_not_its_narrowed_groups_are_named():
     spec = spec_json(draw_run(TRUNCATION_SINGLE))
-    assert without_effect(spec) == ["sampler_truncation"], without_effect(spec)
+    assert optional(spec) == ["sampler_truncation"], optional(spec)
     assert score_run(spec, [])["quiet"] is True, "a quiet doctor on a run without the defect's effect scored wrong"
-    loud = score_run(spec, [finding("sampler_truncation")])
-    assert loud["quiet"] is False and loud["planted"] == ["clean"], f"a loud finding on it is not a false alarm: {loud}"
+    narrowed = [finding("identical_groups"), finding("zero_std_groups", symptom_of=("identical_groups",))]
+    assert score_run(spec, narrowed)["quiet"] is True, "naming the truncation's narrowed groups scored as noise"
+    loud = score_run(spec, [finding("large_advantages")])
+    assert loud["quiet"] is False and loud["planted"] == ["clean"], f"another loud finding is a false alarm: {loud}"
 
 
 def test_the_same_truncation_with_vllm_is_a_single_defect_to_name():
     spec = with_vllm(spec_json(draw_run(TRUNCATION_SINGLE)))
-    assert without_effect(spec) == [] and list(expected_ids(spec)) == ["sampler_truncation"], expected_ids(spec)
+    assert optional(spec) == [] and list(expected_ids(spec)) == ["sampler_truncation"], expected_ids(spec)
     assert score_run(spec, [finding("sampler_truncation")])["top1"] is True
     assert score_run(spec, [])["top1"] is False, "an unnamed truncation under vLLM scored as named"
 
 
 def test_a_double_with_a_mild_truncation_is_scored_on_its_other_defect_alone():
     spec = spec_json(draw_run(TRUNCATION_DOUBLE))
-    row = score_run(spec, [finding("constant_reward"), finding("zero_std_groups")])
+    row = score_run(spec, [finding("identical_groups"), finding("constant_reward"), finding("zero_std_groups")])
     assert row["planted"] == ["constant_reward"] and row["top1"] is True, row
-    assert row["without_effect"] == ["sampler_truncation"], row
+    assert row["optional"] == ["sampler_truncation"], row
+    assert score_run(spec, [finding("zero_std_groups"), finding("constant_reward")])["top1"] is False
     assert "both_top2" in score_run(with_vllm(spec), [finding("constant_reward")]), "under vLLM it is a double again"

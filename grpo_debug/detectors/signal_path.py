@@ -39,6 +39,12 @@ KL_SWAMPS = 1.0  # the KL term's gradient larger than the policy term's: the ste
 # 3.3e-6, 1e-8 8.3e-10, 1e-10 5.2e-11, where float32 rounds most of the update away; a LoRA run at TRL's default
 # rate moves 7.5e-9 on its first steps (its B starts at 0): slow, not lost
 MOVED_NOTHING = 1e-10
+# ...and whose weights barely move: an update under this share of the trained weights' norm takes over 10,000 steps,
+# all one way, to move them by 0.1% of it. Both must hold: a confident policy (its sampled tokens near probability
+# 1) moves by a KL near 0 on its own completions however far its weights go, and a LoRA adapter whose B is still
+# near 0 moves the policy at second order (corpus tuning runs: KL 1e-15 and 1e-11 at 6.8e-5 and 4.4e-4 of the
+# norm; a rate of 1e-10 moves 1e-9 of it)
+STILL = 1e-7
 ZERO = 1e-12  # an advantage or a gradient below this is float rounding, not signal
 FROZEN = 0.01  # a full model training under 1% of its weights: frozen, where no adapter is what trains
 
@@ -238,7 +244,7 @@ def update(f: StepFacts) -> Stage:
             + (f", clipped x{clip:.2g}" if clip < 1 else "") + f"; {relative:.2g} of the weights' norm)")  # fmt: skip
     if upd.grad_norm <= ZERO:
         return Stage("update", None, said + ": no gradient to step with", measured=measured)
-    nothing = f.step_kl < MOVED_NOTHING
+    nothing = f.step_kl < MOVED_NOTHING and relative < STILL
     scheduled = f" as scheduled from learning_rate {cfg.learning_rate:g}" if rate != cfg.learning_rate else ""
     lost_to = f"learning_rate {rate:g}{scheduled}" if nothing else ""
     return Stage("update", 0.0 if nothing else 1.0, said, lost_to, "raise learning_rate", measured)
