@@ -6,9 +6,9 @@ practitioners check a learner on a probe environment before they blame the task.
 
 The probe pays each completion the share of its tokens that are one of a few `tokens`. They are chosen on the step's
 own completions: the policy's most likely tokens, as many as bring the sampler's mass on them (its temperature,
-top_k, top_p, min_p; averaged over every completion position, teacher-forced) nearest half, within 20-80%. A reward
-on a choice the policy makes half the time, at every position, gives nearly every group reward variance and asks the
-smallest change the policy can make, at every token the step trains.
+top_k, top_p, min_p; averaged over every completion position, teacher-forced) within 20-80%, the count that gives
+the most of the step's groups reward variance, then the nearest half. A reward on a choice the policy makes about half
+the time, at every position, asks the smallest change the policy can make, at every token the step trains.
 
 The verdict is an intervention on the reward alone: the step's own completions scored by the probe instead of the
 run's functions, then the run's own pipeline (its advantages, masks, loss, trainable weights and optimizer: on a
@@ -97,18 +97,41 @@ def sampler_masses(policy, rollout, scoring, tokens: list[int] | None = None) ->
     return total / max(where.sum().item(), 1.0)
 
 
+def varied_groups(rollout, tokens: list[int]) -> int:
+    """How many of the rollout's groups the probe paying for `tokens` gives reward variance (its share of those tokens
+    up to each completion's EOS differs within the group)."""
+    where = _positions(rollout)
+    kept = torch.isin(rollout.completion_ids, torch.tensor(tokens, device=rollout.completion_ids.device))
+    share = (kept.double().cpu() * where.cpu()).sum(1) / where.sum(1).clamp(min=1).cpu()
+    groups = share.view(-1, rollout.num_generations)
+    return int((groups.amax(1) > groups.amin(1)).sum())
+
+
 def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
-    """The probe for the step's run `run` (see the module), or None where no set of the policy's most likely tokens
-    holds 20-80% of its mass (one token holds more than 80%)."""
+    """The probe for the step's run `run` (see the module): among the sets of the policy's most likely tokens holding
+    20-80% of its mass, the one that gives the most of the step's own groups reward variance (two completions of a
+    group that differ may hold the same share of one set and not of another), then the nearest half; where none
+    gives any group variance, the one token of the completions that gives the most groups variance, then the most
+    likely (a rarer choice, but a signal the pipeline's stages can be measured on). None where no token varies
+    within any group (every group one text), or no set holds 20-80% of the mass (one token holds more than 80%)."""
     step.restore_policy()
     masses, order = sampler_masses(step.policy, run.rollout, as_sampled(run.config)).sort(descending=True)
     low, high = MASS_BAND
     cumulative = masses.cumsum(0)[: int((masses.cumsum(0) < high).sum()) + 1]
-    k = int((cumulative - 0.5).abs().argmin()) + 1  # nearest half: the most groups vary
-    if not low <= cumulative[k - 1] <= high:
+    candidates = [order[:k].tolist() for k in range(1, len(cumulative) + 1) if low <= cumulative[k - 1] <= high]
+    if not candidates:
         return None
-    tokens = tuple(order[:k].tolist())
-    return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), float(cumulative[k - 1]))
+    best = max(candidates, key=lambda s: (varied_groups(run.rollout, s), -abs(float(masses[: len(s)].sum()) - 0.5)))
+    if varied_groups(run.rollout, best) == 0:
+        rank = {t: i for i, t in enumerate(order.tolist())}
+        present = [[t] for t in run.rollout.completion_ids.unique().tolist() if t in rank]
+        best = max(present, key=lambda s: (varied_groups(run.rollout, s), -rank[s[0]]), default=best)
+    tokens, mass = tuple(best), float(masses[[rank_of(order, t) for t in best]].sum())
+    return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), mass)
+
+
+def rank_of(order: torch.Tensor, token: int) -> int:
+    return int((order == token).nonzero()[0, 0])
 
 
 def probe_path(step: GRPOStep, run: StepRun, probe: TokenProbe) -> tuple[StepFacts, list]:
