@@ -112,20 +112,21 @@ def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
     20-80% of its mass, the one that gives the most of the step's own groups reward variance (two completions of a
     group that differ may hold the same share of one set and not of another), then the nearest half; where none
     gives any group variance, the one token of the completions that gives the most groups variance, then the most
-    likely (a rarer choice, but a signal the pipeline's stages can be measured on). None where no token varies
-    within any group (every group one text), or no set holds 20-80% of the mass (one token holds more than 80%)."""
+    likely (a rarer choice, but a signal the pipeline's stages can be measured on; also where one token holds more
+    than 80% of the mass). None only for completions without a token."""
     step.restore_policy()
     masses, order = sampler_masses(step.policy, run.rollout, as_sampled(run.config)).sort(descending=True)
     low, high = MASS_BAND
     cumulative = masses.cumsum(0)[: int((masses.cumsum(0) < high).sum()) + 1]
     candidates = [order[:k].tolist() for k in range(1, len(cumulative) + 1) if low <= cumulative[k - 1] <= high]
-    if not candidates:
-        return None
-    best = max(candidates, key=lambda s: (varied_groups(run.rollout, s), -abs(float(masses[: len(s)].sum()) - 0.5)))
-    if varied_groups(run.rollout, best) == 0:
+    best = max(candidates, default=None,
+               key=lambda s: (varied_groups(run.rollout, s), -abs(float(masses[: len(s)].sum()) - 0.5)))  # fmt: skip
+    if best is None or varied_groups(run.rollout, best) == 0:
         rank = {t: i for i, t in enumerate(order.tolist())}
         present = [[t] for t in run.rollout.completion_ids.unique().tolist() if t in rank]
         best = max(present, key=lambda s: (varied_groups(run.rollout, s), -rank[s[0]]), default=best)
+    if best is None:
+        return None
     tokens, mass = tuple(best), float(masses[[rank_of(order, t) for t in best]].sum())
     return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), mass)
 
@@ -223,7 +224,7 @@ def run_probe(
     t0 = time.perf_counter()
     probe = probe_of(step, run)
     if probe is None:
-        return {"carries": None, "why": f"no probe: one token holds more than {MASS_BAND[1]:.0%} of the sampler's mass"}
+        return {"carries": None, "why": "no probe: the completions hold no token"}
     result = read_path(probe, probe_path(step, run, probe)[1])
     if steps <= 0:
         return {**result, "seconds": time.perf_counter() - t0}
