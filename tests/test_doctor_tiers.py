@@ -43,6 +43,17 @@ def test_update_size_tiers(facts, kl, severity):
     assert finding.severity == severity, f"an update KL of {kl} is {finding.severity}, not {severity}: {finding}"
 
 
+@pytest.mark.parametrize(
+    ("share", "severity"), [(d.UPDATE_WARNING * 0.99, "absent"), (d.UPDATE_WARNING * 1.01, "warning")]
+)
+def test_an_update_that_moves_the_weights_past_a_hundredth_of_their_norm_warns_whatever_its_kl(facts, share, severity):
+    """A confident policy's own completions show a KL near 0 for a large move (p near 1): the weights' share decides."""
+    norm = facts.run.update.update_norm
+    moved = dataclasses.replace(facts, step_kl=d.MOVED_KL_WARNING * 1e-3, weight_norm=norm / share)
+    finding = d.update_size(moved)
+    assert finding.severity == severity, f"a move of {share:.2%} of the weights' norm is {finding.severity}: {finding}"
+
+
 @pytest.mark.parametrize(("kl", "severity"), both_sides(d.KL_BLOWUP_WARNING, d.KL_BLOWUP_PROBLEM))
 def test_kl_blowup_tiers_exact_logged_and_the_recorder(facts, kl, severity):
     exact = d.kl_blowup(dataclasses.replace(facts, kl_against_exact={"exact_kl": kl}))
@@ -319,3 +330,15 @@ def test_entropy_collapse_is_a_fall_during_the_run(facts, history, severity):
         assert f"step {history[0]['step']}" in low.summary, "the summary names the step it compares with"
     high = d.entropy_collapse(with_entropy(facts, d.ENTROPY_COLLAPSE * 2, history))
     assert high.severity == "absent", "an entropy above the level is no collapse, whatever the history"
+
+
+@pytest.mark.parametrize(("share", "lost"), [(1e-4, False), (1e-8, True)])
+def test_the_update_loses_the_signal_only_where_its_kl_is_near_0_and_its_weights_barely_move(facts, share, lost):
+    """A KL of 1e-15 on the step's own completions with the weights moved by 1e-4 of their norm is a confident policy
+    (or a LoRA whose B is near 0), not a rate that moves nothing; at 1e-8 of the norm the update is what lost it."""
+    from grpo_debug.detectors.signal_path import update
+
+    norm = facts.run.update.update_norm
+    stage = update(dataclasses.replace(facts, step_kl=1e-15, weight_norm=norm / share))
+    assert stage.lost == lost, f"KL 1e-15 at {share:g} of the weights' norm: lost {stage.lost} ({stage.said})"
+    assert stage.lost_to.startswith("learning_rate") == lost, stage.lost_to
