@@ -428,11 +428,21 @@ def by_defect(rows: list[dict]) -> dict[str, dict]:
 def absent_from_step(spec: dict, capture: Path) -> list[str]:
     """The planted defects the captured step does not hold, so that no doctor could name them there: position_ids
     where every prompt of the captured batch has one length (nothing left-padded: the batch's few prompts can all
-    be two-digit sums). Such a run is left out of the rates and listed."""
-    if "position_ids" not in spec["defects"]:
-        return []
-    prompts = json.loads((capture / "capture.json").read_text())["prompts"]
-    return [] if len({len(p) for p in prompts}) > 1 else ["position_ids"]
+    be two-digit sums); reward_x1000 where the per-mille function's rewards vary within no group (every completion
+    cut at the same length, or all right: a scale on no variance makes no advantage). Such a run is left out of the
+    rates and listed."""
+    captured = json.loads((capture / "capture.json").read_text())
+    gone = []
+    if "position_ids" in spec["defects"] and len({len(p) for p in captured["prompts"]}) == 1:
+        gone.append("position_ids")
+    if "reward_x1000" in spec["defects"]:
+        G = captured["grpo_config"]["num_generations"]
+        (name,) = [n for n in captured["rewards"] if n.endswith("_x1000")]
+        values = captured["rewards"][name]
+        groups = [[v for v in values[i : i + G] if v is not None] for i in range(0, len(values), G)]
+        if all(len(set(g)) <= 1 for g in groups):
+            gone.append("reward_x1000")
+    return gone
 
 
 def report(corpus: Corpus, runs: list[Run], sub: str, half: str) -> dict:

@@ -47,3 +47,26 @@ def test_a_double_with_a_mild_truncation_is_scored_on_its_other_defect_alone():
     assert row["optional"] == ["sampler_truncation"], row
     assert score_run(spec, [finding("zero_std_groups"), finding("constant_reward")])["top1"] is False
     assert "both_top2" in score_run(with_vllm(spec), [finding("constant_reward")]), "under vLLM it is a double again"
+
+
+def test_a_per_mille_reward_that_varies_within_no_group_is_not_in_the_step(tmp_path):
+    """reward_x1000 scales a reward's variance; a captured step where it has none (every completion cut alike) does
+    not hold the defect, and the run is left out of the rates, as position_ids with nothing left-padded is."""
+    import json
+
+    from stranger_corpus import absent_from_step
+
+    seed = next(s for s in range(0, 1000, 2) if defects_of(s) == ("reward_x1000",))
+    spec = spec_json(draw_run(seed))
+    name = next(n for n in draw_run(seed).rewards if n.endswith("_x1000"))
+
+    def captured(values: list) -> Path:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        body = {"prompts": ["a", "b"], "grpo_config": {"num_generations": 2}, "rewards": {name: values}}
+        (folder / "capture.json").write_text(json.dumps(body))
+        return folder
+
+    assert absent_from_step(spec, captured([200.0, 200.0, 0.0, 0.0])) == ["reward_x1000"]
+    assert absent_from_step(spec, captured([200.0, None, 0.0, 0.0])) == ["reward_x1000"], "a None is not variance"
+    assert absent_from_step(spec, captured([200.0, 0.0, 0.0, 0.0])) == [], "one varied group holds the defect"
