@@ -70,3 +70,34 @@ def test_a_per_mille_reward_that_varies_within_no_group_is_not_in_the_step(tmp_p
     assert absent_from_step(spec, captured([200.0, 200.0, 0.0, 0.0])) == ["reward_x1000"]
     assert absent_from_step(spec, captured([200.0, None, 0.0, 0.0])) == ["reward_x1000"], "a None is not variance"
     assert absent_from_step(spec, captured([200.0, 0.0, 0.0, 0.0])) == [], "one varied group holds the defect"
+
+
+def test_the_readmes_doctor_section_states_the_held_out_reports_it_names():
+    """README.md says how the doctor did on runs it was not tuned on, naming the saved reports: its sentences must be
+    what those reports computed (the catalogue's rates; the held-out kinds' right and silent rates; the probe's sides)."""
+    import json
+    import re
+
+    root = BENCHMARKS.parent
+    readme = " ".join((root / "README.md").read_text().split())
+    named = re.search(r"`benchmarks/results/(stranger-[^`]+\.json)`\): single defects", readme)
+    assert named, "README.md names no held-out report before its catalogue rates"
+    r = json.loads((BENCHMARKS / "results" / named.group(1)).read_text())
+    n = r["scored"]
+    said = (f"single defects named first in {r['top1_rate_single']:.0%} ({n['single']}), both of a double in the top "
+            f"two in {r['both_in_top2_rate_double']:.0%} ({n['double']}), clean runs quiet in "
+            f"{r['quiet_rate_clean']:.0%} ({n['clean']})")  # fmt: skip
+    assert said in readme, f"README.md does not state {named.group(1)}: {said}"
+    if "The doubles and the clean runs miss their targets (80%, 95%)" in readme:
+        assert r["both_in_top2_rate_double"] < 0.8 and r["quiet_rate_clean"] < 0.95, (
+            "README.md says they miss: they meet"
+        )
+    named = re.search(r"`benchmarks/results/(stranger-[^`]+\.json)`\), kinds it was never tuned on", readme)
+    assert named, "README.md names no held-out report before the held-out kinds' rates"
+    r = json.loads((BENCHMARKS / "results" / named.group(1)).read_text())
+    o, p = r["outside"]["held_out_kinds"], r["probe"]
+    wrong = p["pipeline"]["carries"] + sum(p["reward"][v] for v in ("lost", "slow", "turned away"))
+    said = (f"right {o['right_rate']:.0%} ({o['runs']}), silent {o['silent_rate']:.0%} ({o['runs']}); the probe put "
+            f"{p['pipeline']['right']} of {p['pipeline']['runs']} pipeline-side runs and {p['reward']['right']} of "
+            f"{p['reward']['runs']} reward-side runs on their side and {wrong} on the wrong one")  # fmt: skip
+    assert said in readme, f"README.md does not state {named.group(1)}: {said}"
