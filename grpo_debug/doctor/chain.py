@@ -152,8 +152,8 @@ def order(
     (`signal_lost`: what the step learns, measured) first of its severity, a cause only the run's start
     shows (`at_start`: no fix of the step's own was tried on it) after those of its severity the step shows, then by
     what their fix did to learning over a few steps
-    (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`),
-    then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
+    (`gain`, where it was followed and measured: larger first), then in the order the chain fixed them (`chained`,
+    those whose fix cleared another finding), then by how far their flip moves the update (`moves`), then where in the step they act (`ACTS_IN`: an earlier
     phase can make a later one's finding, never the reverse); each symptom right after the last of its causes, a
     symptom's symptoms after it; nothing is left out."""
 
@@ -166,8 +166,8 @@ def order(
             f.id != "signal_lost",  # the stage where the step's learning signal is lost leads its severity
             "at_start" in f.evidence,
             (0, -g) if g is not None else (1, 0.0),
-            chained.index(f.id) if f.id in chained else len(chained),
-            -moves(f),
+            chained.index(f.id) if f.id in chained and f.clears else len(chained),  # a fix that cleared nothing
+            -moves(f),  # was chosen by the detectors' order alone: its place in the chain says nothing
             PHASES.index(ACTS_IN.get(f.id, "evaluation")),
         )
 
