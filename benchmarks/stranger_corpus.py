@@ -367,7 +367,8 @@ def score_run(spec: dict, findings: list[dict]) -> dict:
     """One run's row: what was planted, what the doctor ranked, and whether it counts as named."""
     if any(d in OUTSIDE for d in spec["defects"]):
         return score_outside(spec, findings)
-    idle = {i for d in optional(spec) for i in KINDS[d].expects}
+    idle_defects = optional(spec)
+    idle = {i for d in idle_defects for i in KINDS[d].expects}
     findings = [f for f in findings if f["id"] not in idle and not (f["symptom_of"] and set(f["symptom_of"]) <= idle)]
     ranked = causes(findings)
     expected = expected_ids(spec)
@@ -378,7 +379,7 @@ def score_run(spec: dict, findings: list[dict]) -> dict:
         "causes": ranked,
         "loud": [f["id"] for f in findings if f["severity"] in LOUD],
         "named": {d: dict(zip(("rank", "as"), named_at(ranked, ids))) for d, ids in expected.items()},
-        "optional": optional(spec),
+        "optional": idle_defects,
     }
     if not expected:
         row["quiet"] = not row["loud"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,10 +47,8 @@ from ..task import Task
 from .facts import k3_per_token, moved_kl, parameters_moved, weight_norm_of
 from .horizon import _seed, take_trainers_optimizer
 
-PROBE_STEPS = 8  # steps the probe is trained for where a curve is asked (`doctor --probe K`)
 PROBE_SEEDS = 6  # continuations of the curve, the seed the unit
 MASS_BAND = (0.2, 0.8)  # the probe's tokens hold this share of the sampler's mass
-PIPELINE = (signal_path.advantages, signal_path.tokens, signal_path.loss, signal_path.parameters, signal_path.update)
 
 
 @dataclass(frozen=True)
@@ -118,27 +117,24 @@ def probe_of(step: GRPOStep, run: StepRun) -> TokenProbe | None:
     masses, order = sampler_masses(step.policy, run.rollout, as_sampled(run.config)).sort(descending=True)
     low, high = MASS_BAND
     cumulative = masses.cumsum(0)[: int((masses.cumsum(0) < high).sum()) + 1]
+    rank = {t: i for i, t in enumerate(order.tolist())}
+    mass_of = lambda tokens: float(sum(masses[rank[t]] for t in tokens))  # noqa: E731
     candidates = [order[:k].tolist() for k in range(1, len(cumulative) + 1) if low <= cumulative[k - 1] <= high]
-    best = max(candidates, default=None,
-               key=lambda s: (varied_groups(run.rollout, s), -abs(float(masses[: len(s)].sum()) - 0.5)))  # fmt: skip
-    if best is None or varied_groups(run.rollout, best) == 0:
-        rank = {t: i for i, t in enumerate(order.tolist())}
+    varied = {tuple(s): varied_groups(run.rollout, s) for s in candidates}
+    best = max(candidates, key=lambda s: (varied[tuple(s)], -abs(mass_of(s) - 0.5)), default=None)
+    if best is None or varied[tuple(best)] == 0:
         present = [[t] for t in run.rollout.completion_ids.unique().tolist() if t in rank]
         best = max(present, key=lambda s: (varied_groups(run.rollout, s), -rank[s[0]]), default=best)
     if best is None:
         return None
-    tokens, mass = tuple(best), float(masses[[rank_of(order, t) for t in best]].sum())
-    return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), mass)
+    tokens = tuple(best)
+    return TokenProbe(tokens, tuple(step.loaded.tokenizer.decode([t]) for t in tokens), mass_of(tokens))
 
 
-def rank_of(order: torch.Tensor, token: int) -> int:
-    return int((order == token).nonzero()[0, 0])
-
-
-def probe_path(step: GRPOStep, run: StepRun, probe: TokenProbe) -> tuple[StepFacts, list]:
+def probe_path(step: GRPOStep, run: StepRun, probe: TokenProbe) -> tuple[signal_path.Stage, ...]:
     """The step's own completions scored by `probe` alone, one update of them through the run's pipeline (the run's
-    config; a capture's trainer step, replayed), and the stages of the signal's path measured on it: (the facts they
-    read, [the probe's rewards stage, then each of PIPELINE's]). The step is left as it was."""
+    config; a capture's trainer step, replayed), and the stages of the signal's path measured on it from the rewards
+    on (`signal_path.signal_path`; the samples are the step's own). The step is left as it was."""
     task = step.task
     with step.trial():
         step.task = Task("probe", task.prompts, (probe,), held_out=task.held_out)
@@ -152,12 +148,13 @@ def probe_path(step: GRPOStep, run: StepRun, probe: TokenProbe) -> tuple[StepFac
                               step_kl=moved_kl(step, probed), parameters=moved)  # fmt: skip
         finally:
             step.task = task
-    return facts, [signal_path.rewards(facts), *(measure(facts) for measure in PIPELINE)]
+    return signal_path.signal_path(facts)[1:]
 
 
-def read_path(probe: TokenProbe, stages: list) -> dict:
-    """The verdict of the probe's one update (see the module): lost at the first stage of PIPELINE that loses nearly
-    all of the probe's signal; carries where none does; None where the probe's own rewards do not vary."""
+def read_path(probe: TokenProbe, stages: Sequence[signal_path.Stage]) -> dict:
+    """The verdict of the probe's one update (see the module) from its stages, the rewards' first: lost at the first
+    stage after the rewards that loses nearly all of the probe's signal; carries where none does; None where the
+    probe's own rewards do not vary."""
     own, pipeline = stages[0], stages[1:]
     lost = next((s for s in pipeline if s.lost), None)
     words = ", ".join(repr(w) for w in probe.words)
@@ -225,7 +222,7 @@ def run_probe(
     probe = probe_of(step, run)
     if probe is None:
         return {"carries": None, "why": "no probe: the completions hold no token"}
-    result = read_path(probe, probe_path(step, run, probe)[1])
+    result = read_path(probe, probe_path(step, run, probe))
     if steps <= 0:
         return {**result, "seconds": time.perf_counter() - t0}
     try:  # one probe step timed, on a seed the plan does not use: the plan's unit
