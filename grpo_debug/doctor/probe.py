@@ -169,7 +169,8 @@ def read_path(probe: TokenProbe, stages: Sequence[signal_path.Stage]) -> dict:
         said = (f"{what}: lost at the {lost.name}{traced} ({lost.said}): the pipeline loses a signal the model can "
                 "learn, whatever the reward")  # fmt: skip
     else:
-        kept = "; ".join(f"{s.name} {s.kept:.0%}" for s in pipeline if s.kept is not None)
+        short = [f"{s.name} {s.kept:.0%}" for s in pipeline if s.kept is not None and s.kept < 0.995]
+        kept = "; ".join(short) if short else "each 100%"
         verdict = "carries"
         said = (f"{what}: every stage after the rewards lets it through ({kept}; {pipeline[-1].said}): a signal "
                 "lost on the run's own step is lost at the reward")  # fmt: skip

@@ -43,6 +43,7 @@ p, li, summary, caption { overflow-wrap: anywhere; }
 table.signal { border-collapse: collapse; font-size: 13px; margin: .3em 0 .8em; }
 table.signal td, table.signal th { border-bottom: 1px solid #ddd; padding: 2px 10px; text-align: left; }
 table.signal tr.lost { background: #fff3e0; font-weight: bold; }
+table.signal td:first-child, table.signal th { white-space: nowrap; }
 ul.worth { padding-left: 1.2em; margin: .3em 0; } details { margin: .3em 0; }
 """
 
