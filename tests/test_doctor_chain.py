@@ -192,6 +192,27 @@ def test_groups_without_signal_that_are_groups_of_one_text_follow_from_identical
     assert kl.symptom_of == ("update_size",), f"kl_blowup with no logged history is no symptom: {kl}"
 
 
+def test_groups_of_one_text_whose_fix_leaves_the_groups_without_signal_are_no_explanation():
+    """Every group is one text (top_p 0.39), so every group without signal is one by construction; yet identical_groups's
+    fix, sampled anew, left 75% of the groups without signal (num_generations 2 on a yes/no reward: `chain.lessened`).
+    The intervention outranks the count: zero_std_groups stays a cause, ranked after identical_groups; where no fix
+    measured it, the count still makes it identical_groups's symptom."""
+    from grpo_debug.doctor.chain import lessened
+    from grpo_debug.doctor.onsets import after_onsets
+
+    zero = Finding("zero_std_groups", "problem", "8 of 8 groups", evidence={"groups": list(range(8)), "of_groups": 8})
+    same = Finding(
+        "identical_groups", "problem", "8 of 8 groups one text", evidence={"identical_groups": list(range(8))}
+    )
+    left = lessened(zero, "identical_groups", Finding("zero_std_groups", "warning", "75% of groups without signal"))
+    measured = {f.id: f for f in after_onsets([left, same], [], {})}
+    assert not measured["zero_std_groups"].symptom_of, "the fix's measurement was overruled by the count"
+    ranked = [f.id for f in rank(list(measured.values()), [])]
+    assert ranked[:2] == ["identical_groups", "zero_std_groups"], f"both causes, the sampler first: {ranked}"
+    counted = {f.id: f for f in after_onsets([zero, same], [], {})}
+    assert counted["zero_std_groups"].symptom_of == ("identical_groups",), "without a fix's measurement, the count"
+
+
 def test_groups_of_two_alike_whose_own_fix_recovers_more_are_a_cause_beside_the_sampler():
     """G = 2 under top_p 0.91 (held-out-3 seed 359, studied after its totals were read): 10 of 16 pairs one text;
     sampled anew, doubling num_generations gives 29% of the groups a gradient and top_p 1 gives 16%, so the groups

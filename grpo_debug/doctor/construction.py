@@ -25,10 +25,16 @@ def by_construction(findings: list[Finding]) -> list[Finding]:
 def identical_behind_zero_std(findings: list[Finding]) -> list[Finding]:
     """zero_std_groups a symptom of identical_groups where both are loud and the groups without signal that are not
     groups of one text fall short of its warning level: G copies of one completion earn one reward from any reward
-    function, so those groups are equal by construction, and the share left is what zero_std_groups says alone."""
+    function, so those groups are equal by construction, and the share left is what zero_std_groups says alone. Not
+    where identical_groups's fix, sampled anew, left zero_std_groups loud (`chain.lessened`): groups of one text then
+    hid groups that stay without signal when they differ (num_generations 2 on a yes/no reward), and the intervention
+    outranks the count (stranger tuning seed 878: every group one text at top_p 0.39; at TRL's sampling defaults 75%
+    of the groups still without signal)."""
     by_id = {f.id: f for f in findings}
     zero, same = by_id.get("zero_std_groups"), by_id.get("identical_groups")
     if not (zero and same and loud(zero) and loud(same)) or zero.symptom_of or "groups" not in zero.evidence:
+        return findings
+    if zero.evidence.get("lessened_by") == "identical_groups":
         return findings
     left = set(zero.evidence["groups"]) - set(same.evidence["identical_groups"])
     share_left = len(left) / max(zero.evidence["of_groups"], 1)
