@@ -74,24 +74,42 @@ def test_a_per_mille_reward_that_varies_within_no_group_is_not_in_the_step(tmp_p
 
 def test_the_readmes_doctor_section_states_the_held_out_reports_it_names():
     """README.md says how the doctor did on runs it was not tuned on, naming the saved reports: its sentences must be
-    what those reports computed (the catalogue's rates; the held-out kinds' right and silent rates; the probe's sides)."""
+    what those reports computed (each catalogue half's rates, and their pool: the runs summed over the halves it
+    names; the held-out kinds' right and silent rates; the probe's sides)."""
     import json
     import re
 
     root = BENCHMARKS.parent
     readme = " ".join((root / "README.md").read_text().split())
-    named = re.search(r"`benchmarks/results/(stranger-[^`]+\.json)`\): single defects", readme)
+    named = re.findall(r"`benchmarks/results/(stranger-[^`]+\.json)`\): single defects", readme)
     assert named, "README.md names no held-out report before its catalogue rates"
-    r = json.loads((BENCHMARKS / "results" / named.group(1)).read_text())
-    n = r["scored"]
-    said = (f"single defects named first in {r['top1_rate_single']:.0%} ({n['single']}), both of a double in the top "
-            f"two in {r['both_in_top2_rate_double']:.0%} ({n['double']}), clean runs quiet in "
-            f"{r['quiet_rate_clean']:.0%} ({n['clean']})")  # fmt: skip
-    assert said in readme, f"README.md does not state {named.group(1)}: {said}"
-    if "The doubles and the clean runs miss their targets (80%, 95%)" in readme:
-        assert r["both_in_top2_rate_double"] < 0.8 and r["quiet_rate_clean"] < 0.95, (
-            "README.md says they miss: they meet"
+    pooled = {"single": [0, 0], "double": [0, 0], "clean": [0, 0]}
+    short = []  # the halves under a target of their own
+    for name in named:
+        r = json.loads((BENCHMARKS / "results" / name).read_text())
+        n = r["scored"]
+        said = (f"single defects named first in {r['top1_rate_single']:.0%} ({n['single']}), both of a double in the "
+                f"top two in {r['both_in_top2_rate_double']:.0%} ({n['double']}), clean runs quiet in "
+                f"{r['quiet_rate_clean']:.0%} ({n['clean']})")  # fmt: skip
+        assert said in readme, f"README.md does not state {name}: {said}"
+        for kind, rate in (("single", "top1_rate_single"), ("double", "both_in_top2_rate_double"),
+                           ("clean", "quiet_rate_clean")):  # fmt: skip
+            pooled[kind][0] += round(r[rate] * n[kind])
+            pooled[kind][1] += n[kind]
+        short += [name] if min(r["top1_rate_single"] / 0.9, r["both_in_top2_rate_double"] / 0.8,
+                               r["quiet_rate_clean"] / 0.95) < 1 else []  # fmt: skip
+    if "Pooled over these halves" in readme:
+        (s, n1), (d, n2), (c, n3) = pooled["single"], pooled["double"], pooled["clean"]
+        said = (f"Pooled over these halves: single defects first in {s} of {n1} ({s / n1:.0%}), doubles in the top two "
+                f"in {d} of {n2} ({d / n2:.0%}), clean runs quiet in {c} of {n3} ({c / n3:.0%})")  # fmt: skip
+        assert said in readme, f"README.md's pool is not the sum of the halves it names: {said}"
+        assert ("The doubles and the clean runs miss their targets" in readme) == (d / n2 < 0.8 and c / n3 < 0.95), (
+            "README.md says the pooled doubles and clean runs miss their targets where they meet them, or the reverse"
         )
+        if "The pooled rates meet the targets" in readme:
+            assert s / n1 >= 0.9 and d / n2 >= 0.8 and c / n3 >= 0.95, "README.md says the pool meets targets it misses"
+        if "the halves one by one, with their few doubles each, do not all" in readme:
+            assert short, "README.md says a half misses a target: every half meets them"
     named = re.search(r"`benchmarks/results/(stranger-[^`]+\.json)`\), kinds it was never tuned on", readme)
     assert named, "README.md names no held-out report before the held-out kinds' rates"
     r = json.loads((BENCHMARKS / "results" / named.group(1)).read_text())
