@@ -34,7 +34,7 @@ def identical_behind_zero_std(findings: list[Finding]) -> list[Finding]:
     zero, same = by_id.get("zero_std_groups"), by_id.get("identical_groups")
     if not (zero and same and loud(zero) and loud(same)) or zero.symptom_of or "groups" not in zero.evidence:
         return findings
-    if zero.evidence.get("lessened_by") == "identical_groups":
+    if zero.evidence.get("lessened_by") == same.id:  # the fix's measurement, not the count
         return findings
     left = set(zero.evidence["groups"]) - set(same.evidence["identical_groups"])
     share_left = len(left) / max(zero.evidence["of_groups"], 1)
